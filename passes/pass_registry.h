@@ -1,0 +1,56 @@
+// The one registry mapping pass names to factories. Built-in passes register in builtin_passes.cpp;
+// plugins register through the C entry point in plugin.h.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "passes/pass.h"
+
+namespace tpc {
+
+struct PassOptionSpec {
+  std::string name;
+  std::string help;
+};
+
+struct PassInfo {
+  std::string name;
+  std::string description;
+  std::vector<PassOptionSpec> options;  // the keys the pass accepts; others are refused
+  std::function<Result<std::unique_ptr<Pass>>(const PassOptions&)> factory;
+};
+
+class PassRegistry {
+ public:
+  // The process-wide registry, with the built-in passes already registered.
+  static PassRegistry& global();
+
+  // Registers a pass; a second pass of the same name is an error naming both origins.
+  Status add(PassInfo info);
+  const PassInfo* find(const std::string& name) const;
+  std::vector<const PassInfo*> all() const;
+  std::string knownNames() const;  // "cse, dce, ..."
+
+  // While a plugin registers, failed add()s are remembered so the loader can report them.
+  void beginOrigin(std::string origin);
+  Status endOrigin();
+
+ private:
+  std::string origin_ = "built-in";
+  std::optional<std::string> originError_;
+  struct Entry {
+    PassInfo info;
+    std::string origin;
+  };
+  std::map<std::string, Entry> passes_;
+};
+
+// Registers tpc's own passes (called once by PassRegistry::global()).
+void registerBuiltinPasses(PassRegistry& r);
+
+}  // namespace tpc

@@ -1,0 +1,124 @@
+// Pipeline parsing and the pass manager.
+#include "passes/pipeline.h"
+
+#include <cctype>
+
+#include "ir/printer.h"
+#include "ir/verifier.h"
+
+namespace tpc {
+
+namespace {
+
+bool isNameChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'; }
+
+}  // namespace
+
+Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text) {
+  std::vector<PipelineEntry> out;
+  size_t i = 0;
+  auto fail = [&](size_t at, const std::string& msg) { return makeError("--passes:1:", at + 1, ": error: ", msg); };
+  auto skipSpace = [&] {
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  };
+  skipSpace();
+  if (i == text.size()) return fail(0, "the pipeline is empty (example: --passes=cse,dce)");
+  while (true) {
+    skipSpace();
+    size_t start = i;
+    while (i < text.size() && isNameChar(text[i])) ++i;
+    if (i == start) {
+      if (i == text.size()) return fail(i, "expected a pass name at the end of the pipeline");
+      return fail(i, std::string("expected a pass name, got '") + text[i] + "'");
+    }
+    PipelineEntry e;
+    e.name = text.substr(start, i - start);
+    e.column = static_cast<int>(start) + 1;
+    e.options = PassOptions(e.name);
+    skipSpace();
+    if (i < text.size() && text[i] == '(') {
+      ++i;
+      while (true) {
+        skipSpace();
+        if (i < text.size() && text[i] == ')') {
+          ++i;
+          break;
+        }
+        size_t ks = i;
+        while (i < text.size() && isNameChar(text[i])) ++i;
+        if (i == ks) return fail(i, "expected an option name in '" + e.name + "(...)'");
+        std::string key = text.substr(ks, i - ks);
+        skipSpace();
+        if (i >= text.size() || text[i] != '=') return fail(i, "expected '=' after option '" + key + "'");
+        ++i;
+        skipSpace();
+        size_t vs = i;
+        while (i < text.size() && text[i] != ',' && text[i] != ')' && !std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+        if (i == vs) return fail(i, "option '" + key + "' of pass '" + e.name + "' has no value");
+        if (e.options.has(key)) return fail(ks, "option '" + key + "' is given twice");
+        e.options.set(key, text.substr(vs, i - vs));
+        skipSpace();
+        if (i < text.size() && text[i] == ',') {
+          ++i;
+          continue;
+        }
+        if (i < text.size() && text[i] == ')') {
+          ++i;
+          break;
+        }
+        return fail(i, "expected ',' or ')' in the options of pass '" + e.name + "'");
+      }
+    }
+    out.push_back(std::move(e));
+    skipSpace();
+    if (i == text.size()) break;
+    if (text[i] != ',') return fail(i, std::string("expected ',' between passes, got '") + text[i] + "'");
+    ++i;
+  }
+  return out;
+}
+
+Status PassManager::addPipeline(const std::string& text, const PassRegistry& registry) {
+  TPC_ASSIGN(auto entries, parsePipeline(text));
+  for (PipelineEntry& e : entries) {
+    const PassInfo* info = registry.find(e.name);
+    if (!info)
+      return makeError("--passes:1:", e.column, ": error: unknown pass '", e.name, "' (known: ", registry.knownNames(), ")");
+    for (const auto& [key, value] : e.options.values()) {
+      bool known = false;
+      std::string keys;
+      for (const PassOptionSpec& o : info->options) {
+        known = known || o.name == key;
+        keys += (keys.empty() ? "" : ", ") + o.name;
+      }
+      if (!known)
+        return makeError("--passes:1:", e.column, ": error: pass '", e.name, "' has no option '", key, "'",
+                         keys.empty() ? std::string(" (it takes none)") : " (it takes: " + keys + ")");
+    }
+    auto pass = info->factory(e.options);
+    if (!pass) return makeError("--passes:1:", e.column, ": error: ", pass.error());
+    passes_.push_back(std::move(pass).value());
+  }
+  return {};
+}
+
+Status PassManager::run(Graph& g) {
+  llvm::raw_ostream& dump = config_.dumpStream ? *config_.dumpStream : llvm::errs();
+  for (auto& p : passes_) {
+    std::string name(p->name());
+    auto changed = p->run(g);
+    if (!changed) return makeError("error: pass '", name, "': ", changed.error());
+    if (config_.verifyEach) {
+      if (Status s = verifyGraph(g); !s.ok())
+        return makeError("error: pass '", name, "' produced an invalid graph: ", s.error());
+    }
+    if (config_.printAfterAll || config_.printAfter.count(name)) {
+      dump << "// ----- IR after " << name << (*changed ? "" : " (unchanged)") << " -----\n";
+      printGraph(g, dump);
+      dump.flush();
+    }
+  }
+  return {};
+}
+
+}  // namespace tpc

@@ -1,0 +1,46 @@
+// Pipelines: parsing `--passes='cse,dce,name(key=value)'` and running passes with the verifier between
+// them and optional dumps after each.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "passes/pass_registry.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace tpc {
+
+struct PipelineEntry {
+  std::string name;
+  PassOptions options;
+  int column = 1;  // in the pipeline string, for errors
+};
+
+// Parses the pipeline text; errors read `--passes:1:COL: error: what`.
+Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text);
+
+struct PipelineConfig {
+  bool verifyEach = true;            // run the verifier after every pass
+  std::set<std::string> printAfter;  // pass names whose output is dumped
+  bool printAfterAll = false;
+  llvm::raw_ostream* dumpStream = nullptr;  // where dumps go (default: stderr)
+};
+
+class PassManager {
+ public:
+  explicit PassManager(PipelineConfig config = {}) : config_(std::move(config)) {}
+  // Builds the passes of `text` from `registry`; unknown passes and options are errors.
+  Status addPipeline(const std::string& text, const PassRegistry& registry = PassRegistry::global());
+  void addPass(std::unique_ptr<Pass> p) { passes_.push_back(std::move(p)); }
+  size_t size() const { return passes_.size(); }
+  // Runs every pass in order; stops at the first error.
+  Status run(Graph& g);
+
+ private:
+  PipelineConfig config_;
+  std::vector<std::unique_ptr<Pass>> passes_;
+};
+
+}  // namespace tpc

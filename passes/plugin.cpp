@@ -1,0 +1,44 @@
+// Loading pass plugins with dlopen.
+#include "passes/plugin.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include "passes/pass_registry.h"
+
+namespace tpc {
+
+Status loadPassPlugin(const std::string& path, PassRegistry& registry) {
+  struct stat st{};
+  if (stat(path.c_str(), &st) != 0) return makeError(path, ": error: pass plugin not found (check the --pass-plugin path)");
+  if (!S_ISREG(st.st_mode)) return makeError(path, ": error: pass plugin is not a regular file");
+  // RTLD_NOW: unresolved symbols are reported here, not as a crash later. Never dlclosed: passes
+  // registered by the plugin live as long as the registry.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    std::string why = dlerror();
+    return makeError(path, ": error: cannot load pass plugin: ", why);
+  }
+  using EntryFn = TpcPassPluginInfo (*)();
+  auto entry = reinterpret_cast<EntryFn>(dlsym(handle, TPC_PASS_PLUGIN_ENTRY));
+  if (!entry) {
+    dlclose(handle);
+    return makeError(path, ": error: not a tpc pass plugin (it does not export `extern \"C\" ", TPC_PASS_PLUGIN_ENTRY, "()`)");
+  }
+  TpcPassPluginInfo info = entry();
+  if (info.apiVersion != TPC_PASS_PLUGIN_API_VERSION) {
+    dlclose(handle);
+    return makeError(path, ": error: pass plugin '", info.pluginName ? info.pluginName : "?", "' was built for plugin API version ",
+                     info.apiVersion, ", but this tpc has API version ", TPC_PASS_PLUGIN_API_VERSION,
+                     "; rebuild the plugin against this tpc's headers");
+  }
+  if (!info.registerPasses) {
+    dlclose(handle);
+    return makeError(path, ": error: pass plugin '", info.pluginName ? info.pluginName : "?", "' has no registerPasses function");
+  }
+  registry.beginOrigin(cat("plugin ", path));
+  info.registerPasses(&registry);
+  return registry.endOrigin();
+}
+
+}  // namespace tpc

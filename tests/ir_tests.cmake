@@ -1,0 +1,1 @@
+# golden and error-corpus IR tests (filled below)

@@ -1,0 +1,150 @@
+// Sub-command registry and flag parsing for the `tpc` command line.
+#include "tools/cli.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <iostream>
+
+namespace tpc::cli {
+
+namespace {
+std::map<std::string, Subcommand>& registry() {
+  static std::map<std::string, Subcommand> r;
+  return r;
+}
+}  // namespace
+
+void registerSubcommand(Subcommand s) { registry()[s.name] = std::move(s); }
+const std::map<std::string, Subcommand>& subcommands() { return registry(); }
+
+int fail(const std::string& command, const std::string& message) {
+  std::cout.flush();
+  // Messages that already carry a location ("file:1:2: error: ...") are printed as they are.
+  if (message.find("error: ") != std::string::npos)
+    std::cerr << message << "\n";
+  else
+    std::cerr << "tpc " << command << ": error: " << message << "\n";
+  return 1;
+}
+
+Flags& Flags::value(const std::string& name, const std::string& help, std::optional<std::string> def) {
+  specs_.push_back({name, Spec{help, true, false, std::move(def)}});
+  return *this;
+}
+
+Flags& Flags::toggle(const std::string& name, const std::string& help) {
+  specs_.push_back({name, Spec{help, false, false, std::nullopt}});
+  return *this;
+}
+
+Flags& Flags::list(const std::string& name, const std::string& help) {
+  specs_.push_back({name, Spec{help, true, true, std::nullopt}});
+  return *this;
+}
+
+const Flags::Spec* Flags::find(const std::string& name) const {
+  for (const auto& [n, s] : specs_)
+    if (n == name) return &s;
+  return nullptr;
+}
+
+std::string Flags::help() const {
+  std::string s = "usage: " + usage_ + "\n\noptions:\n";
+  for (const auto& [name, spec] : specs_) {
+    std::string left = "  " + std::string(name.size() == 1 ? "-" : "--") + name + (spec.takesValue ? " VALUE" : "");
+    if (left.size() < 30) left += std::string(30 - left.size(), ' ');
+    else left += "\n" + std::string(30, ' ');
+    s += left + spec.help;
+    if (spec.def) s += " (default: " + *spec.def + ")";
+    s += "\n";
+  }
+  s += "  --help                      show this help\n";
+  return s;
+}
+
+bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << help();
+      exitCode = 0;
+      return false;
+    }
+    if (a == "--") {
+      for (size_t j = i + 1; j < args.size(); ++j) positional_.push_back(args[j]);
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') {
+      positional_.push_back(a);
+      continue;
+    }
+    std::string body = a.substr(a[1] == '-' ? 2 : 1), name = body, val;
+    bool hasEq = false;
+    if (size_t eq = body.find('='); eq != std::string::npos) {
+      name = body.substr(0, eq);
+      val = body.substr(eq + 1);
+      hasEq = true;
+    }
+    const Spec* spec = find(name);
+    if (!spec) {
+      exitCode = fail(command_, "unknown option '" + a + "' (see 'tpc " + command_ + " --help')");
+      return false;
+    }
+    if (!spec->takesValue) {
+      if (hasEq) {
+        exitCode = fail(command_, "option --" + name + " takes no value");
+        return false;
+      }
+      values_[name].push_back("true");
+      continue;
+    }
+    if (!hasEq) {
+      if (i + 1 >= args.size()) {
+        exitCode = fail(command_, "option --" + name + " needs a value");
+        return false;
+      }
+      val = args[++i];
+    }
+    if (!spec->repeated && values_.count(name)) {
+      exitCode = fail(command_, "option --" + name + " is given twice");
+      return false;
+    }
+    values_[name].push_back(val);
+  }
+  exitCode = 0;
+  return true;
+}
+
+bool Flags::has(const std::string& name) const { return values_.count(name) != 0; }
+
+std::string Flags::get(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it != values_.end()) return it->second.back();
+  const Spec* s = find(name);
+  return s && s->def ? *s->def : "";
+}
+
+std::vector<std::string> Flags::getList(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? std::vector<std::string>{} : it->second;
+}
+
+Result<long long> Flags::getInt(const std::string& name, long long lo, long long hi) const {
+  std::string v = get(name);
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno == ERANGE) return makeError("--", name, "=", v, " is not an integer");
+  if (x < lo || x > hi) return makeError("--", name, "=", v, " is out of range [", lo, ", ", hi, "]");
+  return x;
+}
+
+Result<double> Flags::getDouble(const std::string& name) const {
+  std::string v = get(name);
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0') return makeError("--", name, "=", v, " is not a number");
+  return x;
+}
+
+}  // namespace tpc::cli
