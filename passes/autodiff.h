@@ -1,0 +1,35 @@
+// Reverse-mode autodiff over the IR and the training step it builds (forward, backward, global-norm
+// clipping, AdamW), as one graph: a pure function (params, optimizer state, batch, lr) -> (new params,
+// new state, loss). VJP rules, one per op, are in passes/vjp_rules.cpp, found by the op's ops.def name.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/status.h"
+#include "llvm/ADT/ArrayRef.h"
+
+namespace tpc {
+
+struct TrainingStepOptions {
+  std::string lossOutput = "loss";  // the forward graph's output to minimize (a scalar f32[])
+  int64_t accumSteps = 1;           // micro-batches per step (gradient accumulation, unrolled in the graph)
+  double clipGrad = 1.0;            // global-norm clipping; 0 disables
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weightDecay = 0.1;         // applied to parameters of rank >= 2 only
+};
+
+// Appends to `g` the backward of scalar `loss` and returns d(loss)/d(v) for each of `wrt` (a zero-filled
+// value for one that `loss` does not depend on).
+Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRef<Value*> wrt);
+
+// Rewrites forward graph `g` into the training step:
+//   inputs:  each forward input with a leading [accumSteps] dim when accumSteps > 1, then %lr f32[] and
+//            %step f32[] (1-based, for Adam's bias correction);
+//   params:  the forward params, then for each p: "<p>.adam_m" and "<p>.adam_v" (f32, init=zeros);
+//   outputs: "loss" (mean over micro-batches), "grad_norm" (before clipping), then one output per
+//            parameter and moment, named exactly like the parameter it replaces.
+Status buildTrainingStep(Graph& g, const TrainingStepOptions& options);
+
+}  // namespace tpc
