@@ -10,7 +10,10 @@ std::vector<DeviceInfo> listDevices(std::string* why) {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
-    if (why) *why = cudaGetErrorString(err);
+    // Without a driver the runtime says "driver version is insufficient"; say what it means here.
+    if (why)
+      *why = (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice) ? "no NVIDIA GPU or driver on this machine"
+                                                                               : cudaGetErrorString(err);
     return out;
   }
   for (int i = 0; i < n; ++i) {

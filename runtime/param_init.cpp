@@ -1,0 +1,51 @@
+// Parameter initialization: a counter-based generator (splitmix64 of seed, name hash, index), so that
+// any element can be drawn independently of the others.
+#include "runtime/param_init.h"
+
+#include <cmath>
+
+#include "ir/assert.h"
+
+namespace tpc {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t hashName(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Uniform in (0, 1), from 53 random bits.
+double uniform01(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+}  // namespace
+
+HostTensor initParam(const Value& v, uint64_t seed, bool fp64) {
+  TensorType t = v.type();
+  if (isFloat(t.dtype)) t.dtype = fp64 ? DType::f64 : DType::f32;
+  HostTensor out(t);
+  const InitSpec& init = v.init();
+  uint64_t key = splitmix64(seed ^ hashName(v.name()));
+  auto draw = [&](int64_t i) -> double {
+    if (init.kind == "zeros" || init.empty()) return 0.0;
+    if (init.kind == "ones") return 1.0;
+    if (init.kind == "const") return init.args[0];
+    uint64_t a = splitmix64(key + 2 * static_cast<uint64_t>(i)), b = splitmix64(key + 2 * static_cast<uint64_t>(i) + 1);
+    if (init.kind == "uniform") return init.args[0] + (init.args[1] - init.args[0]) * uniform01(a);
+    TPC_ASSERT(init.kind == "normal", "unknown initializer " + init.kind);
+    // Box-Muller.
+    double r = std::sqrt(-2.0 * std::log(uniform01(a))), th = 2.0 * M_PI * uniform01(b);
+    return init.args[0] * r * std::cos(th);
+  };
+  for (int64_t i = 0, n = out.numel(); i < n; ++i) out.setFromDouble(i, draw(i));
+  return out;
+}
+
+}  // namespace tpc

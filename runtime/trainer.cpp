@@ -1,0 +1,118 @@
+// The training loop.
+#include "runtime/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+namespace tpc {
+
+std::string formatDuration(double s) {
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) % 3600) / 60);
+  return buf;
+}
+
+namespace {
+
+const Value* findInput(const Graph& g, const std::string& name) {
+  for (const Value* v : g.inputs())
+    if (v->name() == name) return v;
+  return nullptr;
+}
+
+std::string formatRate(double tokensPerSecond) {
+  char buf[32];
+  if (tokensPerSecond >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", tokensPerSecond / 1e6);
+  else if (tokensPerSecond >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", tokensPerSecond / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", tokensPerSecond);
+  return buf;
+}
+
+double scalarOf(const HostTensor& t) { return t.numel() == 1 ? t.getAsDouble(0) : NAN; }
+
+}  // namespace
+
+Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data, const TrainerSettings& settings,
+                          std::ostream& console) {
+  const Value* tokensIn = findInput(step, settings.tokensInput);
+  const Value* targetsIn = findInput(step, settings.targetsInput);
+  if (!tokensIn || !targetsIn)
+    return makeError("the model's graph needs inputs %", settings.tokensInput, " and %", settings.targetsInput);
+  if (tokensIn->type() != targetsIn->type() || tokensIn->dtype() != DType::i32 || tokensIn->type().rank() < 2)
+    return makeError("inputs %tokens and %targets must both be i32[..., batch, seq], got ", tokensIn->type().str(), " and ",
+                     targetsIn->type().str());
+  TPC_TRY(settings.lr.validate());
+  const int64_t seq = tokensIn->shape().back();
+  const int64_t rows = tokensIn->type().numel() / seq;
+  const int64_t tokensPerStep = rows * seq;
+
+  std::ofstream jsonl;
+  if (!settings.logJsonl.empty()) {
+    jsonl.open(settings.logJsonl, std::ios::trunc);
+    if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log");
+  }
+
+  TrainReport report;
+  TensorMap inputs;
+  HostTensor tokens(tokensIn->type()), targets(targetsIn->type());
+  inputs["tokens"] = tokens;
+  inputs["targets"] = targets;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto lastLog = start;
+  int64_t stepsSinceLog = 0;
+  const int64_t total = settings.trainIters - settings.firstIter + 1;
+  for (int64_t it = settings.firstIter; it <= settings.trainIters; ++it) {
+    TPC_TRY(data.next(tokens.data<int32_t>(), targets.data<int32_t>(), rows, seq));
+    double lr = settings.lr.at(it);
+    inputs["lr"] = HostTensor::scalarF32(static_cast<float>(lr));
+    inputs["step"] = HostTensor::scalarF32(static_cast<float>(it));
+    TPC_ASSIGN(TensorMap out, backend.step(inputs, it));
+    auto lossIt = out.find("loss");
+    if (lossIt == out.end()) return makeError("the training step has no 'loss' output");
+    double loss = scalarOf(lossIt->second);
+    double gradNorm = out.count("grad_norm") ? scalarOf(out["grad_norm"]) : NAN;
+    report.losses.push_back(loss);
+    if (!std::isfinite(loss))
+      return makeError("the loss is ", loss, " at step ", it,
+                       " (diverged: lower --lr, raise --lr-warmup-iters, or check --clip-grad)");
+    ++stepsSinceLog;
+    bool logNow = settings.logInterval > 0 && (it % settings.logInterval == 0 || it == settings.firstIter ||
+                                               it == settings.trainIters);
+    if (!logNow) continue;
+    auto now = Clock::now();
+    double elapsed = std::chrono::duration<double>(now - start).count();
+    double window = std::chrono::duration<double>(now - lastLog).count();
+    double tps = window > 0 ? static_cast<double>(stepsSinceLog * tokensPerStep) / window : 0;
+    int64_t done = it - settings.firstIter + 1;
+    double eta = elapsed / static_cast<double>(done) * static_cast<double>(total - done);
+    lastLog = now;
+    stepsSinceLog = 0;
+    if (settings.console) {
+      char line[256];
+      std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | elapsed %s | ETA %s",
+                    static_cast<long long>(it), static_cast<long long>(settings.trainIters), loss, lr, gradNorm,
+                    formatRate(tps).c_str(), formatDuration(elapsed).c_str(), formatDuration(eta).c_str());
+      console << line << std::endl;
+    }
+    if (jsonl.is_open()) {
+      std::ostringstream j;
+      j << std::setprecision(9) << "{\"step\": " << it << ", \"loss\": " << loss << ", \"lr\": " << lr
+        << ", \"grad_norm\": " << (std::isfinite(gradNorm) ? gradNorm : -1.0) << ", \"tokens_per_s\": " << tps
+        << ", \"elapsed_s\": " << elapsed << "}";
+      jsonl << j.str() << "\n";
+      jsonl.flush();
+    }
+  }
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  report.tokensPerSecond = report.seconds > 0 ? static_cast<double>(total * tokensPerStep) / report.seconds : 0;
+  return report;
+}
+
+}  // namespace tpc
