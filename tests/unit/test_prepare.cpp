@@ -1,0 +1,237 @@
+// `tpc prepare` end to end through the binary: outputs, determinism across workers, and every bad input
+// giving one clear error with the file and line, exit 1, and no output left behind.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "frontend/bpe_tokenizer.h"
+#include "frontend/indexed_dataset.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace tpc;
+using tpc::test::readFile;
+using tpc::test::runCommand;
+using tpc::test::sourcePath;
+using tpc::test::tpcBinary;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/tpc_prep_XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+void writeFile(const std::string& path, const std::string& content) {
+  std::ofstream(path, std::ios::binary) << content;
+}
+
+std::vector<int32_t> tokensOf(const TokenSpan& s) {
+  std::vector<int32_t> v(s.size());
+  s.copyTo(v.data(), 0, s.size());
+  return v;
+}
+
+std::vector<int32_t> bytesPlusEod(const std::string& s) {
+  std::vector<int32_t> v(s.begin(), s.end());
+  for (auto& x : v) x &= 0xFF;
+  v.push_back(256);
+  return v;
+}
+
+tpc::test::CommandResult prepare(const std::string& flags) {
+  return runCommand(tpcBinary() + " prepare --quiet " + flags);
+}
+
+// The error contract: exit 1, the message on stderr, and no PREFIX.* file of any kind.
+void expectFailure(const tpc::test::CommandResult& r, const std::string& prefix, const std::vector<std::string>& parts) {
+  INFO(r.err);
+  CHECK(r.exitCode == 1);
+  CHECK_THAT(r.err, Catch::StartsWith("tpc prepare: error: "));
+  for (const std::string& p : parts) CHECK_THAT(r.err, Catch::Contains(p));
+  for (const char* ext : {".bin", ".idx", ".bin.tmp", ".idx.tmp"}) CHECK_FALSE(fs::exists(prefix + ext));
+}
+
+}  // namespace
+
+TEST_CASE("tpc prepare turns text lines into documents", "[prepare][cli]") {
+  TempDir dir;
+  writeFile(dir / "in.txt", "first line\n\nsecond \xc3\xa9\r\nthird");
+  auto r = prepare("--input " + (dir / "in.txt") + " --tokenizer byte --append-eod --output-prefix " + (dir / "out"));
+  INFO(r.err);
+  REQUIRE(r.exitCode == 0);
+  auto ds = IndexedDataset::open(dir / "out");
+  REQUIRE(ds.ok());
+  REQUIRE(ds->numDocuments() == 3);
+  CHECK(ds->dtype() == TokenDType::UInt16);
+  CHECK(tokensOf(ds->document(0)) == bytesPlusEod("first line"));
+  CHECK(tokensOf(ds->document(1)) == bytesPlusEod("second \xc3\xa9"));
+  CHECK(tokensOf(ds->document(2)) == bytesPlusEod("third"));
+  CHECK_FALSE(fs::exists(dir / "out.bin.tmp"));
+}
+
+TEST_CASE("tpc prepare reads JSONL with a chosen key", "[prepare][cli]") {
+  TempDir dir;
+  writeFile(dir / "in.jsonl", "{\"content\": \"a\\nb\", \"id\": 1}\n\n{\"content\": \"\\u00e9\"}\n{\"content\": \"\"}\n");
+  auto r = prepare("--input " + (dir / "in.jsonl") + " --json-key content --tokenizer byte --output-prefix " + (dir / "o"));
+  INFO(r.err);
+  REQUIRE(r.exitCode == 0);
+  auto ds = IndexedDataset::open(dir / "o");
+  REQUIRE(ds.ok());
+  REQUIRE(ds->numDocuments() == 2);  // the empty text is skipped
+  CHECK(tokensOf(ds->document(0)) == std::vector<int32_t>{'a', '\n', 'b'});
+  CHECK(tokensOf(ds->document(1)) == std::vector<int32_t>{0xC3, 0xA9});
+}
+
+TEST_CASE("tpc prepare output does not depend on the number of workers", "[prepare][cli]") {
+  TempDir dir;
+  // About 3 MB: several 512 KB batches, lines of varied length, one line longer than a batch.
+  std::string text;
+  uint64_t state = 3;
+  for (int i = 0; i < 20000; ++i) {
+    size_t n = 20 + (state = state * 6364136223846793005ull + 1) % 250;
+    for (size_t k = 0; k < n; ++k) text += "abcdefgh ijklmnop'qrst 0123"[(k * 7 + i) % 27];
+    if (i % 3 == 0) text += " caf\u00e9 \U0001F600";
+    text += i % 97 == 0 ? "\n\n" : "\n";
+    if (i == 5000) text += std::string(700000, 'z') + "\n";
+  }
+  writeFile(dir / "big.txt", text);
+  std::string outputs[3];
+  int i = 0;
+  for (int workers : {1, 2, 5}) {
+    std::string prefix = dir / ("w" + std::to_string(workers));
+    auto r = prepare("--input " + (dir / "big.txt") + " --tokenizer byte --append-eod --workers " +
+                     std::to_string(workers) + " --output-prefix " + prefix);
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    outputs[i++] = readFile(prefix + ".idx") + readFile(prefix + ".bin");
+  }
+  CHECK(outputs[0] == outputs[1]);
+  CHECK(outputs[0] == outputs[2]);
+  auto ds = IndexedDataset::open(dir / "w2");
+  REQUIRE(ds.ok());
+  CHECK(ds->numDocuments() == 20001);
+}
+
+TEST_CASE("tpc prepare of the Brown corpus with gpt2 matches the tokenizer", "[prepare][cli][brown]") {
+  std::string input = sourcePath("data/brown/brown.jsonl");
+  if (!fs::exists(input)) FAIL(input << " is missing; run scripts/fetch_data.sh to fetch the Brown corpus");
+  std::string gpt2Dir = sourcePath("data/gpt2");
+  auto tok = BpeTokenizer::load(gpt2Dir + "/encoder.json", gpt2Dir + "/vocab.bpe");
+  if (!tok.ok()) FAIL(tok.error() << "; run scripts/fetch_data.sh to fetch data/gpt2");
+  TempDir dir;
+  auto r = runCommand(tpcBinary() + " prepare --input " + input + " --tokenizer gpt2 --append-eod --workers 2 --output-prefix " +
+                      (dir / "brown"));
+  INFO(r.err);
+  REQUIRE(r.exitCode == 0);
+  CHECK_THAT(r.out, Catch::Contains("500 documents"));
+  auto ds = IndexedDataset::open(dir / "brown");
+  REQUIRE(ds.ok());
+  REQUIRE(ds->numDocuments() == 500);
+  std::ifstream in(input);
+  std::string line;
+  for (size_t d = 0; std::getline(in, line); ++d) {
+    std::vector<int32_t> ids;
+    REQUIRE((*tok)->encode(nlohmann::json::parse(line).at("text").get<std::string>(), ids).ok());
+    ids.push_back(50256);
+    REQUIRE(tokensOf(ds->document(d)) == ids);
+  }
+}
+
+TEST_CASE("tpc prepare refuses bad input with the file and line, leaving nothing behind", "[prepare][cli][errors]") {
+  TempDir dir;
+  const std::string out = dir / "out";
+  const std::string byteFlags = " --tokenizer byte --output-prefix " + out;
+
+  SECTION("invalid UTF-8") {
+    writeFile(dir / "bad.txt", "fine\nalso fine\nbroken \xff here\n");
+    expectFailure(prepare("--input " + (dir / "bad.txt") + byteFlags), out, {dir / "bad.txt:3:", "UTF-8", "byte 8"});
+  }
+  SECTION("invalid UTF-8 inside a JSON string, with gpt2") {
+    writeFile(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"\xc0\x80\"}\n");
+    expectFailure(prepare("--input " + (dir / "bad.jsonl") + " --tokenizer gpt2 --output-prefix " + out), out,
+                  {dir / "bad.jsonl:2:", "UTF-8"});
+  }
+  SECTION("an empty input") {
+    writeFile(dir / "empty.txt", "");
+    expectFailure(prepare("--input " + (dir / "empty.txt") + byteFlags), out, {dir / "empty.txt", "no documents"});
+    writeFile(dir / "blank.jsonl", "\n\n{\"text\": \"\"}\n");
+    expectFailure(prepare("--input " + (dir / "blank.jsonl") + byteFlags), out, {"no documents"});
+  }
+  SECTION("a JSONL line without the key") {
+    writeFile(dir / "nokey.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
+    expectFailure(prepare("--input " + (dir / "nokey.jsonl") + byteFlags), out,
+                  {dir / "nokey.jsonl:2:", "no \"text\" key", "--json-key"});
+  }
+  SECTION("a JSONL value that is not a string, or a line that is not an object") {
+    writeFile(dir / "num.jsonl", "{\"text\": 5}\n");
+    expectFailure(prepare("--input " + (dir / "num.jsonl") + byteFlags), out, {"num.jsonl:1:", "not a string"});
+    writeFile(dir / "arr.jsonl", "[1, 2]\n");
+    expectFailure(prepare("--input " + (dir / "arr.jsonl") + byteFlags), out, {"arr.jsonl:1:", "JSON object"});
+  }
+  SECTION("a line that is not JSON") {
+    writeFile(dir / "broken.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"\n");
+    expectFailure(prepare("--input " + (dir / "broken.jsonl") + byteFlags), out, {"broken.jsonl:2:", "not valid JSON"});
+  }
+  SECTION("a late error after many good batches") {
+    std::string text;
+    for (int i = 0; i < 30000; ++i) text += "a line of perfectly good text number " + std::to_string(i) + "\n";
+    text += "\xfe\n";
+    writeFile(dir / "late.txt", text);
+    expectFailure(prepare("--input " + (dir / "late.txt") + byteFlags + " --workers 3"), out, {"late.txt:30001:"});
+  }
+  SECTION("a missing input, an unknown format, an unknown tokenizer, a missing flag") {
+    expectFailure(prepare("--input " + (dir / "nope.txt") + byteFlags), out, {"nope.txt", "cannot open"});
+    writeFile(dir / "in.csv", "a\n");
+    expectFailure(prepare("--input " + (dir / "in.csv") + byteFlags), out, {"in.csv", ".jsonl"});
+    writeFile(dir / "in.txt", "a\n");
+    expectFailure(prepare("--input " + (dir / "in.txt") + " --tokenizer words --output-prefix " + out), out,
+                  {"unknown tokenizer 'words'"});
+    expectFailure(prepare("--input " + (dir / "in.txt") + " --tokenizer byte"), out, {"--output-prefix"});
+    expectFailure(prepare("--input " + (dir / "in.txt") + byteFlags + " --workers 0"), out, {"--workers"});
+  }
+  SECTION("missing or malformed GPT-2 vocabulary") {
+    writeFile(dir / "in.txt", "a\n");
+    fs::create_directories(dir.path / "data" / "gpt2");
+    const std::string env = "TPC_DATA_DIR=" + (dir / "data") + " ";
+    auto missing = runCommand(env + tpcBinary() + " prepare --input " + (dir / "in.txt") + " --tokenizer gpt2 --output-prefix " + out);
+    expectFailure(missing, out, {dir / "data/gpt2/encoder.json", "scripts/fetch_data.sh"});
+    writeFile(dir / "data/gpt2/encoder.json", "{\"a\": 0,");
+    writeFile(dir / "data/gpt2/vocab.bpe", "#version: 0.2\n");
+    auto malformed = runCommand(env + tpcBinary() + " prepare --input " + (dir / "in.txt") + " --tokenizer gpt2 --output-prefix " + out);
+    expectFailure(malformed, out, {dir / "data/gpt2/encoder.json", "not valid JSON"});
+  }
+}
+
+TEST_CASE("tpc prepare keeps an existing dataset when a new run fails", "[prepare][cli][errors]") {
+  TempDir dir;
+  writeFile(dir / "good.txt", "hello\n");
+  REQUIRE(prepare("--input " + (dir / "good.txt") + " --tokenizer byte --output-prefix " + (dir / "ds")).exitCode == 0);
+  std::string before = readFile(dir / "ds.idx") + readFile(dir / "ds.bin");
+  writeFile(dir / "bad.txt", "hello\n\xff\n");
+  auto r = prepare("--input " + (dir / "bad.txt") + " --tokenizer byte --output-prefix " + (dir / "ds"));
+  CHECK(r.exitCode == 1);
+  CHECK(readFile(dir / "ds.idx") + readFile(dir / "ds.bin") == before);
+  CHECK_FALSE(fs::exists(dir / "ds.bin.tmp"));
+  CHECK_FALSE(fs::exists(dir / "ds.idx.tmp"));
+}
+
+TEST_CASE("tpc prepare --help explains the formats", "[prepare][cli]") {
+  auto r = runCommand(tpcBinary() + " prepare --help");
+  CHECK(r.exitCode == 0);
+  CHECK_THAT(r.out, Catch::Contains("each non-empty line is a document") && Catch::Contains("--json-key") &&
+                        Catch::Contains("--append-eod") && Catch::Contains("--workers"));
+}
