@@ -491,12 +491,21 @@ class Parser {
       TPC_TRY(expectIdent("place"));
       TPC_TRY(expectPunct("="));
       if (acceptPunct("(")) {
-        for (size_t i = 0; i < types.size(); ++i) {
-          if (i) TPC_TRY(expectPunct(","));
-          if (acceptPunct("?")) continue;
-          TPC_ASSIGN(Placement p, parsePlacement());
-          places[i] = p;
-        }
+        // One entry per result: a placement or '?' (none).
+        auto countError = [&](const char* howMany) {
+          return err(cat(info.name, " has ", types.size(), " result(s), but the placement lists ", howMany,
+                         " (one [...] or ? per result)"));
+        };
+        size_t i = 0;
+        do {
+          if (i == types.size()) return countError("more");
+          if (!acceptPunct("?")) {
+            TPC_ASSIGN(Placement p, parsePlacement());
+            places[i] = p;
+          }
+          ++i;
+        } while (acceptPunct(","));
+        if (i != types.size()) return countError(std::to_string(i).c_str());
         TPC_TRY(expectPunct(")"));
       } else {
         if (types.size() != 1) return err("a node with several results lists placements as ([...], [...])");
@@ -520,7 +529,8 @@ class Parser {
     if (isPunct("}")) return {};
     do {
       std::string outName;
-      if (tok_.kind == Token::Ident) {
+      // A name that is not an identifier (e.g. "2b") is printed quoted.
+      if (tok_.kind == Token::Ident || tok_.kind == Token::String) {
         outName = tok_.text;
         bump();
         TPC_TRY(expectPunct("="));
