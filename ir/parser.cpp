@@ -244,20 +244,26 @@ class Parser {
 
   // ---- types and placements ----
   Result<TensorType> parseType() {
+    Loc typeLoc = tok_.loc;
     if (tok_.kind != Token::Ident) return err("expected a tensor type like f32[8,768], got " + describe(tok_));
     auto dt = parseDType(tok_.text);
     if (!dt) return err("unknown dtype '" + tok_.text + "' (expected f32, f64, f16, bf16, i32, i64 or bool)");
     bump();
     TPC_TRY(expectPunct("["));
     Shape shape;
+    int64_t numel = 1;
+    bool tooLarge = false;
     if (!isPunct("]")) {
       do {
         Loc l = tok_.loc;
         TPC_ASSIGN(int64_t d, parseInt("a dimension"));
         if (d < 0) return errAt(l, "negative dimension " + std::to_string(d));
+        // Element counts must fit int64 (numel() and every shape rule multiply dims).
+        tooLarge = tooLarge || __builtin_mul_overflow(numel, d, &numel);
         shape.push_back(d);
       } while (acceptPunct(","));
     }
+    if (tooLarge) return errAt(typeLoc, "tensor shape " + shapeStr(shape) + " has too many elements (the count overflows int64)");
     TPC_TRY(expectPunct("]"));
     return TensorType(*dt, shape);
   }
@@ -491,12 +497,21 @@ class Parser {
       TPC_TRY(expectIdent("place"));
       TPC_TRY(expectPunct("="));
       if (acceptPunct("(")) {
-        for (size_t i = 0; i < types.size(); ++i) {
-          if (i) TPC_TRY(expectPunct(","));
-          if (acceptPunct("?")) continue;
-          TPC_ASSIGN(Placement p, parsePlacement());
-          places[i] = p;
-        }
+        // One entry per result: a placement or '?' (none).
+        auto countError = [&](const char* howMany) {
+          return err(cat(info.name, " has ", types.size(), " result(s), but the placement lists ", howMany,
+                         " (one [...] or ? per result)"));
+        };
+        size_t i = 0;
+        do {
+          if (i == types.size()) return countError("more");
+          if (!acceptPunct("?")) {
+            TPC_ASSIGN(Placement p, parsePlacement());
+            places[i] = p;
+          }
+          ++i;
+        } while (acceptPunct(","));
+        if (i != types.size()) return countError(std::to_string(i).c_str());
         TPC_TRY(expectPunct(")"));
       } else {
         if (types.size() != 1) return err("a node with several results lists placements as ([...], [...])");
@@ -520,7 +535,8 @@ class Parser {
     if (isPunct("}")) return {};
     do {
       std::string outName;
-      if (tok_.kind == Token::Ident) {
+      // A name that is not an identifier (e.g. "2b") is printed quoted.
+      if (tok_.kind == Token::Ident || tok_.kind == Token::String) {
         outName = tok_.text;
         bump();
         TPC_TRY(expectPunct("="));

@@ -100,7 +100,8 @@ void printGraph(const Graph& g, llvm::raw_ostream& os) {
     const GraphOutput& o = g.outputs()[i];
     std::string vn = names(o.value);
     os << (i ? ", " : " ");
-    if (!o.name.empty() && "%" + o.name != vn) os << o.name << "=";
+    // Attr's text form of a string: bare when it lexes as one identifier, else quoted.
+    if (!o.name.empty() && "%" + o.name != vn) os << Attr(o.name).str() << "=";
     os << vn;
   }
   os << "\n}\n";

@@ -49,7 +49,10 @@ class CSEPass final : public Pass {
     std::string k = std::to_string(static_cast<int>(n.op())) + "(";
     for (unsigned id : ids) k += std::to_string(id) + ",";
     k += "){";
-    for (const auto& [name, a] : n.attrs()) k += name + "=" + a.str() + ",";
+    // Attributes by name: the order they were written or set in does not matter.
+    std::map<std::string, std::string> attrs;
+    for (const auto& [name, a] : n.attrs()) attrs[name] = a.str();
+    for (const auto& [name, a] : attrs) k += name + "=" + a + ",";
     k += "}:";
     for (Value* r : n.results()) {
       k += r->type().str();

@@ -40,7 +40,8 @@ Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text) {
       ++i;
       while (true) {
         skipSpace();
-        if (i < text.size() && text[i] == ')') {
+        if (i == text.size()) return fail(i, "unclosed '(' in the options of pass '" + e.name + "'");
+        if (text[i] == ')') {
           ++i;
           break;
         }
@@ -66,6 +67,7 @@ Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text) {
           ++i;
           break;
         }
+        if (i == text.size()) return fail(i, "unclosed '(' in the options of pass '" + e.name + "'");
         return fail(i, "expected ',' or ')' in the options of pass '" + e.name + "'");
       }
     }

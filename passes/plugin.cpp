@@ -26,15 +26,17 @@ Status loadPassPlugin(const std::string& path, PassRegistry& registry) {
     return makeError(path, ": error: not a tpc pass plugin (it does not export `extern \"C\" ", TPC_PASS_PLUGIN_ENTRY, "()`)");
   }
   TpcPassPluginInfo info = entry();
+  // Copied now: the plugin's strings live in its image, which dlclose unmaps.
+  std::string pluginName = info.pluginName ? info.pluginName : "?";
   if (info.apiVersion != TPC_PASS_PLUGIN_API_VERSION) {
     dlclose(handle);
-    return makeError(path, ": error: pass plugin '", info.pluginName ? info.pluginName : "?", "' was built for plugin API version ",
+    return makeError(path, ": error: pass plugin '", pluginName, "' was built for plugin API version ",
                      info.apiVersion, ", but this tpc has API version ", TPC_PASS_PLUGIN_API_VERSION,
                      "; rebuild the plugin against this tpc's headers");
   }
   if (!info.registerPasses) {
     dlclose(handle);
-    return makeError(path, ": error: pass plugin '", info.pluginName ? info.pluginName : "?", "' has no registerPasses function");
+    return makeError(path, ": error: pass plugin '", pluginName, "' has no registerPasses function");
   }
   registry.beginOrigin(cat("plugin ", path));
   info.registerPasses(&registry);

@@ -1,0 +1,248 @@
+// Passes: the pipeline parser, the registry, the pass manager (verifier between passes), cse/dce on
+// graphs built in code, and loading the example plugin into this process (tpc_tests exports its symbols).
+#include <catch2/catch.hpp>
+
+#include "ir/graph.h"
+#include "ir/parser.h"
+#include "ir/printer.h"
+#include "passes/builtin_passes.h"
+#include "passes/pipeline.h"
+#include "passes/plugin.h"
+#include "test_support.h"
+
+using namespace tpc;
+
+namespace {
+
+const std::string kExamplePlugin = std::string(TPC_TEST_PLUGIN_DIR) + "/libtpc_fold_scales.so";
+const std::string kApi999Plugin = std::string(TPC_TEST_BAD_PLUGIN_DIR) + "/libtpc_fold_scales_api999.so";
+const std::string kNotAPlugin = std::string(TPC_TEST_BAD_PLUGIN_DIR) + "/libtpc_not_a_plugin.so";
+
+std::unique_ptr<Graph> parse(const std::string& text) {
+  auto g = parseGraph(text, "test.tir");
+  if (!g) FAIL(g.error());
+  return std::move(g).value();
+}
+
+Result<bool> runPass(const PassRegistry& r, const std::string& name, Graph& g, PassOptions o = {}) {
+  const PassInfo* info = r.find(name);
+  if (!info) return makeError("no pass ", name);
+  TPC_ASSIGN(auto pass, info->factory(o));
+  return pass->run(g);
+}
+
+// A pass that breaks the graph (declares a wrong type), to see the pass manager's verifier catch it.
+class CorruptingPass final : public Pass {
+ public:
+  std::string_view name() const override { return "corrupt"; }
+  Result<bool> run(Graph& g) override {
+    (*g.nodes().begin())->result()->setType(TensorType(DType::f32, {99}));
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the pipeline parser reads names and options", "[passes][pipeline]") {
+  auto p = parsePipeline("a,b(k=v, k2=v2)");
+  REQUIRE(p.ok());
+  REQUIRE(p->size() == 2);
+  CHECK((*p)[0].name == "a");
+  CHECK((*p)[0].column == 1);
+  CHECK((*p)[0].options.values().empty());
+  CHECK((*p)[1].name == "b");
+  CHECK((*p)[1].column == 3);
+  CHECK((*p)[1].options.values() == std::map<std::string, std::string>{{"k", "v"}, {"k2", "v2"}});
+
+  auto spaced = parsePipeline("  cse , megatron-tp( tp = 4 ) ,dce ");
+  REQUIRE(spaced.ok());
+  REQUIRE(spaced->size() == 3);
+  CHECK((*spaced)[1].name == "megatron-tp");
+  CHECK((*spaced)[1].column == 9);
+  CHECK((*spaced)[1].options.getString("tp", "") == "4");
+  CHECK((*spaced)[2].name == "dce");
+  CHECK(parsePipeline("p()").ok());
+}
+
+TEST_CASE("the pipeline parser rejects bad strings with the column", "[passes][pipeline]") {
+  struct Case {
+    const char* text;
+    const char* error;
+  };
+  const Case cases[] = {
+      {"", "--passes:1:1: error: the pipeline is empty (example: --passes=cse,dce)"},
+      {"   ", "--passes:1:1: error: the pipeline is empty (example: --passes=cse,dce)"},
+      {"cse,", "--passes:1:5: error: expected a pass name at the end of the pipeline"},
+      {"cse,,dce", "--passes:1:5: error: expected a pass name, got ','"},
+      {"cse dce", "--passes:1:5: error: expected ',' between passes, got 'd'"},
+      {"cse(", "--passes:1:5: error: unclosed '(' in the options of pass 'cse'"},
+      {"cse(a=1", "--passes:1:8: error: unclosed '(' in the options of pass 'cse'"},
+      {"cse)", "--passes:1:4: error: expected ',' between passes, got ')'"},
+      {"cse(=1)", "--passes:1:5: error: expected an option name in 'cse(...)'"},
+      {"cse(a)", "--passes:1:6: error: expected '=' after option 'a'"},
+      {"cse(a=)", "--passes:1:7: error: option 'a' of pass 'cse' has no value"},
+      {"cse(a=1,a=2)", "--passes:1:9: error: option 'a' is given twice"},
+      {"cse(a=1 b=2)", "--passes:1:9: error: expected ',' or ')' in the options of pass 'cse'"},
+  };
+  for (const Case& c : cases) {
+    INFO("pipeline: '" << c.text << "'");
+    auto p = parsePipeline(c.text);
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.error() == c.error);
+  }
+}
+
+TEST_CASE("the pass manager refuses unknown passes and options", "[passes][pipeline]") {
+  PassManager pm;
+  Status unknown = pm.addPipeline("cse,nope");
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.error().rfind("--passes:1:5: error: unknown pass 'nope' (known: ", 0) == 0);
+  PassManager pm2;
+  Status option = pm2.addPipeline("dce(x=1)");
+  REQUIRE_FALSE(option.ok());
+  CHECK(option.error() == "--passes:1:1: error: pass 'dce' has no option 'x' (it takes none)");
+  PassManager pm3;
+  REQUIRE(pm3.addPipeline("cse,dce,cse").ok());
+  CHECK(pm3.size() == 3);
+}
+
+TEST_CASE("the pass manager verifies the graph after each pass", "[passes][pipeline]") {
+  auto g = parse("graph @g(%x: f32[4]) {\n  %y = neg(%x) : f32[4]\n  return %y\n}\n");
+  PassManager pm;
+  pm.addPass(std::make_unique<CorruptingPass>());
+  Status s = pm.run(*g);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.error() ==
+        "error: pass 'corrupt' produced an invalid graph: test.tir:2:8: error: result %y is declared f32[99] but neg "
+        "gives f32[4]");
+  // Without verification the broken graph goes through (what --no-verify does).
+  PipelineConfig noVerify;
+  noVerify.verifyEach = false;
+  PassManager pm2(noVerify);
+  pm2.addPass(std::make_unique<CorruptingPass>());
+  CHECK(pm2.run(*g).ok());
+}
+
+TEST_CASE("the registry refuses a second pass of the same name", "[passes][registry]") {
+  PassRegistry r;
+  auto factory = [](const PassOptions&) -> Result<std::unique_ptr<Pass>> { return createDCEPass(); };
+  REQUIRE(r.add({"mine", "first", {}, factory}).ok());
+  Status again = r.add({"mine", "second", {}, factory});
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.error() == "built-in: pass 'mine' is already registered by built-in");
+  CHECK(r.find("mine")->description == "first");
+
+  // During a plugin's registration the first failure is kept for the loader.
+  r.beginOrigin("plugin ./p.so");
+  (void)r.add({"mine", "third", {}, factory});
+  (void)r.add({"", "nameless", {}, factory});
+  Status s = r.endOrigin();
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.error() == "plugin ./p.so: pass 'mine' is already registered by built-in");
+  CHECK(r.endOrigin().ok());
+  CHECK(r.all().size() == 1);
+
+  // The global registry holds the built-in passes.
+  CHECK(PassRegistry::global().find("cse") != nullptr);
+  CHECK(PassRegistry::global().find("dce") != nullptr);
+}
+
+TEST_CASE("cse and dce report whether they changed the graph", "[passes][cse][dce]") {
+  auto g = parse(R"(graph @g(%x: f32[4], %y: f32[4]) {
+  %a = mul(%x, %y) : f32[4]
+  %b = mul(%y, %x) : f32[4]
+  %c = add(%a, %b) : f32[4]
+  %dead = exp(%c) : f32[4]
+  return %c
+})");
+  auto cse = createCSEPass();
+  auto dce = createDCEPass();
+  auto r1 = cse->run(*g);
+  REQUIRE(r1.ok());
+  CHECK(*r1 == true);
+  CHECK(g->numNodes() == 3);
+  auto r2 = cse->run(*g);
+  REQUIRE(r2.ok());
+  CHECK(*r2 == false);
+  auto r3 = dce->run(*g);
+  REQUIRE(r3.ok());
+  CHECK(*r3 == true);
+  auto r4 = dce->run(*g);
+  REQUIRE(r4.ok());
+  CHECK(*r4 == false);
+  CHECK(printGraph(*g) ==
+        "graph @g(%x: f32[4], %y: f32[4]) {\n  %a = mul(%x, %y) : f32[4]\n  %c = add(%a, %a) : f32[4]\n  return %c\n}\n");
+}
+
+TEST_CASE("the example plugin loads into this process and folds scales", "[passes][plugin]") {
+  PassRegistry r;
+  Status s = loadPassPlugin(kExamplePlugin, r);
+  if (!s.ok()) FAIL(s.error());
+  const PassInfo* info = r.find("fold-scales");
+  REQUIRE(info != nullptr);
+  REQUIRE(info->options.size() == 1);
+  CHECK(info->options[0].name == "drop-identity");
+
+  auto g = parse(R"(graph @g(%x: f32[4]) {
+  %a = scale(%x) {factor=2.0} : f32[4]
+  %b = scale(%a) {factor=3.0} : f32[4]
+  %c = scale(%x) {factor=1.0} : f32[4]
+  %d = add(%b, %c) : f32[4]
+  return %d
+})");
+  auto changed = runPass(r, "fold-scales", *g);
+  if (!changed) FAIL(changed.error());
+  CHECK(*changed);
+  REQUIRE(createDCEPass()->run(*g).ok());
+  CHECK(printGraph(*g) ==
+        "graph @g(%x: f32[4]) {\n  %b = scale(%x) {factor=6.0} : f32[4]\n  %d = add(%b, %x) : f32[4]\n  return %d\n}\n");
+  auto again = runPass(r, "fold-scales", *g);
+  REQUIRE(again.ok());
+  CHECK_FALSE(*again);
+
+  // Its option is checked by the plugin's factory.
+  PassOptions bad("fold-scales");
+  bad.set("drop-identity", "maybe");
+  auto made = info->factory(bad);
+  REQUIRE_FALSE(made.ok());
+  CHECK(made.error() == "pass 'fold-scales': option drop-identity=maybe is not true or false");
+
+  // Loading it a second time clashes on the pass name; the message names the plugin.
+  Status twice = loadPassPlugin(kExamplePlugin, r);
+  REQUIRE_FALSE(twice.ok());
+  CHECK(twice.error() == "plugin " + kExamplePlugin + ": pass 'fold-scales' is already registered by plugin " + kExamplePlugin);
+}
+
+TEST_CASE("a plugin built for another API version is refused", "[passes][plugin]") {
+  PassRegistry r;
+  Status s = loadPassPlugin(kApi999Plugin, r);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.error() == kApi999Plugin + ": error: pass plugin 'fold-scales' was built for plugin API version 999, but this tpc " +
+                         "has API version " + std::to_string(TPC_PASS_PLUGIN_API_VERSION) +
+                         "; rebuild the plugin against this tpc's headers");
+  CHECK(r.find("fold-scales") == nullptr);
+}
+
+TEST_CASE("missing files and libraries that are not plugins are refused", "[passes][plugin]") {
+  PassRegistry r;
+  Status notPlugin = loadPassPlugin(kNotAPlugin, r);
+  REQUIRE_FALSE(notPlugin.ok());
+  CHECK(notPlugin.error() ==
+        kNotAPlugin + ": error: not a tpc pass plugin (it does not export `extern \"C\" tpcPassPluginInfo()`)");
+
+  Status missing = loadPassPlugin("/nonexistent/libnothing.so", r);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error() == "/nonexistent/libnothing.so: error: pass plugin not found (check the --pass-plugin path)");
+
+  Status dir = loadPassPlugin(TPC_TEST_PLUGIN_DIR, r);
+  REQUIRE_FALSE(dir.ok());
+  CHECK(dir.error() == std::string(TPC_TEST_PLUGIN_DIR) + ": error: pass plugin is not a regular file");
+
+  // Not a shared library at all: dlopen's reason, on the same line.
+  std::string text = test::sourcePath("tests/ir/gpt_block.tir");
+  Status notElf = loadPassPlugin(text, r);
+  REQUIRE_FALSE(notElf.ok());
+  CHECK(notElf.error().rfind(text + ": error: cannot load pass plugin: ", 0) == 0);
+  CHECK(notElf.error().find('\n') == std::string::npos);
+  CHECK(r.all().empty());
+}
