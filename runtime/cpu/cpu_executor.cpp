@@ -3,6 +3,7 @@
 #include "runtime/cpu/cpu_executor.h"
 
 #include <climits>
+#include <map>
 
 #include "runtime/cpu/communicator.h"
 #include "runtime/cpu/kernels.h"
@@ -103,6 +104,7 @@ class Executor final : public CpuExecutor {
       }
       Status status = st.fn(args);
       if (!status.ok()) {
+        for (size_t s = 0; s < bufs_.size(); ++s) release(static_cast<int>(s));
         bufs_.clear();
         return Error{status.error()};
       }
@@ -112,6 +114,7 @@ class Executor final : public CpuExecutor {
 
     std::vector<HostTensor> out;
     for (int s : outputSlots_) out.push_back(toHost(*bufs_[s]));
+    for (size_t s = 0; s < bufs_.size(); ++s) release(static_cast<int>(s));
     bufs_.clear();
     live_ = 0;
     return out;
@@ -126,14 +129,33 @@ class Executor final : public CpuExecutor {
     std::vector<int> in, out, freeAfter;
   };
 
+  // Storage is recycled within and across runs: large fresh allocations are mmap'd by malloc and every
+  // page then faults on first touch, which costs more than the kernels themselves on small models.
+  template <class E>
+  static std::vector<E> takeSpare(std::multimap<size_t, std::vector<E>>& spare, size_t n) {
+    auto it = spare.lower_bound(n);
+    if (it == spare.end() || it->first > 2 * n + 1024) return std::vector<E>(n);
+    std::vector<E> v = std::move(it->second);
+    spare.erase(it);
+    v.assign(n, E(0));
+    return v;
+  }
   void allocate(int s) {
-    bufs_[s] = std::make_unique<Buf<T>>(types_[s]);
+    auto b = std::make_unique<Buf<T>>();
+    b->type = types_[s];
+    size_t n = static_cast<size_t>(b->numel());
+    if (b->isFloatBuf()) b->f = takeSpare(spareF_, n);
+    else b->i = takeSpare(spareI_, n);
+    bufs_[s] = std::move(b);
     live_ += bufs_[s]->bytes();
     peak_ = std::max(peak_, live_);
   }
   void release(int s) {
     if (!bufs_[s]) return;
     live_ -= bufs_[s]->bytes();
+    Buf<T>& b = *bufs_[s];
+    if (b.f.capacity()) spareF_.emplace(b.f.capacity(), std::move(b.f));
+    if (b.i.capacity()) spareI_.emplace(b.i.capacity(), std::move(b.i));
     bufs_[s].reset();
   }
 
@@ -182,6 +204,8 @@ class Executor final : public CpuExecutor {
   std::vector<Step> steps_;
   std::vector<int> inputSlots_, paramSlots_, outputSlots_, freeAtStart_;
   std::vector<std::unique_ptr<Buf<T>>> bufs_;
+  std::multimap<size_t, std::vector<T>> spareF_;
+  std::multimap<size_t, std::vector<int64_t>> spareI_;
   int64_t live_ = 0, peak_ = 0;
 };
 
