@@ -104,6 +104,24 @@ TEST_CASE("cpu grad: attention_grad gives dq, dk, dv (with and without dropout)"
   }
 }
 
+TEST_CASE("cpu grad: non-causal attention with more keys than queries", "[cpu][grad]") {
+  std::mt19937 rng(28);
+  TensorType tq = f32({1, 2, 3, 4}), tk = f32({1, 2, 5, 4}), tl = f32({1, 2, 3});
+  HostTensor q = randomTensor(tq, rng, true), k = randomTensor(tk, rng, true), v = randomTensor(tk, rng, true),
+             w = randomTensor(tq, rng, true);
+  AttrDict a;
+  a.set("causal", false);
+  a.set("scale", 0.7);
+  Runner fwd(OpKind::Attention, {tq, tk, tk}, a), bwd(OpKind::AttentionGrad, {tq, tq, tk, tk, tq, tl}, a);
+  auto f = [&](const std::vector<HostTensor>& in) { return dot(fwd(in)[0], w); };
+  auto fo = fwd({q, k, v});
+  auto grads = bwd({w, q, k, v, fo[0], fo[1]});
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("operand " << i);
+    CHECK(normRelErr(values(grads[i]), numericGrad(f, {q, k, v}, i)) < kTol);
+  }
+}
+
 TEST_CASE("cpu grad: embedding_grad scatter-adds into its vocab shard", "[cpu][grad]") {
   std::mt19937 rng(26);
   TensorType tt = f32({6, 4}), ti = i32({2, 5}), ty = f32({2, 5, 4});

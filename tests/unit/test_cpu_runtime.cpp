@@ -136,14 +136,20 @@ TEST_CASE("cpu: the GPT block runs end to end with a loss near ln(vocab)", "[cpu
     std::vector<HostTensor> params = gptParams(**g, prng, fp64);
     std::vector<const HostTensor*> pp;
     for (auto& p : params) pp.push_back(&p);
-    CpuOptions opt;
-    opt.fp64 = fp64;
-    auto e = CpuExecutor::create(**g, opt);
-    REQUIRE(e.ok());
-    auto out = (*e)->run({&tokens, &targets}, pp, 0);
-    if (!out.ok()) FAIL(out.error());
-    REQUIRE(out->size() == 1);
-    loss[fp64] = out->at(0).getAsDouble(0);
+    double byThreads[2];
+    for (int threads : {1, 2}) {
+      CpuOptions opt;
+      opt.fp64 = fp64;
+      opt.threads = threads;
+      auto e = CpuExecutor::create(**g, opt);
+      REQUIRE(e.ok());
+      auto out = (*e)->run({&tokens, &targets}, pp, 0);
+      if (!out.ok()) FAIL(out.error());
+      REQUIRE(out->size() == 1);
+      byThreads[threads - 1] = out->at(0).getAsDouble(0);
+    }
+    CHECK(byThreads[0] == byThreads[1]);  // results do not depend on the thread count
+    loss[fp64] = byThreads[1];
     CHECK(std::isfinite(loss[fp64]));
     CHECK(std::abs(loss[fp64] - std::log(128.0)) < 0.2);
   }
