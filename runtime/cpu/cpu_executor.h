@@ -11,20 +11,31 @@
 
 namespace tpc {
 
+namespace cpu {
+class Communicator;
+}
+
+// Values of dtype bf16/f16 are held as f32 (f64) rounded through their 16-bit type after every op that
+// produces them, so a `cast` to bf16 and everything computed in bf16 see bf16-rounded values.
 struct CpuOptions {
   bool fp64 = false;    // compute every float value in double (inputs/params/outputs are then f64 tensors)
   int threads = 0;      // 0: all hardware threads
   uint64_t seed = 1234; // dropout: Philox keyed by (seed, step, node key, global element index)
+  // This rank's view of the other ranks, for collectives; null: a single rank (every mesh axis of size 1).
+  std::shared_ptr<cpu::Communicator> communicator;
 };
 
 class CpuExecutor {
  public:
   static Result<std::unique_ptr<CpuExecutor>> create(const Graph& g, CpuOptions options);
   virtual ~CpuExecutor() = default;
+  // `g` must outlive the executor.
   // `inputs` match g.inputs() and `params` g.params(), in order; returns g.outputs() in order.
   // Float tensors are f32 (or f64 with CpuOptions::fp64); integer inputs keep their dtype.
   virtual Result<std::vector<HostTensor>> run(const std::vector<const HostTensor*>& inputs,
                                               const std::vector<const HostTensor*>& params, int64_t step) = 0;
+  // Bytes of value buffers alive at once, at most, during the last run (inputs and params included).
+  virtual int64_t peakLiveBytes() const = 0;
 };
 
 }  // namespace tpc

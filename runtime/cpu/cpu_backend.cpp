@@ -1,0 +1,58 @@
+// CpuBackend: the state map plus the executor.
+#include "runtime/cpu/cpu_backend.h"
+
+namespace tpc {
+
+Status CpuBackend::prepare(const Graph& step, const TensorMap& initialState) {
+  graph_ = step.clone();
+  state_.clear();
+  DType floatType = options_.fp64 ? DType::f64 : DType::f32;
+  for (Value* p : graph_->params()) {
+    auto it = initialState.find(p->name());
+    if (it == initialState.end())
+      return makeError("cpu backend: no initial value for parameter %", p->name(), " of graph @", graph_->name());
+    if (it->second.shape() != p->shape())
+      return makeError("cpu backend: parameter %", p->name(), " must be ", p->type().str(), ", got ", it->second.type().str());
+    state_[p->name()] = isFloat(p->dtype()) ? it->second.convertTo(floatType) : it->second.clone();
+  }
+  TPC_ASSIGN(exec_, CpuExecutor::create(*graph_, options_));
+  return {};
+}
+
+Result<TensorMap> CpuBackend::step(const TensorMap& inputs, int64_t stepIndex) {
+  if (!exec_) return makeError("cpu backend: step() before prepare()");
+  std::vector<const HostTensor*> in, params;
+  std::vector<HostTensor> converted;
+  converted.reserve(graph_->inputs().size());
+  DType floatType = options_.fp64 ? DType::f64 : DType::f32;
+  for (Value* v : graph_->inputs()) {
+    auto it = inputs.find(v->name());
+    if (it == inputs.end()) return makeError("cpu backend: missing input %", v->name(), " (", v->type().str(), ")");
+    if (isFloat(it->second.dtype()) && it->second.dtype() != floatType) {
+      converted.push_back(it->second.convertTo(floatType));
+      in.push_back(&converted.back());
+    } else {
+      in.push_back(&it->second);
+    }
+  }
+  for (Value* p : graph_->params()) params.push_back(&state_.at(p->name()));
+  TPC_ASSIGN(std::vector<HostTensor> outs, exec_->run(in, params, stepIndex));
+  TensorMap result;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    std::string name = graph_->outputName(i);
+    auto it = state_.find(name);
+    if (it != state_.end()) it->second = std::move(outs[i]);
+    else result[name] = std::move(outs[i]);
+  }
+  return result;
+}
+
+Result<HostTensor> CpuBackend::readState(const std::string& name) const {
+  auto it = state_.find(name);
+  if (it == state_.end()) return makeError("cpu backend: no state tensor named '", name, "'");
+  return it->second;
+}
+
+std::unique_ptr<Backend> createCpuBackend(CpuOptions options) { return std::make_unique<CpuBackend>(std::move(options)); }
+
+}  // namespace tpc

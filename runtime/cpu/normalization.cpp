@@ -1,0 +1,150 @@
+// CPU kernels: layer_norm (last dim, biased variance, eps inside the sqrt) and softmax along an axis, with
+// their gradients. Row statistics accumulate in double.
+#include <cmath>
+#include <limits>
+
+#include "ir/shape_rules.h"
+#include "runtime/cpu/kernels.h"
+
+namespace tpc::cpu {
+namespace {
+
+// mean and 1/sqrt(var + eps) of one row.
+template <class T>
+void rowStats(const T* x, int64_t D, double eps, double* mean, double* rstd) {
+  double s = 0;
+  for (int64_t j = 0; j < D; ++j) s += x[j];
+  double m = s / D, v = 0;
+  for (int64_t j = 0; j < D; ++j) v += (x[j] - m) * (x[j] - m);
+  *mean = m;
+  *rstd = 1.0 / std::sqrt(v / D + eps);
+}
+
+// outer x axis x inner decomposition of a shape around one axis.
+struct AxisSplit {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+AxisSplit splitAt(const Shape& s, int64_t axis) {
+  AxisSplit r;
+  for (int64_t k = 0; k < static_cast<int64_t>(s.size()); ++k) {
+    if (k < axis) r.outer *= s[k];
+    else if (k == axis) r.n = s[k];
+    else r.inner *= s[k];
+  }
+  return r;
+}
+
+}  // namespace
+
+template <class T>
+Status kernelLayerNorm(KernelArgs<T>& a) {
+  const Buf<T>&X = a.operand(0), &G = a.operand(1), &Bt = a.operand(2);
+  double eps = a.node.getFloat("eps");
+  int64_t D = X.shape().back(), rows = D ? X.numel() / D : 0;
+  T* y = a.result().f.data();
+  a.ctx.pool.parallelFor(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* x = X.f.data() + r * D;
+      double m, rs;
+      rowStats(x, D, eps, &m, &rs);
+      for (int64_t j = 0; j < D; ++j) y[r * D + j] = static_cast<T>((x[j] - m) * rs) * G.f[j] + Bt.f[j];
+    }
+  });
+  return {};
+}
+
+// xhat = (x - mean) rstd, g = dy * gamma: dx = rstd (g - mean(g) - xhat mean(g xhat));
+// dgamma = sum over rows dy xhat; dbeta = sum over rows dy.
+template <class T>
+Status kernelLayerNormGrad(KernelArgs<T>& a) {
+  const Buf<T>&DY = a.operand(0), &X = a.operand(1), &G = a.operand(2);
+  double eps = a.node.getFloat("eps");
+  int64_t D = X.shape().back(), rows = D ? X.numel() / D : 0;
+  T* dx = a.result(0).f.data();
+  std::vector<double> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  a.ctx.pool.parallelFor(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* x = X.f.data() + r * D;
+      const T* dy = DY.f.data() + r * D;
+      rowStats(x, D, eps, &mean[r], &rstd[r]);
+      double sg = 0, sgx = 0;
+      for (int64_t j = 0; j < D; ++j) {
+        double g = static_cast<double>(dy[j]) * G.f[j];
+        sg += g;
+        sgx += g * (x[j] - mean[r]) * rstd[r];
+      }
+      sg /= D;
+      sgx /= D;
+      for (int64_t j = 0; j < D; ++j) {
+        double xhat = (x[j] - mean[r]) * rstd[r];
+        dx[r * D + j] = static_cast<T>(rstd[r] * (static_cast<double>(dy[j]) * G.f[j] - sg - xhat * sgx));
+      }
+    }
+  });
+  std::vector<double> dg(static_cast<size_t>(D), 0.0), db(static_cast<size_t>(D), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* x = X.f.data() + r * D;
+    const T* dy = DY.f.data() + r * D;
+    for (int64_t j = 0; j < D; ++j) {
+      dg[j] += static_cast<double>(dy[j]) * (x[j] - mean[r]) * rstd[r];
+      db[j] += dy[j];
+    }
+  }
+  for (int64_t j = 0; j < D; ++j) {
+    a.result(1).f[j] = static_cast<T>(dg[j]);
+    a.result(2).f[j] = static_cast<T>(db[j]);
+  }
+  return {};
+}
+
+template <class T>
+Status kernelSoftmax(KernelArgs<T>& a) {
+  const Buf<T>& X = a.operand(0);
+  int64_t axis = *normalizeAxis(a.node.getInt("axis"), X.rank());
+  AxisSplit s = splitAt(X.shape(), axis);
+  T* y = a.result().f.data();
+  a.ctx.pool.parallelFor(s.outer * s.inner, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(s.n, 1)),
+                         [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      int64_t base = (r / s.inner) * s.n * s.inner + r % s.inner;
+      const T* x = X.f.data() + base;
+      T m = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < s.n; ++j) m = std::max(m, x[j * s.inner]);
+      double sum = 0;
+      for (int64_t j = 0; j < s.n; ++j) sum += std::exp(static_cast<double>(x[j * s.inner] - m));
+      for (int64_t j = 0; j < s.n; ++j)
+        y[base + j * s.inner] = static_cast<T>(std::exp(static_cast<double>(x[j * s.inner] - m)) / sum);
+    }
+  });
+  return {};
+}
+
+// dx = y (dy - sum(dy y)) along the axis.
+template <class T>
+Status kernelSoftmaxGrad(KernelArgs<T>& a) {
+  const Buf<T>&DY = a.operand(0), &Y = a.operand(1);
+  int64_t axis = *normalizeAxis(a.node.getInt("axis"), Y.rank());
+  AxisSplit s = splitAt(Y.shape(), axis);
+  T* dx = a.result().f.data();
+  a.ctx.pool.parallelFor(s.outer * s.inner, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(s.n, 1)),
+                         [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      int64_t base = (r / s.inner) * s.n * s.inner + r % s.inner;
+      double dot = 0;
+      for (int64_t j = 0; j < s.n; ++j)
+        dot += static_cast<double>(DY.f[base + j * s.inner]) * Y.f[base + j * s.inner];
+      for (int64_t j = 0; j < s.n; ++j) {
+        int64_t o = base + j * s.inner;
+        dx[o] = static_cast<T>(Y.f[o] * (DY.f[o] - dot));
+      }
+    }
+  });
+  return {};
+}
+
+TPC_CPU_KERNEL_INSTANTIATE(LayerNorm)
+TPC_CPU_KERNEL_INSTANTIATE(LayerNormGrad)
+TPC_CPU_KERNEL_INSTANTIATE(Softmax)
+TPC_CPU_KERNEL_INSTANTIATE(SoftmaxGrad)
+
+}  // namespace tpc::cpu
