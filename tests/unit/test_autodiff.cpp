@@ -180,6 +180,8 @@ class RefEval {
       case OpKind::CrossEntropy:
       case OpKind::CrossEntropyGrad: return crossEntropy(n, in);
       case OpKind::Matmul: return matmul(n, *in[0], *in[1]);
+      case OpKind::Attention:
+      case OpKind::AttentionGrad: return attention(n, in);
       case OpKind::Embedding: {
         const Tensor &table = *in[0], &ids = *in[1];
         int64_t V = table.shape[0], D = table.shape[1], vs = n.getInt("vocab_start");
@@ -356,6 +358,59 @@ class RefEval {
         for (int64_t j = 0; j < V; ++j) dl.d[r * V + j] = in[0]->d[r] * (std::exp(l[j] - m) / z - (j == t ? 1.0 : 0.0));
     }
     return one(grad ? dl : loss);
+  }
+
+  // Naive causal attention (no dropout) and its backward, from the recomputed probabilities.
+  static Result<Ts> attention(const Node& n, const std::vector<const Tensor*>& in) {
+    if (n.getFloat("dropout") != 0.0) return makeError("RefEval: attention with dropout is not implemented");
+    bool grad = n.op() == OpKind::AttentionGrad;
+    const Tensor &q = *in[grad ? 1 : 0], &k = *in[grad ? 2 : 1], &v = *in[grad ? 3 : 2];
+    int64_t B = q.shape[0], H = q.shape[1], T = q.shape[2], S = k.shape[2], D = q.shape[3];
+    double scale = n.getFloat("scale") == 0.0 ? 1.0 / std::sqrt(static_cast<double>(D)) : n.getFloat("scale");
+    bool causal = n.getBool("causal");
+    Tensor out(q.shape), lse(Shape{B, H, T}), dq(q.shape), dk(k.shape), dv(v.shape);
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const double *Q = &q.d[bh * T * D], *K = &k.d[bh * S * D], *V = &v.d[bh * S * D];
+      std::vector<double> P(T * S, 0.0);
+      for (int64_t i = 0; i < T; ++i) {
+        double m = -INFINITY, z = 0;
+        std::vector<double> sc(S, -INFINITY);
+        for (int64_t j = 0; j < S && (!causal || j <= i); ++j) {
+          sc[j] = 0;
+          for (int64_t c = 0; c < D; ++c) sc[j] += Q[i * D + c] * K[j * D + c];
+          sc[j] *= scale;
+          m = std::max(m, sc[j]);
+        }
+        for (int64_t j = 0; j < S; ++j) z += std::exp(sc[j] - m);
+        lse.d[bh * T + i] = m + std::log(z);
+        for (int64_t j = 0; j < S; ++j) P[i * S + j] = std::exp(sc[j] - m) / z;
+        for (int64_t c = 0; c < D; ++c) {
+          double o = 0;
+          for (int64_t j = 0; j < S; ++j) o += P[i * S + j] * V[j * D + c];
+          out.d[(bh * T + i) * D + c] = o;
+        }
+      }
+      if (!grad) continue;
+      const double* dO = &in[0]->d[bh * T * D];
+      for (int64_t i = 0; i < T; ++i) {
+        double rowDot = 0;  // sum_c dout * out
+        for (int64_t c = 0; c < D; ++c) rowDot += dO[i * D + c] * out.d[(bh * T + i) * D + c];
+        for (int64_t j = 0; j < S; ++j) {
+          double dp = 0;
+          for (int64_t c = 0; c < D; ++c) {
+            dp += dO[i * D + c] * V[j * D + c];
+            dv.d[(bh * S + j) * D + c] += P[i * S + j] * dO[i * D + c];
+          }
+          double ds = P[i * S + j] * (dp - rowDot) * scale;
+          for (int64_t c = 0; c < D; ++c) {
+            dq.d[(bh * T + i) * D + c] += ds * K[j * D + c];
+            dk.d[(bh * S + j) * D + c] += ds * Q[i * D + c];
+          }
+        }
+      }
+    }
+    if (grad) return Ts{dq, dk, dv};
+    return Ts{out, lse};
   }
 
   static Result<Ts> matmul(const Node& n, const Tensor& a, const Tensor& b) {
@@ -535,6 +590,15 @@ TEST_CASE("autodiff: layer_norm, softmax and cross_entropy VJPs", "[autodiff]") 
   targets.d = {0, 4, 2, -1, 3, 1};  // one ignored position
   checkGradients("graph @t(%l: f64[2,3,5], %t: i32[2,3]) { %y = cross_entropy(%l, %t) : f32[2,3]  return %y }",
                  {.given = {{"t", targets}}});
+}
+
+TEST_CASE("autodiff: attention VJP matches finite differences (causal and not, default and given scale)", "[autodiff]") {
+  checkGradients(R"(graph @t(%q: f64[2,2,4,3], %k: f64[2,2,4,3], %v: f64[2,2,4,3]) {
+    %o, %lse = attention(%q, %k, %v) {causal=true} : f64[2,2,4,3], f32[2,2,4]
+    return %o })");
+  checkGradients(R"(graph @t(%q: f64[1,2,3,4], %k: f64[1,2,5,4], %v: f64[1,2,5,4]) {
+    %o, %lse = attention(%q, %k, %v) {causal=false, scale=0.7} : f64[1,2,3,4], f32[1,2,3]
+    return %o })");
 }
 
 TEST_CASE("autodiff: embedding VJP scatters into the table rows, honoring vocab_start", "[autodiff]") {
