@@ -19,6 +19,16 @@ void registerBuiltinPasses(PassRegistry& r) {
   (void)r.add({"cse", "merges nodes that compute the same thing (op, operands, attributes, types, placements)", {},
                plain<createCSEPass>});
   (void)r.add({"dce", "removes nodes whose results no graph output needs", {}, plain<createDCEPass>});
+  (void)r.add({"autodiff",
+               "rewrites a forward graph into its training step: forward, backward, global-norm clipping, AdamW",
+               {{"accum", "micro-batches per step (inputs get a leading [accum] dim when > 1); default 1"},
+                {"clip-grad", "global-norm clipping threshold, 0 disables; default 1.0"},
+                {"beta1", "AdamW beta1; default 0.9"},
+                {"beta2", "AdamW beta2; default 0.95"},
+                {"eps", "AdamW epsilon; default 1e-8"},
+                {"weight-decay", "AdamW decoupled weight decay, for parameters of rank >= 2 only; default 0.1"},
+                {"loss", "the forward output to minimize; default loss"}},
+               createAutodiffPass});
 }
 
 }  // namespace tpc

@@ -9,5 +9,7 @@ namespace tpc {
 
 std::unique_ptr<Pass> createCSEPass();  // cse.cpp
 std::unique_ptr<Pass> createDCEPass();  // dce.cpp
+// accum, clip-grad, beta1, beta2, eps, weight-decay, loss: TrainingStepOptions (autodiff.h).
+Result<std::unique_ptr<Pass>> createAutodiffPass(const PassOptions& options);  // autodiff.cpp
 
 }  // namespace tpc

@@ -1,0 +1,298 @@
+// Reverse-mode autodiff over the IR (appendGradients) and the training step built from it
+// (buildTrainingStep: forward + backward per micro-batch, global-norm clipping, AdamW), plus the `autodiff`
+// pass that runs it from a pipeline.
+#include "passes/autodiff.h"
+
+#include <algorithm>
+
+#include "ir/assert.h"
+#include "passes/builtin_passes.h"
+#include "passes/pass_registry.h"
+#include "passes/vjp_rules.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+namespace tpc {
+
+namespace {
+
+AttrDict oneAttr(const char* k, Attr v) {
+  AttrDict d;
+  d.set(k, std::move(v));
+  return d;
+}
+
+// The nodes `root` depends on, and `root`'s own chain of values, as a set of values.
+llvm::DenseSet<const Value*> ancestorsOf(const Graph& g, Value* root) {
+  llvm::DenseSet<const Value*> live;
+  live.insert(root);
+  std::vector<Node*> nodes = g.nodeVector();
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    Node* n = *it;
+    bool any = std::any_of(n->results().begin(), n->results().end(), [&](Value* r) { return live.count(r) != 0; });
+    if (!any) continue;
+    for (Value* op : n->operands()) live.insert(op);
+  }
+  return live;
+}
+
+}  // namespace
+
+Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRef<Value*> wrt) {
+  if (!isFloat(loss->dtype()) || loss->type().rank() != 0)
+    return makeError("autodiff: the loss must be a float scalar, got ", loss->type().str());
+  for (Value* w : wrt)
+    if (!isFloat(w->dtype()))
+      return makeError("autodiff: cannot take a gradient with respect to '", w->name(), "' of type ", w->type().str(),
+                       " (only float values have gradients)");
+
+  // A value varies when it is a float value computed from one of `wrt`; only those get cotangents.
+  std::vector<Node*> nodes = g.nodeVector();
+  llvm::DenseSet<const Value*> live = ancestorsOf(g, loss);
+  llvm::DenseSet<const Value*> varies(wrt.begin(), wrt.end());
+  std::vector<Node*> active;  // forward nodes on a path from wrt to loss, in program order
+  for (Node* n : nodes) {
+    bool in = std::any_of(n->operands().begin(), n->operands().end(), [&](Value* v) { return varies.count(v) != 0; });
+    if (!in) continue;
+    bool onPath = false;
+    for (Value* r : n->results())
+      if (isFloat(r->dtype())) {
+        varies.insert(r);
+        onPath |= live.count(r) != 0;
+      }
+    if (onPath) active.push_back(n);
+  }
+
+  VjpBuilder b(g);
+  llvm::DenseMap<const Value*, Value*> cot;
+  auto accumulate = [&](Value* v, Value* d) -> Status {
+    auto [it, inserted] = cot.try_emplace(v, d);
+    if (inserted) return {};
+    TPC_ASSIGN(it->second, b.op(OpKind::Add, {it->second, d}));
+    return {};
+  };
+  if (varies.count(loss)) {
+    AttrDict one;
+    one.set("shape", std::vector<int64_t>{});
+    one.set("value", 1.0);
+    one.set("dtype", loss->dtype());
+    TPC_ASSIGN(Value * seed, b.op(OpKind::Full, {}, std::move(one)));
+    cot[loss] = seed;
+  }
+
+  for (auto it = active.rbegin(); it != active.rend(); ++it) {
+    Node* n = *it;
+    std::vector<Value*> dys;
+    bool any = false;
+    for (Value* r : n->results()) {
+      auto c = cot.find(r);
+      dys.push_back(c == cot.end() ? nullptr : c->second);
+      any |= c != cot.end();
+    }
+    if (!any) continue;
+    // Single-result ops always see their cotangent; multi-result rules handle missing ones themselves.
+    std::vector<char> needsStore;
+    for (Value* op : n->operands()) needsStore.push_back(varies.count(op) != 0);
+    llvm::SmallVector<bool, 4> needs(needsStore.begin(), needsStore.end());
+    TPC_ASSIGN(std::vector<Value*> grads, applyVjp(b, VjpArgs{*n, dys, needs}));
+    for (unsigned i = 0; i < grads.size(); ++i)
+      if (grads[i]) TPC_TRY(accumulate(n->operand(i), grads[i]));
+  }
+
+  std::vector<Value*> out;
+  for (Value* w : wrt) {
+    auto c = cot.find(w);
+    Value* d = nullptr;
+    if (c != cot.end()) {
+      d = c->second;
+    } else {
+      TPC_ASSIGN(d, b.zeros(w->type()));
+    }
+    if (!d->hasName() && w->hasName()) d->setName("d." + w->name());
+    out.push_back(d);
+  }
+  return out;
+}
+
+namespace {
+
+Result<Value*> make(Graph& g, OpKind op, llvm::ArrayRef<Value*> operands, AttrDict attrs = {}) {
+  TPC_ASSIGN(Node * n, g.create(op, operands, std::move(attrs)));
+  return n->result(0);
+}
+
+}  // namespace
+
+Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
+  // The forward: its loss output, its inputs and parameters.
+  Value* loss = nullptr;
+  for (size_t i = 0; i < g.outputs().size(); ++i)
+    if (g.outputName(i) == o.lossOutput) loss = g.outputs()[i].value;
+  if (!loss) {
+    std::string known;
+    for (size_t i = 0; i < g.outputs().size(); ++i) known += (i ? ", " : "") + g.outputName(i);
+    return makeError("autodiff: the graph @", g.name(), " has no output named '", o.lossOutput, "' to minimize (outputs: ",
+                     known.empty() ? "none" : known, "); pass loss=<output name>");
+  }
+  if (!isFloat(loss->dtype()) || loss->type().rank() != 0)
+    return makeError("autodiff: the loss output '", o.lossOutput, "' must be a float scalar, got ", loss->type().str());
+  if (o.accumSteps < 1) return makeError("autodiff: accum=", o.accumSteps, " must be >= 1");
+  if (o.clipGrad < 0) return makeError("autodiff: clip-grad=", o.clipGrad, " must be >= 0 (0 disables clipping)");
+  std::vector<Value*> inputs = g.inputs();
+  std::vector<Value*> params = g.params();
+  for (Value* p : params)
+    if (!isFloat(p->dtype()))
+      return makeError("autodiff: parameter '", p->name(), "' is ", p->type().str(), "; only float parameters can be trained");
+  for (Value* v : inputs)
+    if (v->name() == "lr" || v->name() == "step")
+      return makeError("autodiff: the forward graph already has an input named '", v->name(),
+                       "'; the training step adds %lr and %step itself (rename it)");
+  std::vector<Node*> forward = g.nodeVector();
+  g.clearOutputs();
+
+  // Forward + backward, once per micro-batch, accumulating the loss and the gradients.
+  Value* lossSum = nullptr;
+  std::vector<Value*> gradSum(params.size(), nullptr);
+  auto addInto = [&](Value*& sum, Value* v) -> Status {
+    if (!sum) {
+      sum = v;
+      return {};
+    }
+    TPC_ASSIGN(sum, make(g, OpKind::Add, {sum, v}));
+    return {};
+  };
+  if (o.accumSteps == 1) {
+    lossSum = loss;
+    TPC_ASSIGN(gradSum, appendGradients(g, loss, params));
+  } else {
+    // Inputs get a leading [accumSteps] dim; micro-batch i reads slice i of each and runs a copy of the
+    // forward nodes that the loss needs, then its backward, before micro-batch i+1 starts.
+    std::vector<Shape> microShapes;
+    for (Value* v : inputs) {
+      microShapes.push_back(v->shape());
+      Shape s = v->shape();
+      s.insert(s.begin(), o.accumSteps);
+      v->setType(TensorType(v->dtype(), s));
+    }
+    llvm::DenseSet<const Value*> live = ancestorsOf(g, loss);
+    for (int64_t i = 0; i < o.accumSteps; ++i) {
+      llvm::DenseMap<const Value*, Value*> map;
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        AttrDict sl;
+        sl.set("axis", int64_t(0));
+        sl.set("start", i);
+        sl.set("end", i + 1);
+        TPC_ASSIGN(Value * s, make(g, OpKind::Slice, {inputs[k]}, std::move(sl)));
+        TPC_ASSIGN(Value * r, make(g, OpKind::Reshape, {s},
+                                   oneAttr("shape", std::vector<int64_t>(microShapes[k].begin(), microShapes[k].end()))));
+        if (inputs[k]->hasName()) r->setName(inputs[k]->name() + ".mb" + std::to_string(i));
+        map[inputs[k]] = r;
+      }
+      for (Node* n : forward) {
+        bool needed = std::any_of(n->results().begin(), n->results().end(), [&](Value* r) { return live.count(r) != 0; });
+        if (!needed) continue;
+        llvm::SmallVector<Value*, 4> ops;
+        for (Value* v : n->operands()) ops.push_back(map.count(v) ? map[v] : v);
+        TPC_ASSIGN(Node * c, g.create(n->op(), ops, n->attrs()));
+        for (unsigned r = 0; r < n->numResults(); ++r) {
+          map[n->result(r)] = c->result(r);
+          if (n->result(r)->hasName()) c->result(r)->setName(n->result(r)->name() + ".mb" + std::to_string(i));
+        }
+      }
+      Value* microLoss = map.lookup(loss);
+      TPC_ASSERT_GRAPH(g, microLoss != nullptr, "autodiff: micro-batch loss missing");
+      TPC_TRY(addInto(lossSum, microLoss));
+      TPC_ASSIGN(std::vector<Value*> grads, appendGradients(g, microLoss, params));
+      for (size_t k = 0; k < params.size(); ++k) TPC_TRY(addInto(gradSum[k], grads[k]));
+    }
+    // The original forward read the micro-batch shapes; its copies replaced it.
+    for (auto it = forward.rbegin(); it != forward.rend(); ++it) g.erase(*it);
+    double inv = 1.0 / static_cast<double>(o.accumSteps);
+    TPC_ASSIGN(lossSum, make(g, OpKind::Scale, {lossSum}, oneAttr("factor", inv)));
+    for (Value*& d : gradSum) {
+      TPC_ASSIGN(d, make(g, OpKind::Scale, {d}, oneAttr("factor", inv)));
+    }
+  }
+  for (size_t k = 0; k < params.size(); ++k)
+    if (params[k]->hasName()) gradSum[k]->setName("d." + params[k]->name());
+
+  Value* lr = g.addInput("lr", TensorType(DType::f32, {}));
+  Value* step = g.addInput("step", TensorType(DType::f32, {}));
+  g.addOutput(lossSum, "loss");
+
+  // Global-norm clipping: grad *= min(1, clip / (norm + 1e-6)), the norm taken before clipping.
+  Value* norm = nullptr;
+  if (!params.empty()) {
+    TPC_ASSIGN(norm, make(g, OpKind::GlobalNorm, gradSum));
+  } else {
+    AttrDict z;
+    z.set("shape", std::vector<int64_t>{});
+    z.set("value", 0.0);
+    TPC_ASSIGN(norm, make(g, OpKind::Full, {}, std::move(z)));
+  }
+  if (!norm->hasName()) norm->setName("grad_norm");
+  g.addOutput(norm, "grad_norm");
+  if (o.clipGrad > 0 && !params.empty()) {
+    TPC_ASSIGN(Value * scale, make(g, OpKind::ClipScale, {norm}, oneAttr("max_norm", o.clipGrad)));
+    for (Value*& d : gradSum) {
+      Value* s = scale;
+      if (d->dtype() != DType::f32) {
+        TPC_ASSIGN(s, make(g, OpKind::Cast, {scale}, oneAttr("to", d->dtype())));
+      }
+      TPC_ASSIGN(d, make(g, OpKind::Mul, {d, s}));
+    }
+  }
+
+  // AdamW, one update per parameter; weight decay for matrices (rank >= 2) only, never biases or gains.
+  for (size_t k = 0; k < params.size(); ++k) {
+    Value* p = params[k];
+    TensorType st(DType::f32, p->shape());
+    Value* m = g.addParam(p->name() + ".adam_m", st, InitSpec{"zeros", {}});
+    Value* v = g.addParam(p->name() + ".adam_v", st, InitSpec{"zeros", {}});
+    AttrDict a;
+    a.set("beta1", o.beta1);
+    a.set("beta2", o.beta2);
+    a.set("eps", o.eps);
+    a.set("weight_decay", p->type().rank() >= 2 ? o.weightDecay : 0.0);
+    TPC_ASSIGN(Node * u, g.create(OpKind::AdamWUpdate, {p, gradSum[k], m, v, lr, step}, std::move(a)));
+    g.addOutput(u->result(0), p->name());
+    g.addOutput(u->result(1), m->name());
+    g.addOutput(u->result(2), v->name());
+  }
+  return {};
+}
+
+namespace {
+
+// `autodiff`: rewrites a forward graph (with a scalar loss output) into its whole training step.
+class AutodiffPass final : public Pass {
+ public:
+  explicit AutodiffPass(TrainingStepOptions o) : o_(std::move(o)) {}
+  std::string_view name() const override { return "autodiff"; }
+  Result<bool> run(Graph& g) override {
+    TPC_TRY(buildTrainingStep(g, o_));
+    return true;
+  }
+
+ private:
+  TrainingStepOptions o_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Pass>> createAutodiffPass(const PassOptions& opts) {
+  TrainingStepOptions o;
+  TPC_ASSIGN(o.accumSteps, opts.getInt("accum", o.accumSteps));
+  TPC_ASSIGN(o.clipGrad, opts.getFloat("clip-grad", o.clipGrad));
+  TPC_ASSIGN(o.beta1, opts.getFloat("beta1", o.beta1));
+  TPC_ASSIGN(o.beta2, opts.getFloat("beta2", o.beta2));
+  TPC_ASSIGN(o.eps, opts.getFloat("eps", o.eps));
+  TPC_ASSIGN(o.weightDecay, opts.getFloat("weight-decay", o.weightDecay));
+  o.lossOutput = opts.getString("loss", o.lossOutput);
+  if (o.accumSteps < 1) return makeError("pass 'autodiff': option accum=", o.accumSteps, " must be >= 1");
+  if (o.clipGrad < 0) return makeError("pass 'autodiff': option clip-grad=", o.clipGrad, " must be >= 0 (0 disables)");
+  std::unique_ptr<Pass> p = std::make_unique<AutodiffPass>(o);
+  return p;
+}
+
+}  // namespace tpc
