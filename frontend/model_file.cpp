@@ -356,7 +356,7 @@ class JsonWriter {
   std::string table(const flatbuffers::Table* t, const flatbuffers::StructDef& sd, int indent) {
     // A table that fits on one line is printed on one line.
     std::string flat = render(t, sd, indent, true);
-    if (flat.size() + indent <= 120 || flat.find('{', 1) == std::string::npos) return flat;
+    if (flat.size() + indent <= 160 || flat.find('{', 1) == std::string::npos) return flat;
     return render(t, sd, indent, false);
   }
 
@@ -528,7 +528,7 @@ std::string toBuffer(const ModelFile& m) {
     std::vector<int64_t> shape(v->shape().begin(), v->shape().end());
     flatbuffers::Offset<fb::Init> init;
     if (kind == fb::TensorKind::param && !v->init().empty())
-      init = fb::CreateInitDirect(b, v->init().kind.c_str(), &v->init().args);
+      init = fb::CreateInitDirect(b, v->init().kind.c_str(), v->init().args.empty() ? nullptr : &v->init().args);
     tensors.push_back(fb::CreateTensorDirect(b, v->name().c_str(), kind, dtypeToFb(v->dtype()), &shape, init));
   };
   for (const Value* v : g.inputs()) addTensor(v, fb::TensorKind::input);
@@ -622,7 +622,13 @@ Result<ModelFile> loadModelFromBytes(std::string_view bytes, const std::string& 
   if (!fb::VerifyModelBuffer(verifier))
     return makeError(file, ": error: corrupt or truncated model file (flatbuffers verification failed)");
   auto model = modelFromFb(fb::GetModel(buf.data()));
-  if (!model) return makeError(file, ": error: ", model.error());
+  if (!model) {
+    // Names and strings from the file may hold any bytes; the message stays one printable line.
+    std::string msg = model.error();
+    for (char& c : msg)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    return makeError(file, ": error: ", msg);
+  }
   model->forward->setSourceName(file);
   return model;
 }
