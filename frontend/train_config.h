@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ir/status.h"
+
 namespace tpc {
 
 struct TrainConfig {
@@ -31,6 +33,11 @@ struct TrainConfig {
   int64_t logInterval = 10, evalInterval = 0, evalIters = 10, saveInterval = 0;
   uint64_t seed = 1234;
   std::string precision = "auto";  // auto | fp32 | bf16 | fp16
+
+  bool operator==(const TrainConfig&) const = default;
 };
+
+// Checks every field; errors name the model-file field (`config.micro_batch_size must be > 0, got 0`).
+Status validateTrainConfig(const TrainConfig& c);
 
 }  // namespace tpc

@@ -1,0 +1,90 @@
+// Validation of the training configuration; field names in errors are the model file's (model.fbs).
+#include "frontend/train_config.h"
+
+#include <cmath>
+
+#include "ir/attr.h"
+
+namespace tpc {
+namespace {
+
+bool oneOf(const std::string& v, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed)
+    if (v == a) return true;
+  return false;
+}
+
+// "949,50,1": three non-negative integers, not all zero.
+bool validSplit(const std::string& s) {
+  int parts = 0;
+  long long total = 0;
+  size_t i = 0;
+  while (true) {
+    size_t start = i;
+    long long v = 0;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9' && i - start < 9) v = v * 10 + (s[i++] - '0');
+    if (i == start) return false;
+    total += v;
+    ++parts;
+    if (i == s.size()) break;
+    if (s[i] != ',') return false;
+    ++i;
+  }
+  return parts == 3 && total > 0;
+}
+
+}  // namespace
+
+Status validateTrainConfig(const TrainConfig& c) {
+  auto positive = [](const char* f, int64_t v) -> Status {
+    if (v <= 0) return makeError("config.", f, " must be > 0, got ", v);
+    return {};
+  };
+  auto nonNegative = [](const char* f, int64_t v) -> Status {
+    if (v < 0) return makeError("config.", f, " must be >= 0, got ", v);
+    return {};
+  };
+  auto finiteAtLeast = [](const char* f, double v, double lo, bool strict) -> Status {
+    if (!std::isfinite(v) || v < lo || (strict && v == lo))
+      return makeError("config.", f, " must be ", strict ? "> " : ">= ", formatFloat(lo), ", got ", formatFloat(v));
+    return {};
+  };
+  if (c.optimizer != "adamw") return makeError("config.optimizer must be adamw, got '", c.optimizer, "'");
+  for (auto [f, v] : {std::pair{"adam_beta1", c.beta1}, std::pair{"adam_beta2", c.beta2}})
+    if (!(v >= 0 && v < 1)) return makeError("config.", f, " must be in [0, 1), got ", formatFloat(v));
+  TPC_TRY(finiteAtLeast("adam_eps", c.eps, 0, true));
+  TPC_TRY(finiteAtLeast("weight_decay", c.weightDecay, 0, false));
+  TPC_TRY(finiteAtLeast("clip_grad", c.clipGrad, 0, false));
+  TPC_TRY(finiteAtLeast("lr", c.lr, 0, false));
+  TPC_TRY(finiteAtLeast("min_lr", c.minLr, 0, false));
+  if (c.minLr > c.lr) return makeError("config.min_lr=", formatFloat(c.minLr), " must be <= config.lr=", formatFloat(c.lr));
+  TPC_TRY(nonNegative("lr_warmup_iters", c.warmupIters));
+  if (!oneOf(c.decayStyle, {"cosine", "linear", "constant"}))
+    return makeError("config.lr_decay_style must be cosine, linear or constant, got '", c.decayStyle, "'");
+  TPC_TRY(nonNegative("lr_decay_iters", c.decayIters));
+  TPC_TRY(positive("micro_batch_size", c.microBatch));
+  TPC_TRY(positive("global_batch_size", c.globalBatch));
+  TPC_TRY(positive("seq_length", c.seqLength));
+  TPC_TRY(positive("train_iters", c.trainIters));
+  TPC_TRY(positive("tensor_model_parallel_size", c.tp));
+  TPC_TRY(positive("data_parallel_size", c.dp));
+  // Bounds that keep every size computed from them far from int64 overflow.
+  constexpr int64_t kMax = int64_t(1) << 24;
+  for (auto [f, v] : {std::pair{"micro_batch_size", c.microBatch}, std::pair{"seq_length", c.seqLength},
+                      std::pair{"tensor_model_parallel_size", c.tp}, std::pair{"data_parallel_size", c.dp}})
+    if (v > kMax) return makeError("config.", f, "=", v, " is larger than the supported ", kMax);
+  if (c.globalBatch % (c.microBatch * c.dp) != 0)
+    return makeError("config.global_batch_size=", c.globalBatch, " must be a multiple of micro_batch_size x data_parallel_size = ",
+                     c.microBatch * c.dp);
+  if (!validSplit(c.split)) return makeError("config.split must be three integers like 949,50,1, got '", c.split, "'");
+  if (!oneOf(c.tokenizer, {"gpt2", "byte"})) return makeError("config.tokenizer_type must be gpt2 or byte, got '", c.tokenizer, "'");
+  TPC_TRY(nonNegative("log_interval", c.logInterval));
+  TPC_TRY(nonNegative("eval_interval", c.evalInterval));
+  TPC_TRY(nonNegative("eval_iters", c.evalIters));
+  TPC_TRY(nonNegative("save_interval", c.saveInterval));
+  if (!oneOf(c.precision, {"auto", "fp32", "bf16", "fp16"}))
+    return makeError("config.precision must be auto, fp32, bf16 or fp16, got '", c.precision, "'");
+  return {};
+}
+
+}  // namespace tpc

@@ -1,0 +1,241 @@
+// Model files: .fb/.json round trips, one-line errors naming file and field, and a mutation fuzz test.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <random>
+
+#include "frontend/model_file.h"
+#include "ir/printer.h"
+#include "models/gpt.h"
+#include "test_support.h"
+
+namespace tpc {
+namespace {
+
+ModelFile tinyModel(double dropout = 0.0) {
+  auto preset = gptPreset("tiny");
+  REQUIRE(preset.ok());
+  preset->gpt.hiddenDropout = dropout;
+  preset->gpt.attentionDropout = dropout;
+  auto m = buildGpt(preset->gpt, preset->config);
+  REQUIRE(m.ok());
+  return std::move(*m);
+}
+
+std::string bytesOf(const ModelFile& m, bool json) {
+  auto s = serializeModel(m, json);
+  REQUIRE(s.ok());
+  return *s;
+}
+
+// Loads and expects one error line naming the file and containing every `parts`.
+void expectError(const std::string& bytes, const std::string& file, std::initializer_list<std::string> parts) {
+  auto r = loadModelFromBytes(bytes, file);
+  REQUIRE_FALSE(r.ok());
+  INFO(r.error());
+  CHECK(r.error().find('\n') == std::string::npos);
+  CHECK(r.error().rfind(file + ":", 0) == 0);
+  CHECK(r.error().find("error: ") != std::string::npos);
+  for (const std::string& p : parts) CHECK(r.error().find(p) != std::string::npos);
+}
+
+std::string replaceOnce(std::string s, const std::string& from, const std::string& to) {
+  size_t at = s.find(from);
+  REQUIRE(at != std::string::npos);
+  return s.replace(at, from.size(), to);
+}
+
+void checkSame(const ModelFile& a, const ModelFile& b) {
+  CHECK(printGraph(*a.forward) == printGraph(*b.forward));
+  CHECK(a.config == b.config);
+  CHECK(a.lossOutput == b.lossOutput);
+  REQUIRE(a.gpt.has_value() == b.gpt.has_value());
+  if (a.gpt) CHECK(*a.gpt == *b.gpt);
+}
+
+}  // namespace
+
+TEST_CASE("model file: .fb and .json round trips keep the graph and config", "[model_file]") {
+  for (double dropout : {0.0, 0.1}) {
+    ModelFile m = tinyModel(dropout);
+    m.config.dataPath = "data/with \"quotes\" and \\ and \t tab";
+    m.config.seed = 18446744073709551615ull;
+    m.config.lr = 0.1 + 0.2;  // not exactly representable in 12 digits
+    for (bool json : {false, true}) {
+      std::string file = json ? "gpt.json" : "gpt.fb";
+      auto back = loadModelFromBytes(bytesOf(m, json), file);
+      REQUIRE(back.ok());
+      checkSame(m, *back);
+      // And the reloaded model writes the same bytes again.
+      CHECK(bytesOf(*back, json) == bytesOf(m, json));
+    }
+  }
+}
+
+TEST_CASE("model file: save writes atomically and loads by extension", "[model_file]") {
+  ModelFile m = tinyModel();
+  std::string dir = test::binaryPath("tests");
+  for (const char* name : {"/rt_model.fb", "/rt_model.json"}) {
+    std::string path = dir + name;
+    REQUIRE(saveModelFile(m, path).ok());
+    CHECK(test::readFile(path + ".tmp").empty());
+    auto back = loadModelFile(path);
+    REQUIRE(back.ok());
+    checkSame(m, *back);
+  }
+  auto bad = saveModelFile(m, dir + "/x.txt");
+  CHECK_FALSE(bad.ok());
+  auto missing = loadModelFile(dir + "/does_not_exist.fb");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().find("does_not_exist.fb: error: cannot open") != std::string::npos);
+}
+
+TEST_CASE("model file: schema defaults equal TrainConfig's and GptConfig's", "[model_file]") {
+  auto p = parsePresetJson(R"({"arch_type": "GptArch", "arch": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257}})",
+                           "p.json");
+  REQUIRE(p.ok());
+  CHECK(p->config == TrainConfig{});
+  CHECK(p->gpt == GptConfig{});
+}
+
+TEST_CASE("model file: bad files give one line naming file and field", "[model_file]") {
+  ModelFile m = tinyModel();
+  std::string fb = bytesOf(m, false), json = bytesOf(m, true);
+
+  SECTION("truncated .fb") { expectError(fb.substr(0, fb.size() / 2), "gpt.fb", {"corrupt or truncated"}); }
+  SECTION("random bytes") {
+    std::mt19937 rng(7);
+    std::string junk(4096, '\0');
+    for (char& c : junk) c = static_cast<char>(rng());
+    expectError(junk, "gpt.fb", {"not a tpc model file (bad identifier"});
+    expectError("", "gpt.fb", {"not a tpc model file"});
+  }
+  SECTION("bad identifier") { expectError(replaceOnce(fb, "TPCM", "TPCX"), "gpt.fb", {"bad identifier"}); }
+  SECTION("unknown extension") { expectError(fb, "gpt.bin", {"unknown model file extension"}); }
+  SECTION("not JSON") { expectError("graph @g() {}", "gpt.json", {"gpt.json:1:"}); }
+  SECTION("unknown JSON field") {
+    expectError(replaceOnce(json, "\"producer\"", "\"bogus\": 1, \"producer\""), "gpt.json", {"unknown field", "bogus"});
+    expectError(replaceOnce(json, "\"micro_batch_size\"", "\"micro_batch\": 4, \"micro_batch_size\""), "gpt.json",
+                {"micro_batch"});
+  }
+  SECTION("unknown op") { expectError(replaceOnce(json, "\"op\": \"gelu\"", "\"op\": \"gelux\""), "gpt.json", {"graph.nodes[", "unknown op 'gelux'"}); }
+  SECTION("unsupported version") {
+    expectError(replaceOnce(json, "\"format_version\": 1", "\"format_version\": 7"), "gpt.json", {"format_version 7"});
+  }
+  SECTION("shapes disagree") {
+    ModelFile bad = tinyModel();
+    for (Value* p : bad.forward->params())
+      if (p->name() == "h.0.attn.c_attn.weight") p->setType(TensorType(DType::f32, {100, 384}));
+    for (bool asJson : {false, true})
+      expectError(bytesOf(bad, asJson), asJson ? "gpt.json" : "gpt.fb", {"graph.nodes[", "(matmul): matmul: contraction dims differ"});
+  }
+  SECTION("declared result type differs from the inferred one") {
+    expectError(replaceOnce(json, "\"dtype\": \"f32\", \"shape\": [8, 64, 512]", "\"dtype\": \"f32\", \"shape\": [8, 64, 511]"),
+                "gpt.json", {"(matmul): result 0", "declared f32[8,64,511] but matmul gives f32[8,64,512]"});
+  }
+  SECTION("operand index out of range or used before definition") {
+    expectError(replaceOnce(json, "\"operands\": [2, 0]", "\"operands\": [2, 9999]"), "gpt.json", {"operands[1]=9999 is not a tensor index"});
+  }
+  SECTION("heads that do not divide hidden") {
+    expectError(replaceOnce(json, "\"heads\": 4", "\"heads\": 5"), "gpt.json", {"arch.heads=5 must divide arch.hidden=128"});
+  }
+  SECTION("seq longer than the position table") {
+    expectError(replaceOnce(json, "\"positions\": 64", "\"positions\": 32"), "gpt.json",
+                {"config.seq_length=64 is longer than the position table arch.positions=32"});
+  }
+  SECTION("zero or negative sizes") {
+    expectError(replaceOnce(json, "\"micro_batch_size\": 8", "\"micro_batch_size\": 0"), "gpt.json",
+                {"config.micro_batch_size must be > 0, got 0"});
+    expectError(replaceOnce(json, "\"layers\": 2", "\"layers\": -1"), "gpt.json", {"arch.layers must be > 0, got -1"});
+    expectError(replaceOnce(json, "\"shape\": [8, 64]", "\"shape\": [8, -64]"), "gpt.json", {"graph.tensors[0] 'tokens'.shape"});
+  }
+  SECTION("loss that is not an output") { expectError(replaceOnce(json, "\"loss\": \"loss\"", "\"loss\": \"nope\""), "gpt.json", {"loss 'nope'"}); }
+  SECTION("bad config strings") {
+    expectError(replaceOnce(json, "\"tokenizer_type\": \"byte\"", "\"tokenizer_type\": \"bpe\""), "gpt.json", {"config.tokenizer_type"});
+    expectError(replaceOnce(json, "\"split\": \"949,50,1\"", "\"split\": \"949,50\""), "gpt.json", {"config.split"});
+  }
+}
+
+TEST_CASE("model file: mutated .fb files give an error or a valid model, never a crash", "[model_file][fuzz]") {
+  std::string fb = bytesOf(tinyModel(0.1), false);
+  std::mt19937_64 rng(12345);
+  int errors = 0, valid = 0;
+  for (int iter = 0; iter < 600; ++iter) {
+    std::string b = fb;
+    int kind = iter % 4;
+    int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits; ++e) {
+      size_t at = rng() % b.size();
+      if (kind == 0) b[at] = static_cast<char>(b[at] ^ (1 << (rng() % 8)));          // bit flip
+      else if (kind == 1) b[at] = static_cast<char>(rng());                           // random byte
+      else if (kind == 2) b.resize(std::max<size_t>(1, at));                          // truncation
+      else for (size_t k = 0; k < 4 && at + k < b.size(); ++k) b[at + k] = static_cast<char>(rng());  // random word
+    }
+    auto r = loadModelFromBytes(b, "fuzz.fb");
+    if (r.ok()) {
+      ++valid;
+      CHECK(!printGraph(*r->forward).empty());
+    } else {
+      ++errors;
+      CHECK(r.error().find('\n') == std::string::npos);
+      CHECK(r.error().rfind("fuzz.fb: error: ", 0) == 0);
+    }
+  }
+  CHECK(errors > 0);
+  UNSCOPED_INFO("fuzz: " << errors << " errors, " << valid << " valid");
+  // JSON text mutations go through flatbuffers' parser and then the same checks.
+  std::string json = bytesOf(tinyModel(), true);
+  for (int iter = 0; iter < 200; ++iter) {
+    std::string j = json;
+    j[rng() % j.size()] = "0123456789-{}[]\",:ae \x01"[rng() % 23];
+    auto r = loadModelFromBytes(j, "fuzz.json");
+    if (!r.ok()) {
+      INFO(r.error());
+      CHECK(r.error().find('\n') == std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
+  std::string tpc = test::tpcBinary(), dir = test::binaryPath("tests");
+  auto made = test::runCommand(tpc + " new gpt --preset tiny --layers 1 -o " + dir + "/cli_tiny.json");
+  REQUIRE(made.exitCode == 0);
+  auto dump = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json");
+  CHECK(dump.exitCode == 0);
+  CHECK(dump.out.find("graph @gpt(%tokens: i32[8,64], %targets: i32[8,64])") == 0);
+  CHECK(dump.out.find("h.1.") == std::string::npos);
+
+  auto bad = test::runCommand(tpc + " new gpt --preset tiny --heads 5 -o " + dir + "/cli_bad.fb");
+  CHECK(bad.exitCode == 1);
+  CHECK(bad.err == "tpc new: error: arch.heads=5 must divide arch.hidden=128\n");
+  CHECK(test::readFile(dir + "/cli_bad.fb").empty());
+  auto badPreset = test::runCommand(tpc + " new gpt --preset huge -o " + dir + "/cli_bad.fb");
+  CHECK(badPreset.exitCode == 1);
+  CHECK(badPreset.err.find("unknown preset 'huge' (known: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl)") != std::string::npos);
+
+  auto after = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --after=autodiff");
+  CHECK(after.exitCode == 1);
+  CHECK(after.err.find("--after=autodiff: no such pass in this build (known: ") != std::string::npos);
+  auto dce = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --after=dce");
+  CHECK(dce.exitCode == 0);
+  CHECK(dce.out.find("return %loss") != std::string::npos);
+
+  std::string junk = dir + "/cli_junk.fb";
+  { std::ofstream(junk) << "hello"; }
+  auto junkDump = test::runCommand(tpc + " dump " + junk);
+  CHECK(junkDump.exitCode == 1);
+  CHECK(junkDump.err == junk + ": error: not a tpc model file (bad identifier; expected \"TPCM\")\n");
+}
+
+TEST_CASE("the build writes a model file per preset", "[model_file][presets]") {
+  for (const std::string& p : gptPresetNames()) {
+    auto m = loadModelFile(test::binaryPath("models/" + p + ".fb"));
+    REQUIRE(m.ok());
+    REQUIRE(m->gpt.has_value());
+    auto preset = gptPreset(p);
+    REQUIRE(preset.ok());
+    CHECK(m->config == preset->config);
+  }
+}
+
+}  // namespace tpc

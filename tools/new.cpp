@@ -1,0 +1,77 @@
+// `tpc new gpt`: writes a model file (.fb or .json) from a preset, with hyperparameters overridden by flags.
+#include <iostream>
+
+#include "frontend/model_file.h"
+#include "models/gpt.h"
+#include "tools/cli.h"
+
+namespace tpc {
+namespace {
+
+int runNew(std::vector<std::string> args) {
+  std::string presets;
+  for (const std::string& p : gptPresetNames()) presets += (presets.empty() ? "" : "|") + p;
+  cli::Flags flags("new", "tpc new gpt --preset " + presets + " [overrides] -o MODEL.fb|MODEL.json");
+  flags.value("preset", "the starting point (models/presets/NAME.json)", "tiny")
+      .value("o", "the model file to write; .fb (binary) or .json by extension")
+      .value("layers", "number of transformer blocks")
+      .value("hidden", "hidden size (n_embd)")
+      .value("heads", "attention heads (must divide --hidden)")
+      .value("vocab", "vocabulary size")
+      .value("padded-vocab", "rows of the embedding table (0: vocab rounded up to 128)")
+      .value("positions", "size of the position table (the longest sequence)")
+      .value("seq", "training sequence length (<= positions)")
+      .value("micro-batch-size", "sequences per micro batch")
+      .value("global-batch-size", "sequences per optimizer step")
+      .value("hidden-dropout", "dropout on embeddings, attention and MLP outputs")
+      .value("attention-dropout", "dropout on attention probabilities")
+      .value("lr", "peak learning rate")
+      .value("min-lr", "final learning rate")
+      .value("train-iters", "optimizer steps")
+      .value("data-path", "indexed dataset prefix");
+  int rc = 0;
+  if (!flags.parse(args, rc)) return rc;
+  if (flags.positional().size() != 1 || flags.positional()[0] != "gpt")
+    return cli::fail("new", "expected the architecture 'gpt' (tpc new gpt --preset tiny -o gpt.fb)");
+  if (!flags.has("o")) return cli::fail("new", "-o MODEL.fb or -o MODEL.json is required");
+
+  auto preset = gptPreset(flags.get("preset"));
+  if (!preset) return cli::fail("new", "--preset: " + preset.error());
+  GptConfig gpt = preset->gpt;
+  TrainConfig config = preset->config;
+  struct IntFlag {
+    const char* name;
+    int64_t* field;
+    long long lo;
+  };
+  for (const IntFlag& f : {IntFlag{"layers", &gpt.layers, 1}, IntFlag{"hidden", &gpt.hidden, 1}, IntFlag{"heads", &gpt.heads, 1},
+                           IntFlag{"vocab", &gpt.vocab, 1}, IntFlag{"padded-vocab", &gpt.paddedVocab, 0},
+                           IntFlag{"positions", &gpt.positions, 1}, IntFlag{"seq", &config.seqLength, 1},
+                           IntFlag{"micro-batch-size", &config.microBatch, 1},
+                           IntFlag{"global-batch-size", &config.globalBatch, 1}, IntFlag{"train-iters", &config.trainIters, 1}}) {
+    if (!flags.has(f.name)) continue;
+    auto v = flags.getInt(f.name, f.lo, int64_t(1) << 40);
+    if (!v) return cli::fail("new", v.error());
+    *f.field = *v;
+  }
+  // A micro batch given alone keeps one micro batch per step.
+  if (flags.has("micro-batch-size") && !flags.has("global-batch-size")) config.globalBatch = config.microBatch;
+  for (auto [name, field] : {std::pair{"hidden-dropout", &gpt.hiddenDropout}, std::pair{"attention-dropout", &gpt.attentionDropout},
+                             std::pair{"lr", &config.lr}, std::pair{"min-lr", &config.minLr}}) {
+    if (!flags.has(name)) continue;
+    auto v = flags.getDouble(name);
+    if (!v) return cli::fail("new", v.error());
+    *field = *v;
+  }
+  if (flags.has("data-path")) config.dataPath = flags.get("data-path");
+
+  auto model = buildGpt(gpt, config);
+  if (!model) return cli::fail("new", model.error());
+  if (Status s = saveModelFile(*model, flags.get("o")); !s.ok()) return cli::fail("new", s.error());
+  return 0;
+}
+
+cli::SubcommandRegistration reg("new", "write a GPT model file (.fb or .json) from a preset", runNew);
+
+}  // namespace
+}  // namespace tpc
