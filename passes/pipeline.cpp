@@ -82,7 +82,11 @@ Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text) {
 
 Status PassManager::addPipeline(const std::string& text, const PassRegistry& registry) {
   TPC_ASSIGN(auto entries, parsePipeline(text));
-  for (PipelineEntry& e : entries) {
+  return addEntries(entries, registry);
+}
+
+Status PassManager::addEntries(const std::vector<PipelineEntry>& entries, const PassRegistry& registry) {
+  for (const PipelineEntry& e : entries) {
     const PassInfo* info = registry.find(e.name);
     if (!info)
       return makeError("--passes:1:", e.column, ": error: unknown pass '", e.name, "' (known: ", registry.knownNames(), ")");

@@ -33,6 +33,8 @@ class PassManager {
   explicit PassManager(PipelineConfig config = {}) : config_(std::move(config)) {}
   // Builds the passes of `text` from `registry`; unknown passes and options are errors.
   Status addPipeline(const std::string& text, const PassRegistry& registry = PassRegistry::global());
+  // The same from entries already parsed (e.g. a prefix of a pipeline).
+  Status addEntries(const std::vector<PipelineEntry>& entries, const PassRegistry& registry = PassRegistry::global());
   void addPass(std::unique_ptr<Pass> p) { passes_.push_back(std::move(p)); }
   size_t size() const { return passes_.size(); }
   // Runs every pass in order; stops at the first error.

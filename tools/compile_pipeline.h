@@ -1,0 +1,20 @@
+// The compile pipeline that turns a model file's forward graph into the per-step program, shared by
+// `tpc run` (which executes its result) and `tpc dump` (which prints it after any stage).
+#pragma once
+
+#include <string>
+
+#include "frontend/model_file.h"
+#include "ir/status.h"
+
+namespace tpc {
+
+// Gradient-accumulation steps for the config (global / (micro x dp)), or an error naming the flags.
+Result<int64_t> accumulationSteps(const TrainConfig& config);
+// Rebuilds a GPT model's forward graph when the config's micro batch or sequence length differs from
+// the graph's inputs; other model files must already match.
+Status matchBatchShape(ModelFile& model, const std::string& path);
+// The pass pipeline, e.g. "autodiff(accum=1, clip-grad=1.0, ...),cse,dce".
+std::string standardPipeline(const ModelFile& model, int64_t accum);
+
+}  // namespace tpc

@@ -1,0 +1,86 @@
+// Megatron-style training flags.
+#include "tools/train_flags.h"
+
+#include <limits>
+
+namespace tpc::cli {
+namespace {
+
+struct IntFlag {
+  const char* name;
+  int64_t TrainConfig::*field;
+  long long lo;
+  const char* help;
+};
+struct FloatFlag {
+  const char* name;
+  double TrainConfig::*field;
+  const char* help;
+};
+struct StringFlag {
+  const char* name;
+  std::string TrainConfig::*field;
+  const char* help;
+};
+
+const IntFlag kIntFlags[] = {
+    {"micro-batch-size", &TrainConfig::microBatch, 1, "sequences per micro batch (per data-parallel rank)"},
+    {"global-batch-size", &TrainConfig::globalBatch, 1, "sequences per optimizer step (micro x accumulation x dp)"},
+    {"seq-length", &TrainConfig::seqLength, 1, "tokens per sequence"},
+    {"train-iters", &TrainConfig::trainIters, 1, "optimizer steps"},
+    {"lr-warmup-iters", &TrainConfig::warmupIters, 0, "linear warmup steps"},
+    {"lr-decay-iters", &TrainConfig::decayIters, 0, "steps over which lr decays to --min-lr (0: --train-iters)"},
+    {"log-interval", &TrainConfig::logInterval, 1, "steps between log lines"},
+    {"tp", &TrainConfig::tp, 1, "tensor-parallel size"},
+    {"dp", &TrainConfig::dp, 1, "data-parallel size"},
+};
+const FloatFlag kFloatFlags[] = {
+    {"lr", &TrainConfig::lr, "peak learning rate"},
+    {"min-lr", &TrainConfig::minLr, "final learning rate"},
+    {"weight-decay", &TrainConfig::weightDecay, "AdamW weight decay (matrices only)"},
+    {"clip-grad", &TrainConfig::clipGrad, "global gradient-norm clip (0: off)"},
+    {"adam-beta1", &TrainConfig::beta1, "AdamW beta1"},
+    {"adam-beta2", &TrainConfig::beta2, "AdamW beta2"},
+    {"adam-eps", &TrainConfig::eps, "AdamW epsilon"},
+};
+const StringFlag kStringFlags[] = {
+    {"lr-decay-style", &TrainConfig::decayStyle, "cosine | linear | constant"},
+    {"data-path", &TrainConfig::dataPath, "indexed dataset prefix (PREFIX.bin + PREFIX.idx)"},
+    {"split", &TrainConfig::split, "train,valid,test weights over documents, e.g. 949,50,1"},
+};
+
+}  // namespace
+
+void declareTrainingFlags(Flags& flags) {
+  for (const IntFlag& f : kIntFlags) flags.value(f.name, f.help);
+  for (const FloatFlag& f : kFloatFlags) flags.value(f.name, f.help);
+  for (const StringFlag& f : kStringFlags) flags.value(f.name, f.help);
+  flags.value("seed", "random seed (initialization, data order, dropout)");
+  flags.toggle("sp", "sequence parallelism (with --tp)");
+}
+
+Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
+  bool globalGiven = flags.has("global-batch-size");
+  for (const IntFlag& f : kIntFlags) {
+    if (!flags.has(f.name)) continue;
+    TPC_ASSIGN(long long v, flags.getInt(f.name, f.lo, int64_t(1) << 40));
+    config.*f.field = v;
+  }
+  // Megatron: a micro batch given without a global batch keeps one micro batch per step.
+  if (flags.has("micro-batch-size") && !globalGiven) config.globalBatch = config.microBatch * config.dp;
+  for (const FloatFlag& f : kFloatFlags) {
+    if (!flags.has(f.name)) continue;
+    TPC_ASSIGN(double v, flags.getDouble(f.name));
+    config.*f.field = v;
+  }
+  for (const StringFlag& f : kStringFlags)
+    if (flags.has(f.name)) config.*f.field = flags.get(f.name);
+  if (flags.has("seed")) {
+    TPC_ASSIGN(long long s, flags.getInt("seed", 0, std::numeric_limits<long long>::max()));
+    config.seed = static_cast<uint64_t>(s);
+  }
+  if (flags.on("sp")) config.sp = true;
+  return {};
+}
+
+}  // namespace tpc::cli
