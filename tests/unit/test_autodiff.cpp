@@ -13,6 +13,7 @@
 #include "ir/printer.h"
 #include "passes/autodiff.h"
 #include "passes/builtin_passes.h"
+#include "gradcheck.h"
 #include "test_support.h"
 
 #include "runtime/cpu/cpu_executor.h"
@@ -930,53 +931,11 @@ TEST_CASE("autodiff pass: registered with its options, runs from a pipeline", "[
 TEST_CASE("autodiff: GPT block gradients match finite differences on the CPU executor (fp64)", "[autodiff][cpu]") {
   auto parsed = parseGraphFile(test::sourcePath("tests/ir/gpt_block.tir"));
   REQUIRE(parsed.ok());
-  Graph& g = **parsed;
-  Value* loss = g.outputs()[0].value;
-  std::vector<Value*> params = g.params();
-  auto grads = appendGradients(g, loss, params);
-  REQUIRE(grads.ok());
-  g.clearOutputs();
-  g.addOutput(loss, "loss");
-  for (Value* d : *grads) g.addOutput(d);
-  CpuOptions opts;
-  opts.fp64 = true;
-  auto ex = CpuExecutor::create(g, opts);
-  REQUIRE(ex.ok());
-  std::mt19937 rng(3);
-  std::vector<HostTensor> in, ps;
-  for (Value* v : g.inputs()) {
-    HostTensor t(v->type());
-    for (int64_t i = 0; i < t.numel(); ++i) t.setFromDouble(i, static_cast<double>(rng() % 128));
-    in.push_back(t);
-  }
-  std::normal_distribution<double> nd(0, 0.1);
-  for (Value* v : g.params()) {
-    HostTensor t(TensorType(DType::f64, v->shape()));
-    for (int64_t i = 0; i < t.numel(); ++i) t.setFromDouble(i, (v->name().find("_g") != std::string::npos ? 1.0 : 0.0) + nd(rng));
-    ps.push_back(t);
-  }
-  auto ptrs = [](std::vector<HostTensor>& v) {
-    std::vector<const HostTensor*> p;
-    for (auto& t : v) p.push_back(&t);
-    return p;
-  };
-  auto base = (*ex)->run(ptrs(in), ptrs(ps), 1);
-  REQUIRE(base.ok());
-  const double h = 1e-6;
-  for (size_t k = 0; k < params.size(); ++k) {
-    for (int c = 0; c < 3; ++c) {
-      int64_t i = static_cast<int64_t>(rng() % ps[k].numel());
-      double x0 = ps[k].getAsDouble(i);
-      ps[k].setFromDouble(i, x0 + h);
-      double up = (*(*ex)->run(ptrs(in), ptrs(ps), 1))[0].getAsDouble(0);
-      ps[k].setFromDouble(i, x0 - h);
-      double down = (*(*ex)->run(ptrs(in), ptrs(ps), 1))[0].getAsDouble(0);
-      ps[k].setFromDouble(i, x0);
-      double numeric = (up - down) / (2 * h), a = (*base)[1 + k].getAsDouble(i);
-      INFO(params[k]->name() << "[" << i << "]: analytic " << a << ", numeric " << numeric);
-      CHECK(std::abs(a - numeric) / std::max({std::abs(a), std::abs(numeric), 1e-3}) < 1e-6);
-    }
-  }
+  auto r = test::gradcheckGraph(**parsed, "loss", 128, 3, 3,
+                                [](const std::string& n) { return n.find("_g") != std::string::npos; });
+  INFO("worst: " << r.worst);
+  CHECK(r.checked == 3 * 16);
+  CHECK(r.worstRelError < 1e-6);
 }
 
 }  // namespace

@@ -1,0 +1,73 @@
+// `tpc run` on bad input: one clear error line, exit 1; and a short real run with its JSONL log.
+#include <algorithm>
+
+#include <catch2/catch.hpp>
+
+#include "test_support.h"
+
+namespace tpc {
+namespace {
+
+std::string tiny() { return test::binaryPath("models/tiny.fb"); }
+
+TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
+  struct Case {
+    std::string args, expected;
+  };
+  const Case cases[] = {
+      {"", "tpc run: error: expected one model file (tpc run gpt.fb)\n"},
+      {tiny() + " --data-path /nonexistent/corpus",
+       "tpc run: error: --data-path /nonexistent/corpus: /nonexistent/corpus.idx not found (run scripts/fetch_data.sh "
+       "build/bin/tpc for the Brown corpus, or make a dataset with 'tpc prepare')\n"},
+      {tiny() + " --micro-batch-size 3 --global-batch-size 8",
+       "tpc run: error: config.global_batch_size=8 must be a multiple of micro_batch_size x data_parallel_size = 3\n"},
+      {tiny() + " --seq-length 65", ""},  // checked below: longer than the position table
+      {tiny() + " --lr abc", "tpc run: error: --lr=abc is not a number\n"},
+      {tiny() + " --train-iters 0", "tpc run: error: --train-iters=0 is out of range [1, 1099511627776]\n"},
+      {tiny() + " --backend tpu", "tpc run: error: --backend=tpu is not a backend (expected auto, cpu or cuda)\n"},
+      {"/nonexistent/model.fb", ""},
+  };
+  for (const Case& c : cases) {
+    auto r = test::runCommand(test::tpcBinary() + " run " + c.args);
+    INFO("tpc run " << c.args << "\nstderr: " << r.err);
+    CHECK(r.exitCode == 1);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    if (!c.expected.empty()) CHECK(r.err == c.expected);
+  }
+  auto seq = test::runCommand(test::tpcBinary() + " run " + tiny() + " --seq-length 65");
+  CHECK(seq.err.find("65") != std::string::npos);
+  CHECK(seq.err.find("positions") != std::string::npos);
+}
+
+TEST_CASE("tpc run: a short run logs JSONL and lowers the loss", "[run][cli]") {
+  std::string log = test::binaryPath("tests/run_cli.jsonl");
+  auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " --train-iters 12 --log-interval 4 --lr-warmup-iters 2" +
+                            " --log-jsonl " + log);
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  CHECK(r.out.find("step      4/12 | loss ") != std::string::npos);
+  CHECK(r.out.find("ETA") != std::string::npos);
+  std::string jsonl = test::readFile(log);
+  // Logged steps: the first, every 4th, the last.
+  CHECK(std::count(jsonl.begin(), jsonl.end(), '\n') == 4);
+  for (const char* key : {"\"step\": ", "\"loss\": ", "\"lr\": ", "\"grad_norm\": ", "\"tokens_per_s\": ", "\"elapsed_s\": "})
+    CHECK(jsonl.find(key) != std::string::npos);
+  CHECK(jsonl.find("{\"step\": 12, ") != std::string::npos);
+}
+
+TEST_CASE("tpc run: the same seed gives the same losses", "[run][cli]") {
+  auto a = test::runCommand(test::tpcBinary() + " run " + tiny() + " --train-iters 3 --log-interval 1 --seed 7");
+  auto b = test::runCommand(test::tpcBinary() + " run " + tiny() + " --train-iters 3 --log-interval 1 --seed 7 --threads 1");
+  auto c = test::runCommand(test::tpcBinary() + " run " + tiny() + " --train-iters 3 --log-interval 1 --seed 8");
+  REQUIRE(a.exitCode == 0);
+  auto losses = [](const std::string& out) {
+    std::string s;
+    for (size_t p = out.find("loss "); p != std::string::npos; p = out.find("loss ", p + 1)) s += out.substr(p, 12) + ";";
+    return s;
+  };
+  CHECK(losses(a.out) == losses(b.out));
+  CHECK(losses(a.out) != losses(c.out));
+}
+
+}  // namespace
+}  // namespace tpc
