@@ -22,7 +22,10 @@ Attr parseDefault(AttrKind kind, const std::string& text) {
       TPC_ASSERT(d.has_value(), "bad dtype default in ops.def: " + text);
       return Attr(*d);
     }
-    case AttrKind::Ints: break;
+    case AttrKind::Ints:
+      // Only the empty list can be a default (the spec is split on commas).
+      TPC_ASSERT(text == "[]", "ops.def: an int-list default must be []");
+      return Attr(std::vector<int64_t>{});
   }
   TPC_ASSERT(false, "ops.def: unsupported default for " + text);
 }

@@ -44,7 +44,7 @@ bash scripts/fetch_data.sh build/bin/tpc
 [ "$run_main" = 1 ] || exit 0
 main_job() {
   build/bin/tpc --version
-  echo "+ tpc opt tests/ir/gpt_block.tir --passes=cse,dce"
-  build/bin/tpc opt tests/ir/gpt_block.tir --passes=cse,dce
+  echo "+ tpc run build/models/tiny.fb"
+  build/bin/tpc run build/models/tiny.fb --log-jsonl build/tiny_run.jsonl
 }
 main_job
