@@ -2,6 +2,8 @@
 // every index, enum and size is checked, and the graph is rebuilt through Graph::create.
 #include "frontend/model_file.h"
 
+#include "ir/file_io.h"
+
 #include <flatbuffers/flatbuffers.h>
 #include <flatbuffers/idl.h>
 
@@ -582,24 +584,6 @@ std::string toBuffer(const ModelFile& m) {
   return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
 }
 
-Status writeAtomically(const std::string& path, const std::string& bytes) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return makeError(path, ": error: cannot write: ", std::strerror(errno));
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return makeError(path, ": error: write failed: ", std::strerror(errno));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return makeError(path, ": error: cannot rename into place: ", std::strerror(errno));
-  }
-  return {};
-}
 
 }  // namespace
 
@@ -658,7 +642,7 @@ Status saveModelFile(const ModelFile& model, const std::string& path) {
   bool json = endsWith(path, ".json");
   if (!json && !endsWith(path, ".fb")) return makeError(path, ": error: unknown model file extension (expected .fb or .json)");
   TPC_ASSIGN(std::string bytes, serializeModel(model, json));
-  return writeAtomically(path, bytes);
+  return writeFileAtomically(path, bytes);
 }
 
 Result<ModelPreset> parsePresetJson(std::string_view json, const std::string& file) {

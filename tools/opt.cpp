@@ -8,7 +8,7 @@
 #include "passes/pipeline.h"
 #include "passes/plugin.h"
 #include "tools/cli.h"
-#include "tools/output_file.h"
+#include "ir/file_io.h"
 
 namespace tpc {
 namespace {

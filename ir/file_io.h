@@ -1,4 +1,4 @@
-// Writing outputs so that nothing half-written is ever left behind: a temporary name, then rename.
+// File output shared by every tool and writer: nothing half-written is ever left behind (a temporary name, then rename).
 #pragma once
 
 #include <string>

@@ -1,5 +1,5 @@
 // Atomic file output.
-#include "tools/output_file.h"
+#include "ir/file_io.h"
 
 #include <cerrno>
 #include <cstdio>
