@@ -71,3 +71,29 @@ TEST_CASE("tpc run: the same seed gives the same losses", "[run][cli]") {
 
 }  // namespace
 }  // namespace tpc
+
+namespace tpc {
+namespace {
+
+TEST_CASE("tpc run: a .json model file trains like its .fb twin", "[run][cli]") {
+  std::string dir = test::binaryPath("tests");
+  for (const char* ext : {".json", ".fb"}) {
+    auto made = test::runCommand(test::tpcBinary() + " new gpt --preset tiny --layers 1 -o " + dir + "/run_twin" + ext);
+    REQUIRE(made.exitCode == 0);
+  }
+  auto js = test::runCommand(test::tpcBinary() + " run " + dir + "/run_twin.json --train-iters 2 --log-interval 1");
+  auto fb = test::runCommand(test::tpcBinary() + " run " + dir + "/run_twin.fb --train-iters 2 --log-interval 1");
+  INFO(js.err << fb.err);
+  REQUIRE(js.exitCode == 0);
+  REQUIRE(fb.exitCode == 0);
+  auto lossLines = [](const std::string& out) {
+    std::string s;
+    for (size_t p = out.find("| loss "); p != std::string::npos; p = out.find("| loss ", p + 1)) s += out.substr(p, 14);
+    return s;
+  };
+  CHECK(!lossLines(js.out).empty());
+  CHECK(lossLines(js.out) == lossLines(fb.out));
+}
+
+}  // namespace
+}  // namespace tpc
