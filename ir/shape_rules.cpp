@@ -332,7 +332,7 @@ Result<Types> inferAllReduce(const Ctx& c) {
 Result<Types> inferAllGather(const Ctx& c) {
   TPC_ASSIGN(int64_t n, c.meshAxis("axis"));
   auto d = normalizeAxis(c.i("dim"), c.in[0].rank());
-  if (!d) return c.err(d.error());
+  if (!d) return c.err("dim=", c.i("dim"), " is out of range for ", c.in[0].str());
   Shape out = c.in[0].shape;
   out[*d] *= n;
   return one(TensorType(c.in[0].dtype, out));
@@ -341,7 +341,7 @@ Result<Types> inferReduceScatter(const Ctx& c) {
   TPC_ASSIGN(int64_t n, c.meshAxis("axis"));
   TPC_TRY(checkReduceOp(c));
   auto d = normalizeAxis(c.i("dim"), c.in[0].rank());
-  if (!d) return c.err(d.error());
+  if (!d) return c.err("dim=", c.i("dim"), " is out of range for ", c.in[0].str());
   Shape out = c.in[0].shape;
   if (out[*d] % n != 0)
     return c.err("dim ", *d, " of ", c.in[0].str(), " is not divisible by the ", c.s("axis"), " axis size ", n);
