@@ -147,6 +147,32 @@ TEST_CASE("mesh communicator: all_reduce is bit-identical across runs and ranks"
   }
 }
 
+TEST_CASE("mesh communicator: thousands of back-to-back collectives on both axes of a 2-D mesh stay in step", "[cpu][mesh]") {
+  Mesh m = makeMesh({{"dp", 2}, {"tp", 4}});
+  auto comms = cpu::createMeshCommunicators(m, std::chrono::seconds(20));
+  auto st = onEveryRank(8, [&](int64_t r) -> Status {
+    std::vector<int64_t> c = cpu::meshCoords(m, r);
+    for (int it = 0; it < 2000; ++it) {
+      const char* axis = it % 3 == 0 ? "dp" : "tp";
+      int64_t x = r + it, out[4] = {0, 0, 0, 0};
+      TPC_TRY(comms[r]->allReduce(axis, ReduceOp::Sum, &x, 1));
+      int64_t want = 0;
+      if (it % 3 == 0) want = (c[1]) + (4 + c[1]) + 2 * it;  // ranks tp, 4 + tp
+      else want = (c[0] * 4) * 4 + 6 + 4 * it;                // ranks 4dp .. 4dp+3
+      if (x != want) return makeError("iteration ", it, ": rank ", r, " got ", x, ", want ", want);
+      int64_t me = r;
+      TPC_TRY(comms[r]->allGather("tp", &me, 1, out));
+      for (int k = 0; k < 4; ++k)
+        if (out[k] != c[0] * 4 + k) return makeError("iteration ", it, ": bad all_gather on rank ", r);
+    }
+    return {};
+  });
+  for (auto& s : st) {
+    INFO((s.ok() ? std::string() : s.error()));
+    CHECK(s.ok());
+  }
+}
+
 TEST_CASE("mesh communicator: a rank that never arrives gives a timeout error naming rank, op, axis, step", "[cpu][mesh]") {
   Mesh m = makeMesh({{"dp", 2}, {"tp", 2}});
   auto comms = cpu::createMeshCommunicators(m, std::chrono::milliseconds(300));
@@ -455,7 +481,7 @@ graph @state(%x: f32[2] place=[dp:S(0)])
   CHECK(backend->readState("nope").ok() == false);
 }
 
-TEST_CASE("cpu mesh backend: a failing rank gives one error naming it; the others do not hang", "[cpu][mesh][backend]") {
+TEST_CASE("cpu mesh backend: a failing rank gives one error naming it and the others do not hang", "[cpu][mesh][backend]") {
   // Rank 1's integer division by zero fails before the all_reduce that rank 0 waits in.
   const char* text = R"(
 graph @fail(%n: i32[1] place=[tp:S(0)], %x: f32[2] place=[tp:R])
