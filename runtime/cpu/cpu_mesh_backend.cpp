@@ -64,6 +64,7 @@ class CpuMeshBackend final : public Backend {
 
   Status prepare(const Graph&, const TensorMap& initialState) override {
     TPC_TRY(init_);
+    prepared_ = false;  // until every rank has its state and executor
     DType floatType = options_.fp64 ? DType::f64 : DType::f32;
     int total = options_.threads > 0 ? options_.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     CpuOptions rankOptions = options_;
@@ -91,11 +92,12 @@ class CpuMeshBackend final : public Backend {
       if (!exec.ok()) return makeError(cpu::rankName(mesh(), r), ": ", exec.error());
       rk.exec = std::move(exec).value();
     }
+    prepared_ = true;
     return {};
   }
 
   Result<TensorMap> step(const TensorMap& inputs, int64_t stepIndex) override {
-    if (!ranks_.empty() && !ranks_[0].exec) return makeError("cpu mesh backend: step() before prepare()");
+    if (!prepared_) return makeError("cpu mesh backend: step() before a successful prepare()");
     DType floatType = options_.fp64 ? DType::f64 : DType::f32;
     size_t n = ranks_.size();
     // Each rank's inputs, sliced.
@@ -234,6 +236,7 @@ class CpuMeshBackend final : public Backend {
   CpuMeshOptions meshOptions_;
   std::vector<Rank> ranks_;
   Status init_;
+  bool prepared_ = false;
 };
 
 }  // namespace

@@ -411,28 +411,33 @@ graph @mlp_tp2(%x: f32[4,8] place=[tp:R])
 }  // namespace
 
 TEST_CASE("cpu mesh backend: a hand-partitioned tp=2 MLP matches the unsharded one", "[cpu][mesh][backend]") {
-  std::mt19937 rng(21);
-  auto ref = parse(kMlp);
-  TensorMap state{{"w1", randomTensor(TensorType(DType::f32, {8, 16}), rng, false)},
-                  {"w2", randomTensor(TensorType(DType::f32, {16, 8}), rng, false)}};
-  TensorMap inputs{{"x", randomTensor(TensorType(DType::f32, {4, 8}), rng, false)}};
-  auto single = createCpuBackend(CpuOptions{});
-  REQUIRE(single->prepare(*ref, state).ok());
-  auto mesh = createCpuMeshBackend(copies(kMlpTp2, 2), CpuOptions{});
-  REQUIRE(mesh->prepare(*ref, state).ok());
-  CHECK(mesh->name() == "cpu mesh(tp=2)");
-  for (int step = 0; step < 2; ++step) {  // the second step sees the updated w1
-    auto a = single->step(inputs, step);
-    auto b = mesh->step(inputs, step);
-    REQUIRE(a.ok());
-    if (!b.ok()) FAIL(b.error());
-    REQUIRE(b->size() == 1);
-    const HostTensor &ya = a->at("y"), &yb = b->at("y");
-    REQUIRE(ya.shape() == yb.shape());
-    for (int64_t i = 0; i < ya.numel(); ++i)
-      REQUIRE(std::abs(ya.getAsDouble(i) - yb.getAsDouble(i)) <= 1e-6 * std::max(1.0, std::abs(ya.getAsDouble(i))));
-    HostTensor w1a = *single->readState("w1"), w1b = *mesh->readState("w1");
-    CHECK(sameBits(w1a, w1b));
+  for (bool fp64 : {false, true}) {
+    INFO("fp64 " << fp64);
+    std::mt19937 rng(21);
+    auto ref = parse(kMlp);
+    TensorMap state{{"w1", randomTensor(TensorType(DType::f32, {8, 16}), rng, false)},
+                    {"w2", randomTensor(TensorType(DType::f32, {16, 8}), rng, false)}};
+    TensorMap inputs{{"x", randomTensor(TensorType(DType::f32, {4, 8}), rng, false)}};
+    CpuOptions o;
+    o.fp64 = fp64;
+    auto single = createCpuBackend(o);
+    REQUIRE(single->prepare(*ref, state).ok());
+    auto mesh = createCpuMeshBackend(copies(kMlpTp2, 2), o);
+    REQUIRE(mesh->prepare(*ref, state).ok());
+    CHECK(mesh->name() == (fp64 ? "cpu-fp64 mesh(tp=2)" : "cpu mesh(tp=2)"));
+    for (int step = 0; step < 2; ++step) {  // the second step sees the updated w1
+      auto a = single->step(inputs, step);
+      auto b = mesh->step(inputs, step);
+      REQUIRE(a.ok());
+      if (!b.ok()) FAIL(b.error());
+      REQUIRE(b->size() == 1);
+      const HostTensor &ya = a->at("y"), &yb = b->at("y");
+      REQUIRE(ya.shape() == yb.shape());
+      for (int64_t i = 0; i < ya.numel(); ++i)
+        REQUIRE(std::abs(ya.getAsDouble(i) - yb.getAsDouble(i)) <= 1e-6 * std::max(1.0, std::abs(ya.getAsDouble(i))));
+      HostTensor w1a = *single->readState("w1"), w1b = *mesh->readState("w1");
+      CHECK(sameBits(w1a, w1b));
+    }
   }
 }
 
@@ -478,6 +483,9 @@ graph @state(%x: f32[2] place=[dp:S(0)])
   Status bad = backend->prepare(*ref, state);
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().find("%b") != std::string::npos);
+  auto after = backend->step({{"x", x}}, 1);
+  REQUIRE_FALSE(after.ok());
+  CHECK(after.error().find("before a successful prepare()") != std::string::npos);
   CHECK(backend->readState("nope").ok() == false);
 }
 
