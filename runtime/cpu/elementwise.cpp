@@ -116,8 +116,9 @@ Status kernelCast(KernelArgs<T>& a) {
   return {};
 }
 
-// The keep decision depends only on (seed, step, key, element index), so the VJP (dropout of dy with the
-// same key) reproduces the forward mask.
+// The keep decision depends only on (seed, step, key, global element index), so the VJP (dropout of dy with
+// the same key) reproduces the forward mask, and a shard (global_shape/offsets set) draws exactly its
+// block of the unsharded op's mask.
 template <class T>
 Status kernelDropout(KernelArgs<T>& a) {
   double p = a.node.getFloat("p");
@@ -128,9 +129,23 @@ Status kernelDropout(KernelArgs<T>& a) {
   uint64_t seed = a.ctx.seed;
   int64_t step = a.ctx.step;
   float pf = static_cast<float>(p);
-  a.ctx.pool.parallelFor(a.result().numel(), kElementwiseGrain / 8, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      y[i] = p == 0.0 ? x[i] : (philox::dropoutKeep(seed, step, key, static_cast<uint64_t>(i), pf) ? x[i] * scale : T(0));
+  if (p == 0.0) {
+    std::copy(x, x + a.result().numel(), y);
+    return {};
+  }
+  const Shape& shape = a.result().shape();
+  TPC_ASSIGN(ShardIndex idx, ShardIndex::make(a.node, shape, shape.size(), "x's shape"));
+  int64_t r = static_cast<int64_t>(shape.size());
+  int64_t inner = r == 0 ? 1 : shape[r - 1], rows = inner == 0 ? 0 : a.result().numel() / inner;
+  a.ctx.pool.parallelFor(rows, std::max<int64_t>(1, kElementwiseGrain / 8 / std::max<int64_t>(inner, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row) {
+      // The global index of this row's first element; the last dim is contiguous in both spaces.
+      uint64_t g0 = idx.globalRowStart(row, shape);
+      for (int64_t j = 0; j < inner; ++j) {
+        int64_t i = row * inner + j;
+        y[i] = philox::dropoutKeep(seed, step, key, g0 + static_cast<uint64_t>(j), pf) ? x[i] * scale : T(0);
+      }
+    }
   });
   return {};
 }
