@@ -11,6 +11,7 @@
 
 #include "frontend/bpe_tokenizer.h"
 #include "frontend/indexed_dataset.h"
+#include "frontend/data_dir.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -127,9 +128,9 @@ TEST_CASE("tpc prepare output does not depend on the number of workers", "[prepa
 }
 
 TEST_CASE("tpc prepare of the Brown corpus with gpt2 matches the tokenizer", "[prepare][cli][brown]") {
-  std::string input = sourcePath("data/brown/brown.jsonl");
+  std::string input = dataDir() + "/brown/brown.jsonl";
   if (!fs::exists(input)) FAIL(input << " is missing; run scripts/fetch_data.sh to fetch the Brown corpus");
-  std::string gpt2Dir = sourcePath("data/gpt2");
+  std::string gpt2Dir = dataDir() + "/gpt2";
   auto tok = BpeTokenizer::load(gpt2Dir + "/encoder.json", gpt2Dir + "/vocab.bpe");
   if (!tok.ok()) FAIL(tok.error() << "; run scripts/fetch_data.sh to fetch data/gpt2");
   TempDir dir;

@@ -155,7 +155,7 @@ TEST_CASE("GPT-2 BPE merges long words like short ones", "[tokenizer][gpt2]") {
 
 TEST_CASE("GPT-2 BPE round-trips the whole Brown corpus", "[tokenizer][gpt2][brown]") {
   const BpeTokenizer& t = gpt2();
-  std::string path = sourcePath("data/brown/brown.jsonl");
+  std::string path = dataDir() + "/brown/brown.jsonl";
   std::ifstream in(path);
   if (!in) FAIL(path << " is missing; run scripts/fetch_data.sh to fetch the Brown corpus");
   std::string line;
