@@ -15,12 +15,20 @@ struct AttnDims {
   bool causal;
   double scale, dropout;
   uint32_t key;
+  int64_t Hg = 0, b0 = 0, h0 = 0;  // a shard's place in the global [batch, heads] index space
+  // The global (batch, head) index of local bh, so a shard draws the slice of the mask one rank would.
+  int64_t globalBh(int64_t bh) const { return (bh / H + b0) * Hg + bh % H + h0; }
 };
 
 AttnDims dims(const Node& n, const Shape& q, const Shape& k) {
   AttnDims d{q[0], q[1], q[2], k[2], q[3], n.getBool("causal"), n.getFloat("scale"), n.getFloat("dropout"),
              static_cast<uint32_t>(n.getInt("key"))};
   if (d.scale == 0.0) d.scale = 1.0 / std::sqrt(static_cast<double>(d.D));
+  d.Hg = d.H;
+  const auto& gs = n.getInts("global_shape");
+  const auto& off = n.getInts("offsets");
+  if (gs.size() >= 2) d.Hg = gs[1];
+  if (off.size() >= 2) d.b0 = off[0], d.h0 = off[1];
   return d;
 }
 
@@ -31,7 +39,7 @@ inline int64_t keysFor(const AttnDims& d, int64_t i) { return d.causal ? std::mi
 template <class T>
 inline T dropFactor(const AttnDims& d, const RunContext& ctx, int64_t bh, int64_t i, int64_t j) {
   if (d.dropout == 0.0) return T(1);
-  uint64_t idx = static_cast<uint64_t>((bh * d.Tq + i) * d.Tk + j);
+  uint64_t idx = static_cast<uint64_t>((d.globalBh(bh) * d.Tq + i) * d.Tk + j);
   return philox::dropoutKeep(ctx.seed, ctx.step, d.key, idx, static_cast<float>(d.dropout))
              ? static_cast<T>(1.0 / (1.0 - d.dropout))
              : T(0);

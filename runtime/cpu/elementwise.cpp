@@ -128,9 +128,25 @@ Status kernelDropout(KernelArgs<T>& a) {
   uint64_t seed = a.ctx.seed;
   int64_t step = a.ctx.step;
   float pf = static_cast<float>(p);
+  // A shard (global_shape/offsets set) maps its local index to the unsharded tensor's index.
+  const auto& gs = a.node.getInts("global_shape");
+  const auto& off = a.node.getInts("offsets");
+  const Shape& ls = a.result().shape();
+  bool shard = !gs.empty() && gs.size() == ls.size();
+  std::vector<int64_t> gstr = shard ? stridesOf(gs) : std::vector<int64_t>{};
+  auto globalIndex = [&](int64_t i) -> uint64_t {
+    if (!shard) return static_cast<uint64_t>(i);
+    int64_t g = 0;
+    for (size_t k = ls.size(); k-- > 0;) {
+      int64_t c = i % ls[k];
+      i /= ls[k];
+      g += (c + (k < off.size() ? off[k] : 0)) * gstr[k];
+    }
+    return static_cast<uint64_t>(g);
+  };
   a.ctx.pool.parallelFor(a.result().numel(), kElementwiseGrain / 8, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
-      y[i] = p == 0.0 ? x[i] : (philox::dropoutKeep(seed, step, key, static_cast<uint64_t>(i), pf) ? x[i] * scale : T(0));
+      y[i] = p == 0.0 ? x[i] : (philox::dropoutKeep(seed, step, key, globalIndex(i), pf) ? x[i] * scale : T(0));
   });
   return {};
 }
