@@ -1,6 +1,8 @@
 // CPU kernels: fused causal attention and its backward, one query row at a time (no T x T matrix is
 // stored, like the flash kernel they are the reference for). Dropout acts on the probabilities with a
-// mask from Philox keyed by (seed, step, key, index into [B, H, Tq, Tk]); the backward redraws it.
+// mask from Philox keyed by (seed, step, key, index into [B, H, Tq, Tk]); the backward redraws it. On a
+// shard, global_shape/offsets place [B, H] in the unsharded [B, H] (Tq and Tk are whole): the index is the
+// unsharded op's, so heads split over ranks draw the same mask as one rank.
 #include <cmath>
 #include <limits>
 
@@ -15,20 +17,15 @@ struct AttnDims {
   bool causal;
   double scale, dropout;
   uint32_t key;
-  int64_t Hg = 0, b0 = 0, h0 = 0;  // a shard's place in the global [batch, heads] index space
-  // The global (batch, head) index of local bh, so a shard draws the slice of the mask one rank would.
-  int64_t globalBh(int64_t bh) const { return (bh / H + b0) * Hg + bh % H + h0; }
+  ShardIndex index;  // [B, H, Tq, Tk] in the unsharded index space
 };
 
-AttnDims dims(const Node& n, const Shape& q, const Shape& k) {
+Result<AttnDims> dims(const Node& n, const Shape& q, const Shape& k) {
   AttnDims d{q[0], q[1], q[2], k[2], q[3], n.getBool("causal"), n.getFloat("scale"), n.getFloat("dropout"),
-             static_cast<uint32_t>(n.getInt("key"))};
+             static_cast<uint32_t>(n.getInt("key")), {}};
   if (d.scale == 0.0) d.scale = 1.0 / std::sqrt(static_cast<double>(d.D));
-  d.Hg = d.H;
-  const auto& gs = n.getInts("global_shape");
-  const auto& off = n.getInts("offsets");
-  if (gs.size() >= 2) d.Hg = gs[1];
-  if (off.size() >= 2) d.b0 = off[0], d.h0 = off[1];
+  int64_t space[4] = {d.B, d.H, d.Tq, d.Tk};
+  TPC_ASSIGN(d.index, ShardIndex::make(n, space, 2, "[batch, heads]"));
   return d;
 }
 
@@ -39,7 +36,8 @@ inline int64_t keysFor(const AttnDims& d, int64_t i) { return d.causal ? std::mi
 template <class T>
 inline T dropFactor(const AttnDims& d, const RunContext& ctx, int64_t bh, int64_t i, int64_t j) {
   if (d.dropout == 0.0) return T(1);
-  uint64_t idx = static_cast<uint64_t>((d.globalBh(bh) * d.Tq + i) * d.Tk + j);
+  int64_t at[4] = {bh / d.H, bh % d.H, i, j};
+  uint64_t idx = d.index.at(at);
   return philox::dropoutKeep(ctx.seed, ctx.step, d.key, idx, static_cast<float>(d.dropout))
              ? static_cast<T>(1.0 / (1.0 - d.dropout))
              : T(0);
@@ -50,7 +48,7 @@ inline T dropFactor(const AttnDims& d, const RunContext& ctx, int64_t bh, int64_
 template <class T>
 Status kernelAttention(KernelArgs<T>& a) {
   const Buf<T>&Q = a.operand(0), &K = a.operand(1), &V = a.operand(2);
-  AttnDims d = dims(a.node, Q.shape(), K.shape());
+  TPC_ASSIGN(AttnDims d, dims(a.node, Q.shape(), K.shape()));
   T* out = a.result(0).f.data();
   T* lse = a.result(1).f.data();
   RunContext& ctx = a.ctx;
@@ -90,7 +88,7 @@ template <class T>
 Status kernelAttentionGrad(KernelArgs<T>& a) {
   const Buf<T>&dOut = a.operand(0), &Q = a.operand(1), &K = a.operand(2), &V = a.operand(3), &O = a.operand(4),
          &L = a.operand(5);
-  AttnDims d = dims(a.node, Q.shape(), K.shape());
+  TPC_ASSIGN(AttnDims d, dims(a.node, Q.shape(), K.shape()));
   T *dq = a.result(0).f.data(), *dk = a.result(1).f.data(), *dv = a.result(2).f.data();
   RunContext& ctx = a.ctx;
   T scale = static_cast<T>(d.scale);

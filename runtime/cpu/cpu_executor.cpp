@@ -55,7 +55,7 @@ class Executor final : public CpuExecutor {
       if (n->has(traits::Collective)) {
         const std::string& axis = n->getStr("axis");
         int64_t want = g_.mesh().axisSize(axis);
-        if (want != comm_->axisSize(axis)) return multiRankUnsupported(std::string(n->opName()), axis, want);
+        if (want != comm_->axisSize(axis)) return meshMismatch(std::string(n->opName()), axis, want, comm_->axisSize(axis));
       }
       Step s{n, kernelFor<T>(n->op()), {}, {}, {}};
       for (Value* v : n->operands()) s.in.push_back(slotOf(v));
@@ -94,6 +94,7 @@ class Executor final : public CpuExecutor {
     for (size_t k = 0; k < params.size(); ++k) TPC_TRY(load(g_.params()[k], paramSlots_[k], params[k], "param"));
     for (int s : freeAtStart_) release(s);
 
+    comm_->setStep(step);
     RunContext ctx{pool_, *comm_, options_.seed, step};
     for (const Step& st : steps_) {
       KernelArgs<T> args{*st.node, {}, {}, ctx};

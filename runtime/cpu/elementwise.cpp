@@ -116,8 +116,9 @@ Status kernelCast(KernelArgs<T>& a) {
   return {};
 }
 
-// The keep decision depends only on (seed, step, key, element index), so the VJP (dropout of dy with the
-// same key) reproduces the forward mask.
+// The keep decision depends only on (seed, step, key, global element index), so the VJP (dropout of dy with
+// the same key) reproduces the forward mask, and a shard (global_shape/offsets set) draws exactly its
+// block of the unsharded op's mask.
 template <class T>
 Status kernelDropout(KernelArgs<T>& a) {
   double p = a.node.getFloat("p");
@@ -128,25 +129,23 @@ Status kernelDropout(KernelArgs<T>& a) {
   uint64_t seed = a.ctx.seed;
   int64_t step = a.ctx.step;
   float pf = static_cast<float>(p);
-  // A shard (global_shape/offsets set) maps its local index to the unsharded tensor's index.
-  const auto& gs = a.node.getInts("global_shape");
-  const auto& off = a.node.getInts("offsets");
-  const Shape& ls = a.result().shape();
-  bool shard = !gs.empty() && gs.size() == ls.size();
-  std::vector<int64_t> gstr = shard ? stridesOf(gs) : std::vector<int64_t>{};
-  auto globalIndex = [&](int64_t i) -> uint64_t {
-    if (!shard) return static_cast<uint64_t>(i);
-    int64_t g = 0;
-    for (size_t k = ls.size(); k-- > 0;) {
-      int64_t c = i % ls[k];
-      i /= ls[k];
-      g += (c + (k < off.size() ? off[k] : 0)) * gstr[k];
+  if (p == 0.0) {
+    std::copy(x, x + a.result().numel(), y);
+    return {};
+  }
+  const Shape& shape = a.result().shape();
+  TPC_ASSIGN(ShardIndex idx, ShardIndex::make(a.node, shape, shape.size(), "x's shape"));
+  int64_t r = static_cast<int64_t>(shape.size());
+  int64_t inner = r == 0 ? 1 : shape[r - 1], rows = inner == 0 ? 0 : a.result().numel() / inner;
+  a.ctx.pool.parallelFor(rows, std::max<int64_t>(1, kElementwiseGrain / 8 / std::max<int64_t>(inner, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row) {
+      // The global index of this row's first element; the last dim is contiguous in both spaces.
+      uint64_t g0 = idx.globalRowStart(row, shape);
+      for (int64_t j = 0; j < inner; ++j) {
+        int64_t i = row * inner + j;
+        y[i] = philox::dropoutKeep(seed, step, key, g0 + static_cast<uint64_t>(j), pf) ? x[i] * scale : T(0);
+      }
     }
-    return static_cast<uint64_t>(g);
-  };
-  a.ctx.pool.parallelFor(a.result().numel(), kElementwiseGrain / 8, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      y[i] = p == 0.0 ? x[i] : (philox::dropoutKeep(seed, step, key, globalIndex(i), pf) ? x[i] * scale : T(0));
   });
   return {};
 }

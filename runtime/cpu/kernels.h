@@ -116,6 +116,51 @@ void stridedCopy(const E* src, llvm::ArrayRef<int64_t> srcStrides, E* dst, llvm:
   });
 }
 
+// Where a random op's index space (local shape `local`) sits in the unsharded one: the node's
+// `global_shape` and `offsets` cover its first `covered` dims (empty: unsharded); the remaining dims are
+// whole. at() maps a local multi-index to the row-major index in the global space, which keys Philox.
+struct ShardIndex {
+  std::vector<int64_t> offsets, globalStrides;
+
+  static Result<ShardIndex> make(const Node& n, llvm::ArrayRef<int64_t> local, size_t covered, const char* space) {
+    const std::vector<int64_t>& gs = n.getInts("global_shape");
+    const std::vector<int64_t>& off = n.getInts("offsets");
+    ShardIndex s;
+    s.offsets.assign(local.size(), 0);
+    std::vector<int64_t> global(local.begin(), local.end());
+    if (!gs.empty() || !off.empty()) {
+      if (gs.size() != covered || off.size() != covered)
+        return makeError(n.opName(), ": global_shape ", shapeStr(gs), " and offsets ", shapeStr(off), " must both have ",
+                         covered, " entries (", space, ")");
+      for (size_t d = 0; d < covered; ++d) {
+        if (off[d] < 0 || off[d] + local[d] > gs[d])
+          return makeError(n.opName(), ": the shard ", shapeStr(local), " at offsets ", shapeStr(off),
+                           " does not fit in global_shape ", shapeStr(gs), " (", space, ")");
+        global[d] = gs[d];
+        s.offsets[d] = off[d];
+      }
+    }
+    s.globalStrides = stridesOf(global);
+    return s;
+  }
+  uint64_t at(llvm::ArrayRef<int64_t> idx) const {
+    int64_t g = 0;
+    for (size_t d = 0; d < idx.size(); ++d) g += (offsets[d] + idx[d]) * globalStrides[d];
+    return static_cast<uint64_t>(g);
+  }
+  // The global index of element 0 of row `row` (all dims but the last) of a tensor of `shape`.
+  uint64_t globalRowStart(int64_t row, llvm::ArrayRef<int64_t> shape) const {
+    size_t r = shape.size();
+    if (r == 0) return 0;
+    int64_t g = offsets[r - 1] * globalStrides[r - 1];
+    for (size_t k = r - 1; k-- > 0;) {
+      g += (offsets[k] + row % shape[k]) * globalStrides[k];
+      row /= shape[k];
+    }
+    return static_cast<uint64_t>(g);
+  }
+};
+
 // Grain (elements per chunk) below which elementwise work is not worth a second thread.
 constexpr int64_t kElementwiseGrain = 1 << 15;
 
