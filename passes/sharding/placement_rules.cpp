@@ -66,12 +66,11 @@ Cands elementwise(const Node& n, llvm::ArrayRef<AP> in) {
   bool anyP = std::any_of(in.begin(), in.end(), [](const AP& p) { return p.isP(); });
   if (!anyP) return c;
   switch (linearity(n.op())) {
-    case Linearity::Joint: {  // every operand P (a replicated zero-free operand cannot join: x + b != sum)
+    case Linearity::Joint: {  // every operand P; a replicated one joins as rank 0's share (free)
       AxisStrategy s;
       for (unsigned j = 0; j < n.numOperands(); ++j) s.in.push_back(P());
       s.out.push_back(P());
-      if (n.numOperands() == 1 || std::all_of(in.begin(), in.end(), [](const AP& p) { return p.isP(); }))
-        c.push_back(std::move(s));
+      c.push_back(std::move(s));
       break;
     }
     case Linearity::Each:

@@ -1,146 +1,23 @@
 // The sharding equivalence tests (issue 5): a 2-layer GPT trained 3 steps under tp in {1,2,4,8}, sp on/off,
 // dp in {1,2}, dp 2 x tp 4, dropout off/on gives the single-rank loss at every step and the single-rank
-// updated parameters (gathered from the shards). Each rank runs its partitioned program on a thread, with
-// an in-test shared-memory communicator.
+// updated parameters (gathered from the shards through readState). Each rank runs its partitioned program
+// on the CPU mesh backend (a thread per rank).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <random>
-#include <thread>
 
 #include "models/gpt.h"
 #include "passes/pipeline.h"
 #include "passes/sharding/sharding.h"
-#include "runtime/cpu/communicator.h"
-#include "runtime/cpu/cpu_executor.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/param_init.h"
 
 namespace tpc {
 namespace {
-
-// ---- an in-process communicator: one rendezvous per (axis, group of ranks that differ only on it) ----
-struct Rendezvous {
-  std::mutex m;
-  std::condition_variable cv;
-  int64_t size = 0, arrived = 0, departed = 0;
-  bool draining = false;
-  std::vector<std::vector<double>> data;
-
-  std::vector<std::vector<double>> exchange(int64_t idx, std::vector<double> mine) {
-    std::unique_lock l(m);
-    cv.wait(l, [&] { return !draining; });
-    data[idx] = std::move(mine);
-    if (++arrived == size) {
-      draining = true;
-      cv.notify_all();
-    } else {
-      cv.wait(l, [&] { return draining; });
-    }
-    std::vector<std::vector<double>> all = data;
-    if (++departed == size) {
-      arrived = departed = 0;
-      draining = false;
-      cv.notify_all();
-    }
-    return all;
-  }
-};
-
-struct Hub {
-  Mesh mesh;
-  std::map<std::pair<std::string, int64_t>, std::unique_ptr<Rendezvous>> groups;
-  explicit Hub(Mesh m) : mesh(std::move(m)) {
-    for (int64_t r = 0; r < std::max<int64_t>(1, mesh.numRanks()); ++r)
-      for (const MeshAxis& a : mesh.axes) {
-        auto key = std::make_pair(a.name, groupOf(r, a.name));
-        if (!groups.count(key)) {
-          groups[key] = std::make_unique<Rendezvous>();
-          groups[key]->size = a.size;
-          groups[key]->data.resize(a.size);
-        }
-      }
-  }
-  int64_t groupOf(int64_t rank, const std::string& axis) const {
-    auto c = sharding::rankCoords(mesh, rank);
-    c[mesh.axisIndex(axis)] = 0;
-    int64_t g = 0;
-    for (size_t k = 0; k < c.size(); ++k) g = g * mesh.axes[k].size + c[k];
-    return g;
-  }
-};
-
-class ThreadCommunicator final : public cpu::Communicator {
- public:
-  ThreadCommunicator(Hub& hub, int64_t rank) : hub_(hub), rank_(rank) {}
-  int64_t axisSize(const std::string& axis) const override { return hub_.mesh.axisSize(axis); }
-  int64_t axisRank(const std::string& axis) const override {
-    int i = hub_.mesh.axisIndex(axis);
-    return i < 0 ? 0 : sharding::rankCoords(hub_.mesh, rank_)[i];
-  }
-  Status allReduce(const std::string& axis, cpu::ReduceOp op, float* d, int64_t n) override { return reduce(axis, op, d, n); }
-  Status allReduce(const std::string& axis, cpu::ReduceOp op, double* d, int64_t n) override { return reduce(axis, op, d, n); }
-  Status allGather(const std::string& axis, const float* in, int64_t n, float* out) override { return gather(axis, in, n, out); }
-  Status allGather(const std::string& axis, const double* in, int64_t n, double* out) override { return gather(axis, in, n, out); }
-
- private:
-  Rendezvous& group(const std::string& axis) { return *hub_.groups.at({axis, hub_.groupOf(rank_, axis)}); }
-  template <class T>
-  Status reduce(const std::string& axis, cpu::ReduceOp op, T* d, int64_t n) {
-    auto all = group(axis).exchange(axisRank(axis), std::vector<double>(d, d + n));
-    for (int64_t i = 0; i < n; ++i) {  // rank order, so every rank gets bit-identical sums
-      double acc = all[0][i];
-      for (size_t r = 1; r < all.size(); ++r) acc = op == cpu::ReduceOp::Max ? std::max(acc, all[r][i]) : acc + all[r][i];
-      d[i] = static_cast<T>(acc);
-    }
-    return {};
-  }
-  template <class T>
-  Status gather(const std::string& axis, const T* in, int64_t n, T* out) {
-    auto all = group(axis).exchange(axisRank(axis), std::vector<double>(in, in + n));
-    for (size_t r = 0; r < all.size(); ++r)
-      for (int64_t i = 0; i < n; ++i) out[r * n + i] = static_cast<T>(all[r][i]);
-    return {};
-  }
-  Hub& hub_;
-  int64_t rank_;
-};
-
-// ---- slicing global tensors into shards and back ----
-// Calls f(globalFlatIndex, localFlatIndex) for every element of rank's shard.
-template <class F>
-void forShard(const Shape& global, const Placement& p, const Mesh& mesh, int64_t rank, F f) {
-  Shape local = sharding::localShape(global, p, mesh);
-  std::vector<int64_t> off(global.size(), 0);
-  auto coords = sharding::rankCoords(mesh, rank);
-  for (size_t k = 0; k < mesh.axes.size(); ++k) {
-    AxisPlacement ap = p.get(mesh.axes[k].name);
-    if (ap.isS()) off[ap.dim] += coords[k] * local[ap.dim];
-  }
-  int64_t n = 1;
-  for (int64_t s : local) n *= s;
-  for (int64_t li = 0; li < n; ++li) {
-    int64_t rem = li, gi = 0, stride = 1;
-    for (size_t k = local.size(); k-- > 0;) {
-      int64_t c = rem % local[k];
-      rem /= local[k];
-      gi += (c + off[k]) * stride;
-      stride *= global[k];
-    }
-    f(gi, li);
-  }
-}
-
-HostTensor shardOf(const HostTensor& g, const Value& globalV, const Value& localV, const Mesh& mesh, int64_t rank) {
-  HostTensor t(localV.type());
-  size_t es = static_cast<size_t>(dtypeSize(g.dtype()));
-  forShard(globalV.shape(), globalV.placement().value_or(Placement{}), mesh, rank,
-           [&](int64_t gi, int64_t li) { std::memcpy(t.raw() + li * es, g.raw() + gi * es, es); });
-  return t;
-}
 
 struct Setup {
   int64_t tp = 1, dp = 1;
@@ -192,81 +69,44 @@ std::vector<TensorMap> batches(int64_t steps) {
   return out;
 }
 
-std::vector<float> floats(const HostTensor& t) { return std::vector<float>(t.data<float>(), t.data<float>() + t.numel()); }
-
-// Runs `g` (global, annotated when sharded) for `steps` on its mesh, one thread per rank.
+// Trains `g` (the global graph; annotated when it has a mesh) for `steps`: on one rank through the CPU
+// backend, or partitioned per rank through the CPU mesh backend. Params come back unsharded via readState.
 Trace train(const Graph& g, int64_t steps, uint64_t seed) {
-  Mesh mesh = g.mesh();
-  int64_t ranks = std::max<int64_t>(1, mesh.numRanks());
-  std::vector<std::unique_ptr<Graph>> local(ranks);
-  for (int64_t r = 0; r < ranks; ++r) {
-    if (mesh.empty()) {
-      local[r] = g.clone();
-      continue;
+  CpuOptions o;
+  o.threads = 2;
+  o.seed = seed;
+  std::unique_ptr<Backend> backend;
+  if (g.mesh().empty()) {
+    backend = createCpuBackend(o);
+  } else {
+    std::vector<std::unique_ptr<Graph>> ranks;
+    for (int64_t r = 0; r < g.mesh().numRanks(); ++r) {
+      auto l = partitionForRank(g, r);
+      INFO(l.ok() ? std::string() : l.error());
+      REQUIRE(l.ok());
+      ranks.push_back(std::move(*l));
     }
-    auto l = partitionForRank(g, r);
-    INFO(l.ok() ? std::string() : l.error());
-    REQUIRE(l.ok());
-    local[r] = std::move(*l);
+    backend = createCpuMeshBackend(std::move(ranks), o);
   }
-  Hub hub(mesh);
-  std::vector<std::unique_ptr<CpuExecutor>> exec(ranks);
-  std::vector<std::vector<HostTensor>> state(ranks);  // per rank, in params order
-  for (int64_t r = 0; r < ranks; ++r) {
-    CpuOptions o;
-    o.threads = 1;
-    o.seed = seed;
-    if (!mesh.empty()) o.communicator = std::make_shared<ThreadCommunicator>(hub, r);
-    auto e = CpuExecutor::create(*local[r], o);
-    INFO(e.ok() ? std::string() : e.error());
-    REQUIRE(e.ok());
-    exec[r] = std::move(*e);
-    for (size_t k = 0; k < g.params().size(); ++k) {
-      HostTensor full = initParam(*g.params()[k], 1);
-      state[r].push_back(mesh.empty() ? full : shardOf(full, *g.params()[k], *local[r]->params()[k], mesh, r));
-    }
-  }
+  TensorMap state;
+  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 1);
+  Status st = backend->prepare(g, state);
+  INFO(st.ok() ? std::string() : st.error());
+  REQUIRE(st.ok());
   Trace trace;
   auto data = batches(steps);
   for (int64_t s = 0; s < steps; ++s) {
-    std::vector<Result<std::vector<HostTensor>>> outs(ranks, std::vector<HostTensor>{});
-    std::vector<std::thread> threads;
-    for (int64_t r = 0; r < ranks; ++r)
-      threads.emplace_back([&, r] {
-        std::vector<HostTensor> ins;
-        for (size_t k = 0; k < g.inputs().size(); ++k) {
-          const HostTensor& full = data[s].at(g.inputs()[k]->name());
-          ins.push_back(mesh.empty() ? full : shardOf(full, *g.inputs()[k], *local[r]->inputs()[k], mesh, r));
-        }
-        std::vector<const HostTensor*> ip, pp;
-        for (auto& t : ins) ip.push_back(&t);
-        for (auto& t : state[r]) pp.push_back(&t);
-        outs[r] = exec[r]->run(ip, pp, s);
-      });
-    for (auto& t : threads) t.join();
-    for (int64_t r = 0; r < ranks; ++r) {
-      INFO("rank " << r << ": " << (outs[r].ok() ? std::string() : outs[r].error()));
-      REQUIRE(outs[r].ok());
-      const Graph& lg = *local[r];
-      for (size_t i = 0; i < lg.outputs().size(); ++i) {
-        std::string name = lg.outputName(i);
-        if (name == "loss" && r == 0) trace.losses.push_back((*outs[r])[i].data<float>()[0]);
-        if (name == "grad_norm" && r == 0) trace.norms.push_back((*outs[r])[i].data<float>()[0]);
-        for (size_t k = 0; k < lg.params().size(); ++k)
-          if (lg.params()[k]->name() == name) state[r][k] = (*outs[r])[i];
-      }
-    }
+    auto out = backend->step(data[s], s);
+    INFO("step " << s << ": " << (out.ok() ? std::string() : out.error()));
+    REQUIRE(out.ok());
+    trace.losses.push_back(out->at("loss").data<float>()[0]);
+    trace.norms.push_back(out->at("grad_norm").data<float>()[0]);
   }
-  // Gather the params back into their global layout.
-  for (size_t k = 0; k < g.params().size(); ++k) {
-    const Value& p = *g.params()[k];
-    std::vector<float> full(static_cast<size_t>(p.type().numel()));
-    for (int64_t r = 0; r < ranks; ++r) {
-      const float* d = state[r][k].data<float>();
-      if (mesh.empty()) std::copy(d, d + p.type().numel(), full.begin());
-      else forShard(p.shape(), p.placement().value_or(Placement{}), mesh, r, [&](int64_t gi, int64_t li) { full[gi] = d[li]; });
-    }
-    trace.params[p.name()] = full;
+  for (const Value* p : g.params()) {
+    auto t = backend->readState(p->name());
+    INFO(p->name() << ": " << (t.ok() ? std::string() : t.error()));
+    REQUIRE(t.ok());
+    trace.params[p->name()] = std::vector<float>(t->data<float>(), t->data<float>() + t->numel());
   }
   return trace;
 }
