@@ -111,7 +111,7 @@ Result<Value*> Sweep::emit(OpKind op, llvm::ArrayRef<Value*> ops, AttrDict a) {
 
 // One axis's move of local value x from `from` to `to` (x's other axes unchanged).
 Result<Value*> Sweep::step(Value* x, const std::string& axis, AP from, AP to, const Shape& globalShape) {
-  if (!emitting()) return x;
+  if (!emitting() || from == to) return x;
   int64_t n = mesh_.axisSize(axis);
   if (from.isP() && to.isR()) return emit(OpKind::AllReduce, {x}, attrs({{"axis", axis}, {"op", "sum"}}));
   if (from.isP() && to.isS())
@@ -125,7 +125,8 @@ Result<Value*> Sweep::step(Value* x, const std::string& axis, AP from, AP to, co
     return emit(OpKind::Slice, {x}, attrs({{"axis", to.dim}, {"start", k * len}, {"end", (k + 1) * len}}));
   }
   if (from.isR() && to.isP()) {  // rank 0 of the axis holds the value, the others zeros
-    return emit(OpKind::Scale, {x}, attrs({{"factor", coord(axis) == 0 ? 1.0 : 0.0}}));
+    if (coord(axis) == 0) return x;
+    return emit(OpKind::Scale, {x}, attrs({{"factor", 0.0}}));
   }
   TPC_ASSERT(false, "sharding: no conversion from " + from.str() + " to " + to.str());
   return x;
