@@ -157,6 +157,39 @@ Result<Types> inferCrossEntropyGrad(const Ctx& c) {
     return c.err("dloss must be a float tensor shaped like targets ", shapeStr(c.in[2].shape), ", got ", c.in[0].str());
   return one(c.in[1]);
 }
+// Vocab-parallel pieces: per-position f32 statistics shaped like the logits without the class dim.
+Status checkRows(const Ctx& c, size_t k, const TensorType& logits, const char* what) {
+  llvm::ArrayRef<int64_t> rows = llvm::ArrayRef<int64_t>(logits.shape).drop_back();
+  if (llvm::ArrayRef<int64_t>(c.in[k].shape) != rows)
+    return c.err(what, " must be shaped ", shapeStr(rows), ", got ", c.in[k].str());
+  return {};
+}
+Result<Types> inferVocabMax(const Ctx& c) {
+  TPC_TRY(c.needFloat(0, "logits"));
+  if (c.in[0].rank() < 1) return c.err("logits must have a class dim, got ", c.in[0].str());
+  llvm::ArrayRef<int64_t> rows = llvm::ArrayRef<int64_t>(c.in[0].shape).drop_back();
+  return one(TensorType(DType::f32, Shape(rows.begin(), rows.end())));
+}
+Result<Types> inferVocabSumExp(const Ctx& c) {
+  TPC_ASSIGN(Types t, inferVocabMax(c));
+  TPC_TRY(checkRows(c, 1, c.in[0], "gmax"));
+  return t;
+}
+Result<Types> inferVocabPick(const Ctx& c) {
+  TPC_TRY(checkLogitsTargets(c, 0, 1));
+  return one(TensorType(DType::f32, c.in[1].shape));
+}
+Result<Types> inferVocabLoss(const Ctx& c) {
+  TPC_TRY(c.needInt(3, "targets"));
+  for (size_t k : {0, 1, 2})
+    if (c.in[k].shape != c.in[3].shape) return c.err("statistics must be shaped like targets ", c.in[3].str(), ", got ", c.in[k].str());
+  return one(TensorType(DType::f32, c.in[3].shape));
+}
+Result<Types> inferVocabXentGrad(const Ctx& c) {
+  TPC_TRY(checkLogitsTargets(c, 1, 4));
+  for (size_t k : {0, 2, 3}) TPC_TRY(checkRows(c, k, c.in[1], "dloss, gmax and sumexp"));
+  return one(c.in[1]);
+}
 
 // ---- contractions ----
 Result<Types> inferMatmul(const Ctx& c) {
@@ -358,6 +391,7 @@ Result<Types> inferGlobalNorm(const Ctx& c) {
   for (size_t k = 0; k < c.in.size(); ++k) TPC_TRY(c.needFloat(k, "every operand"));
   return one(TensorType(DType::f32, {}));
 }
+Result<Types> inferSumSquares(const Ctx& c) { return inferGlobalNorm(c); }
 Result<Types> inferClipScale(const Ctx& c) {
   TPC_TRY(needScalarF32(c, 0, "norm"));
   if (c.f("max_norm") <= 0) return c.err("max_norm must be > 0");

@@ -196,6 +196,7 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
         TPC_ASSIGN(Node * c, g.create(n->op(), ops, n->attrs()));
         for (unsigned r = 0; r < n->numResults(); ++r) {
           map[n->result(r)] = c->result(r);
+          c->result(r)->setPlacement(n->result(r)->placement());  // a sharding policy's hints, per micro-batch
           if (n->result(r)->hasName()) c->result(r)->setName(n->result(r)->name() + ".mb" + std::to_string(i));
         }
       }

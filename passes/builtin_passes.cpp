@@ -29,6 +29,20 @@ void registerBuiltinPasses(PassRegistry& r) {
                 {"weight-decay", "AdamW decoupled weight decay, for parameters of rank >= 2 only; default 0.1"},
                 {"loss", "the forward output to minimize; default loss"}},
                createAutodiffPass});
+  (void)r.add({"megatron-tp",
+               "Megatron tensor parallelism (before autodiff): QKV/fc1 by column (attention by heads), proj/fc2 by row, "
+               "the embedding/LM head by vocab",
+               {{"tp", "tensor-parallel size (mesh axis tp)"}}, createMegatronTpPass});
+  (void)r.add({"data-parallel", "splits the batch inputs over mesh axis dp (gradients all-reduced by the engine)",
+               {{"dp", "data-parallel size (mesh axis dp)"}, {"zero1", "shard AdamW moments over dp (not implemented)"}},
+               createDataParallelPass});
+  (void)r.add({"sequence-parallel",
+               "Megatron sequence parallelism on tp (after megatron-tp, before autodiff): the residual stream split on seq",
+               {}, plain<createSequenceParallelPass>});
+  (void)r.add({"sharding-propagate", "gives every value a placement from the per-op rules", {},
+               plain<createShardingPropagatePass>});
+  (void)r.add({"partition", "propagation, then the program of one rank: local shapes and collectives",
+               {{"rank", "the rank (row-major over the mesh axes, last fastest); default 0"}}, createPartitionPass});
 }
 
 }  // namespace tpc

@@ -11,5 +11,11 @@ std::unique_ptr<Pass> createCSEPass();  // cse.cpp
 std::unique_ptr<Pass> createDCEPass();  // dce.cpp
 // accum, clip-grad, beta1, beta2, eps, weight-decay, loss: TrainingStepOptions (autodiff.h).
 Result<std::unique_ptr<Pass>> createAutodiffPass(const PassOptions& options);  // autodiff.cpp
+// Sharding (passes/sharding/): policies that annotate, and the engine's propagation / partition.
+Result<std::unique_ptr<Pass>> createMegatronTpPass(const PassOptions& options);    // megatron_tp.cpp
+Result<std::unique_ptr<Pass>> createDataParallelPass(const PassOptions& options);  // data_parallel.cpp
+std::unique_ptr<Pass> createSequenceParallelPass();                                // data_parallel.cpp
+Result<std::unique_ptr<Pass>> createPartitionPass(const PassOptions& options);     // data_parallel.cpp
+std::unique_ptr<Pass> createShardingPropagatePass();                               // data_parallel.cpp
 
 }  // namespace tpc

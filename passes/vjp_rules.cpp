@@ -197,6 +197,12 @@ R vjpCrossEntropy(VjpBuilder& b, const VjpArgs& a) {
   return Grads{d, nullptr};
 }
 R vjpCrossEntropyGrad(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "second derivatives are not supported"); }
+// The vocab-parallel pieces exist only in partitioned graphs, after autodiff.
+R vjpVocabMax(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "vocab-parallel loss ops are built after autodiff"); }
+R vjpVocabSumExp(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "vocab-parallel loss ops are built after autodiff"); }
+R vjpVocabPick(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "vocab-parallel loss ops are built after autodiff"); }
+R vjpVocabLoss(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "vocab-parallel loss ops are built after autodiff"); }
+R vjpVocabXentGrad(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "vocab-parallel loss ops are built after autodiff"); }
 
 // ---- contractions ----
 // C = op(A) op(B) with op = transpose when flagged:  dop(A) = dC op(B)^T,  dop(B) = op(A)^T dC, each
@@ -355,6 +361,7 @@ R vjpReduceScatter(VjpBuilder& b, const VjpArgs& a) {
 
 // ---- optimizer: the training step's tail, never differentiated ----
 R vjpGlobalNorm(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "optimizer ops have no gradient"); }
+R vjpSumSquares(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "optimizer ops have no gradient"); }
 R vjpClipScale(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "optimizer ops have no gradient"); }
 R vjpAdamWUpdate(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "optimizer ops have no gradient"); }
 

@@ -1,6 +1,8 @@
 // The standard compile pipeline.
 #include "tools/compile_pipeline.h"
 
+#include <algorithm>
+
 #include "ir/attr.h"
 #include "models/gpt.h"
 
@@ -18,22 +20,42 @@ Status matchBatchShape(ModelFile& model, const std::string& path) {
   const Value* tokens = nullptr;
   for (const Value* v : model.forward->inputs())
     if (v->name() == "tokens") tokens = v;
-  if (tokens && tokens->type().rank() == 2 && tokens->shape()[0] == c.microBatch && tokens->shape()[1] == c.seqLength)
+  // The global graph holds the batch of every dp rank: data-parallel splits it again.
+  const int64_t batch = c.microBatch * c.dp;
+  bool vocabOk = true;
+  for (const Value* p : model.forward->params())
+    if (p->name() == "wte" && c.tp > 1) vocabOk = p->shape()[0] % (128 * c.tp) == 0;
+  if (tokens && tokens->type().rank() == 2 && tokens->shape()[0] == batch && tokens->shape()[1] == c.seqLength && vocabOk)
     return {};
   if (!model.gpt)
     return makeError(path, ": error: the graph's %tokens is ", tokens ? tokens->type().str() : "missing",
                      " but the run asks for [", c.microBatch, ",", c.seqLength,
                      "]; this model file has no architecture record to rebuild it from");
-  TPC_ASSIGN(ModelFile rebuilt, buildGpt(*model.gpt, c));
+  GptConfig gpt = *model.gpt;
+  // Under tp the vocab is split over the ranks: pad it to a multiple of 128 x tp.
+  if (c.tp > 1) {
+    int64_t unit = 128 * c.tp;
+    gpt.paddedVocab = (std::max(gpt.vocab, gpt.resolvedPaddedVocab()) + unit - 1) / unit * unit;
+  }
+  TrainConfig bc = c;
+  bc.microBatch = batch;
+  TPC_ASSIGN(ModelFile rebuilt, buildGpt(gpt, bc));
   model.forward = std::move(rebuilt.forward);
   return {};
 }
 
-std::string standardPipeline(const ModelFile& model, int64_t accum) {
+std::string standardPipeline(const ModelFile& model, int64_t accum, std::optional<int64_t> partitionRank) {
   const TrainConfig& c = model.config;
-  return cat("autodiff(loss=", model.lossOutput, ", accum=", accum, ", clip-grad=", formatFloat(c.clipGrad),
+  // Policies that rewrite or annotate the forward graph run before autodiff; data-parallel after it (it
+  // splits the batch dim of the inputs, which autodiff prefixes with [accum]); the engine last.
+  std::string pre, post;
+  if (c.tp > 1 || c.sp) pre += cat("megatron-tp(tp=", c.tp, "),");
+  if (c.sp) pre += "sequence-parallel,";
+  if (c.dp > 1) post += cat(",data-parallel(dp=", c.dp, ")");
+  if (partitionRank && (c.tp > 1 || c.dp > 1 || c.sp)) post += cat(",partition(rank=", *partitionRank, ")");
+  return pre + cat("autodiff(loss=", model.lossOutput, ", accum=", accum, ", clip-grad=", formatFloat(c.clipGrad),
              ", beta1=", formatFloat(c.beta1), ", beta2=", formatFloat(c.beta2), ", eps=", formatFloat(c.eps),
-             ", weight-decay=", formatFloat(c.weightDecay), "),cse,dce");
+             ", weight-decay=", formatFloat(c.weightDecay), "),cse,dce") + post;
 }
 
 }  // namespace tpc

@@ -2,6 +2,7 @@
 // `tpc run` (which executes its result) and `tpc dump` (which prints it after any stage).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "frontend/model_file.h"
@@ -14,7 +15,9 @@ Result<int64_t> accumulationSteps(const TrainConfig& config);
 // Rebuilds a GPT model's forward graph when the config's micro batch or sequence length differs from
 // the graph's inputs; other model files must already match.
 Status matchBatchShape(ModelFile& model, const std::string& path);
-// The pass pipeline, e.g. "autodiff(accum=1, clip-grad=1.0, ...),cse,dce".
-std::string standardPipeline(const ModelFile& model, int64_t accum);
+// The pass pipeline, e.g. "autodiff(accum=1, clip-grad=1.0, ...),cse,dce". With --tp/--dp/--sp the sharding
+// policies join it ("megatron-tp(tp=4),sequence-parallel,autodiff(...),cse,dce,data-parallel(dp=2)") and,
+// given `partitionRank`, the engine's `partition(rank=R)` ends it.
+std::string standardPipeline(const ModelFile& model, int64_t accum, std::optional<int64_t> partitionRank = std::nullopt);
 
 }  // namespace tpc

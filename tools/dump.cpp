@@ -1,6 +1,9 @@
 // `tpc dump MODEL.fb|.json [--after=PASS]`: prints a model's graph after a stage of the compile pipeline
-// (the forward graph with no --after). Takes the same training flags as `tpc run`.
+// (the forward graph with no --after). Takes the same training flags as `tpc run`; with --tp/--dp it prints
+// one rank's partitioned program (--rank), its Graphviz form (--format=dot) or its collectives (--summary).
+#include <algorithm>
 #include <iostream>
+#include <map>
 
 #include "frontend/model_file.h"
 #include "ir/printer.h"
@@ -12,11 +15,68 @@
 namespace tpc {
 namespace {
 
+// One line per collective kind and axis: how many per step and the bytes each rank sends into them.
+std::string collectiveSummary(const Graph& g) {
+  std::map<std::string, std::pair<int64_t, int64_t>> kinds;  // "all_reduce(tp)" -> (count, bytes)
+  int64_t total = 0;
+  for (const Node* n : g.nodes()) {
+    if (!n->has(traits::Collective)) continue;
+    std::string key = cat(n->opName(), "(", n->getStr("axis"), n->opName() == "all_reduce" ? ", " + n->getStr("op") : "", ")");
+    int64_t b = std::max(n->operand(0)->type().bytes(), n->result()->type().bytes());
+    kinds[key].first += 1;
+    kinds[key].second += b;
+    total += b;
+  }
+  std::string s = cat("collectives per step (", g.mesh().empty() ? "no mesh" : g.mesh().str(), "):\n");
+  if (kinds.empty()) s += "  none\n";
+  for (const auto& [k, v] : kinds) s += cat("  ", k, ": ", v.first, " ops, ", v.second, " bytes\n");
+  s += cat("  total: ", total, " bytes\n");
+  return s;
+}
+
+// Graphviz: ops as boxes (collectives filled), params/inputs as ellipses, edges labelled with the type.
+std::string graphToDot(const Graph& g) {
+  std::string s = "digraph \"" + g.name() + "\" {\n  node [fontname=\"monospace\", fontsize=10];\n";
+  std::map<const Value*, std::string> src;
+  auto label = [](const Value* v) {
+    std::string l = v->type().str();
+    if (v->placement()) l += " " + v->placement()->str();
+    return l;
+  };
+  int k = 0;
+  for (const Value* v : g.inputs()) {
+    src[v] = cat("a", k++);
+    s += cat("  ", src[v], " [shape=ellipse, label=\"%", v->name(), "\"];\n");
+  }
+  for (const Value* v : g.params()) {
+    src[v] = cat("a", k++);
+    s += cat("  ", src[v], " [shape=ellipse, style=dashed, label=\"%", v->name(), "\"];\n");
+  }
+  int i = 0;
+  for (const Node* n : g.nodes()) {
+    std::string id = cat("n", i++);
+    bool coll = n->has(traits::Collective);
+    s += cat("  ", id, " [shape=box", coll ? ", style=filled, fillcolor=\"#f4b942\"" : "", ", label=\"", n->opName(),
+             coll ? "(" + n->getStr("axis") + ")" : "", "\"];\n");
+    for (const Value* o : n->operands())
+      if (src.count(o)) s += cat("  ", src[o], " -> ", id, " [label=\"", label(o), "\"];\n");
+    for (const Value* r : n->results()) src[r] = id;
+  }
+  for (size_t o = 0; o < g.outputs().size(); ++o) {
+    s += cat("  out", o, " [shape=ellipse, label=\"", g.outputName(o), "\"];\n");
+    if (src.count(g.outputs()[o].value)) s += cat("  ", src[g.outputs()[o].value], " -> out", o, ";\n");
+  }
+  return s + "}\n";
+}
+
 int runDump(std::vector<std::string> args) {
   cli::Flags flags("dump", "tpc dump MODEL.fb|MODEL.json [--after=PASS] [training flags]");
   flags.value("after", "print the graph after this pass of the pipeline (default: the forward graph)")
       .value("passes", "the pipeline to run instead of the standard one")
-      .toggle("print-pipeline", "print the pipeline that would run and exit");
+      .toggle("print-pipeline", "print the pipeline that would run and exit")
+      .value("rank", "with --tp/--dp: the rank whose program `partition` builds", "0")
+      .value("format", "text | dot (Graphviz)", "text")
+      .toggle("summary", "list the collectives of one step by kind, with their bytes, instead of the graph");
   cli::declareTrainingFlags(flags);
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
@@ -28,7 +88,11 @@ int runDump(std::vector<std::string> args) {
   if (Status s = matchBatchShape(*model, flags.positional()[0]); !s.ok()) return cli::fail("dump", s.error());
   auto accum = accumulationSteps(model->config);
   if (!accum) return cli::fail("dump", accum.error());
-  std::string pipeline = flags.has("passes") ? flags.get("passes") : standardPipeline(*model, *accum);
+  auto rank = flags.getInt("rank", 0, 1 << 20);
+  if (!rank) return cli::fail("dump", rank.error());
+  std::string format = flags.get("format");
+  if (format != "text" && format != "dot") return cli::fail("dump", "--format=" + format + ": expected text or dot");
+  std::string pipeline = flags.has("passes") ? flags.get("passes") : standardPipeline(*model, *accum, *rank);
   if (flags.on("print-pipeline")) {
     std::cout << pipeline << "\n";
     return 0;
@@ -54,7 +118,9 @@ int runDump(std::vector<std::string> args) {
   PassManager pm;
   if (Status s = pm.addEntries(prefix); !s.ok()) return cli::fail("dump", s.error());
   if (Status s = pm.run(*model->forward); !s.ok()) return cli::fail("dump", s.error());
-  std::cout << printGraph(*model->forward);
+  if (flags.on("summary")) std::cout << collectiveSummary(*model->forward);
+  else if (format == "dot") std::cout << graphToDot(*model->forward);
+  else std::cout << printGraph(*model->forward);
   return 0;
 }
 

@@ -9,8 +9,10 @@
 #include "frontend/model_file.h"
 #include "frontend/token_windows.h"
 #include "passes/pipeline.h"
+#include "passes/sharding/sharding.h"
 #include "runtime/backend_select.h"
 #include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/param_init.h"
 #include "runtime/trainer.h"
 #include "tools/cli.h"
@@ -79,8 +81,6 @@ int runRun(std::vector<std::string> args) {
   TrainConfig& config = model->config;
   if (Status s = cli::applyTrainingFlags(flags, config); !s.ok()) return cli::fail("run", s.error());
   if (Status s = validateTrainConfig(config); !s.ok()) return cli::fail("run", s.error());
-  if (config.tp > 1 || config.dp > 1 || config.sp)
-    return cli::fail("run", "--tp/--dp/--sp: sharded training lands with the sharding issue (#5); run with --tp 1 --dp 1");
   auto accum = accumulationSteps(config);
   if (!accum) return cli::fail("run", accum.error());
   if (Status s = matchBatchShape(*model, path); !s.ok()) return cli::fail("run", s.error());
@@ -98,6 +98,16 @@ int runRun(std::vector<std::string> args) {
   PassManager pm;
   if (Status s = pm.addPipeline(standardPipeline(*model, *accum)); !s.ok()) return cli::fail("run", s.error());
   if (Status s = pm.run(*step); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
+  // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
+  std::vector<std::unique_ptr<Graph>> rankGraphs;
+  if (!step->mesh().empty()) {
+    if (Status s = propagatePlacements(*step); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
+    for (int64_t r = 0; r < step->mesh().numRanks(); ++r) {
+      auto local = partitionForRank(*step, r);
+      if (!local) return cli::fail("run", cat(path, ": ", local.error()));
+      rankGraphs.push_back(std::move(*local));
+    }
+  }
 
   // Data.
   auto dataPath = resolveDataPath(config.dataPath);
@@ -119,7 +129,8 @@ int runRun(std::vector<std::string> args) {
   if (!threads) return cli::fail("run", threads.error());
   cpu.threads = static_cast<int>(*threads);
   cpu.seed = config.seed;
-  std::unique_ptr<Backend> backend = createCpuBackend(cpu);
+  std::unique_ptr<Backend> backend =
+      rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu);
   TensorMap state;
   int64_t numParams = 0;
   for (const Value* p : model->forward->params()) numParams += p->type().numel();
@@ -127,7 +138,8 @@ int runRun(std::vector<std::string> args) {
   if (Status s = backend->prepare(*step, state); !s.ok()) return cli::fail("run", s.error());
 
   std::cout << "tpc run " << path << ": " << numParams << " parameters, training step of " << step->numNodes()
-            << " ops on backend " << backend->name() << "\n"
+            << " ops on backend " << backend->name() << (step->mesh().empty() ? "" : " over " + step->mesh().str())
+            << "\n"
             << "  batch: micro " << config.microBatch << " x accumulation " << *accum << " x dp " << config.dp << " = global "
             << config.globalBatch << " sequences of " << config.seqLength << " tokens\n"
             << "  data: " << *dataPath << " (" << numDocs << " documents, " << splits->train.size() << " for training, "

@@ -1,5 +1,6 @@
 // CPU kernels: cross_entropy (fused log-softmax + NLL per position) and its gradient. Rows whose target is
 // ignore_index give 0 loss and 0 gradient; any other target outside [0, V) is the user's error.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -34,14 +35,15 @@ template <class T>
 Status kernelCrossEntropy(KernelArgs<T>& a) {
   const Buf<T>&L = a.operand(0), &Tg = a.operand(1);
   int64_t V = L.shape().back(), rows = Tg.numel();
-  TPC_TRY(checkTargets(a.node, Tg.i, V));
+  int64_t C = a.node.getInt("num_classes") > 0 ? std::min(a.node.getInt("num_classes"), V) : V;
+  TPC_TRY(checkTargets(a.node, Tg.i, C));
   int64_t ignore = a.node.getInt("ignore_index");
   T* loss = a.result().f.data();
   a.ctx.pool.parallelFor(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(V, 1)), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       int64_t t = Tg.i[r];
       const T* x = L.f.data() + r * V;
-      loss[r] = t == ignore ? T(0) : static_cast<T>(logSumExp(x, V) - x[t]);
+      loss[r] = t == ignore ? T(0) : static_cast<T>(logSumExp(x, C) - x[t]);
     }
   });
   return {};
@@ -52,7 +54,8 @@ template <class T>
 Status kernelCrossEntropyGrad(KernelArgs<T>& a) {
   const Buf<T>&DL = a.operand(0), &L = a.operand(1), &Tg = a.operand(2);
   int64_t V = L.shape().back(), rows = Tg.numel();
-  TPC_TRY(checkTargets(a.node, Tg.i, V));
+  int64_t C = a.node.getInt("num_classes") > 0 ? std::min(a.node.getInt("num_classes"), V) : V;
+  TPC_TRY(checkTargets(a.node, Tg.i, C));
   int64_t ignore = a.node.getInt("ignore_index");
   T* dx = a.result().f.data();
   a.ctx.pool.parallelFor(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(V, 1)), [&](int64_t b, int64_t e) {
@@ -64,14 +67,86 @@ Status kernelCrossEntropyGrad(KernelArgs<T>& a) {
         continue;
       }
       const T* x = L.f.data() + r * V;
-      double lse = logSumExp(x, V), g = DL.f[r];
-      for (int64_t j = 0; j < V; ++j) d[j] = static_cast<T>(g * (std::exp(x[j] - lse) - (j == t ? 1.0 : 0.0)));
+      double lse = logSumExp(x, C), g = DL.f[r];
+      for (int64_t j = 0; j < C; ++j) d[j] = static_cast<T>(g * (std::exp(x[j] - lse) - (j == t ? 1.0 : 0.0)));
+      std::fill(d + C, d + V, T(0));
     }
   });
   return {};
 }
 
+// ---- vocab-parallel pieces: this rank holds classes [vocab_start, vocab_start + Vl) of the logits ----
+namespace {
+// Own columns that are real classes (not vocab padding).
+inline int64_t ownClasses(const Node& n, int64_t Vl) {
+  return std::clamp<int64_t>(n.getInt("num_classes") - n.getInt("vocab_start"), 0, Vl);
+}
+}  // namespace
+
+template <class T>
+Status kernelVocabMax(KernelArgs<T>& a) {
+  const Buf<T>& L = a.operand(0);
+  int64_t Vl = L.shape().back(), rows = a.result().numel(), C = ownClasses(a.node, Vl);
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < C; ++j) m = std::max(m, static_cast<double>(L.f[r * Vl + j]));
+    a.result().f[r] = static_cast<T>(m);
+  }
+  return {};
+}
+template <class T>
+Status kernelVocabSumExp(KernelArgs<T>& a) {
+  const Buf<T>&L = a.operand(0), &M = a.operand(1);
+  int64_t Vl = L.shape().back(), rows = a.result().numel(), C = ownClasses(a.node, Vl);
+  for (int64_t r = 0; r < rows; ++r) {
+    double s = 0;
+    for (int64_t j = 0; j < C; ++j) s += std::exp(static_cast<double>(L.f[r * Vl + j]) - M.f[r]);
+    a.result().f[r] = static_cast<T>(s);
+  }
+  return {};
+}
+template <class T>
+Status kernelVocabPick(KernelArgs<T>& a) {
+  const Buf<T>&L = a.operand(0), &Tg = a.operand(1);
+  int64_t Vl = L.shape().back(), rows = Tg.numel(), start = a.node.getInt("vocab_start");
+  int64_t ignore = a.node.getInt("ignore_index");
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t t = Tg.i[r] - start;
+    a.result().f[r] = Tg.i[r] != ignore && t >= 0 && t < Vl ? L.f[r * Vl + t] : T(0);
+  }
+  return {};
+}
+template <class T>
+Status kernelVocabLoss(KernelArgs<T>& a) {
+  const Buf<T>&M = a.operand(0), &S = a.operand(1), &P = a.operand(2), &Tg = a.operand(3);
+  int64_t ignore = a.node.getInt("ignore_index");
+  for (int64_t r = 0; r < Tg.numel(); ++r)
+    a.result().f[r] = Tg.i[r] == ignore ? T(0) : static_cast<T>(std::log(static_cast<double>(S.f[r])) + M.f[r] - P.f[r]);
+  return {};
+}
+template <class T>
+Status kernelVocabXentGrad(KernelArgs<T>& a) {
+  const Buf<T>&DL = a.operand(0), &L = a.operand(1), &M = a.operand(2), &S = a.operand(3), &Tg = a.operand(4);
+  int64_t Vl = L.shape().back(), rows = Tg.numel(), C = ownClasses(a.node, Vl), start = a.node.getInt("vocab_start");
+  int64_t ignore = a.node.getInt("ignore_index");
+  T* dx = a.result().f.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    T* d = dx + r * Vl;
+    std::fill(d, d + Vl, T(0));
+    if (Tg.i[r] == ignore) continue;
+    double g = DL.f[r], lse = std::log(static_cast<double>(S.f[r])) + M.f[r];
+    for (int64_t j = 0; j < C; ++j)
+      d[j] = static_cast<T>(g * (std::exp(static_cast<double>(L.f[r * Vl + j]) - lse) - (j + start == Tg.i[r] ? 1.0 : 0.0)));
+  }
+  return {};
+}
+
 TPC_CPU_KERNEL_INSTANTIATE(CrossEntropy)
 TPC_CPU_KERNEL_INSTANTIATE(CrossEntropyGrad)
+TPC_CPU_KERNEL_INSTANTIATE(VocabMax)
+TPC_CPU_KERNEL_INSTANTIATE(VocabSumExp)
+TPC_CPU_KERNEL_INSTANTIATE(VocabPick)
+TPC_CPU_KERNEL_INSTANTIATE(VocabLoss)
+TPC_CPU_KERNEL_INSTANTIATE(VocabXentGrad)
 
 }  // namespace tpc::cpu

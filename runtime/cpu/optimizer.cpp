@@ -6,7 +6,7 @@
 namespace tpc::cpu {
 
 template <class T>
-Status kernelGlobalNorm(KernelArgs<T>& a) {
+double sumOfSquares(KernelArgs<T>& a) {
   double sum = 0;
   for (const Buf<T>* x : a.in) {
     int64_t n = x->numel();
@@ -21,7 +21,11 @@ Status kernelGlobalNorm(KernelArgs<T>& a) {
     });
     for (double p : part) sum += p;
   }
-  a.result().f[0] = static_cast<T>(std::sqrt(sum));
+  return sum;
+}
+template <class T>
+Status kernelGlobalNorm(KernelArgs<T>& a) {
+  a.result().f[0] = static_cast<T>(std::sqrt(sumOfSquares(a)));
   return {};
 }
 
@@ -57,7 +61,14 @@ Status kernelAdamWUpdate(KernelArgs<T>& a) {
   return {};
 }
 
+template <class T>
+Status kernelSumSquares(KernelArgs<T>& a) {
+  a.result().f[0] = static_cast<T>(sumOfSquares(a));
+  return {};
+}
+
 TPC_CPU_KERNEL_INSTANTIATE(GlobalNorm)
+TPC_CPU_KERNEL_INSTANTIATE(SumSquares)
 TPC_CPU_KERNEL_INSTANTIATE(ClipScale)
 TPC_CPU_KERNEL_INSTANTIATE(AdamWUpdate)
 

@@ -1,0 +1,146 @@
+// The sharding engine and policies on the GPT: collectives per step against Megatron's counts, local
+// shapes, rank constants, and the user errors (tp not dividing heads, dp not dividing the batch, policies
+// that disagree on a tensor).
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "models/gpt.h"
+#include "passes/pipeline.h"
+#include "passes/sharding/sharding.h"
+
+namespace tpc {
+namespace {
+
+GptConfig gpt(int64_t layers) {
+  GptConfig g;
+  g.layers = layers;
+  g.hidden = 64;
+  g.heads = 8;
+  g.vocab = 100;
+  g.paddedVocab = 1024;
+  g.positions = 16;
+  return g;
+}
+
+TrainConfig train4x16() {
+  TrainConfig c;
+  c.microBatch = 4;
+  c.globalBatch = 4;
+  c.seqLength = 16;
+  return c;
+}
+
+Result<std::unique_ptr<Graph>> sharded(int64_t layers, const std::string& pre, const std::string& post, int64_t rank) {
+  TPC_ASSIGN(ModelFile m, buildGpt(gpt(layers), train4x16()));
+  std::unique_ptr<Graph> g = std::move(m.forward);
+  PassManager pm;
+  TPC_TRY(pm.addPipeline(pre + "autodiff,cse,dce" + post));
+  TPC_TRY(pm.run(*g));
+  TPC_TRY(propagatePlacements(*g));
+  return partitionForRank(*g, rank);
+}
+
+// "all_reduce(tp,sum)" -> count
+std::map<std::string, int> collectives(const Graph& g) {
+  std::map<std::string, int> n;
+  for (const Node* node : g.nodes())
+    if (node->has(traits::Collective)) {
+      std::string k = std::string(node->opName()) + "(" + node->getStr("axis");
+      if (node->op() != OpKind::AllGather) k += "," + node->getStr("op");
+      ++n[k + ")"];
+    }
+  return n;
+}
+
+const Value* param(const Graph& g, const std::string& name) {
+  for (const Value* p : g.params())
+    if (p->name() == name) return p;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("sharding: megatron tp=2 has Megatron's all_reduces and local shapes", "[sharding]") {
+  for (int64_t layers : {1, 2}) {
+    auto g = sharded(layers, "megatron-tp(tp=2),", "", 1);
+    INFO((g.ok() ? std::string() : g.error()));
+    REQUIRE(g.ok());
+    auto c = collectives(**g);
+    // Forward: embedding + 2 per layer; backward: 2 per layer + the LM head's input grad; the vocab-parallel
+    // loss: max, sum exp, target logit; global_norm: the tp-sharded grads' sum of squares.
+    CHECK(c["all_reduce(tp,sum)"] == 4 * layers + 2 + 2 + 1);
+    CHECK(c["all_reduce(tp,max)"] == 1);
+    CHECK(c.size() == 2);  // no all_gather: the logits are never gathered
+    CHECK(param(**g, "h.0.attn.c_attn.weight")->type().str() == "f32[64,3,32]");
+    CHECK(param(**g, "h.0.attn.c_proj.weight")->type().str() == "f32[32,64]");
+    CHECK(param(**g, "h.0.mlp.c_fc.weight")->type().str() == "f32[64,128]");
+    CHECK(param(**g, "h.0.mlp.c_proj.weight")->type().str() == "f32[128,64]");
+    CHECK(param(**g, "wte")->type().str() == "f32[512,64]");
+    CHECK(param(**g, "wte.adam_m")->type().str() == "f32[512,64]");
+    CHECK(param(**g, "wpe")->type().str() == "f32[16,64]");
+    bool vocabStart = false;
+    for (const Node* n : (*g)->nodes())
+      if (n->op() == OpKind::Embedding) vocabStart = n->getInt("vocab_start") == 512;  // rank 1's rows
+    CHECK(vocabStart);
+  }
+}
+
+TEST_CASE("sharding: sequence parallel trades all_reduce for all_gather/reduce_scatter pairs", "[sharding]") {
+  const int64_t layers = 2;
+  auto g = sharded(layers, "megatron-tp(tp=2),sequence-parallel,", "", 0);
+  INFO((g.ok() ? std::string() : g.error()));
+  REQUIRE(g.ok());
+  auto c = collectives(**g);
+  // Forward: reduce_scatter after the embedding and each row-parallel layer, all_gather before each
+  // column-parallel layer and the LM head. Backward mirrors it. The loss keeps its 3 all_reduces.
+  CHECK(c["all_gather(tp)"] >= 4 * layers + 1);  // measured 10 for 2 layers: one more than Megatron-SP's forward
+  CHECK(c["reduce_scatter(tp,sum)"] >= 4 * layers + 1);
+  CHECK(c["all_reduce(tp,max)"] == 1);
+  for (const Value* v : (*g)->inputs()) CHECK(v->placement().has_value());
+}
+
+TEST_CASE("sharding: data parallel all-reduces every gradient once over dp", "[sharding]") {
+  auto g = sharded(1, "", ",data-parallel(dp=2)", 1);
+  INFO((g.ok() ? std::string() : g.error()));
+  REQUIRE(g.ok());
+  auto c = collectives(**g);
+  int64_t params = 0;
+  for (const Value* p : (*g)->params())
+    if (p->name().find(".adam_") == std::string::npos) ++params;
+  CHECK(c["all_reduce(dp,sum)"] == params + 1);  // one per gradient, plus the loss
+  const Value* tokens = (*g)->inputs()[0];
+  CHECK(tokens->type().str() == "i32[2,16]");
+}
+
+TEST_CASE("sharding: user errors name the tensor and the mesh axis", "[sharding]") {
+  SECTION("tp does not divide the heads") {
+    auto g = sharded(1, "megatron-tp(tp=3),", "", 0);
+    REQUIRE_FALSE(g.ok());
+    CHECK_THAT(g.error(), Catch::Contains("h.0.attn.c_attn.weight") && Catch::Contains("mesh axis tp"));
+  }
+  SECTION("dp does not divide the batch") {
+    auto g = sharded(1, "", ",data-parallel(dp=3)", 0);
+    REQUIRE_FALSE(g.ok());
+    CHECK_THAT(g.error(), Catch::Contains("tokens") && Catch::Contains("mesh axis dp"));
+  }
+  SECTION("an unknown policy") {
+    auto g = sharded(1, "zigzag-tp(tp=2),", "", 0);
+    REQUIRE_FALSE(g.ok());
+    CHECK_THAT(g.error(), Catch::Contains("zigzag-tp"));
+  }
+  SECTION("two policies disagree on a tensor") {
+    Graph g;
+    Value* w = g.addParam("w", TensorType(DType::f32, {8, 8}));
+    REQUIRE(annotatePlacement(w, "tp", AxisPlacement::split(0), "policy-a").ok());
+    Status s = annotatePlacement(w, "tp", AxisPlacement::split(1), "policy-b");
+    REQUIRE_FALSE(s.ok());
+    CHECK_THAT(s.error(), Catch::Contains("w f32[8,8]") && Catch::Contains("mesh axis tp") && Catch::Contains("S(0)"));
+  }
+  SECTION("two policies disagree on the mesh") {
+    auto g = sharded(1, "megatron-tp(tp=2),megatron-tp(tp=4),", "", 0);
+    REQUIRE_FALSE(g.ok());
+  }
+}
+
+}  // namespace tpc
