@@ -19,7 +19,11 @@ if [ ! -f $build/build.ninja ]; then
     -DTPC_CUDA=OFF -DBUILD_TESTING=OFF >/dev/null
 fi
 echo "fuzz: building the targets ($build)"
-ninja -C $build -j"${TPC_JOBS:-$(nproc)}" tpc_fuzzers | grep -v '^\[' || true
+if ! ninja -C $build -j"${TPC_JOBS:-$(nproc)}" tpc_fuzzers >$build/build.log 2>&1; then
+  grep -v '^\[' $build/build.log | tail -60
+  echo "fuzz: error: the build failed (the whole log: $build/build.log)" >&2
+  exit 1
+fi
 
 # Per target: the longest input worth trying (the seeds' sizes and some room), and a dictionary.
 declare -A max_len=([fuzz_model_fb]=32768 [fuzz_model_json]=32768 [fuzz_ir_parser]=16384
