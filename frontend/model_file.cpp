@@ -69,9 +69,10 @@ std::string str(const flatbuffers::String* s, const char* def = "") { return s ?
 // flatbuffers 2.0's verifier checks only the 4-byte length of a vector, not the alignment of its
 // elements (flatbuffers 23 does): a crafted file can put a [long] or [double] at an address that is not
 // 8-aligned, and reading it is undefined behaviour. The buffer itself is 8-aligned (a fresh vector).
+// An empty vector is never read, and flatbuffers' own builder leaves it 4-aligned.
 template <class T>
 bool alignedVector(const flatbuffers::Vector<T>* v) {
-  return reinterpret_cast<uintptr_t>(v->data()) % alignof(T) == 0;
+  return v->size() == 0 || reinterpret_cast<uintptr_t>(v->data()) % alignof(T) == 0;
 }
 
 // ---- flatbuffers -> ModelFile ------------------------------------------------------------------
