@@ -43,7 +43,7 @@ for t in $targets; do
         -print_final_stats=1 -artifact_prefix="$arts/")
   [ -n "${dict[$t]:-}" ] && args+=(-dict="${dict[$t]}")
   echo "fuzz: $t for ${seconds}s"
-  rc=0
+  rc=0 start=$SECONDS
   $build/fuzz/$t "${args[@]}" "$work" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
@@ -58,7 +58,7 @@ for t in $targets; do
     result="FAILED ($what) reproducer: ${repro:-none written} log: $log"
     tail -40 "$log"
   fi
-  line="$t: ${seconds}s, ${execs:-?} executions, cov ${cov:-?}, ft ${ft:-?}, corpus $corp: $result"
+  line="$t: $((SECONDS - start))s, ${execs:-?} executions, cov ${cov:-?}, ft ${ft:-?}, corpus $corp: $result"
   echo "fuzz: $line"
   summary+=("$line")
 done
