@@ -71,8 +71,31 @@ Result<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
   const std::string idxPath = prefix + ".idx", binPath = prefix + ".bin";
   TPC_ASSIGN(ds.idx_, MappedFile::open(idxPath));
   TPC_ASSIGN(ds.bin_, MappedFile::open(binPath));
-  const uint8_t* idx = ds.idx_.data();
-  const size_t idxSize = ds.idx_.size(), binSize = ds.bin_.size();
+  // A mapping keeps its address when the dataset moves, so these stay valid.
+  ds.idxData_ = ds.idx_.data();
+  ds.idxSize_ = ds.idx_.size();
+  ds.binData_ = ds.bin_.data();
+  ds.binSize_ = ds.bin_.size();
+  TPC_TRY(ds.validate());
+  return ds;
+}
+
+Result<IndexedDataset> IndexedDataset::openFromMemory(std::string_view idxBytes, std::string_view binBytes,
+                                                      const std::string& prefix) {
+  IndexedDataset ds;
+  ds.prefix_ = prefix;
+  ds.idxData_ = reinterpret_cast<const uint8_t*>(idxBytes.data());
+  ds.idxSize_ = idxBytes.size();
+  ds.binData_ = reinterpret_cast<const uint8_t*>(binBytes.data());
+  ds.binSize_ = binBytes.size();
+  TPC_TRY(ds.validate());
+  return ds;
+}
+
+Status IndexedDataset::validate() {
+  const std::string idxPath = prefix_ + ".idx", binPath = prefix_ + ".bin";
+  const uint8_t* idx = idxData_;
+  const size_t idxSize = idxSize_, binSize = binSize_;
   auto bad = [&](const auto&... why) { return makeError(idxPath, ": ", why...); };
 
   if (idxSize < kIndexHeaderBytes)
@@ -85,11 +108,11 @@ Result<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
   std::memcpy(&numSeq, idx + 18, 8);
   std::memcpy(&numDoc, idx + 26, 8);
   if (version != kIndexVersion) return bad("unsupported version ", version, " (tpc reads version 1)");
-  ds.itemBytes_ = tokenDTypeBytes(code);
-  if (ds.itemBytes_ == 0) return bad("unknown dtype code ", int(code));
+  itemBytes_ = tokenDTypeBytes(code);
+  if (itemBytes_ == 0) return bad("unknown dtype code ", int(code));
   if (code == uint8_t(TokenDType::Float32) || code == uint8_t(TokenDType::Float64))
     return bad("dtype ", tokenDTypeName(code), " does not hold token ids");
-  ds.dtype_ = static_cast<TokenDType>(code);
+  dtype_ = static_cast<TokenDType>(code);
 
   // Sizes: compare counts against what the file can hold before multiplying, so nothing overflows.
   const size_t body = idxSize - kIndexHeaderBytes;
@@ -99,24 +122,24 @@ Result<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
   if (idxSize != expected)
     return bad(idxSize - expected, " unexpected bytes after the document index (expected ", expected, " bytes)");
   if (numDoc == 0) return bad("the document index is empty (it starts with 0 even when there are no documents)");
-  ds.numSequences_ = numSeq;
-  ds.numDocIndex_ = numDoc;
-  ds.lengths_ = idx + kIndexHeaderBytes;
-  ds.pointers_ = ds.lengths_ + numSeq * 4;
-  ds.docIndex_ = ds.pointers_ + numSeq * 8;
+  numSequences_ = numSeq;
+  numDocIndex_ = numDoc;
+  lengths_ = idx + kIndexHeaderBytes;
+  pointers_ = lengths_ + numSeq * 4;
+  docIndex_ = pointers_ + numSeq * 8;
 
   // Sequences lie back to back from offset 0 and fill .bin exactly.
   uint64_t offset = 0;
   const uint64_t maxTokens = std::numeric_limits<uint64_t>::max() / 8;
   for (size_t i = 0; i < numSeq; ++i) {
-    int32_t len = load<int32_t>(ds.lengths_, i);
-    int64_t ptr = load<int64_t>(ds.pointers_, i);
+    int32_t len = load<int32_t>(lengths_, i);
+    int64_t ptr = load<int64_t>(pointers_, i);
     if (len < 0) return bad("sequence ", i, " has negative length ", len);
     if (ptr < 0 || static_cast<uint64_t>(ptr) != offset)
       return bad("sequence ", i, " starts at byte ", ptr, " of ", binPath, ", expected ", offset);
-    ds.numTokens_ += static_cast<uint64_t>(len);
-    if (ds.numTokens_ > maxTokens) return bad("sequence lengths overflow");
-    offset += static_cast<uint64_t>(len) * ds.itemBytes_;
+    numTokens_ += static_cast<uint64_t>(len);
+    if (numTokens_ > maxTokens) return bad("sequence lengths overflow");
+    offset += static_cast<uint64_t>(len) * itemBytes_;
     if (offset > binSize)
       return makeError(binPath, ": truncated: ", binSize, " bytes, but ", idxPath, " puts sequence ", i,
                        " at bytes up to ", offset);
@@ -126,14 +149,14 @@ Result<IndexedDataset> IndexedDataset::open(const std::string& prefix) {
                      " bytes of tokens (the two files do not belong together)");
   size_t prev = 0;
   for (size_t i = 0; i < numDoc; ++i) {
-    int64_t d = load<int64_t>(ds.docIndex_, i);
+    int64_t d = load<int64_t>(docIndex_, i);
     if (i == 0 && d != 0) return bad("the document index starts with ", d, ", not 0");
     if (d < static_cast<int64_t>(prev) || static_cast<uint64_t>(d) > numSeq)
       return bad("document index entry ", i, " = ", d, " is out of order or past the ", numSeq, " sequences");
     prev = static_cast<size_t>(d);
   }
   if (prev != numSeq) return bad("the document index ends at sequence ", prev, ", not at the last (", numSeq, ")");
-  return ds;
+  return Status::success();
 }
 
 Status IndexedDataset::checkTokenRange(int64_t vocabSize) const {
@@ -150,14 +173,14 @@ Status IndexedDataset::checkTokenRange(int64_t vocabSize) const {
 }
 
 TokenSpan IndexedDataset::sequence(size_t i) const {
-  return TokenSpan(bin_.data() + pointer(i), sequenceLength(i), dtype_);
+  return TokenSpan(binData_ + pointer(i), sequenceLength(i), dtype_);
 }
 
 TokenSpan IndexedDataset::document(size_t i) const {
   size_t first = docIndex(i), last = docIndex(i + 1);
-  if (first == last) return TokenSpan(bin_.data(), 0, dtype_);
+  if (first == last) return TokenSpan(binData_, 0, dtype_);
   uint64_t begin = pointer(first), end = pointer(last - 1) + sequenceLength(last - 1) * itemBytes_;
-  return TokenSpan(bin_.data() + begin, (end - begin) / itemBytes_, dtype_);
+  return TokenSpan(binData_ + begin, (end - begin) / itemBytes_, dtype_);
 }
 
 }  // namespace tpc

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include "frontend/mapped_file.h"
 #include "ir/status.h"
@@ -53,6 +54,10 @@ class IndexedDataset {
  public:
   // Opens PREFIX.idx and PREFIX.bin; every error names the file and says what is wrong with it.
   static Result<IndexedDataset> open(const std::string& prefix);
+  // The same checks on bytes already in memory (the fuzzer's entry point); the dataset reads the buffers,
+  // which must outlive it. `prefix` is only for messages.
+  static Result<IndexedDataset> openFromMemory(std::string_view idxBytes, std::string_view binBytes,
+                                               const std::string& prefix);
 
   const std::string& prefix() const { return prefix_; }
   TokenDType dtype() const { return dtype_; }
@@ -80,8 +85,14 @@ class IndexedDataset {
   uint64_t pointer(size_t i) const { return static_cast<uint64_t>(load<int64_t>(pointers_, i)); }
   size_t docIndex(size_t i) const { return static_cast<size_t>(load<int64_t>(docIndex_, i)); }
 
+  // Validates idxData_/binData_ (already set) and fills in the counts and array pointers.
+  Status validate();
+
   std::string prefix_;
-  MappedFile idx_, bin_;
+  MappedFile idx_, bin_;  // empty when opened from memory
+  const uint8_t* idxData_ = nullptr;
+  const uint8_t* binData_ = nullptr;
+  size_t idxSize_ = 0, binSize_ = 0;
   TokenDType dtype_ = TokenDType::UInt16;
   size_t itemBytes_ = 2;
   size_t numSequences_ = 0, numDocIndex_ = 1;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -66,6 +67,15 @@ bool isNamed(const std::string& s) {
 }
 
 std::string str(const flatbuffers::String* s, const char* def = "") { return s ? s->str() : std::string(def); }
+
+// flatbuffers 2.0's verifier checks only the 4-byte length of a vector, not the alignment of its
+// elements (flatbuffers 23 does): a crafted file can put a [long] or [double] at an address that is not
+// 8-aligned, and reading it is undefined behaviour. The buffer itself is 8-aligned (a fresh vector).
+// An empty vector is never read, and flatbuffers' own builder leaves it 4-aligned.
+template <class T>
+bool alignedVector(const flatbuffers::Vector<T>* v) {
+  return v->size() == 0 || reinterpret_cast<uintptr_t>(v->data()) % alignof(T) == 0;
+}
 
 // ---- flatbuffers -> ModelFile ------------------------------------------------------------------
 
@@ -146,6 +156,7 @@ Result<Attr> attrFromFb(const fb::Attribute* a) {
       std::vector<int64_t> v;
       if (const auto* xs = a->value_as_IntsAttr()->v()) {
         if (xs->size() > kMaxIntsAttr) return makeError("has ", xs->size(), " values (at most ", kMaxIntsAttr, ")");
+        if (!alignedVector(xs)) return makeError("is misaligned in the file (a corrupt file)");
         // Bounded so that shape attributes multiply without overflow in any shape rule.
         int64_t product = 1;
         for (int64_t x : *xs) {
@@ -196,6 +207,7 @@ Result<std::unique_ptr<Graph>> graphFromFb(const fb::Graph* fg) {
     Shape shape;
     if (const auto* s = t->shape()) {
       if (s->size() > kMaxRank) return makeError(where, ".shape has rank ", s->size(), " (at most ", kMaxRank, ")");
+      if (!alignedVector(s)) return makeError(where, ".shape is misaligned in the file (a corrupt file)");
       shape.assign(s->begin(), s->end());
     }
     if (!boundedShape(shape)) return makeError(where, ".shape ", shapeStr(shape), " has a negative or too large size");
@@ -213,7 +225,10 @@ Result<std::unique_ptr<Graph>> graphFromFb(const fb::Graph* fg) {
       InitSpec init;
       if (const fb::Init* in = t->init()) {
         init.kind = in->kind()->str();
-        if (const auto* args = in->args()) init.args.assign(args->begin(), args->end());
+        if (const auto* args = in->args()) {
+          if (!alignedVector(args)) return makeError(where, ".init.args is misaligned in the file (a corrupt file)");
+          init.args.assign(args->begin(), args->end());
+        }
         for (double a : init.args)
           if (!std::isfinite(a)) return makeError(where, ".init: arguments must be finite, got ", formatFloat(a));
         if (Status s = validateInit(init); !s.ok()) return makeError(where, ".init: ", shown(s.error()));

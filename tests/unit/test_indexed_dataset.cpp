@@ -124,6 +124,21 @@ TEST_CASE("writer and reader round-trip documents", "[dataset]") {
   CHECK_THAT(s.error(), Catch::Contains(dir / "rt8.bin") && Catch::Contains("outside the vocabulary [0, 257)"));
 }
 
+TEST_CASE("openFromMemory reads what open reads and refuses what open refuses", "[dataset]") {
+  TempDir dir;
+  const std::vector<std::vector<int32_t>> docs = {{1, 2, 3}, {}, {40000, 5}};
+  writeDataset(dir / "m", docs);
+  const std::string idx = readFile(dir / "m.idx"), bin = readFile(dir / "m.bin");
+  auto ds = IndexedDataset::openFromMemory(idx, bin, "mem");
+  REQUIRE(ds.ok());
+  REQUIRE(ds->numDocuments() == docs.size());
+  for (size_t i = 0; i < docs.size(); ++i) CHECK(tokensOf(ds->document(i)) == docs[i]);
+  auto truncated = IndexedDataset::openFromMemory(idx, bin.substr(0, bin.size() - 1), "mem");
+  REQUIRE_FALSE(truncated.ok());
+  CHECK_THAT(truncated.error(), Catch::Contains("mem.bin: truncated"));
+  CHECK_FALSE(IndexedDataset::openFromMemory(idx.substr(0, 20), bin, "mem").ok());
+}
+
 TEST_CASE("a document may span several sequences", "[dataset]") {
   TempDir dir;
   const std::string prefix = dir / "multi";
