@@ -20,18 +20,6 @@ using tpc::test::readFile;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/tpc_ds_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 void writeBytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
@@ -63,7 +51,7 @@ void expectOpenError(const std::string& prefix, const std::string& file, const s
 }  // namespace
 
 TEST_CASE("the .idx and .bin bytes follow Megatron's MMIDIDX layout", "[dataset]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string prefix = dir / "tiny";
   writeDataset(prefix, {{1, 2, 3}, {0x1234}});
   // Written out by hand from the layout in megatron/core/datasets/indexed_dataset.py (_IndexWriter).
@@ -91,7 +79,7 @@ TEST_CASE("the .idx and .bin bytes follow Megatron's MMIDIDX layout", "[dataset]
 }
 
 TEST_CASE("writer and reader round-trip documents", "[dataset]") {
-  TempDir dir;
+  test::TempDir dir;
   std::vector<std::vector<int32_t>> docs;
   uint64_t state = 7, total = 0;
   for (int d = 0; d < 300; ++d) {
@@ -125,7 +113,7 @@ TEST_CASE("writer and reader round-trip documents", "[dataset]") {
 }
 
 TEST_CASE("openFromMemory reads what open reads and refuses what open refuses", "[dataset]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::vector<std::vector<int32_t>> docs = {{1, 2, 3}, {}, {40000, 5}};
   writeDataset(dir / "m", docs);
   const std::string idx = readFile(dir / "m.idx"), bin = readFile(dir / "m.bin");
@@ -140,7 +128,7 @@ TEST_CASE("openFromMemory reads what open reads and refuses what open refuses", 
 }
 
 TEST_CASE("a document may span several sequences", "[dataset]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string prefix = dir / "multi";
   // Three sequences {5,6} {7} {8,9,10}; documents: [seq 0, seq 1] and [seq 2].
   std::string idx(kIndexMagic, 9);
@@ -161,7 +149,7 @@ TEST_CASE("a document may span several sequences", "[dataset]") {
 }
 
 TEST_CASE("a writer that does not finish leaves nothing behind", "[dataset][errors]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string prefix = dir / "gone";
   {
     auto w = DatasetWriter::create(prefix, TokenDType::UInt16);
@@ -178,7 +166,7 @@ TEST_CASE("a writer that does not finish leaves nothing behind", "[dataset][erro
 }
 
 TEST_CASE("bad .idx and .bin files are refused with the file named", "[dataset][errors]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string prefix = dir / "d";
   writeDataset(prefix, {{1, 2, 3}, {4, 5}, {6}});
   const std::string idxPath = prefix + ".idx", binPath = prefix + ".bin";
@@ -281,7 +269,7 @@ TEST_CASE("bad .idx and .bin files are refused with the file named", "[dataset][
 }
 
 TEST_CASE("randomly corrupted index files never read outside the mapping", "[dataset][errors]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string prefix = dir / "fuzz";
   writeDataset(prefix, {{1, 2, 3}, {4, 5}, {}, {6, 7, 8, 9}});
   const std::string goodIdx = readFile(prefix + ".idx");
@@ -359,7 +347,7 @@ std::vector<std::vector<int32_t>> labelledDocs(int n) {
 }  // namespace
 
 TEST_CASE("token windows cut the shuffled concatenation into overlapping seq+1 windows", "[dataset][windows]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string prefix = dir / "w";
   auto docs = labelledDocs(40);
   writeDataset(prefix, docs);
@@ -395,7 +383,7 @@ TEST_CASE("token windows cut the shuffled concatenation into overlapping seq+1 w
 }
 
 TEST_CASE("token windows resume exactly from a saved position", "[dataset][windows]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string prefix = dir / "r";
   writeDataset(prefix, labelledDocs(25));
   auto ds = IndexedDataset::open(prefix);
@@ -436,7 +424,7 @@ TEST_CASE("token windows resume exactly from a saved position", "[dataset][windo
 }
 
 TEST_CASE("token windows report ranges that cannot give a window", "[dataset][windows][errors]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string prefix = dir / "small";
   writeDataset(prefix, {{1, 2, 3}, {4, 5}});
   auto ds = IndexedDataset::open(prefix);

@@ -23,22 +23,6 @@ using tpc::test::tpcBinary;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/tpc_prep_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-void writeFile(const std::string& path, const std::string& content) {
-  std::ofstream(path, std::ios::binary) << content;
-}
 
 std::vector<int32_t> tokensOf(const TokenSpan& s) {
   std::vector<int32_t> v(s.size());
@@ -69,8 +53,8 @@ void expectFailure(const tpc::test::CommandResult& r, const std::string& prefix,
 }  // namespace
 
 TEST_CASE("tpc prepare turns text lines into documents", "[prepare][cli]") {
-  TempDir dir;
-  writeFile(dir / "in.txt", "first line\n\nsecond \xc3\xa9\r\nthird");
+  test::TempDir dir;
+  test::writeFile(dir / "in.txt", "first line\n\nsecond \xc3\xa9\r\nthird");
   auto r = prepare("--input " + (dir / "in.txt") + " --tokenizer byte --append-eod --output-prefix " + (dir / "out"));
   INFO(r.err);
   REQUIRE(r.exitCode == 0);
@@ -85,8 +69,8 @@ TEST_CASE("tpc prepare turns text lines into documents", "[prepare][cli]") {
 }
 
 TEST_CASE("tpc prepare reads JSONL with a chosen key", "[prepare][cli]") {
-  TempDir dir;
-  writeFile(dir / "in.jsonl", "{\"content\": \"a\\nb\", \"id\": 1}\n\n{\"content\": \"\\u00e9\"}\n{\"content\": \"\"}\n");
+  test::TempDir dir;
+  test::writeFile(dir / "in.jsonl", "{\"content\": \"a\\nb\", \"id\": 1}\n\n{\"content\": \"\\u00e9\"}\n{\"content\": \"\"}\n");
   auto r = prepare("--input " + (dir / "in.jsonl") + " --json-key content --tokenizer byte --output-prefix " + (dir / "o"));
   INFO(r.err);
   REQUIRE(r.exitCode == 0);
@@ -98,7 +82,7 @@ TEST_CASE("tpc prepare reads JSONL with a chosen key", "[prepare][cli]") {
 }
 
 TEST_CASE("tpc prepare output does not depend on the number of workers", "[prepare][cli]") {
-  TempDir dir;
+  test::TempDir dir;
   // About 3 MB: several 512 KB batches, lines of varied length, one line longer than a batch.
   std::string text;
   uint64_t state = 3;
@@ -109,7 +93,7 @@ TEST_CASE("tpc prepare output does not depend on the number of workers", "[prepa
     text += i % 97 == 0 ? "\n\n" : "\n";
     if (i == 5000) text += std::string(700000, 'z') + "\n";
   }
-  writeFile(dir / "big.txt", text);
+  test::writeFile(dir / "big.txt", text);
   std::string outputs[3];
   int i = 0;
   for (int workers : {1, 2, 5}) {
@@ -133,7 +117,7 @@ TEST_CASE("tpc prepare of the Brown corpus with gpt2 matches the tokenizer", "[p
   std::string gpt2Dir = dataDir() + "/gpt2";
   auto tok = BpeTokenizer::load(gpt2Dir + "/encoder.json", gpt2Dir + "/vocab.bpe");
   if (!tok.ok()) FAIL(tok.error() << "; run scripts/fetch_data.sh to fetch data/gpt2");
-  TempDir dir;
+  test::TempDir dir;
   auto r = runCommand(tpcBinary() + " prepare --input " + input + " --tokenizer gpt2 --append-eod --workers 2 --output-prefix " +
                       (dir / "brown"));
   INFO(r.err);
@@ -153,76 +137,76 @@ TEST_CASE("tpc prepare of the Brown corpus with gpt2 matches the tokenizer", "[p
 }
 
 TEST_CASE("tpc prepare refuses bad input with the file and line, leaving nothing behind", "[prepare][cli][errors]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string out = dir / "out";
   const std::string byteFlags = " --tokenizer byte --output-prefix " + out;
 
   SECTION("invalid UTF-8") {
-    writeFile(dir / "bad.txt", "fine\nalso fine\nbroken \xff here\n");
+    test::writeFile(dir / "bad.txt", "fine\nalso fine\nbroken \xff here\n");
     expectFailure(prepare("--input " + (dir / "bad.txt") + byteFlags), out, {dir / "bad.txt:3:", "UTF-8", "byte 8"});
   }
   SECTION("invalid UTF-8 inside a JSON string, with gpt2") {
-    writeFile(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"\xc0\x80\"}\n");
+    test::writeFile(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"\xc0\x80\"}\n");
     expectFailure(prepare("--input " + (dir / "bad.jsonl") + " --tokenizer gpt2 --output-prefix " + out), out,
                   {dir / "bad.jsonl:2:", "UTF-8"});
   }
   SECTION("an empty input") {
-    writeFile(dir / "empty.txt", "");
+    test::writeFile(dir / "empty.txt", "");
     expectFailure(prepare("--input " + (dir / "empty.txt") + byteFlags), out, {dir / "empty.txt", "no documents"});
-    writeFile(dir / "blank.jsonl", "\n\n{\"text\": \"\"}\n");
+    test::writeFile(dir / "blank.jsonl", "\n\n{\"text\": \"\"}\n");
     expectFailure(prepare("--input " + (dir / "blank.jsonl") + byteFlags), out, {"no documents"});
   }
   SECTION("a JSONL line without the key") {
-    writeFile(dir / "nokey.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
+    test::writeFile(dir / "nokey.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
     expectFailure(prepare("--input " + (dir / "nokey.jsonl") + byteFlags), out,
                   {dir / "nokey.jsonl:2:", "no \"text\" key", "--json-key"});
   }
   SECTION("a JSONL value that is not a string, or a line that is not an object") {
-    writeFile(dir / "num.jsonl", "{\"text\": 5}\n");
+    test::writeFile(dir / "num.jsonl", "{\"text\": 5}\n");
     expectFailure(prepare("--input " + (dir / "num.jsonl") + byteFlags), out, {"num.jsonl:1:", "not a string"});
-    writeFile(dir / "arr.jsonl", "[1, 2]\n");
+    test::writeFile(dir / "arr.jsonl", "[1, 2]\n");
     expectFailure(prepare("--input " + (dir / "arr.jsonl") + byteFlags), out, {"arr.jsonl:1:", "JSON object"});
   }
   SECTION("a line that is not JSON") {
-    writeFile(dir / "broken.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"\n");
+    test::writeFile(dir / "broken.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"\n");
     expectFailure(prepare("--input " + (dir / "broken.jsonl") + byteFlags), out, {"broken.jsonl:2:", "not valid JSON"});
   }
   SECTION("a late error after many good batches") {
     std::string text;
     for (int i = 0; i < 30000; ++i) text += "a line of perfectly good text number " + std::to_string(i) + "\n";
     text += "\xfe\n";
-    writeFile(dir / "late.txt", text);
+    test::writeFile(dir / "late.txt", text);
     expectFailure(prepare("--input " + (dir / "late.txt") + byteFlags + " --workers 3"), out, {"late.txt:30001:"});
   }
   SECTION("a missing input, an unknown format, an unknown tokenizer, a missing flag") {
     expectFailure(prepare("--input " + (dir / "nope.txt") + byteFlags), out, {"nope.txt", "cannot open"});
-    writeFile(dir / "in.csv", "a\n");
+    test::writeFile(dir / "in.csv", "a\n");
     expectFailure(prepare("--input " + (dir / "in.csv") + byteFlags), out, {"in.csv", ".jsonl"});
-    writeFile(dir / "in.txt", "a\n");
+    test::writeFile(dir / "in.txt", "a\n");
     expectFailure(prepare("--input " + (dir / "in.txt") + " --tokenizer words --output-prefix " + out), out,
                   {"unknown tokenizer 'words'"});
     expectFailure(prepare("--input " + (dir / "in.txt") + " --tokenizer byte"), out, {"--output-prefix"});
     expectFailure(prepare("--input " + (dir / "in.txt") + byteFlags + " --workers 0"), out, {"--workers"});
   }
   SECTION("missing or malformed GPT-2 vocabulary") {
-    writeFile(dir / "in.txt", "a\n");
+    test::writeFile(dir / "in.txt", "a\n");
     fs::create_directories(dir.path / "data" / "gpt2");
     const std::string env = "TPC_DATA_DIR=" + (dir / "data") + " ";
     auto missing = runCommand(env + tpcBinary() + " prepare --input " + (dir / "in.txt") + " --tokenizer gpt2 --output-prefix " + out);
     expectFailure(missing, out, {dir / "data/gpt2/encoder.json", "scripts/fetch_data.sh"});
-    writeFile(dir / "data/gpt2/encoder.json", "{\"a\": 0,");
-    writeFile(dir / "data/gpt2/vocab.bpe", "#version: 0.2\n");
+    test::writeFile(dir / "data/gpt2/encoder.json", "{\"a\": 0,");
+    test::writeFile(dir / "data/gpt2/vocab.bpe", "#version: 0.2\n");
     auto malformed = runCommand(env + tpcBinary() + " prepare --input " + (dir / "in.txt") + " --tokenizer gpt2 --output-prefix " + out);
     expectFailure(malformed, out, {dir / "data/gpt2/encoder.json", "not valid JSON"});
   }
 }
 
 TEST_CASE("tpc prepare keeps an existing dataset when a new run fails", "[prepare][cli][errors]") {
-  TempDir dir;
-  writeFile(dir / "good.txt", "hello\n");
+  test::TempDir dir;
+  test::writeFile(dir / "good.txt", "hello\n");
   REQUIRE(prepare("--input " + (dir / "good.txt") + " --tokenizer byte --output-prefix " + (dir / "ds")).exitCode == 0);
   std::string before = readFile(dir / "ds.idx") + readFile(dir / "ds.bin");
-  writeFile(dir / "bad.txt", "hello\n\xff\n");
+  test::writeFile(dir / "bad.txt", "hello\n\xff\n");
   auto r = prepare("--input " + (dir / "bad.txt") + " --tokenizer byte --output-prefix " + (dir / "ds"));
   CHECK(r.exitCode == 1);
   CHECK(readFile(dir / "ds.idx") + readFile(dir / "ds.bin") == before);

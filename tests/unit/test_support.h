@@ -1,6 +1,10 @@
 // Helpers shared by unit tests: paths into the source and build trees, running the tpc binary.
 #pragma once
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace tpc::test {
@@ -18,5 +22,23 @@ struct CommandResult {
 CommandResult runCommand(const std::string& commandLine, const std::string& stdinText = "");
 // Reads a whole file ("" if it cannot be read).
 std::string readFile(const std::string& path);
+
+inline void writeFile(const std::string& path, const std::string& content) {
+  std::ofstream(path, std::ios::binary) << content;
+}
+
+// A fresh directory under /tmp, removed with everything in it at the end of the scope.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/tpc_test_XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
 
 }  // namespace tpc::test

@@ -55,22 +55,6 @@ std::string decode(const Tokenizer& t, const std::vector<int32_t>& ids) {
   return out;
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/tpc_tok_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-void writeFile(const std::string& path, const std::string& content) {
-  std::ofstream(path, std::ios::binary) << content;
-}
 
 }  // namespace
 
@@ -271,7 +255,7 @@ TEST_CASE("GPT-2's byte-to-unicode map matches encoder.py", "[tokenizer][gpt2]")
 }
 
 TEST_CASE("bad vocabulary files give one clear error naming the file", "[tokenizer][gpt2][errors]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string enc = dir / "encoder.json", merges = dir / "vocab.bpe";
 
   SECTION("missing files") {
@@ -291,45 +275,45 @@ TEST_CASE("bad vocabulary files give one clear error naming the file", "[tokeniz
   vocab["<|endoftext|>"] = 257;
 
   SECTION("a small valid vocabulary loads and merges") {
-    writeFile(enc, vocab.dump());
-    writeFile(merges, "#version: 0.2\na b\n");
+    test::writeFile(enc, vocab.dump());
+    test::writeFile(merges, "#version: 0.2\na b\n");
     auto r = BpeTokenizer::load(enc, merges);
     REQUIRE(r.ok());
     CHECK(encode(**r, "abc ab") == std::vector<int32_t>{256, 'c', 32, 256});
   }
   SECTION("encoder.json that is not JSON") {
     std::string text = vocab.dump();
-    writeFile(enc, text.substr(0, text.size() / 2));
-    writeFile(merges, "#version: 0.2\na b\n");
+    test::writeFile(enc, text.substr(0, text.size() / 2));
+    test::writeFile(merges, "#version: 0.2\na b\n");
     auto r = BpeTokenizer::load(enc, merges);
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.error(), Catch::Contains(enc) && Catch::Contains("not valid JSON"));
   }
   SECTION("encoder.json with a repeated id") {
     vocab["ab"] = 5;
-    writeFile(enc, vocab.dump());
-    writeFile(merges, "#version: 0.2\na b\n");
+    test::writeFile(enc, vocab.dump());
+    test::writeFile(merges, "#version: 0.2\na b\n");
     auto r = BpeTokenizer::load(enc, merges);
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.error(), Catch::Contains(enc));
   }
   SECTION("a merge naming a token that is not in encoder.json") {
-    writeFile(enc, vocab.dump());
-    writeFile(merges, "#version: 0.2\na b\nab c\n");
+    test::writeFile(enc, vocab.dump());
+    test::writeFile(merges, "#version: 0.2\na b\nab c\n");
     auto r = BpeTokenizer::load(enc, merges);
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.error(), Catch::Contains(merges + ":3:") && Catch::Contains("abc"));
   }
   SECTION("a merge line that is not two tokens") {
-    writeFile(enc, vocab.dump());
-    writeFile(merges, "#version: 0.2\na b\nabc\n");
+    test::writeFile(enc, vocab.dump());
+    test::writeFile(merges, "#version: 0.2\na b\nabc\n");
     auto r = BpeTokenizer::load(enc, merges);
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.error(), Catch::Contains(merges + ":3:") && Catch::Contains("two tokens"));
   }
   SECTION("an empty vocab.bpe") {
-    writeFile(enc, vocab.dump());
-    writeFile(merges, "");
+    test::writeFile(enc, vocab.dump());
+    test::writeFile(merges, "");
     auto r = BpeTokenizer::load(enc, merges);
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.error(), Catch::Contains(merges) && Catch::Contains("no merges"));
@@ -358,7 +342,7 @@ TEST_CASE("tpc tokenize reports bad input and missing vocabularies", "[tokenizer
   auto id = runCommand(tpcBinary() + " tokenize --decode --tokenizer byte", "1 x2");
   CHECK(id.exitCode == 1);
   CHECK_THAT(id.err, Catch::Contains("'x2' is not a token id"));
-  TempDir empty;
+  test::TempDir empty;
   auto missing = runCommand("TPC_DATA_DIR=" + empty.path.string() + " " + tpcBinary() + " tokenize", "hi");
   CHECK(missing.exitCode == 1);
   CHECK_THAT(missing.err, Catch::Contains(empty.path.string() + "/gpt2/encoder.json") &&
@@ -368,11 +352,11 @@ TEST_CASE("tpc tokenize reports bad input and missing vocabularies", "[tokenizer
 TEST_CASE("dataDir follows TPC_DATA_DIR and missing files name the fix", "[tokenizer][data]") {
   const char* old = std::getenv("TPC_DATA_DIR");
   std::string saved = old ? old : "";
-  TempDir dir;
+  test::TempDir dir;
   setenv("TPC_DATA_DIR", dir.path.c_str(), 1);
   CHECK(dataDir() == dir.path.string());
   auto missing = requireDataFile("gpt2/vocab.bpe", "GPT-2 merges");
-  writeFile(dir / "present.txt", "x");
+  test::writeFile(dir / "present.txt", "x");
   auto present = requireDataFile("present.txt", "a file");
   auto tok = loadTokenizer("gpt2");
   if (old) setenv("TPC_DATA_DIR", saved.c_str(), 1); else unsetenv("TPC_DATA_DIR");
