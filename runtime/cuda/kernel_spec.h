@@ -1,0 +1,57 @@
+// What a CUDA lowering of one IR node produces: kernels as complete CUDA C sources for NVRTC, each with
+// its entry point, launch geometry and the meaning of every kernel parameter. Lowerings are pure functions
+// of the node and its types (no CUDA calls), so they run, and every generated source is compiled by NVRTC,
+// on machines without a GPU (CI). The executor (runtime/cuda) binds the arguments to device addresses.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/status.h"
+
+namespace tpc::cuda {
+
+enum class ArgKind {
+  Operand,    // pointer to the node's operand `index` (const T*)
+  Result,     // pointer to the node's result `index` (T*)
+  Workspace,  // pointer `offset` bytes into this node's workspace (zeroed before the first kernel when
+              // NodeLowering::zeroWorkspace), for scratch shared by the node's kernels
+  Int64,      // long long by value (`i`)
+  Float,      // float by value (`f`)
+  Seed,       // unsigned long long: the run's dropout seed
+  StepPtr,    // const long long*: device word holding the current step (changes per CUDA-graph replay)
+};
+
+struct KernelArg {
+  ArgKind kind;
+  int64_t index = 0;  // Operand/Result: which; Workspace: byte offset
+  int64_t i = 0;
+  double f = 0;
+};
+
+struct Dim3 {
+  uint32_t x = 1, y = 1, z = 1;
+};
+
+struct KernelSpec {
+  std::string entry;   // extern "C" __global__ function name in `source`
+  std::string source;  // one whole translation unit (NVRTC: no host headers; define what you use)
+  Dim3 grid, block;
+  uint32_t sharedBytes = 0;  // dynamic shared memory
+  std::vector<KernelArg> args;
+};
+
+struct NodeLowering {
+  std::vector<KernelSpec> kernels;  // launched in order on the compute stream
+  int64_t workspaceBytes = 0;
+  bool zeroWorkspace = false;
+};
+
+struct LoweringContext {
+  int smMajor = 9, smMinor = 0;  // target architecture
+  int64_t maxSharedBytes = 227 * 1024;
+};
+
+}  // namespace tpc::cuda
