@@ -1,0 +1,96 @@
+#include "runtime/cuda/kernels/device_prelude.h"
+
+namespace tpc::cuda {
+
+const std::string& devicePrelude() {
+  static const std::string text = R"CUDA(
+typedef signed char i8;
+typedef unsigned char u8;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned short bf16_t;
+typedef unsigned short f16_t;
+#define TPC_INF __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float tpc_bf16_to_f32(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
+__device__ __forceinline__ bf16_t tpc_f32_to_bf16(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                           // round to nearest even
+  return (bf16_t)(u >> 16);
+}
+__device__ __forceinline__ float tpc_f16_to_f32(f16_t h) {
+  float f;
+  asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ f16_t tpc_f32_to_f16(float f) {
+  f16_t h;
+  asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float tpc_ld(const float* p) { return *p; }
+__device__ __forceinline__ float tpc_ld(const bf16_t* p) { return tpc_bf16_to_f32(*p); }
+__device__ __forceinline__ float tpc_ld_f16(const f16_t* p) { return tpc_f16_to_f32(*p); }
+__device__ __forceinline__ void tpc_st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void tpc_st_bf16(bf16_t* p, float v) { *p = tpc_f32_to_bf16(v); }
+__device__ __forceinline__ void tpc_st_f16(f16_t* p, float v) { *p = tpc_f32_to_f16(v); }
+
+// Philox4x32-10, exactly runtime/philox.h: counter = (index / 4, step, key), key = seed, lane index % 4.
+__device__ __forceinline__ float tpc_uniform(u64 seed, i64 step, u32 key, u64 index) {
+  u64 block = index >> 2;
+  u32 c0 = (u32)block, c1 = (u32)(block >> 32), c2 = (u32)step, c3 = key;
+  u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    u32 lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
+    u32 lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
+    u32 n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  u32 lane = (u32)(index & 3);
+  u32 bits = lane == 0 ? c0 : lane == 1 ? c1 : lane == 2 ? c2 : c3;
+  return (float)(bits >> 8) * (1.0f / 16777216.0f);
+}
+__device__ __forceinline__ bool tpc_dropout_keep(u64 seed, i64 step, u32 key, u64 index, float p) {
+  return tpc_uniform(seed, step, key, index) >= p;
+}
+
+__device__ __forceinline__ float tpc_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float tpc_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide reductions; `smem` holds 32 floats; every thread gets the result. Fixed order: deterministic.
+__device__ __forceinline__ float tpc_block_sum(float v, float* smem) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = tpc_warp_sum(v);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? smem[lane] : 0.f;
+  return tpc_warp_sum(v);
+}
+__device__ __forceinline__ float tpc_block_max(float v, float* smem) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = tpc_warp_max(v);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? smem[lane] : -TPC_INF;
+  return tpc_warp_max(v);
+}
+)CUDA";
+  return text;
+}
+
+}  // namespace tpc::cuda

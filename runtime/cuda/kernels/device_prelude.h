@@ -1,0 +1,19 @@
+// CUDA C shared by every generated kernel, prepended to each NVRTC translation unit: fixed-width types,
+// bf16/f16 storage as raw 16-bit words with float conversions (round to nearest even, as the CPU
+// backend's floatToBf16/floatToF16), Philox dropout bits identical to runtime/philox.h, warp and block
+// reductions. Self-contained: no toolkit header is included, so NVRTC needs no include path.
+#pragma once
+
+#include <string>
+
+namespace tpc::cuda {
+
+// The prelude text. Kernels then use:
+//   types      i8 u8 i32 u32 i64 u64, bf16_t / f16_t (unsigned short words)
+//   loads      float tpc_ld(const float*), tpc_ld(const bf16_t*) (as bf16), tpc_ld_f16(const f16_t*)
+//   stores     tpc_st(float*, float), tpc_st_bf16(bf16_t*, float), tpc_st_f16(f16_t*, float)
+//   philox     tpc_uniform(seed, step, key, index), tpc_dropout_keep(seed, step, key, index, p)
+//   reduce     tpc_warp_sum, tpc_warp_max, tpc_block_sum(v, smem32), tpc_block_max(v, smem32)
+const std::string& devicePrelude();
+
+}  // namespace tpc::cuda
