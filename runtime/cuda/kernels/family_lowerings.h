@@ -1,0 +1,39 @@
+// The CUDA lowerings of the hand-written kernel families (attention, normalization, loss, gather,
+// reduction, optimizer), found by op kind. Each family lives in its own file in this folder; the executor
+// asks findFamilyLowering(op) first and falls back to its own codegen (elementwise, movement, matmul).
+#pragma once
+
+#include "ir/graph.h"
+#include "ir/op.h"
+#include "ir/status.h"
+#include "runtime/cuda/kernel_spec.h"
+
+namespace tpc::cuda {
+
+using FamilyLowering = Result<NodeLowering> (*)(const Node&, const LoweringContext&);
+
+// The lowering of `op`, or nullptr when no kernel family here handles it.
+const FamilyLowering* findFamilyLowering(OpKind op);
+
+// One entry per family file (each defined in that file).
+Result<NodeLowering> lowerAttention(const Node& n, const LoweringContext& ctx);       // attention.cpp
+Result<NodeLowering> lowerAttentionGrad(const Node& n, const LoweringContext& ctx);   // attention.cpp
+Result<NodeLowering> lowerLayerNorm(const Node& n, const LoweringContext& ctx);       // normalization.cpp
+Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ctx);   // normalization.cpp
+Result<NodeLowering> lowerSoftmax(const Node& n, const LoweringContext& ctx);         // normalization.cpp
+Result<NodeLowering> lowerSoftmaxGrad(const Node& n, const LoweringContext& ctx);     // normalization.cpp
+Result<NodeLowering> lowerCrossEntropy(const Node& n, const LoweringContext& ctx);    // loss.cpp
+Result<NodeLowering> lowerCrossEntropyGrad(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerVocabMax(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerVocabSumExp(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerVocabPick(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerVocabLoss(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerVocabXentGrad(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerEmbedding(const Node& n, const LoweringContext& ctx);       // gather.cpp
+Result<NodeLowering> lowerEmbeddingGrad(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerReduce(const Node& n, const LoweringContext& ctx);          // reduction.cpp (sum, mean, max)
+Result<NodeLowering> lowerSumSquares(const Node& n, const LoweringContext& ctx);      // reduction.cpp (sum_squares, global_norm)
+Result<NodeLowering> lowerAdamWUpdate(const Node& n, const LoweringContext& ctx);     // optimizer.cpp
+Result<NodeLowering> lowerClipScale(const Node& n, const LoweringContext& ctx);
+
+}  // namespace tpc::cuda
