@@ -1,0 +1,114 @@
+// dlopen of NVRTC and cuBLASLt by their CUDA 13 sonames; the driver API through the runtime's entry points.
+#include "runtime/cuda/cuda_libraries.h"
+
+#include <dlfcn.h>
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+
+namespace tpc::cuda {
+namespace {
+
+struct Opened {
+  void* handle = nullptr;
+  std::string error;
+};
+
+Opened openFirst(std::initializer_list<const char*> names, const char* what) {
+  Opened o;
+  std::string tried;
+  for (const char* n : names) {
+    o.handle = dlopen(n, RTLD_NOW | RTLD_LOCAL);
+    if (o.handle) return o;
+    tried += std::string(tried.empty() ? "" : ", ") + n;
+  }
+  o.error = cat("cannot load ", what, " (tried ", tried, "; install the CUDA 13 toolkit or "
+                "pip install nvidia-cuda-nvrtc / nvidia-cublas, and add its lib folder to LD_LIBRARY_PATH)");
+  return o;
+}
+
+template <class F>
+bool sym(void* h, const char* name, F& out, std::string& err) {
+  out = reinterpret_cast<F>(dlsym(h, name));
+  if (!out && err.empty()) err = cat("symbol ", name, " missing");
+  return out != nullptr;
+}
+
+}  // namespace
+
+Result<const Nvrtc*> nvrtc() {
+  static Nvrtc lib;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Opened o = openFirst({"libnvrtc.so.13", "libnvrtc.so"}, "NVRTC (libnvrtc.so.13, the CUDA kernel compiler)");
+    if (!o.handle) { error = o.error; return; }
+    std::string e;
+    sym(o.handle, "nvrtcVersion", lib.version, e);
+    sym(o.handle, "nvrtcGetErrorString", lib.getErrorString, e);
+    sym(o.handle, "nvrtcCreateProgram", lib.createProgram, e);
+    sym(o.handle, "nvrtcCompileProgram", lib.compileProgram, e);
+    sym(o.handle, "nvrtcGetProgramLogSize", lib.getProgramLogSize, e);
+    sym(o.handle, "nvrtcGetProgramLog", lib.getProgramLog, e);
+    sym(o.handle, "nvrtcGetCUBINSize", lib.getCUBINSize, e);
+    sym(o.handle, "nvrtcGetCUBIN", lib.getCUBIN, e);
+    sym(o.handle, "nvrtcDestroyProgram", lib.destroyProgram, e);
+    if (!e.empty()) error = cat("libnvrtc.so.13: ", e, " (an NVRTC older than CUDA 13?)");
+  });
+  if (!error.empty()) return makeError(error);
+  return &lib;
+}
+
+Result<const CublasLt*> cublasLt() {
+  static CublasLt lib;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Opened o = openFirst({"libcublasLt.so.13", "libcublasLt.so"}, "cuBLASLt (libcublasLt.so.13, used for matmuls)");
+    if (!o.handle) { error = o.error; return; }
+    std::string e;
+    sym(o.handle, "cublasLtCreate", lib.create, e);
+    sym(o.handle, "cublasLtMatmulDescCreate", lib.matmulDescCreate, e);
+    sym(o.handle, "cublasLtMatmulDescDestroy", lib.matmulDescDestroy, e);
+    sym(o.handle, "cublasLtMatmulDescSetAttribute", lib.matmulDescSetAttribute, e);
+    sym(o.handle, "cublasLtMatrixLayoutCreate", lib.matrixLayoutCreate, e);
+    sym(o.handle, "cublasLtMatrixLayoutDestroy", lib.matrixLayoutDestroy, e);
+    sym(o.handle, "cublasLtMatrixLayoutSetAttribute", lib.matrixLayoutSetAttribute, e);
+    sym(o.handle, "cublasLtMatmulPreferenceCreate", lib.preferenceCreate, e);
+    sym(o.handle, "cublasLtMatmulPreferenceDestroy", lib.preferenceDestroy, e);
+    sym(o.handle, "cublasLtMatmulPreferenceSetAttribute", lib.preferenceSetAttribute, e);
+    sym(o.handle, "cublasLtMatmulAlgoGetHeuristic", lib.algoGetHeuristic, e);
+    sym(o.handle, "cublasLtMatmul", lib.matmul, e);
+    if (!e.empty()) error = cat("libcublasLt.so.13: ", e);
+  });
+  if (!error.empty()) return makeError(error);
+  return &lib;
+}
+
+Result<const Driver*> driver() {
+  static Driver lib;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto get = [](const char* name, auto& out) {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q);
+      if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) {
+        if (error.empty()) error = cat("the CUDA driver has no ", name, " (", cudaGetErrorString(err), "; update the driver)");
+        return;
+      }
+      out = reinterpret_cast<std::remove_reference_t<decltype(out)>>(fn);
+    };
+    get("cuModuleLoadData", lib.moduleLoadData);
+    get("cuModuleGetFunction", lib.moduleGetFunction);
+    get("cuFuncSetAttribute", lib.funcSetAttribute);
+    get("cuLaunchKernel", lib.launchKernel);
+    get("cuGetErrorString", lib.getErrorString);
+  });
+  if (!error.empty()) return makeError(error);
+  return &lib;
+}
+
+}  // namespace tpc::cuda

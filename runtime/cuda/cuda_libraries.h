@@ -1,0 +1,55 @@
+// The CUDA libraries tpc uses beyond the (statically linked) runtime, loaded on first use with dlopen so
+// that the binary starts, and the CPU backend runs, on machines without them: NVRTC (kernel compiler),
+// cuBLASLt (matmuls) and the driver's module/launch API (through cudaGetDriverEntryPointByVersion, so
+// libcuda is never linked). A missing library is an error naming it and how to get it.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda.h>
+#include <nvrtc.h>
+
+#include "ir/status.h"
+
+namespace tpc::cuda {
+
+struct Nvrtc {
+  decltype(&::nvrtcVersion) version;
+  decltype(&::nvrtcGetErrorString) getErrorString;
+  decltype(&::nvrtcCreateProgram) createProgram;
+  decltype(&::nvrtcCompileProgram) compileProgram;
+  decltype(&::nvrtcGetProgramLogSize) getProgramLogSize;
+  decltype(&::nvrtcGetProgramLog) getProgramLog;
+  decltype(&::nvrtcGetCUBINSize) getCUBINSize;
+  decltype(&::nvrtcGetCUBIN) getCUBIN;
+  decltype(&::nvrtcDestroyProgram) destroyProgram;
+};
+
+struct CublasLt {
+  decltype(&::cublasLtCreate) create;
+  decltype(&::cublasLtMatmulDescCreate) matmulDescCreate;
+  decltype(&::cublasLtMatmulDescDestroy) matmulDescDestroy;
+  decltype(&::cublasLtMatmulDescSetAttribute) matmulDescSetAttribute;
+  decltype(&::cublasLtMatrixLayoutCreate) matrixLayoutCreate;
+  decltype(&::cublasLtMatrixLayoutDestroy) matrixLayoutDestroy;
+  decltype(&::cublasLtMatrixLayoutSetAttribute) matrixLayoutSetAttribute;
+  decltype(&::cublasLtMatmulPreferenceCreate) preferenceCreate;
+  decltype(&::cublasLtMatmulPreferenceDestroy) preferenceDestroy;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) preferenceSetAttribute;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) algoGetHeuristic;
+  decltype(&::cublasLtMatmul) matmul;
+};
+
+struct Driver {
+  decltype(&::cuModuleLoadData) moduleLoadData;
+  decltype(&::cuModuleGetFunction) moduleGetFunction;
+  decltype(&::cuFuncSetAttribute) funcSetAttribute;
+  decltype(&::cuLaunchKernel) launchKernel;
+  decltype(&::cuGetErrorString) getErrorString;
+};
+
+// Loaded once per process; errors are remembered and returned again.
+Result<const Nvrtc*> nvrtc();
+Result<const CublasLt*> cublasLt();
+Result<const Driver*> driver();
+
+}  // namespace tpc::cuda
