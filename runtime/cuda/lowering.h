@@ -1,0 +1,20 @@
+// Lowering one IR node for the CUDA backend: how the executor runs it, and for kernel nodes the
+// NodeLowering (the kernel family's, else the generated one). Pure: no CUDA calls.
+#pragma once
+
+#include "ir/graph.h"
+#include "runtime/cuda/kernel_spec.h"
+
+namespace tpc::cuda {
+
+enum class NodeExec {
+  Kernels,     // lowerNode() gives the kernels
+  Matmul,      // cuBLASLt (runtime/cuda/cublaslt_matmul.h)
+  Collective,  // across ranks (an axis of size > 1): the executor's collective code
+};
+
+NodeExec nodeExec(const Node& n);
+// The kernels of a Kernels node; a collective over an axis of size 1 is lowered as a copy.
+Result<NodeLowering> lowerNode(const Node& n, const LoweringContext& ctx);
+
+}  // namespace tpc::cuda
