@@ -26,6 +26,10 @@ class Backend {
   virtual Result<TensorMap> step(const TensorMap& inputs, int64_t stepIndex) = 0;
   // The current value of a parameter or optimizer-state tensor.
   virtual Result<HostTensor> readState(const std::string& name) const = 0;
+  // Device memory this process holds on its accelerator, for the log line; -1 where that means nothing (CPU).
+  virtual int64_t deviceMemoryInUse() const { return -1; }
+  // Kernel launches (and library calls) per step; -1 where not counted.
+  virtual int64_t launchesPerStep() const { return -1; }
 };
 
 }  // namespace tpc

@@ -1,0 +1,137 @@
+// CublasLtMatmul: descriptors and layouts per node, the heuristic's algorithm per distinct shape.
+#include "runtime/cuda/cublaslt_matmul.h"
+
+#include <cstring>
+
+#include "runtime/cuda/cuda_libraries.h"
+
+namespace tpc::cuda {
+
+struct CublasLtMatmul::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  std::string what;
+};
+
+namespace {
+
+Result<cudaDataType_t> dataType(DType t, const Node& n) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: return makeError("cuda: matmul of ", dtypeName(t), " is not supported (f32, bf16 or f16)");
+  }
+}
+
+#define LT_TRY(expr, what)                                                                  \
+  do {                                                                                      \
+    cublasStatus_t st_ = (expr);                                                            \
+    if (st_ != CUBLAS_STATUS_SUCCESS) return makeError("cuBLASLt: ", what, " failed (status ", int(st_), ")"); \
+  } while (0)
+
+}  // namespace
+
+Result<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::create(size_t workspaceBytes) {
+  TPC_ASSIGN(const CublasLt* lt, cublasLt());
+  std::unique_ptr<CublasLtMatmul> m(new CublasLtMatmul());
+  cublasLtHandle_t h;
+  LT_TRY(lt->create(&h), "cublasLtCreate");
+  m->handle_ = h;
+  m->workspace_ = workspaceBytes;
+  return m;
+}
+
+CublasLtMatmul::~CublasLtMatmul() {
+  auto lt = cublasLt();
+  if (!lt.ok()) return;
+  for (auto& p : plans_) {
+    (*lt)->matrixLayoutDestroy(p->la);
+    (*lt)->matrixLayoutDestroy(p->lb);
+    (*lt)->matrixLayoutDestroy(p->lc);
+    (*lt)->matmulDescDestroy(p->desc);
+  }
+}
+
+Result<int> CublasLtMatmul::plan(const Node& n) {
+  TPC_ASSIGN(const CublasLt* lt, cublasLt());
+  const Value *A = n.operand(0), *B = n.operand(1), *C = n.result();
+  bool ta = n.getBool("transpose_a"), tb = n.getBool("transpose_b");
+  int64_t ra = A->type().rank(), rb = B->type().rank(), rc = C->type().rank();
+  int64_t M = C->shape()[rc - 2], N = C->shape()[rc - 1];
+  int64_t K = ta ? A->shape()[ra - 2] : A->shape()[ra - 1];
+  int64_t batch = 1, aBatch = 1, bBatch = 1;
+  for (int64_t k = 0; k + 2 < rc; ++k) batch *= C->shape()[k];
+  for (int64_t k = 0; k + 2 < ra; ++k) aBatch *= A->shape()[k];
+  for (int64_t k = 0; k + 2 < rb; ++k) bBatch *= B->shape()[k];
+  if ((aBatch != 1 && aBatch != batch) || (bBatch != 1 && bBatch != batch) ||
+      (aBatch == batch && batch > 1 && A->type().numel() != batch * M * K) ||
+      (bBatch == batch && batch > 1 && B->type().numel() != batch * K * N))
+    return makeError("cuda: matmul ", A->type().str(), " x ", B->type().str(),
+                     ": batch dims must be equal, or one operand 2-D (broadcast batch dims are not supported)");
+  // b shared by every batch and a's rows contiguous: one [batch*M, K] x [K, N] product.
+  if (bBatch == 1 && aBatch == batch && !ta) {
+    M *= batch;
+    batch = 1;
+    aBatch = 1;
+  }
+  TPC_ASSIGN(cudaDataType_t ta_, dataType(A->dtype(), n));
+  TPC_ASSIGN(cudaDataType_t tb_, dataType(B->dtype(), n));
+  TPC_ASSIGN(cudaDataType_t tc_, dataType(C->dtype(), n));
+
+  auto p = std::make_unique<Plan>();
+  p->what = cat("matmul ", A->type().str(), " x ", B->type().str(), ta ? " (a^T)" : "", tb ? " (b^T)" : "");
+  LT_TRY(lt->matmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  // Column-major: first operand is B (N x K after op), second is A (K x M after op).
+  cublasOperation_t opFirst = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opSecond = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LT_TRY(lt->matmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opFirst, sizeof opFirst), "TRANSA");
+  LT_TRY(lt->matmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opSecond, sizeof opSecond), "TRANSB");
+  uint64_t bRows = tb ? K : N, bCols = tb ? N : K, aRows = ta ? M : K, aCols = ta ? K : M;
+  LT_TRY(lt->matrixLayoutCreate(&p->la, tb_, bRows, bCols, static_cast<int64_t>(bRows)), "layout of b");
+  LT_TRY(lt->matrixLayoutCreate(&p->lb, ta_, aRows, aCols, static_cast<int64_t>(aRows)), "layout of a");
+  LT_TRY(lt->matrixLayoutCreate(&p->lc, tc_, N, M, N), "layout of c");
+  if (batch > 1) {
+    int32_t count = static_cast<int32_t>(batch);
+    int64_t sB = bBatch == 1 ? 0 : K * N, sA = aBatch == 1 ? 0 : M * K, sC = M * N;
+    for (auto [layout, stride] : {std::pair{p->la, sB}, std::pair{p->lb, sA}, std::pair{p->lc, sC}}) {
+      LT_TRY(lt->matrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count");
+      LT_TRY(lt->matrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+             "batch stride");
+    }
+  }
+  std::string key = cat(int(ta_), ",", int(tb_), ",", int(tc_), ",", ta, tb, ",", M, ",", N, ",", K, ",", batch, ",",
+                        aBatch, ",", bBatch);
+  auto cached = algos_.find(key);
+  if (cached != algos_.end()) {
+    p->algo = plans_[cached->second]->algo;
+  } else {
+    cublasLtMatmulPreference_t pref;
+    LT_TRY(lt->preferenceCreate(&pref), "preference");
+    uint64_t ws = workspace_;
+    lt->preferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t st = lt->algoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc, p->la, p->lb, p->lc,
+                                             p->lc, pref, 1, &result, &found);
+    lt->preferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+      return makeError("cuBLASLt: no algorithm for ", p->what, " (status ", int(st), ")");
+    p->algo = result.algo;
+    algos_[key] = static_cast<int>(plans_.size());
+  }
+  plans_.push_back(std::move(p));
+  return static_cast<int>(plans_.size()) - 1;
+}
+
+Status CublasLtMatmul::run(int id, const void* a, const void* b, void* c, void* workspace, cudaStream_t stream) const {
+  TPC_ASSIGN(const CublasLt* lt, cublasLt());
+  const Plan& p = *plans_[id];
+  float alpha = 1.f, beta = 0.f;
+  LT_TRY(lt->matmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, b, p.la, a, p.lb, &beta, c, p.lc, c, p.lc,
+                    &p.algo, workspace, workspace_, stream),
+         p.what);
+  return {};
+}
+
+}  // namespace tpc::cuda

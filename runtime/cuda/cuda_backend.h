@@ -1,0 +1,27 @@
+// The CUDA Backend: lowers each rank's step graph to a Program (static memory plan in one arena per rank,
+// NVRTC kernels, cuBLASLt matmuls), captures the whole step once as a CUDA graph and replays it. Parameters
+// and optimizer state live in their own device buffers, updated in place; the batch, lr and step are
+// copied into fixed device buffers before each replay. Several rank graphs (a mesh) run as virtual ranks
+// on the one GPU: their programs interleave on one stream, collectives are device kernels reading every
+// rank's buffer. State and batch come in and go out unsharded, as with the CPU mesh backend.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace tpc {
+
+struct CudaOptions {
+  uint64_t seed = 1234;  // dropout: Philox keyed by (seed, step, key, global element index), as on the CPU
+  int device = 0;
+  std::string cacheDir;  // NVRTC cubin cache; empty: $TPC_CACHE_DIR or ~/.cache/tpc/kernels
+  bool verbose = true;   // print the memory plan and kernel counts at prepare()
+};
+
+// rankGraphs: one graph per rank of the graphs' mesh (empty: the single-rank graph given to prepare()).
+std::unique_ptr<Backend> createCudaBackend(std::vector<std::unique_ptr<Graph>> rankGraphs, CudaOptions options);
+
+}  // namespace tpc
