@@ -99,7 +99,19 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | elapsed %s | ETA %s",
                     static_cast<long long>(it), static_cast<long long>(settings.trainIters), loss, lr, gradNorm,
                     formatRate(tps).c_str(), formatDuration(elapsed).c_str(), formatDuration(eta).c_str());
-      console << line << std::endl;
+      std::string extra;
+      if (settings.flopsPerToken > 0 && settings.peakFlops > 0) {
+        char mfu[160];
+        std::snprintf(mfu, sizeof mfu, " | MFU %.1f%% of %s", 100.0 * tps * settings.flopsPerToken / settings.peakFlops,
+                      settings.peakName.c_str());
+        extra += mfu;
+      }
+      if (int64_t mem = backend.deviceMemoryInUse(); mem >= 0) {
+        char m[64];
+        std::snprintf(m, sizeof m, " | GPU mem %.2f GiB", static_cast<double>(mem) / (1ull << 30));
+        extra += m;
+      }
+      console << line << extra << std::endl;
     }
     if (jsonl.is_open()) {
       std::ostringstream j;

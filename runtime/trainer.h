@@ -28,6 +28,9 @@ struct TrainerSettings {
   std::string logJsonl;          // one JSON object per logged step, when set
   bool console = true;           // print a line every log interval
   std::string tokensInput = "tokens", targetsInput = "targets";
+  // MFU in the log line when both are set: model FLOPs per trained token (6N + attention) over the peak.
+  double flopsPerToken = 0, peakFlops = 0;
+  std::string peakName;  // what the peak is, printed with the MFU ("H200 dense fp32 67 TFLOP/s")
 };
 
 struct TrainReport {

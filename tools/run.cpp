@@ -13,6 +13,9 @@
 #include "runtime/backend_select.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
+#ifdef TPC_HAVE_CUDA
+#include "runtime/cuda/cuda_backend.h"
+#endif
 #include "runtime/param_init.h"
 #include "runtime/trainer.h"
 #include "tools/cli.h"
@@ -67,6 +70,7 @@ class DatasetBatches final : public BatchSource {
 int runRun(std::vector<std::string> args) {
   cli::Flags flags("run", "tpc run MODEL.fb|MODEL.json [training flags]");
   flags.value("backend", "auto | cpu | cuda", "auto")
+      .value("precision", "fp32 | bf16 | fp16: compute precision (master weights and optimizer state stay fp32)", "fp32")
       .value("threads", "CPU backend threads (0: all cores)", "0")
       .value("log-jsonl", "also write one JSON object per logged step to this file")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
@@ -87,11 +91,13 @@ int runRun(std::vector<std::string> args) {
 
   auto backendKind = selectBackend(flags.get("backend"));
   if (!backendKind) return cli::fail("run", backendKind.error());
-  if (*backendKind == BackendKind::Cuda) {
-    if (flags.get("backend") == "cuda")
-      return cli::fail("run", "--backend=cuda: the CUDA backend lands with issue #6; use --backend=cpu");
-    std::cout << "note: a GPU is present, but the CUDA backend lands with issue #6; training on the CPU\n";
-  }
+  const std::string precision = flags.get("precision");
+  if (precision != "fp32" && precision != "bf16" && precision != "fp16")
+    return cli::fail("run", "--precision=" + precision + " is not a precision (expected fp32, bf16 or fp16)");
+  if (precision != "fp32")
+    return cli::fail("run", "--precision=" + precision +
+                                ": bf16/fp16 compute needs the mixed-precision pass, which is not in this build yet; use "
+                                "--precision=fp32");
 
   // The training step: forward, backward, clipping, AdamW; then simplified.
   std::unique_ptr<Graph> step = model->forward->clone();
@@ -129,8 +135,16 @@ int runRun(std::vector<std::string> args) {
   if (!threads) return cli::fail("run", threads.error());
   cpu.threads = static_cast<int>(*threads);
   cpu.seed = config.seed;
-  std::unique_ptr<Backend> backend =
-      rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu);
+  std::unique_ptr<Backend> backend;
+#ifdef TPC_HAVE_CUDA
+  if (*backendKind == BackendKind::Cuda) {
+    CudaOptions cuda;
+    cuda.seed = config.seed;
+    backend = createCudaBackend(std::move(rankGraphs), cuda);
+  }
+#endif
+  if (!backend)
+    backend = rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu);
   TensorMap state;
   int64_t numParams = 0;
   for (const Value* p : model->forward->params()) numParams += p->type().numel();
@@ -156,16 +170,28 @@ int runRun(std::vector<std::string> args) {
   settings.lr.decayIters = config.decayIters > 0 ? config.decayIters : config.trainIters;
   settings.lr.style = config.decayStyle;
   settings.logJsonl = flags.get("log-jsonl");
+  if (*backendKind == BackendKind::Cuda) {
+    // Model FLOPs per token: 6 per parameter (forward + backward) plus attention's 12 * layers * hidden * seq
+    // (PaLM's estimate). The peak is the H200's for the precision the matmuls run in (dense, no sparsity).
+    double attention = model->gpt ? 12.0 * static_cast<double>(model->gpt->layers * model->gpt->hidden * config.seqLength) : 0;
+    settings.flopsPerToken = 6.0 * static_cast<double>(numParams) + attention;
+    settings.peakFlops = precision == "fp32" ? 67e12 : 989e12;
+    settings.peakName = precision == "fp32" ? "H200 fp32 67 TFLOP/s" : "H200 dense bf16 989 TFLOP/s";
+  }
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
   const auto& losses = report->losses;
   std::printf("done: %zu steps in %s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)\n", losses.size(),
               formatDuration(report->seconds).c_str(), report->tokensPerSecond, losses.front(), losses.back(),
               100.0 * (1.0 - losses.back() / losses.front()));
+  if (backend->launchesPerStep() >= 0)
+    std::printf("  GPU: %lld kernel launches and library calls per step, replayed as one CUDA graph; %.2f GiB of GPU memory in use\n",
+                static_cast<long long>(backend->launchesPerStep()),
+                static_cast<double>(backend->deviceMemoryInUse()) / (1ull << 30));
   return 0;
 }
 
-cli::SubcommandRegistration reg("run", "train a model file (CPU reference backend; flags as in Megatron-LM)", runRun);
+cli::SubcommandRegistration reg("run", "train a model file (on the GPU when there is one, else the CPU; flags as in Megatron-LM)", runRun);
 
 }  // namespace
 }  // namespace tpc

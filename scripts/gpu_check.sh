@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: every GPU test, the equivalence runs (CPU vs GPU, tp on virtual ranks) and
+# short training runs of tiny.fb and gpt2.fb on the default corpus (data/brown). Logs go to OUTDIR; a short
+# table is printed last.
+#   scripts/gpu_check.sh OUTDIR
+# Where the binaries are: TPC_BUILD (default build): $TPC_BUILD/bin/tpc, $TPC_BUILD/tests/tpc_gpu_tests and
+# $TPC_BUILD/models/{tiny,gpt2}.fb (a flat folder holding tpc, tpc_gpu_tests, tiny.fb, gpt2.fb works too).
+# Data: TPC_DATA_DIR (default: tpc's own lookup). GPT2_ITERS (default 30) steps of gpt2.
+set -uo pipefail
+
+out="${1:?usage: scripts/gpu_check.sh OUTDIR}"
+mkdir -p "$out"
+build="${TPC_BUILD:-build}"
+pick() { for p in "$@"; do [ -e "$p" ] && { echo "$p"; return; }; done; echo "$1"; }
+tpc="$(pick "$build/bin/tpc" "$build/tpc")"
+tests="$(pick "$build/tests/tpc_gpu_tests" "$build/tpc_gpu_tests")"
+tiny="$(pick "$build/models/tiny.fb" "$build/tiny.fb")"
+gpt2="$(pick "$build/models/gpt2.fb" "$build/gpt2.fb")"
+export TPC_CACHE_DIR="${TPC_CACHE_DIR:-$out/kernel-cache}"
+rows=()
+row() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1 || true
+
+# 1. GPU tests (each Catch2 test case; the op test compares every op with the CPU backend).
+for t in "cuda ops: every op's CUDA lowering matches the CPU backend (fp32 1e-5)" \
+         "cuda training: 2-layer GPT, 10 fp32 steps on the GPU match the CPU (loss 1e-4)" \
+         "cuda training: tp 2 and 4 on virtual ranks match tp 1 on the GPU"; do
+  log="$out/test_$(echo "$t" | cut -d: -f2 | tr -cs 'a-z0-9' '_' | cut -c1-40).log"
+  timeout 240 "$tests" "$t" -s > "$log" 2>&1
+  rc=$?
+  detail="$(grep -E 'rel err|outputs compared|worst relative' "$log" | tail -2 | sed 's/^ *//' | tr '\n' ' ' | cut -c1-150)"
+  row "test: ${t:0:42}" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$detail"
+done
+
+# 2. Equivalence: tiny.fb, same seed and data, CPU vs GPU (fp32), and tp 2 on virtual ranks vs tp 1 (GPU).
+common=(--train-iters 10 --log-interval 1 --seed 1)
+"$tpc" run "$tiny" "${common[@]}" --backend cpu --log-jsonl "$out/tiny_cpu.jsonl" > "$out/tiny_cpu.log" 2>&1
+"$tpc" run "$tiny" "${common[@]}" --backend cuda --log-jsonl "$out/tiny_gpu.jsonl" > "$out/tiny_gpu.log" 2>&1
+"$tpc" run "$tiny" "${common[@]}" --backend cuda --tp 2 --log-jsonl "$out/tiny_gpu_tp2.jsonl" > "$out/tiny_gpu_tp2.log" 2>&1
+cmp_losses() {  # worst relative loss difference between two JSONL logs
+  python3 - "$1" "$2" <<'PY' 2>/dev/null || echo "n/a"
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+if not a or len(a) != len(b): print("n/a (%d vs %d steps)" % (len(a), len(b))); sys.exit()
+print("%.2e over %d steps (%.4f -> %.4f)" % (max(abs(x - y) / abs(y) for x, y in zip(a, b)), len(a), a[0], a[-1]))
+PY
+}
+e1="$(cmp_losses "$out/tiny_gpu.jsonl" "$out/tiny_cpu.jsonl")"
+row "tiny.fb 10 steps GPU vs CPU (fp32)" "$(python3 -c "import sys; print('PASS' if float(sys.argv[1]) <= 1e-4 else 'FAIL')" "${e1%% *}" 2>/dev/null || echo FAIL)" "loss rel diff $e1"
+e2="$(cmp_losses "$out/tiny_gpu_tp2.jsonl" "$out/tiny_gpu.jsonl")"
+row "tiny.fb tp 2 virtual ranks vs tp 1 (GPU)" "$(python3 -c "import sys; print('PASS' if float(sys.argv[1]) <= 1e-4 else 'FAIL')" "${e2%% *}" 2>/dev/null || echo FAIL)" "loss rel diff $e2"
+
+# 3. gpt2 (124M) on the default corpus.
+"$tpc" run "$gpt2" --backend cuda --train-iters "${GPT2_ITERS:-30}" --log-interval 5 --micro-batch-size 8 \
+  --global-batch-size 8 --log-jsonl "$out/gpt2.jsonl" > "$out/gpt2.log" 2>&1
+rc=$?
+g="$(grep -E '^done:' "$out/gpt2.log" | tail -1)"
+mem="$(grep -oE 'GPU mem [0-9.]+ GiB' "$out/gpt2.log" | tail -1)"
+mfu="$(grep -oE 'MFU [0-9.]+%' "$out/gpt2.log" | tail -1)"
+launches="$(grep -oE '[0-9]+ launches per step' "$out/gpt2.log" | head -1)"
+plan="$(grep -oE 'activations arena [0-9.]+ MiB' "$out/gpt2.log" | head -1)"
+row "gpt2.fb ${GPT2_ITERS:-30} steps, micro batch 8 x 1024" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "${g#done: } | $mfu | $mem | $plan | $launches"
+
+echo
+echo "== tpc GPU check ($(cat "$out/gpu.txt" 2>/dev/null | head -1)); logs in $out"
+for r in "${rows[@]}"; do echo "$r"; done

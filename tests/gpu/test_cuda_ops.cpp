@@ -1,0 +1,69 @@
+// Every op's CUDA lowering against the CPU backend on random inputs (forward and backward ops alike:
+// the backward of every op is itself an op of ops.def): fp32 within 1e-5 of the largest reference value.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "cuda_op_cases.h"
+#include "gpu_test_support.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cuda/cuda_backend.h"
+
+namespace tpc {
+
+TEST_CASE("cuda ops: every op's CUDA lowering matches the CPU backend (fp32 1e-5)", "[gpu]") {
+  test::requireGpuOrSkip();
+  int checked = 0;
+  std::vector<std::string> failures;
+  for (const testing::OpCase& c : testing::cudaOpCases()) {
+    std::string what = cat(opName(c.op), " ", c.label);
+    auto g = testing::buildOpCase(c);
+    REQUIRE(g.ok());
+    TensorMap inputs = testing::randomInputs(c, **g, 17);
+    CpuOptions co;
+    co.threads = 1;
+    co.seed = 77;
+    auto cpu = createCpuBackend(co);
+    CudaOptions go;
+    go.seed = 77;
+    go.verbose = false;
+    auto gpu = createCudaBackend({}, go);
+    Status s = cpu->prepare(**g, {});
+    REQUIRE(s.ok());
+    s = gpu->prepare(**g, {});
+    if (!s.ok()) {
+      failures.push_back(what + ": prepare: " + s.error());
+      continue;
+    }
+    auto ref = cpu->step(inputs, 5);
+    auto got = gpu->step(inputs, 5);
+    REQUIRE(ref.ok());
+    if (!got.ok()) {
+      failures.push_back(what + ": step: " + got.error());
+      continue;
+    }
+    for (auto& [name, r] : *ref) {
+      const HostTensor& o = got->at(name);
+      if (o.shape() != r.shape()) {
+        failures.push_back(cat(what, " ", name, ": shape ", o.type().str(), " vs ", r.type().str()));
+        continue;
+      }
+      double worst = 0, scale = 0;
+      for (int64_t i = 0; i < r.numel(); ++i) {
+        scale = std::max(scale, std::abs(r.getAsDouble(i)));
+        double d = std::abs(o.getAsDouble(i) - r.getAsDouble(i));
+        worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+      }
+      // bf16/f16 results: one rounding step of their type.
+      DType t = (*g)->outputs()[0].value->dtype();
+      double tol = t == DType::bf16 ? 8e-3 : t == DType::f16 ? 1e-3 : 1e-5;
+      if (worst > tol * std::max(scale, 1e-30)) failures.push_back(cat(what, " ", name, ": max |gpu - cpu| ", worst, " vs max |cpu| ", scale));
+      ++checked;
+    }
+  }
+  for (const auto& f : failures) UNSCOPED_INFO(f);
+  WARN(checked << " outputs compared, " << failures.size() << " failures");
+  CHECK(failures.empty());
+}
+
+}  // namespace tpc

@@ -1,0 +1,143 @@
+// Training on the GPU: a 2-layer GPT trained 10 steps in fp32 matches the CPU backend step by step (loss
+// within 1e-4 relative), and tp 2 and 4 on virtual ranks (all ranks on the one GPU) match tp 1 on the GPU.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "gpu_test_support.h"
+#include "models/gpt.h"
+#include "passes/pipeline.h"
+#include "passes/sharding/sharding.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/param_init.h"
+
+namespace tpc {
+namespace {
+
+std::unique_ptr<Graph> gptStep(int64_t tp, bool dropout) {
+  GptConfig g;
+  g.layers = 2;
+  g.hidden = 64;
+  g.heads = 8;
+  g.vocab = 100;
+  g.paddedVocab = 1024;
+  g.positions = 16;
+  g.hiddenDropout = g.attentionDropout = dropout ? 0.1 : 0.0;
+  TrainConfig c;
+  c.microBatch = 4;
+  c.globalBatch = 4;
+  c.seqLength = 16;
+  auto m = buildGpt(g, c);
+  REQUIRE(m.ok());
+  std::unique_ptr<Graph> step = std::move(m->forward);
+  PassManager pm;
+  std::string passes = (tp > 1 ? "megatron-tp(tp=" + std::to_string(tp) + ")," : std::string()) +
+                       "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce";
+  REQUIRE(pm.addPipeline(passes).ok());
+  Status s = pm.run(*step);
+  INFO((s.ok() ? std::string() : s.error()));
+  REQUIRE(s.ok());
+  if (!step->mesh().empty()) REQUIRE(propagatePlacements(*step).ok());
+  return step;
+}
+
+struct Trace {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> params;
+};
+
+Trace train(const Graph& g, std::unique_ptr<Backend> backend, int64_t steps) {
+  TensorMap state;
+  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 1);
+  Status st = backend->prepare(g, state);
+  INFO((st.ok() ? std::string() : st.error()));
+  REQUIRE(st.ok());
+  std::mt19937 rng(7);
+  Trace t;
+  for (int64_t s = 0; s < steps; ++s) {
+    TensorMap m;
+    for (const char* name : {"tokens", "targets"}) {
+      HostTensor x(TensorType(DType::i32, {4, 16}));
+      for (int64_t i = 0; i < x.numel(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
+      m[name] = x;
+    }
+    m["lr"] = HostTensor::scalarF32(1e-3f);
+    m["step"] = HostTensor::scalarF32(static_cast<float>(s + 1));
+    auto out = backend->step(m, s + 1);
+    INFO("step " << s << ": " << (out.ok() ? std::string() : out.error()));
+    REQUIRE(out.ok());
+    t.losses.push_back(out->at("loss").data<float>()[0]);
+  }
+  for (const Value* p : g.params()) {
+    auto x = backend->readState(p->name());
+    REQUIRE(x.ok());
+    t.params[p->name()] = std::vector<float>(x->data<float>(), x->data<float>() + x->numel());
+  }
+  return t;
+}
+
+std::unique_ptr<Backend> gpuBackend(const Graph& g) {
+  std::vector<std::unique_ptr<Graph>> ranks;
+  if (!g.mesh().empty())
+    for (int64_t r = 0; r < g.mesh().numRanks(); ++r) {
+      auto l = partitionForRank(g, r);
+      REQUIRE(l.ok());
+      ranks.push_back(std::move(*l));
+    }
+  CudaOptions o;
+  o.seed = 99;
+  o.verbose = false;
+  return createCudaBackend(std::move(ranks), o);
+}
+
+double worstLossErr(const Trace& a, const Trace& b) {
+  double w = 0;
+  for (size_t i = 0; i < a.losses.size(); ++i) w = std::max(w, std::abs(a.losses[i] - b.losses[i]) / std::abs(b.losses[i]));
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("cuda training: 2-layer GPT, 10 fp32 steps on the GPU match the CPU (loss 1e-4)", "[gpu]") {
+  test::requireGpuOrSkip();
+  for (bool dropout : {false, true}) {
+    auto g = gptStep(1, dropout);
+    CpuOptions co;
+    co.threads = 4;
+    co.seed = 99;
+    Trace ref = train(*g, createCpuBackend(co), 10);
+    Trace got = train(*g, gpuBackend(*g), 10);
+    double err = worstLossErr(got, ref);
+    WARN("dropout " << dropout << ": losses " << ref.losses.front() << " -> " << ref.losses.back()
+                    << " (cpu), worst relative loss difference gpu vs cpu over 10 steps: " << err);
+    CHECK(err <= 1e-4);
+    CHECK(got.losses.back() < got.losses.front());
+  }
+}
+
+TEST_CASE("cuda training: tp 2 and 4 on virtual ranks match tp 1 on the GPU", "[gpu]") {
+  test::requireGpuOrSkip();
+  auto g1 = gptStep(1, false);
+  Trace ref = train(*g1, gpuBackend(*g1), 3);
+  for (int64_t tp : {2, 4}) {
+    auto g = gptStep(tp, false);
+    Trace got = train(*g, gpuBackend(*g), 3);
+    double err = worstLossErr(got, ref), worstParam = 0;
+    for (const auto& [name, v] : ref.params) {
+      REQUIRE(got.params.count(name));
+      std::vector<float> a = got.params.at(name), b = v;
+      if (name.find("c_attn.bias") != std::string::npos)  // zero-gradient key bias: AdamW amplifies rounding noise
+        for (size_t i = 64; i < 128; ++i) a[i] = b[i] = 0;
+      double num = 0, den = 0;
+      for (size_t i = 0; i < a.size(); ++i) num = std::max(num, double(std::abs(a[i] - b[i]))), den = std::max(den, double(std::abs(b[i])));
+      worstParam = std::max(worstParam, num / std::max(den, 1e-30));
+    }
+    WARN("tp " << tp << " virtual ranks vs tp 1 on the GPU: loss rel err " << err << ", worst param rel err " << worstParam);
+    CHECK(err <= 1e-5);
+    CHECK(worstParam <= 5e-4);  // the CPU mesh test's bound for tp (reordered fp32 sums through AdamW)
+  }
+}
+
+}  // namespace tpc
