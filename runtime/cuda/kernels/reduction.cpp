@@ -1,0 +1,250 @@
+// CUDA lowerings of reduce_sum / reduce_mean / reduce_max over any axes, and of sum_squares and
+// global_norm over several operands. Sums accumulate in double (the CPU kernels do too) in a fixed order:
+// results do not depend on scheduling. Shapes are static, so index arithmetic is baked into the source.
+#include <algorithm>
+#include <set>
+
+#include "ir/shape_rules.h"
+#include "runtime/cuda/kernels/device_prelude.h"
+#include "runtime/cuda/kernels/family_lowerings.h"
+#include "runtime/cuda/kernels/kernel_source.h"
+
+namespace tpc::cuda {
+namespace {
+
+const char* kBlockSumDouble = R"(
+__device__ __forceinline__ double tpc_block_sum_d(double v, double* smem) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? smem[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double tpc_block_max_d(double v, double* smem) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? smem[lane] : -(double)TPC_INF;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+)";
+
+// A function `name(i64 i)` mapping the row-major index over `sizes` to sum idx[k] * strides[k].
+std::string offsetFn(const std::string& name, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  std::string s = cat("__device__ __forceinline__ i64 ", name, "(i64 i) {\n  i64 off = 0;\n");
+  for (size_t k = sizes.size(); k-- > 0;) {
+    if (k == 0) s += cat("  off += i * ", i64Lit(strides[k]), ";\n");
+    else s += cat("  off += (i % ", i64Lit(sizes[k]), ") * ", i64Lit(strides[k]), "; i /= ", i64Lit(sizes[k]), ";\n");
+  }
+  return s + "  return off;\n}\n";
+}
+
+}  // namespace
+
+// The input's dims split into kept (the output, row-major) and reduced ones. The innermost input dim
+// decides the layout: reduced -> a block per output walks the reduced elements (contiguous runs);
+// kept -> a thread per output (adjacent outputs adjacent in memory), the reduced range cut into chunks
+// whose partial results a second kernel combines in chunk order.
+Result<NodeLowering> lowerReduce(const Node& n, const LoweringContext& ctx) {
+  const Value* x = n.operand(0);
+  DType dt = x->dtype();
+  if (isFloat(dt)) TPC_TRY(checkFloatDType(n, dt, "x"));
+  else TPC_TRY(checkIdDType(n, dt, "x"));
+  const Shape& s = x->shape();
+  int64_t r = static_cast<int64_t>(s.size());
+  std::set<int64_t> axes;
+  for (int64_t a : n.getInts("axes")) axes.insert(*normalizeAxis(a, r));
+  std::vector<int64_t> keptSize, keptStride, redSize, redStride;
+  int64_t stride = 1;
+  std::vector<int64_t> strides(s.size());
+  for (int64_t k = r; k-- > 0;) {
+    strides[k] = stride;
+    stride *= s[k];
+  }
+  for (int64_t k = 0; k < r; ++k) {
+    if (axes.count(k)) {
+      redSize.push_back(s[k]);
+      redStride.push_back(strides[k]);
+    } else {
+      keptSize.push_back(s[k]);
+      keptStride.push_back(strides[k]);
+    }
+  }
+  int64_t nout = 1, nred = 1;
+  for (int64_t v : keptSize) nout *= v;
+  for (int64_t v : redSize) nred *= v;
+  int64_t total = nout * nred;
+  bool isMax = n.op() == OpKind::ReduceMax, isMean = n.op() == OpKind::ReduceMean;
+  bool rowStyle = r == 0 || axes.count(r - 1) || nout == 1;
+  double count = nout ? static_cast<double>(total) / nout : 1.0;
+
+  DType od = n.result(0)->dtype();
+  std::string store = isFloat(od) ? "o_st(O, o, (float)v);" : "O[o] = (o_t)(i64)v;";
+  std::string head = devicePrelude() + accessors("x", dt) + (isFloat(od) ? accessors("o", od) : accessors("o", od)) +
+                     kBlockSumDouble + offsetFn("out_base", keptSize, keptStride) +
+                     offsetFn("red_off", redSize, redStride) +
+                     cat("#define NOUT ", i64Lit(nout), "\n#define NRED ", i64Lit(nred), "\n#define INIT ",
+                         isMax ? "(-(double)TPC_INF)" : "0.0", "\n#define COMBINE(a, b) ",
+                         isMax ? "fmax(a, b)" : "((a) + (b))", "\n#define FINISH(v) ",
+                         isMean ? cat("((v) / ", doubleLit(count), ")") : std::string("(v)"), "\n");
+  NodeLowering out;
+  if (rowStyle) {
+    KernelSpec k;
+    k.entry = "tpc_reduce_rows";
+    k.source = head + cat(R"(
+extern "C" __global__ void tpc_reduce_rows(const x_t* X, o_t* O) {
+  __shared__ double red[32];
+  for (i64 o = blockIdx.x; o < NOUT; o += gridDim.x) {
+    const i64 base = out_base(o);
+    double v = INIT;
+    for (i64 k = threadIdx.x; k < NRED; k += blockDim.x) v = COMBINE(v, (double)x_ld(X, base + red_off(k)));
+    v = )", isMax ? "tpc_block_max_d(v, red)" : "tpc_block_sum_d(v, red)", R"(;
+    v = FINISH(v);
+    if (threadIdx.x == 0) { )", store, R"( }
+  }
+}
+)");
+    k.block.x = rowBlock(nred, 256);
+    k.grid.x = gridFor(nout, 1, 1 << 20);
+    k.args = {operandArg(0), resultArg(0)};
+    out.kernels.push_back(std::move(k));
+    return out;
+  }
+  // Column style: chunks so that about 128k threads run, each chunk at least 16 reduced elements.
+  int64_t chunks = std::clamp<int64_t>((131072 + nout - 1) / std::max<int64_t>(nout, 1), 1, std::max<int64_t>(1, nred / 16));
+  chunks = std::min<int64_t>(chunks, 65535);
+  int64_t per = (nred + chunks - 1) / std::max<int64_t>(chunks, 1);
+  head += cat("#define CHUNKS ", i64Lit(chunks), "\n#define PER ", i64Lit(per), "\n");
+  if (chunks == 1) {
+    KernelSpec k;
+    k.entry = "tpc_reduce_cols";
+    k.source = head + cat(R"(
+extern "C" __global__ void tpc_reduce_cols(const x_t* X, o_t* O) {
+  for (i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x; o < NOUT; o += (i64)gridDim.x * blockDim.x) {
+    const i64 base = out_base(o);
+    double v = INIT;
+    for (i64 k = 0; k < NRED; ++k) v = COMBINE(v, (double)x_ld(X, base + red_off(k)));
+    v = FINISH(v);
+    )", store, R"(
+  }
+}
+)");
+    k.block.x = 256;
+    k.grid.x = gridFor(nout, 256);
+    k.args = {operandArg(0), resultArg(0)};
+    out.kernels.push_back(std::move(k));
+    return out;
+  }
+  out.workspaceBytes = chunks * nout * 8;
+  {
+    KernelSpec k;
+    k.entry = "tpc_reduce_cols_partial";
+    k.source = head + R"(
+extern "C" __global__ void tpc_reduce_cols_partial(const x_t* X, double* part) {
+  i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+  if (o >= NOUT) return;
+  const i64 base = out_base(o);
+  double v = INIT;
+  i64 end = min((c + 1) * PER, NRED);
+  for (i64 k = c * PER; k < end; ++k) v = COMBINE(v, (double)x_ld(X, base + red_off(k)));
+  part[c * NOUT + o] = v;
+}
+)";
+    k.block.x = 256;
+    k.grid = {static_cast<uint32_t>((nout + 255) / 256), static_cast<uint32_t>(chunks), 1};
+    k.args = {operandArg(0), workspaceArg(0)};
+    out.kernels.push_back(std::move(k));
+  }
+  {
+    KernelSpec k;
+    k.entry = "tpc_reduce_cols_final";
+    k.source = head + cat(R"(
+extern "C" __global__ void tpc_reduce_cols_final(const double* part, o_t* O) {
+  for (i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x; o < NOUT; o += (i64)gridDim.x * blockDim.x) {
+    double v = INIT;
+    for (i64 c = 0; c < CHUNKS; ++c) v = COMBINE(v, part[c * NOUT + o]);
+    v = FINISH(v);
+    )", store, R"(
+  }
+}
+)");
+    k.block.x = 256;
+    k.grid.x = gridFor(nout, 256);
+    k.args = {workspaceArg(0), resultArg(0)};
+    out.kernels.push_back(std::move(k));
+  }
+  return out;
+}
+
+// Kernel 1: each operand gets a fixed number of blocks; a block sums the squares of its grid-stride slice
+// of that operand and writes one double partial. Kernel 2: one block sums the partials (fixed order) and
+// writes the sum (sum_squares) or its square root (global_norm).
+Result<NodeLowering> lowerSumSquares(const Node& n, const LoweringContext& ctx) {
+  std::string src = devicePrelude() + kBlockSumDouble;
+  std::string params, chain;
+  std::vector<KernelArg> args;
+  int64_t base = 0;
+  for (unsigned k = 0; k < n.numOperands(); ++k) {
+    DType dt = n.operand(k)->dtype();
+    TPC_TRY(checkFloatDType(n, dt, "every operand"));
+    std::string name = cat("a", k);
+    src += accessors(name, dt);
+    params += cat("const ", name, "_t* P", k, ", ");
+    int64_t count = n.operand(k)->type().numel();
+    int64_t blocks = std::clamp<int64_t>((count + 256 * 16 - 1) / (256 * 16), 1, 1024);
+    chain += cat("  ", k ? "else " : "", "if (blockIdx.x < ", i64Lit(base + blocks), ") {\n    const i64 b = blockIdx.x - ",
+                 i64Lit(base), ";\n    for (i64 i = b * blockDim.x + threadIdx.x; i < ", i64Lit(count),
+                 "; i += (i64)", i64Lit(blocks), " * blockDim.x) { double v = (double)", name, "_ld(P", k,
+                 ", i); acc += v * v; }\n  }\n");
+    args.push_back(operandArg(k));
+    base += blocks;
+  }
+  NodeLowering out;
+  out.workspaceBytes = base * 8;
+  {
+    KernelSpec k;
+    k.entry = "tpc_sum_squares_partial";
+    k.source = src + "extern \"C\" __global__ void tpc_sum_squares_partial(" + params + R"(double* part) {
+  __shared__ double red[32];
+  double acc = 0;
+)" + chain + R"(
+  acc = tpc_block_sum_d(acc, red);
+  if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+)";
+    k.block.x = 256;
+    k.grid.x = static_cast<uint32_t>(base);
+    k.args = args;
+    k.args.push_back(workspaceArg(0));
+    out.kernels.push_back(std::move(k));
+  }
+  {
+    KernelSpec k;
+    k.entry = "tpc_sum_squares_final";
+    k.source = devicePrelude() + kBlockSumDouble + cat(R"(
+extern "C" __global__ void tpc_sum_squares_final(const double* part, float* out) {
+  __shared__ double red[32];
+  double acc = 0;
+  for (i64 i = threadIdx.x; i < )", i64Lit(base), R"(; i += blockDim.x) acc += part[i];
+  acc = tpc_block_sum_d(acc, red);
+  if (threadIdx.x == 0) out[0] = (float))", n.op() == OpKind::GlobalNorm ? "sqrt(acc)" : "acc", R"(;
+}
+)");
+    k.block.x = 256;
+    k.args = {workspaceArg(0), resultArg(0)};
+    out.kernels.push_back(std::move(k));
+  }
+  return out;
+}
+
+}  // namespace tpc::cuda
