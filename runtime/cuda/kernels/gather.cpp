@@ -14,13 +14,13 @@ Result<NodeLowering> lowerEmbedding(const Node& n, const LoweringContext& ctx) {
   int64_t V = n.operand(0)->shape()[0], D = n.operand(0)->shape()[1], rows = n.operand(1)->type().numel();
   KernelSpec k;
   k.entry = "tpc_embedding";
-  k.source = devicePrelude() + accessors("w", n.operand(0)->dtype()) + accessors("id", n.operand(1)->dtype()) +
+  k.source = devicePrelude() + accessors("w", n.operand(0)->dtype()) + accessors("ids", n.operand(1)->dtype()) +
              accessors("y", n.result(0)->dtype()) + cat(R"(
-extern "C" __global__ void tpc_embedding(const w_t* W, const id_t* I, y_t* Y) {
+extern "C" __global__ void tpc_embedding(const w_t* W, const ids_t* I, y_t* Y) {
   const i64 D = )", i64Lit(D), R"(;
   for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < )", i64Lit(rows * D), R"(; e += (i64)gridDim.x * blockDim.x) {
     i64 r = e / D, c = e - r * D;
-    i64 row = id_ld(I, r) - )", i64Lit(n.getInt("vocab_start")), R"(;
+    i64 row = ids_ld(I, r) - )", i64Lit(n.getInt("vocab_start")), R"(;
     y_st(Y, e, row >= 0 && row < )", i64Lit(V), R"( ? w_ld(W, row * D + c) : 0.f);
   }
 }
@@ -46,7 +46,7 @@ Result<NodeLowering> lowerEmbeddingGrad(const Node& n, const LoweringContext& ct
   if (V >= (int64_t(1) << 31) || N >= (int64_t(1) << 31))
     return makeError("embedding_grad: the CUDA kernel takes fewer than 2^31 rows and ids, got vocab=", V, " and ", N,
                      " ids");
-  std::string head = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("id", n.operand(1)->dtype()) +
+  std::string head = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("ids", n.operand(1)->dtype()) +
                      accessors("dw", n.result(0)->dtype()) +
                      cat("#define V ", i64Lit(V), "\n#define D ", i64Lit(D), "\n#define N ", i64Lit(N), "\n#define START ",
                          i64Lit(n.getInt("vocab_start")), "\n");
@@ -58,9 +58,9 @@ Result<NodeLowering> lowerEmbeddingGrad(const Node& n, const LoweringContext& ct
     KernelSpec k;
     k.entry = "tpc_embedding_grad_count";
     k.source = head + R"(
-extern "C" __global__ void tpc_embedding_grad_count(const id_t* I, int* count) {
+extern "C" __global__ void tpc_embedding_grad_count(const ids_t* I, int* count) {
   for (i64 r = (i64)blockIdx.x * blockDim.x + threadIdx.x; r < N; r += (i64)gridDim.x * blockDim.x) {
-    i64 v = id_ld(I, r) - START;
+    i64 v = ids_ld(I, r) - START;
     if (v >= 0 && v < V) atomicAdd(count + v, 1);
   }
 }
@@ -101,15 +101,15 @@ extern "C" __global__ void tpc_embedding_grad_scan(const int* count, int* start)
     KernelSpec k;
     k.entry = "tpc_embedding_grad_order";
     k.source = head + R"(
-extern "C" __global__ void tpc_embedding_grad_order(const id_t* I, const int* start, int* order) {
+extern "C" __global__ void tpc_embedding_grad_order(const ids_t* I, const int* start, int* order) {
   __shared__ i64 tile[1024];
   i64 r = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  i64 v = r < N ? id_ld(I, r) - START : -1;
+  i64 v = r < N ? ids_ld(I, r) - START : -1;
   int rank = 0;
   i64 last = min((i64)(blockIdx.x + 1) * blockDim.x, N);  // positions this block ranks against: [0, last)
   for (i64 t0 = 0; t0 < last; t0 += blockDim.x) {
     __syncthreads();
-    if (t0 + threadIdx.x < N) tile[threadIdx.x] = id_ld(I, t0 + threadIdx.x) - START;
+    if (t0 + threadIdx.x < N) tile[threadIdx.x] = ids_ld(I, t0 + threadIdx.x) - START;
     __syncthreads();
     i64 n = min((i64)blockDim.x, r - t0);  // earlier positions in this tile
     for (i64 k = 0; k < n; ++k) rank += tile[k] == v;
