@@ -1,0 +1,144 @@
+// A CPU emulation of the CUDA execution model, for running generated kernels where no GPU is present
+// (a developer's check of indexing and synchronization, not a performance model): the kernel source is
+// compiled by the host C++ compiler against a shim (one std::thread per CUDA thread, __syncthreads as a
+// block barrier, warp shuffles through a per-warp barrier, blocks one after another so that __shared__
+// becomes a function-local static). Only what the kernel families use is emulated.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "ir/status.h"
+
+namespace tpc::test {
+
+inline const char* cudaEmulatorShim() {
+  return R"SHIM(
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+using std::exp; using std::log; using std::sqrt; using std::pow; using std::fmin; using std::fmax;
+struct uint3 { unsigned x = 0, y = 0, z = 0; };
+static thread_local uint3 threadIdx, blockIdx;
+static uint3 blockDim, gridDim;
+static thread_local char* tpc_emu_smem;
+struct TpcEmuBlock {
+  std::barrier<>* block;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<unsigned long long> slots;
+};
+static TpcEmuBlock* tpc_emu_state;
+static thread_local unsigned tpc_emu_tid;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+inline void __syncthreads() { tpc_emu_state->block->arrive_and_wait(); }
+template <class T> T __shfl_xor_sync(unsigned, T v, int o) {
+  static_assert(sizeof(T) <= 8);
+  unsigned w = tpc_emu_tid / 32, lane = tpc_emu_tid % 32;
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  tpc_emu_state->slots[tpc_emu_tid] = bits;
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  bits = tpc_emu_state->slots[w * 32 + (lane ^ (unsigned)o)];
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  T r;
+  std::memcpy(&r, &bits, sizeof(T));
+  return r;
+}
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+template <class T> T min(T a, T b) { return b < a ? b : a; }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline float tpc_emu_h2f(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
+inline unsigned short tpc_emu_f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; std::memcpy(&h, &x, 2); return h; }
+)SHIM";
+}
+
+inline const char* cudaEmulatorLauncher() {
+  return R"SHIM(
+template <class... A, size_t... I>
+void tpc_emu_call(void (*f)(A...), void** args, std::index_sequence<I...>) {
+  f(*reinterpret_cast<std::remove_reference_t<A>*>(args[I])...);
+}
+template <class... A>
+void tpc_emu_call2(void (*f)(A...), void** args) { tpc_emu_call(f, args, std::index_sequence_for<A...>{}); }
+extern "C" void tpc_emu_launch(void** args, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned shared) {
+  gridDim = {gx, gy, gz};
+  blockDim = {bx, by, bz};
+  unsigned n = bx * by * bz;
+  std::vector<char> dyn(shared + 16);
+  for (unsigned z = 0; z < gz; ++z)
+    for (unsigned y = 0; y < gy; ++y)
+      for (unsigned x = 0; x < gx; ++x) {
+        std::barrier<> block(n);
+        TpcEmuBlock st;
+        st.block = &block;
+        for (unsigned w = 0; w < (n + 31) / 32; ++w) st.warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - w * 32)));
+        st.slots.assign(n, 0);
+        tpc_emu_state = &st;
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < n; ++t)
+          threads.emplace_back([&, t] {
+            tpc_emu_tid = t;
+            threadIdx = {t % bx, (t / bx) % by, t / (bx * by)};
+            blockIdx = {x, y, z};
+            tpc_emu_smem = dyn.data();
+            tpc_emu_call2(TPC_EMU_ENTRY, args);
+          });
+        for (auto& th : threads) th.join();
+      }
+}
+)SHIM";
+}
+
+// The kernel source rewritten for the shim: inline PTX conversions and dynamic shared memory replaced.
+inline std::string emulatedSource(std::string src, const std::string& entry) {
+  auto replaceAll = [&](const std::string& from, const std::string& to) {
+    for (size_t at = src.find(from); at != std::string::npos; at = src.find(from, at + to.size()))
+      src.replace(at, from.size(), to);
+  };
+  replaceAll("  float f;\n  asm(\"{ cvt.f32.f16 %0, %1; }\" : \"=f\"(f) : \"h\"(h));\n  return f;",
+             "  return tpc_emu_h2f(h);");
+  replaceAll("  f16_t h;\n  asm(\"{ cvt.rn.f16.f32 %0, %1; }\" : \"=h\"(h) : \"f\"(f));\n  return h;",
+             "  return tpc_emu_f2h(f);");
+  replaceAll("extern __shared__ float smem[];", "float* smem = (float*)tpc_emu_smem;");
+  return std::string(cudaEmulatorShim()) + src + "\n#define TPC_EMU_ENTRY " + entry + "\n" + cudaEmulatorLauncher();
+}
+
+using EmuLaunch = void (*)(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned);
+
+// Compiles one kernel for the emulator into `dir` and returns its launcher.
+inline Result<EmuLaunch> compileEmulated(const std::string& source, const std::string& entry, const std::string& dir,
+                                         int serial) {
+  std::string base = dir + "/" + entry + "_" + std::to_string(serial);
+  {
+    std::ofstream f(base + ".cpp");
+    f << emulatedSource(source, entry);
+  }
+  std::string cmd = "c++ -std=c++20 -O1 -w -shared -fPIC -pthread -o " + base + ".so " + base + ".cpp 2> " + base + ".log";
+  if (std::system(cmd.c_str()) != 0) return makeError("emulator: compiling ", base, ".cpp failed, see ", base, ".log");
+  void* h = dlopen((base + ".so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) return makeError("emulator: dlopen ", base, ".so: ", dlerror());
+  void* fn = dlsym(h, "tpc_emu_launch");
+  if (!fn) return makeError("emulator: no tpc_emu_launch in ", base, ".so");
+  return reinterpret_cast<EmuLaunch>(fn);
+}
+
+}  // namespace tpc::test

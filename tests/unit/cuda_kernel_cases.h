@@ -1,0 +1,274 @@
+// Cases for the CUDA kernel families (runtime/cuda/kernels): one op per case with several shapes, dtypes
+// and attributes, inputs drawn in valid ranges; the CPU backend's results; the comparison
+// |got - cpu| <= tol * (|cpu| + rms(cpu)) with tol 1e-5 for f32 results and 1e-2 for bf16/f16 ones.
+// Shared by the CI test (NVRTC compile, launch geometry, CPU emulation) and the GPU test (tests/gpu).
+#pragma once
+
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu_test_helpers.h"
+#include "runtime/cuda/kernels/family_lowerings.h"
+
+namespace tpc::test::kernels {
+
+using cuda::ArgKind;
+using cuda::KernelSpec;
+using cuda::LoweringContext;
+using cuda::NodeLowering;
+
+// One op on inputs of given types; `make` draws valid inputs (f32/int HostTensors of the node's dtypes,
+// bf16/f16 ones as the 16-bit tensors the GPU reads).
+struct Case {
+  std::string name;
+  OpKind op;
+  std::vector<TensorType> types;
+  AttrDict attrs;
+  std::function<std::vector<HostTensor>(std::mt19937&)> make;
+};
+
+inline HostTensor uniformT(const TensorType& t, std::mt19937& rng, double lo = -1, double hi = 1) {
+  HostTensor f = randomTensor(t, rng, false, lo, hi);
+  return isFloat(t.dtype) && t.dtype != DType::f32 ? f.convertTo(t.dtype) : f;
+}
+inline TensorType tt(DType d, Shape s) { return TensorType(d, std::move(s)); }
+
+// Inputs drawn uniformly per operand in [lo, hi).
+inline std::function<std::vector<HostTensor>(std::mt19937&)> uniformInputs(std::vector<TensorType> types,
+                                                                    std::vector<std::pair<double, double>> ranges) {
+  return [types, ranges](std::mt19937& rng) {
+    std::vector<HostTensor> v;
+    for (size_t k = 0; k < types.size(); ++k) {
+      auto [lo, hi] = k < ranges.size() ? ranges[k] : std::pair<double, double>(-1, 1);
+      v.push_back(uniformT(types[k], rng, lo, hi));
+    }
+    return v;
+  };
+}
+
+inline Case simple(std::string name, OpKind op, std::vector<TensorType> types, AttrDict attrs,
+            std::vector<std::pair<double, double>> ranges = {}) {
+  auto make = uniformInputs(types, std::move(ranges));
+  return Case{std::move(name), op, std::move(types), std::move(attrs), std::move(make)};
+}
+
+inline AttrDict attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
+  AttrDict d;
+  for (auto& [k, v] : kv) d.set(k, v);
+  return d;
+}
+
+inline std::vector<HostTensor> toCpuInputs(const std::vector<HostTensor>& in) {
+  std::vector<HostTensor> out;
+  for (const HostTensor& t : in) out.push_back(isFloat(t.dtype()) && t.dtype() != DType::f32 ? t.convertTo(DType::f32) : t);
+  return out;
+}
+
+inline std::vector<HostTensor> runCpu(const Case& c, const std::vector<HostTensor>& inputs, uint64_t seed, int64_t step) {
+  OneOp o = oneOp(c.op, c.types, c.attrs);
+  CpuOptions opt;
+  opt.threads = 2;
+  opt.seed = seed;
+  auto exec = CpuExecutor::create(*o.graph, opt);
+  if (!exec.ok()) FAIL(exec.error());
+  std::vector<HostTensor> cpuIn = toCpuInputs(inputs);
+  std::vector<const HostTensor*> in;
+  for (const HostTensor& t : cpuIn) in.push_back(&t);
+  auto r = (*exec)->run(in, {}, step);
+  if (!r.ok()) FAIL(r.error());
+  return std::move(r).value();
+}
+
+// attention_grad's (dout, q, k, v, out, lse): out and lse from the CPU forward of the same attributes.
+inline std::function<std::vector<HostTensor>(std::mt19937&)> attentionGradInputs(DType dt, Shape q, Shape k, AttrDict a) {
+  return [=](std::mt19937& rng) {
+    TensorType qt(dt, q), kt(dt, k);
+    HostTensor Q = uniformT(qt, rng), K = uniformT(kt, rng), V = uniformT(kt, rng), dO = uniformT(qt, rng);
+    Case fwd{"", OpKind::Attention, {qt, kt, kt}, a, nullptr};
+    std::vector<HostTensor> r = runCpu(fwd, {Q, K, V}, 77, 3);
+    HostTensor out = dt == DType::f32 ? r[0] : r[0].convertTo(dt);
+    return std::vector<HostTensor>{dO, Q, K, V, out, r[1]};
+  };
+}
+
+inline std::vector<Case> allCases() {
+  std::vector<Case> cs;
+  const DType f = DType::f32, bf = DType::bf16, h = DType::f16;
+  // ---- attention ----
+  struct A {
+    const char* name;
+    DType dt;
+    Shape q, k;
+    AttrDict a;
+  };
+  std::vector<A> att = {
+      {"causal D64", f, {2, 3, 64, 64}, {2, 3, 64, 64}, attrs({{"causal", true}})},
+      {"causal D128 tail tiles", f, {1, 2, 100, 128}, {1, 2, 100, 128}, attrs({{"causal", true}})},
+      {"full Tq!=Tk D40 scale", f, {2, 1, 37, 40}, {2, 1, 70, 40}, attrs({{"causal", false}, {"scale", 0.3}})},
+      {"causal dropout sharded heads", f, {2, 2, 70, 32}, {2, 2, 70, 32},
+       attrs({{"causal", true}, {"dropout", 0.25}, {"key", 9}, {"global_shape", std::vector<int64_t>{4, 6}},
+              {"offsets", std::vector<int64_t>{1, 3}}})},
+      {"causal bf16 D64", bf, {2, 2, 128, 64}, {2, 2, 128, 64}, attrs({{"causal", true}})},
+      {"full f16 D128 dropout", h, {1, 2, 65, 128}, {1, 2, 65, 128},
+       attrs({{"causal", false}, {"dropout", 0.1}, {"key", 3}})},
+  };
+  for (const A& x : att) {
+    TensorType qt(x.dt, x.q), kt(x.dt, x.k);
+    cs.push_back(simple(cat("attention ", x.name), OpKind::Attention, {qt, kt, kt}, x.a));
+    Case g{cat("attention_grad ", x.name), OpKind::AttentionGrad,
+           {qt, qt, kt, kt, qt, tt(f, {x.q[0], x.q[1], x.q[2]})}, x.a, attentionGradInputs(x.dt, x.q, x.k, x.a)};
+    cs.push_back(std::move(g));
+  }
+  // ---- normalization ----
+  for (auto [dt, shape] : std::vector<std::pair<DType, Shape>>{{f, {4, 7, 96}}, {bf, {8, 768}}, {f, {3, 1000}}}) {
+    cs.push_back(simple(cat("layer_norm ", tt(dt, shape).str()), OpKind::LayerNorm,
+                        {tt(dt, shape), tt(f, {shape.back()}), tt(f, {shape.back()})}, attrs({{"eps", 1e-5}})));
+    cs.push_back(simple(cat("layer_norm_grad ", tt(dt, shape).str()), OpKind::LayerNormGrad,
+                        {tt(dt, shape), tt(dt, shape), tt(f, {shape.back()})}, attrs({{"eps", 1e-5}})));
+  }
+  cs.push_back(simple("layer_norm_grad many rows", OpKind::LayerNormGrad, {tt(f, {300, 40}), tt(f, {300, 40}), tt(f, {40})}, {}));
+  for (auto [dt, shape, axis] : std::vector<std::tuple<DType, Shape, int64_t>>{
+           {f, {5, 300}, -1}, {f, {3, 7, 5}, 1}, {bf, {4, 2000}, -1}, {f, {6, 4}, 0}}) {
+    cs.push_back(simple(cat("softmax ", tt(dt, shape).str(), " axis ", axis), OpKind::Softmax, {tt(dt, shape)},
+                        attrs({{"axis", axis}}), {{-4, 4}}));
+    cs.push_back(simple(cat("softmax_grad ", tt(dt, shape).str(), " axis ", axis), OpKind::SoftmaxGrad,
+                        {tt(dt, shape), tt(dt, shape)}, attrs({{"axis", axis}}), {{-1, 1}, {0, 1}}));
+  }
+  // ---- loss ----
+  for (auto [dt, it, V, C] : std::vector<std::tuple<DType, DType, int64_t, int64_t>>{
+           {f, DType::i32, 50, 0}, {f, DType::i64, 64, 45}, {bf, DType::i32, 1000, 999}}) {
+    int64_t classes = C ? C : V;
+    Shape rows = {3, 5};
+    TensorType lt = tt(dt, {3, 5, V}), tgt = tt(it, rows);
+    AttrDict a = attrs({{"ignore_index", int64_t(-1)}, {"num_classes", C}});
+    cs.push_back(simple(cat("cross_entropy ", lt.str(), " C=", C), OpKind::CrossEntropy, {lt, tgt}, a,
+                        {{-3, 3}, {-1, double(classes - 1)}}));
+    cs.push_back(simple(cat("cross_entropy_grad ", lt.str(), " C=", C), OpKind::CrossEntropyGrad,
+                        {tt(f, rows), lt, tgt}, a, {{-1, 1}, {-3, 3}, {-1, double(classes - 1)}}));
+  }
+  {
+    // This rank holds classes [32, 96) of 120 real ones... and [96, 160) holds 24 real ones then padding.
+    for (int64_t start : {int64_t(32), int64_t(96)}) {
+      TensorType lt = tt(f, {4, 6, 64}), rows = tt(f, {4, 6}), tg = tt(DType::i32, {4, 6});
+      AttrDict vs = attrs({{"vocab_start", start}, {"num_classes", int64_t(120)}});
+      cs.push_back(simple(cat("vocab_max start=", start), OpKind::VocabMax, {lt}, vs, {{-3, 3}}));
+      cs.push_back(simple(cat("vocab_sum_exp start=", start), OpKind::VocabSumExp, {lt, rows}, vs, {{-3, 3}, {2, 3}}));
+      cs.push_back(simple(cat("vocab_pick start=", start), OpKind::VocabPick, {lt, tg},
+                          attrs({{"vocab_start", start}, {"ignore_index", int64_t(-1)}}), {{-3, 3}, {-1, 119}}));
+      cs.push_back(simple(cat("vocab_xent_grad start=", start), OpKind::VocabXentGrad, {rows, lt, rows, rows, tg},
+                          attrs({{"vocab_start", start}, {"num_classes", int64_t(120)}, {"ignore_index", int64_t(-1)}}),
+                          {{-1, 1}, {-3, 3}, {2, 3}, {20, 40}, {-1, 119}}));
+    }
+    TensorType rows = tt(f, {4, 6});
+    cs.push_back(simple("vocab_loss", OpKind::VocabLoss, {rows, rows, rows, tt(DType::i64, {4, 6})},
+                        attrs({{"ignore_index", int64_t(-1)}}), {{2, 3}, {20, 40}, {-3, 3}, {-1, 5}}));
+  }
+  // ---- gather ----
+  for (DType dt : {f, bf}) {
+    cs.push_back(simple(cat("embedding ", dtypeName(dt)), OpKind::Embedding, {tt(dt, {50, 24}), tt(DType::i32, {3, 9})},
+                        attrs({{"vocab_start", int64_t(10)}}), {{-1, 1}, {0, 70}}));
+    cs.push_back(simple(cat("embedding_grad ", dtypeName(dt)), OpKind::EmbeddingGrad,
+                        {tt(dt, {4, 333, 24}), tt(DType::i64, {4, 333})},
+                        attrs({{"vocab", int64_t(40)}, {"vocab_start", int64_t(5)}}), {{-1, 1}, {0, 50}}));
+  }
+  cs.push_back(simple("embedding_grad one id everywhere", OpKind::EmbeddingGrad, {tt(f, {2100, 8}), tt(DType::i32, {2100})},
+                      attrs({{"vocab", int64_t(3)}}), {{-1, 1}, {1, 1}}));
+  // ---- reductions ----
+  struct R {
+    OpKind op;
+    DType dt;
+    Shape s;
+    std::vector<int64_t> axes;
+    bool keep;
+  };
+  for (const R& r : std::vector<R>{{OpKind::ReduceSum, f, {64, 33}, {0}, false},
+                                   {OpKind::ReduceSum, f, {64, 33}, {1}, true},
+                                   {OpKind::ReduceSum, f, {5, 6, 7}, {0, 2}, false},
+                                   {OpKind::ReduceSum, bf, {5, 6, 7}, {0, 1, 2}, false},
+                                   {OpKind::ReduceSum, f, {4096, 16}, {0}, false},
+                                   {OpKind::ReduceSum, DType::i32, {10, 12}, {1}, false},
+                                   {OpKind::ReduceMean, f, {8, 9, 10}, {-1, 0}, true},
+                                   {OpKind::ReduceMean, f, {3000, 4}, {0}, false},
+                                   {OpKind::ReduceMax, f, {8, 9, 10}, {1}, false},
+                                   {OpKind::ReduceMax, bf, {70, 3}, {0}, true},
+                                   {OpKind::ReduceSum, f, {6, 5}, {}, false}}) {
+    cs.push_back(simple(cat(opName(r.op), " ", tt(r.dt, r.s).str(), " axes ", shapeStr(r.axes), r.keep ? " keepdims" : ""),
+                        r.op, {tt(r.dt, r.s)}, attrs({{"axes", r.axes}, {"keepdims", r.keep}}), {{-5, 5}}));
+  }
+  for (OpKind op : {OpKind::SumSquares, OpKind::GlobalNorm})
+    cs.push_back(simple(cat(opName(op), " of 3"), op, {tt(f, {100}), tt(bf, {33, 7}), tt(f, {70000})}, {}));
+  // ---- optimizer ----
+  for (DType dt : {f, bf}) {
+    TensorType p = tt(dt, {1000}), s = tt(f, {});
+    cs.push_back(simple(cat("adamw_update ", dtypeName(dt)), OpKind::AdamWUpdate, {p, tt(f, {1000}), tt(f, {1000}), tt(f, {1000}), s, s},
+                        attrs({{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight_decay", 0.1}}),
+                        {{-1, 1}, {-1, 1}, {-0.1, 0.1}, {0, 0.01}, {1e-3, 2e-3}, {3, 3}}));
+  }
+  cs.push_back(simple("clip_scale", OpKind::ClipScale, {tt(f, {})}, attrs({{"max_norm", 1.0}}), {{0.5, 3}}));
+  return cs;
+}
+
+inline LoweringContext sm90() { return LoweringContext{}; }
+
+inline Result<NodeLowering> lowerCase(const Case& c, OneOp& o) {
+  const cuda::FamilyLowering* fn = cuda::findFamilyLowering(c.op);
+  if (!fn) return makeError("no lowering for ", opName(c.op));
+  return (*fn)(*o.node, sm90());
+}
+
+// Compares every result; returns how many were compared.
+inline int compareResults(OneOp& o, const std::vector<HostTensor>& got, const std::vector<HostTensor>& want) {
+  REQUIRE(got.size() == want.size());
+  int compared = 0;
+  for (size_t r = 0; r < got.size(); ++r) {
+    DType dt = o.node->result(r)->dtype();
+    double tol = dt == DType::f32 ? 1e-5 : 1e-2;
+    std::vector<double> g = values(got[r]), w = values(want[r]);
+    double rms = 0;
+    for (double v : w) rms += v * v;
+    rms = std::sqrt(rms / std::max<size_t>(w.size(), 1));
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      double e = g[i] == w[i] ? 0.0 : std::abs(g[i] - w[i]) / (std::abs(w[i]) + rms + 1e-30);  // equal infinities: 0
+      if (!(e <= worst)) {  // NaN counts as the worst
+        worst = std::isnan(e) ? INFINITY : e;
+        at = i;
+      }
+    }
+    INFO("result " << r << ": worst relative error " << worst << " at " << at << " (got "
+                   << (g.empty() ? 0.0 : g[at]) << ", cpu " << (w.empty() ? 0.0 : w[at]) << ")");
+    CHECK(worst <= tol);
+    ++compared;
+  }
+  return compared;
+}
+
+
+// A kernel's arguments as cudaLaunchKernel takes them: args[i] points at the i-th value.
+struct ArgPack {
+  std::vector<void*> ptrs, args;
+  std::vector<long long> ints;
+  std::vector<float> floats;
+  std::vector<unsigned long long> seeds;
+  ArgPack(const KernelSpec& k, const std::vector<void*>& ops, const std::vector<void*>& res, char* ws, uint64_t seed,
+          void* step)
+      : ptrs(k.args.size()), args(k.args.size()), ints(k.args.size()), floats(k.args.size()), seeds(k.args.size()) {
+    for (size_t a = 0; a < k.args.size(); ++a) {
+      const cuda::KernelArg& ka = k.args[a];
+      switch (ka.kind) {
+        case ArgKind::Operand: ptrs[a] = ops[ka.index]; args[a] = &ptrs[a]; break;
+        case ArgKind::Result: ptrs[a] = res[ka.index]; args[a] = &ptrs[a]; break;
+        case ArgKind::Workspace: ptrs[a] = ws + ka.index; args[a] = &ptrs[a]; break;
+        case ArgKind::Int64: ints[a] = ka.i; args[a] = &ints[a]; break;
+        case ArgKind::Float: floats[a] = static_cast<float>(ka.f); args[a] = &floats[a]; break;
+        case ArgKind::Seed: seeds[a] = seed; args[a] = &seeds[a]; break;
+        case ArgKind::StepPtr: ptrs[a] = step; args[a] = &ptrs[a]; break;
+      }
+    }
+  }
+};
+
+}  // namespace tpc::test::kernels

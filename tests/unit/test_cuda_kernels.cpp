@@ -1,0 +1,157 @@
+// The CUDA kernel families (runtime/cuda/kernels) without a GPU: every lowering of every case in
+// cuda_kernel_cases.h compiles with NVRTC for sm_90 and has a sane launch geometry; lowerings refuse what
+// they cannot run. A hidden test runs the kernels under the CPU emulation of cuda_emulator.h against the
+// CPU backend (the same comparison as the GPU test in tests/gpu/test_cuda_kernels_gpu.cpp).
+#ifdef TPC_HAVE_CUDA
+
+#include <cctype>
+#include <cstring>
+#include <map>
+
+#include "cuda_emulator.h"
+#include "cuda_kernel_cases.h"
+#include "runtime/cuda/nvrtc_compiler.h"
+#include "test_support.h"
+
+using namespace tpc;
+using namespace tpc::test;
+using namespace tpc::test::kernels;
+
+namespace {
+
+// Parameters in the entry's signature (commas at parenthesis depth 1 after "entry(").
+int countParams(const KernelSpec& k) {
+  size_t at = k.source.find(k.entry + "(");
+  if (at == std::string::npos) return -1;
+  int depth = 0, n = 0;
+  bool any = false;
+  for (size_t i = at + k.entry.size(); i < k.source.size(); ++i) {
+    char ch = k.source[i];
+    if (ch == '(') ++depth;
+    else if (ch == ')' && --depth == 0) break;
+    else if (ch == ',' && depth == 1) ++n;
+    else if (depth == 1 && !std::isspace(static_cast<unsigned char>(ch))) any = true;
+  }
+  return any ? n + 1 : 0;
+}
+
+// Whether `name` contains one of the '|'-separated parts of `filter`.
+bool matchesAny(const std::string& name, const std::string& filter) {
+  size_t b = 0;
+  while (b <= filter.size()) {
+    size_t e = filter.find('|', b);
+    if (e == std::string::npos) e = filter.size();
+    if (e > b && name.find(filter.substr(b, e - b)) != std::string::npos) return true;
+    b = e + 1;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels: every family lowering compiles with NVRTC for sm_90 with a sane launch", "[cuda]") {
+  TempDir cache;
+  cuda::NvrtcCompiler nvrtc(90, cache.path.string());
+  std::map<std::string, bool> compiled;  // by source: several cases share a kernel
+  for (const Case& c : allCases()) {
+    INFO(c.name);
+    OneOp o = oneOp(c.op, c.types, c.attrs);
+    auto low = lowerCase(c, o);
+    REQUIRE(low.ok());
+    REQUIRE(!low->kernels.empty());
+    CHECK(low->workspaceBytes >= 0);
+    for (const KernelSpec& k : low->kernels) {
+      INFO(k.entry);
+      CHECK(k.grid.x >= 1);
+      CHECK(k.grid.y >= 1);
+      CHECK(k.grid.z >= 1);
+      CHECK(k.grid.y <= 65535);
+      CHECK(k.grid.z <= 65535);
+      uint64_t threads = uint64_t(k.block.x) * k.block.y * k.block.z;
+      CHECK(threads >= 32);
+      CHECK(threads <= 1024);
+      CHECK(threads % 32 == 0);  // block reductions shuffle whole warps
+      CHECK(k.sharedBytes <= 227u * 1024u);
+      CHECK(countParams(k) == static_cast<int>(k.args.size()));
+      for (const auto& a : k.args) {
+        if (a.kind == ArgKind::Operand) CHECK(a.index < o.node->numOperands());
+        if (a.kind == ArgKind::Result) CHECK(a.index < o.node->numResults());
+        if (a.kind == ArgKind::Workspace) CHECK(a.index < std::max<int64_t>(low->workspaceBytes, 1));
+      }
+      if (compiled.count(k.source)) continue;
+      auto cubin = nvrtc.compile(k.source, k.entry);
+      INFO((cubin.ok() ? std::string() : cubin.error()));
+      CHECK(cubin.ok());
+      compiled[k.source] = cubin.ok();
+    }
+  }
+  CHECK(compiled.size() > 60);
+}
+
+TEST_CASE("cuda kernels: lowerings refuse what they cannot run", "[cuda]") {
+  OneOp big = oneOp(OpKind::Attention, {f32({1, 1, 8, 160}), f32({1, 1, 8, 160}), f32({1, 1, 8, 160})});
+  auto r = (*cuda::findFamilyLowering(OpKind::Attention))(*big.node, sm90());
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("head_dim <= 128") != std::string::npos);
+  OneOp f64 = oneOp(OpKind::Softmax, {TensorType(DType::f64, {3, 4})});
+  auto s = (*cuda::findFamilyLowering(OpKind::Softmax))(*f64.node, sm90());
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.error().find("f64") != std::string::npos);
+  CHECK(cuda::findFamilyLowering(OpKind::Matmul) == nullptr);
+  CHECK(cuda::findFamilyLowering(OpKind::Add) == nullptr);
+  for (OpKind op : {OpKind::Attention, OpKind::AttentionGrad, OpKind::LayerNorm, OpKind::CrossEntropy,
+                    OpKind::EmbeddingGrad, OpKind::ReduceMax, OpKind::GlobalNorm, OpKind::AdamWUpdate})
+    CHECK(cuda::findFamilyLowering(op) != nullptr);
+}
+
+// Hidden, for developers without a GPU: every case run by the CPU emulation of the CUDA execution model
+// (slow: a host compile per kernel, a std::thread per CUDA thread). TPC_EMU_FILTER='a|b' picks cases
+// whose names contain a or b.
+TEST_CASE("cuda kernels: every family op matches the CPU backend under the CPU emulator", "[cuda][.cuda-emu]") {
+  const char* filter = std::getenv("TPC_EMU_FILTER");
+  TempDir dir;
+  std::map<std::string, EmuLaunch> built;
+  int compared = 0, serial = 0;
+  for (const Case& c : allCases()) {
+    if (filter && !matchesAny(c.name, filter)) continue;
+    INFO(c.name);
+    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
+    std::vector<HostTensor> in = c.make(rng);
+    OneOp o = oneOp(c.op, c.types, c.attrs);
+    auto low = lowerCase(c, o);
+    REQUIRE(low.ok());
+    const uint64_t seed = 4242;
+    const int64_t step = 7;
+    std::vector<HostTensor> want = runCpu(c, in, seed, step);
+    // "Device" buffers in host memory, laid out as on the GPU; results start as NaN bytes.
+    std::vector<std::vector<uint8_t>> opBufs, resBufs;
+    std::vector<void*> ops, res;
+    for (const HostTensor& t : in) opBufs.emplace_back(t.raw(), t.raw() + t.bytes());
+    for (const Value* r : o.node->results()) resBufs.emplace_back(static_cast<size_t>(r->type().bytes()) + 8, 0xff);
+    for (auto& b : opBufs) ops.push_back(b.data());
+    for (auto& b : resBufs) res.push_back(b.data());
+    std::vector<char> ws(static_cast<size_t>(low->workspaceBytes) + 8, low->zeroWorkspace ? 0 : char(0xff));
+    long long stepHost = step;
+    for (const KernelSpec& k : low->kernels) {
+      INFO(k.entry);
+      auto it = built.find(k.source);
+      if (it == built.end()) {
+        auto fn = compileEmulated(k.source, k.entry, dir.path.string(), serial++);
+        if (!fn.ok()) FAIL(fn.error());
+        it = built.emplace(k.source, *fn).first;
+      }
+      ArgPack pack(k, ops, res, ws.data(), seed, &stepHost);
+      it->second(pack.args.data(), k.grid.x, k.grid.y, k.grid.z, k.block.x, k.block.y, k.block.z, k.sharedBytes);
+    }
+    std::vector<HostTensor> got;
+    for (size_t r = 0; r < res.size(); ++r) {
+      HostTensor t(o.node->result(r)->type());
+      if (t.bytes()) std::memcpy(t.raw(), res[r], t.bytes());
+      got.push_back(t);
+    }
+    compared += compareResults(o, got, want);
+  }
+  CHECK(compared > 0);
+}
+
+#endif  // TPC_HAVE_CUDA
