@@ -2,10 +2,12 @@
 // tests/unit/cuda_kernel_cases.h is lowered, compiled with NVRTC for this GPU, launched directly (no
 // executor) and compared with the CPU backend: f32 results within 1e-5 relative, bf16/f16 within 1e-2.
 // Results start as NaN bytes (and workspaces that need not be zeroed as 0xff), so that an element a
-// kernel never writes, or a read of scratch it never wrote, fails.
+// kernel never writes, or a read of scratch it never wrote, fails. Each case runs twice: same bits.
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
+
+#include <cstring>
 
 #include "cuda_kernel_cases.h"
 #include "gpu_test_support.h"
@@ -100,6 +102,9 @@ TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5, 
     std::vector<HostTensor> want = runCpu(c, in, seed, step);
     std::vector<HostTensor> got = runGpu(nvrtc, o, *low, in, seed, step);
     compared += compareResults(o, got, want);
+    // Deterministic: a second run gives the same bits (no float atomics anywhere).
+    std::vector<HostTensor> again = runGpu(nvrtc, o, *low, in, seed, step);
+    for (size_t r = 0; r < got.size(); ++r) CHECK(std::memcmp(got[r].raw(), again[r].raw(), got[r].bytes()) == 0);
   }
   CHECK(compared > 60);
 }
