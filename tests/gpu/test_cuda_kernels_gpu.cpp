@@ -84,7 +84,7 @@ std::vector<HostTensor> runGpu(cuda::NvrtcCompiler& nvrtc, OneOp& o, const NodeL
 
 }  // namespace
 
-TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5, bf16/f16 1e-2)", "[gpu]") {
+TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5 and bf16 or f16 1e-2)", "[gpu]") {
   requireGpuOrSkip();
   cudaDeviceProp prop{};
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
