@@ -37,6 +37,8 @@ done
 common=(--train-iters 10 --log-interval 1 --seed 1)
 "$tpc" run "$tiny" "${common[@]}" --backend cpu --log-jsonl "$out/tiny_cpu.jsonl" > "$out/tiny_cpu.log" 2>&1
 "$tpc" run "$tiny" "${common[@]}" --backend cuda --log-jsonl "$out/tiny_gpu.jsonl" > "$out/tiny_gpu.log" 2>&1
+# A failing GPU run is repeated eagerly (TPC_CUDA_DEBUG=1: no graph, a sync after every launch) to name the kernel.
+[ -s "$out/tiny_gpu.jsonl" ] || TPC_CUDA_DEBUG=1 "$tpc" run "$tiny" --train-iters 1 --backend cuda > "$out/tiny_gpu_debug.log" 2>&1
 "$tpc" run "$tiny" "${common[@]}" --backend cuda --tp 2 --log-jsonl "$out/tiny_gpu_tp2.jsonl" > "$out/tiny_gpu_tp2.log" 2>&1
 cmp_losses() {  # worst relative loss difference between two JSONL logs
   python3 - "$1" "$2" <<'PY' 2>/dev/null || echo "n/a"
