@@ -111,6 +111,7 @@ class CudaBackend final : public Backend {
     // Lower every node of every rank (pure), plan the matmuls, then size the memory.
     std::vector<std::vector<NodeLowering>> lowerings(ranks_.size());
     std::vector<std::vector<int>> matmulPlans(ranks_.size());
+    matmulCalls.assign(ranks_.size(), {});
     for (size_t r = 0; r < ranks_.size(); ++r) {
       for (Node* n : ranks_[r].graph->nodes()) {
         NodeExec how = nodeExec(*n);
@@ -121,7 +122,10 @@ class CudaBackend final : public Backend {
           if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", valueName(n->result()), ": ", l.error());
           lowerings[r].back() = std::move(l).value();
         } else if (how == NodeExec::Matmul) {
-          TPC_ASSIGN(matmulPlans[r].back(), matmul_->plan(*n));
+          matmulCalls[r].resize(matmulPlans[r].size());
+          auto id = matmul_->plan(*n, &matmulCalls[r].back());
+          if (!id.ok()) return makeError(rankPrefix(r), id.error());
+          matmulPlans[r].back() = *id;
         }
       }
     }
@@ -375,14 +379,16 @@ class CudaBackend final : public Backend {
           rk.segments.emplace_back();
           continue;
         case NodeExec::Matmul: {
-          Launch l;
-          l.kind = Launch::Matmul;
-          l.matmul = matmulPlans[k];
-          l.a = rk.addr[n.operand(0)];
-          l.b = rk.addr[n.operand(1)];
-          l.c = rk.addr[n.result()];
-          l.what = what;
-          rk.segments.back().push_back(l);
+          for (const auto& [oa, ob, oc] : matmulCalls[r][k]) {
+            Launch l;
+            l.kind = Launch::Matmul;
+            l.matmul = matmulPlans[k];
+            l.a = static_cast<const char*>(rk.addr[n.operand(0)]) + oa * dtypeSize(n.operand(0)->dtype());
+            l.b = static_cast<const char*>(rk.addr[n.operand(1)]) + ob * dtypeSize(n.operand(1)->dtype());
+            l.c = static_cast<char*>(rk.addr[n.result()]) + oc * dtypeSize(n.result()->dtype());
+            l.what = what;
+            rk.segments.back().push_back(l);
+          }
           continue;
         }
         case NodeExec::Kernels: break;
@@ -602,6 +608,7 @@ class CudaBackend final : public Backend {
   CudaOptions options_;
   std::vector<Rank> ranks_;
   std::vector<llvm::DenseMap<const Value*, std::string>> inPlace_;
+  std::vector<std::vector<std::vector<std::array<int64_t, 3>>>> matmulCalls;  // rank -> node -> calls
   LoweringContext ctx_;
   std::string deviceName_ = "GPU";
   const Driver* driver_ = nullptr;

@@ -100,7 +100,7 @@ double worstLossErr(const Trace& a, const Trace& b) {
 
 }  // namespace
 
-TEST_CASE("cuda training: 2-layer GPT, 10 fp32 steps on the GPU match the CPU (loss 1e-4)", "[gpu]") {
+TEST_CASE("cuda training: 2-layer GPT 10 fp32 steps on the GPU match the CPU (loss 1e-4)", "[gpu]") {
   test::requireGpuOrSkip();
   for (bool dropout : {false, true}) {
     auto g = gptStep(1, dropout);
