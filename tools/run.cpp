@@ -93,6 +93,10 @@ int runRun(std::vector<std::string> args) {
     std::cout << "note: a GPU is present, but the CUDA backend lands with issue #6; training on the CPU\n";
   }
 
+  if (config.precision == "fp16")
+    return cli::fail("run", "--precision fp16 needs dynamic loss scaling, which this tpc does not have yet; use "
+                            "--precision bf16 (as fast on Ampere and Hopper GPUs, no loss scale needed)");
+
   // The training step: forward, backward, clipping, AdamW; then simplified.
   std::unique_ptr<Graph> step = model->forward->clone();
   PassManager pm;
