@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ struct TrainerSettings {
   std::string logJsonl;          // one JSON object per logged step, when set
   bool console = true;           // print a line every log interval
   std::string tokensInput = "tokens", targetsInput = "targets";
+  // Called after each step's update, with the iteration just completed (checkpoints hang here).
+  std::function<Status(int64_t iteration)> afterStep;
 };
 
 struct TrainReport {
