@@ -88,7 +88,8 @@ std::vector<std::pair<int64_t, fs::path>> checkpointsIn(const fs::path& dir) {
 }  // namespace
 
 Status saveCheckpoint(const std::string& dir, const CheckpointState& state, const std::vector<CheckpointTensor>& tensors,
-                      const std::function<Result<HostTensor>(const std::string&)>& read, int64_t keep) {
+                      const std::function<Result<HostTensor>(const std::string&)>& read, int64_t keep,
+                      const std::map<std::string, std::string>& extraFiles) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return makeError(dir, ": error: cannot create the checkpoint directory: ", ec.message());
@@ -113,6 +114,7 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
   file.metadata["format"] = "tpc-checkpoint-1";
   file.metadata["iteration"] = std::to_string(state.iteration);
   TPC_TRY(writeSafetensors((tmp / "model.safetensors").string(), file));
+  for (const auto& [name, bytes] : extraFiles) TPC_TRY(writeFileAtomically((tmp / name).string(), bytes));
   // A test hook: die like a SIGKILL between the tensors and the state (the state marks completeness).
   if (const char* crash = std::getenv("TPC_TEST_KILL_DURING_SAVE"); crash && std::stoll(crash) == state.iteration)
     std::_Exit(137);

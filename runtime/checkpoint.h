@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,10 +33,12 @@ struct CheckpointTensor {
                 // (the embedding's real vocabulary, without this run's padding rows)
 };
 
-// Saves `tensors` (read through `read`, which returns each one unsharded; it is reshaped to `shape`) and
-// `state` as DIR/iter_<iteration>; then keeps only the newest `keep` checkpoints (0: all).
+// Saves `tensors` (read through `read`, which returns each one unsharded; it is reshaped to `shape`),
+// `state` and `extraFiles` (name -> bytes; the model file, so that a checkpoint is self-contained) as
+// DIR/iter_<iteration>; then keeps only the newest `keep` checkpoints (0: all).
 Status saveCheckpoint(const std::string& dir, const CheckpointState& state, const std::vector<CheckpointTensor>& tensors,
-                      const std::function<Result<HostTensor>(const std::string&)>& read, int64_t keep);
+                      const std::function<Result<HostTensor>(const std::string&)>& read, int64_t keep,
+                      const std::map<std::string, std::string>& extraFiles = {});
 
 struct LoadedCheckpoint {
   std::string path;  // DIR/iter_N

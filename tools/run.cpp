@@ -75,7 +75,8 @@ int runRun(std::vector<std::string> args) {
   flags.value("save", "checkpoint directory to write (as Megatron-LM's --save)")
       .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
       .value("keep", "keep the newest K checkpoints in --save; 0: all", "0")
-      .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp");
+      .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp")
+      .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)");
   flags.value("backend", "auto | cpu | cuda", "auto")
       .value("threads", "CPU backend threads (0: all cores)", "0")
       .value("log-jsonl", "also write one JSON object per logged step to this file")
@@ -103,11 +104,15 @@ int runRun(std::vector<std::string> args) {
     auto c = loadCheckpoint(flags.get("load"));
     if (!c) return cli::fail("run", c.error());
     checkpoint = std::move(*c);
-    // The data order and dropout masks follow the seed: a resumed run keeps the one it was trained with.
-    if (flags.has("seed") && config.seed != checkpoint->state.seed)
-      return cli::fail("run", cat("--seed ", config.seed, " differs from the checkpoint's seed ", checkpoint->state.seed,
-                                  " (", checkpoint->path, "); drop --seed to resume the same data order"));
-    config.seed = checkpoint->state.seed;
+    if (flags.on("finetune")) {
+      checkpoint->state = CheckpointState{};  // the parameters only: step 0, fresh data order, this run's seed
+    } else {
+      // The data order and dropout masks follow the seed: a resumed run keeps the one it was trained with.
+      if (flags.has("seed") && config.seed != checkpoint->state.seed)
+        return cli::fail("run", cat("--seed ", config.seed, " differs from the checkpoint's seed ", checkpoint->state.seed,
+                                    " (", checkpoint->path, "); drop --seed to resume the same data order"));
+      config.seed = checkpoint->state.seed;
+    }
     if (checkpoint->state.iteration >= config.trainIters) {
       std::cout << checkpoint->path << " is at iteration " << checkpoint->state.iteration << ", --train-iters is "
                 << config.trainIters << ": nothing to train\n";
@@ -180,15 +185,18 @@ int runRun(std::vector<std::string> args) {
     // The embedding is stored with the real vocabulary (its padding depends on --tp), as Hugging Face does.
     if (model->gpt && base == "wte" && !shape.empty()) shape[0] = model->gpt->vocab;
     checkpointTensors.push_back({p->name(), shape});
-    if (!checkpoint) {
+    bool moment = base != p->name();
+    if (!checkpoint || (moment && flags.on("finetune"))) {
       state[p->name()] = initParam(*p, config.seed);
       continue;
     }
     auto t = checkpointTensor(*checkpoint, p->name(), shape, p->type());
+    if (!t && moment && !checkpoint->tensors.find(p->name()))
+      return cli::fail("run", t.error() + "; to start training from its parameters alone, add --finetune");
     if (!t) return cli::fail("run", t.error());
     state[p->name()] = std::move(*t);
   }
-  if (checkpoint) {
+  if (checkpoint && !flags.on("finetune")) {
     batches.seek(checkpoint->state.dataPosition);
     std::cout << "resuming from " << checkpoint->path << " (iteration " << checkpoint->state.iteration << ")\n";
   }
@@ -225,8 +233,10 @@ int runRun(std::vector<std::string> args) {
       cs.model = path;
       cs.config = cat("tp=", config.tp, " dp=", config.dp, " sp=", config.sp, " micro=", config.microBatch,
                       " global=", config.globalBatch, " seq=", config.seqLength, " lr=", config.lr);
+      TPC_ASSIGN(std::string modelBytes, serializeModel(*model, false));
       TPC_TRY(saveCheckpoint(saveDir, cs, checkpointTensors,
-                             [&](const std::string& n) { return backend->readState(n); }, *keep));
+                             [&](const std::string& n) { return backend->readState(n); }, *keep,
+                             {{"model.fb", modelBytes}}));
       if (settings.logInterval > 0) std::cout << "saved checkpoint " << saveDir << " iteration " << it << std::endl;
       return {};
     };
