@@ -24,11 +24,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 # 1. GPU tests (each Catch2 test case; the op test compares every op with the CPU backend).
 for t in "cuda ops: every op's CUDA lowering matches the CPU backend (fp32 1e-5)" \
          "cuda training: 2-layer GPT 10 fp32 steps on the GPU match the CPU (loss 1e-4)" \
-         "cuda training: tp 2 and 4 on virtual ranks match tp 1 on the GPU"; do
+         "cuda training: tp 2 and 4 on virtual ranks match tp 1 on the GPU" \
+         "cuda ops: collectives through NCCL at one rank match the CPU backend"; do
   log="$out/test_$(echo "$t" | cut -d: -f2 | tr -cs 'a-z0-9' '_' | cut -c1-40).log"
   timeout "${TEST_TIMEOUT:-240}" "$tests" "$t" -s > "$log" 2>&1
   rc=$?
-  detail="$(grep -E 'rel err|outputs compared|worst relative' "$log" | tail -2 | sed 's/^ *//' | tr '\n' ' ' | cut -c1-150)"
+  detail="$(grep -E 'rel err|outputs compared|worst relative|NCCL' "$log" | tail -2 | sed 's/^ *//' | tr '\n' ' ' | cut -c1-150)"
   row "test: ${t:0:42}" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$detail"
 done
 

@@ -81,6 +81,8 @@ int runRun(std::vector<std::string> args) {
       .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp")
       .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)");
   flags.value("backend", "auto | cpu | cuda", "auto")
+      .value("collectives", "CUDA with --tp/--dp: nccl (a GPU per rank) | virtual (all ranks on one GPU) | auto", "auto")
+      .value("collective-timeout", "seconds a step may wait on a collective before it fails naming the rank", "60")
       .value("threads", "CPU backend threads (0: all cores)", "0")
       .value("log-jsonl", "also write one JSON object per logged step to this file")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
@@ -169,16 +171,23 @@ int runRun(std::vector<std::string> args) {
   if (!threads) return cli::fail("run", threads.error());
   cpu.threads = static_cast<int>(*threads);
   cpu.seed = config.seed;
+  auto collectiveTimeout = flags.getDouble("collective-timeout");
+  if (!collectiveTimeout || *collectiveTimeout <= 0)
+    return cli::fail("run", "--collective-timeout must be a positive number of seconds, got '" + flags.get("collective-timeout") + "'");
+  CpuMeshOptions meshOptions;
+  meshOptions.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(*collectiveTimeout * 1000));
   std::unique_ptr<Backend> backend;
 #ifdef TPC_HAVE_CUDA
   if (*backendKind == BackendKind::Cuda) {
     CudaOptions cuda;
     cuda.seed = config.seed;
+    cuda.collectives = flags.get("collectives");
+    cuda.collectiveTimeoutSeconds = *collectiveTimeout;
     backend = createCudaBackend(std::move(rankGraphs), cuda);
   }
 #endif
   if (!backend)
-    backend = rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu);
+    backend = rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu, meshOptions);
   TensorMap state;
   int64_t numParams = 0;
   for (const Value* p : model->forward->params()) numParams += p->type().numel();
