@@ -16,6 +16,9 @@ tpc="$(pick "$build/bin/tpc" "$build/tpc")"
 tests="$(pick "$build/tests/tpc_gpu_tests" "$build/tpc_gpu_tests")"
 tiny="$(pick "$build/models/tiny.fb" "$build/tiny.fb")"
 gpt2="$(pick "$build/models/gpt2.fb" "$build/gpt2.fb")"
+# NCCL may come from a pip wheel (nvidia-nccl-cu13) rather than the toolkit: put its lib folder on the path.
+nccl_dir="$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0] + '/lib')" 2>/dev/null || true)"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${nccl_dir:+:$nccl_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 rows=()
 row() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); }
 

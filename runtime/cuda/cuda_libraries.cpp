@@ -124,7 +124,9 @@ Result<const Nccl*> nccl() {
       for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
                                   "/usr/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
                                   "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                                  "/root/.local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
+                                  "/root/.local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                                  "/opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                                  "/opt/*/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
         if (glob(pattern, 0, nullptr, &g) == 0 && g.gl_pathc > 0) h = dlopen(g.gl_pathv[0], RTLD_NOW | RTLD_LOCAL);
         globfree(&g);
         if (h) break;
