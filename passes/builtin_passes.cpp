@@ -29,6 +29,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                 {"weight-decay", "AdamW decoupled weight decay, for parameters of rank >= 2 only; default 0.1"},
                 {"loss", "the forward output to minimize; default loss"}},
                createAutodiffPass});
+  (void)r.add({"mixed-precision",
+               "casts the forward graph's compute to bf16 (or f16) at each use of an f32 value; parameters, AdamW "
+               "state and the loss stay f32 (after the sharding policies, before autodiff)",
+               {{"dtype", "bf16 | f16; default bf16"}}, createMixedPrecisionPass});
   (void)r.add({"megatron-tp",
                "Megatron tensor parallelism (before autodiff): QKV/fc1 by column (attention by heads), proj/fc2 by row, "
                "the embedding/LM head by vocab",

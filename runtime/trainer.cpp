@@ -54,7 +54,8 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
 
   std::ofstream jsonl;
   if (!settings.logJsonl.empty()) {
-    jsonl.open(settings.logJsonl, std::ios::trunc);
+    // A resumed run appends to the log of the run it continues.
+    jsonl.open(settings.logJsonl, settings.firstIter > 1 ? std::ios::app : std::ios::trunc);
     if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log");
   }
 
@@ -82,6 +83,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     if (!std::isfinite(loss))
       return makeError("the loss is ", loss, " at step ", it,
                        " (diverged: lower --lr, raise --lr-warmup-iters, or check --clip-grad)");
+    if (settings.afterStep) TPC_TRY(settings.afterStep(it));
     ++stepsSinceLog;
     bool logNow = settings.logInterval > 0 && (it % settings.logInterval == 0 || it == settings.firstIter ||
                                                it == settings.trainIters);

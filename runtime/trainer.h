@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -31,6 +32,8 @@ struct TrainerSettings {
   // MFU in the log line when both are set: model FLOPs per trained token (6N + attention) over the peak.
   double flopsPerToken = 0, peakFlops = 0;
   std::string peakName;  // what the peak is, printed with the MFU ("H200 dense fp32 67 TFLOP/s")
+  // Called after each step's update, with the iteration just completed (checkpoints hang here).
+  std::function<Status(int64_t iteration)> afterStep;
 };
 
 struct TrainReport {

@@ -2,7 +2,10 @@
 // builds the training step (autodiff), simplifies it, and runs the trainer on the chosen backend.
 #include <sys/stat.h>
 
+#include <cstring>
 #include <iostream>
+#include <map>
+#include <optional>
 
 #include "frontend/data_dir.h"
 #include "frontend/indexed_dataset.h"
@@ -11,6 +14,7 @@
 #include "passes/pipeline.h"
 #include "passes/sharding/sharding.h"
 #include "runtime/backend_select.h"
+#include "runtime/checkpoint.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #ifdef TPC_HAVE_CUDA
@@ -51,6 +55,8 @@ class DatasetBatches final : public BatchSource {
       : data_(std::move(data)), windows_(data_, train, seq, seed), buf_(seq + 1) {}
   Status status() const { return windows_.status(); }
   uint64_t windowsPerEpoch() const { return windows_.windowsPerEpoch(); }
+  uint64_t position() const { return windows_.position(); }
+  void seek(uint64_t position) { windows_.seek(position); }
 
   Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
     for (int64_t r = 0; r < rows; ++r) {
@@ -69,8 +75,14 @@ class DatasetBatches final : public BatchSource {
 
 int runRun(std::vector<std::string> args) {
   cli::Flags flags("run", "tpc run MODEL.fb|MODEL.json [training flags]");
+  flags.value("save", "checkpoint directory to write (as Megatron-LM's --save)")
+      .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
+      .value("keep", "keep the newest K checkpoints in --save; 0: all", "0")
+      .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp")
+      .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)");
   flags.value("backend", "auto | cpu | cuda", "auto")
-      .value("precision", "fp32 | bf16 | fp16: compute precision (master weights and optimizer state stay fp32)", "fp32")
+      .value("collectives", "CUDA with --tp/--dp: nccl (a GPU per rank) | virtual (all ranks on one GPU) | auto", "auto")
+      .value("collective-timeout", "seconds a step may wait on a collective before it fails naming the rank", "60")
       .value("threads", "CPU backend threads (0: all cores)", "0")
       .value("log-jsonl", "also write one JSON object per logged step to this file")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
@@ -88,16 +100,40 @@ int runRun(std::vector<std::string> args) {
   auto accum = accumulationSteps(config);
   if (!accum) return cli::fail("run", accum.error());
   if (Status s = matchBatchShape(*model, path); !s.ok()) return cli::fail("run", s.error());
+  auto saveInterval = flags.getInt("save-interval", 0, int64_t(1) << 40);
+  if (!saveInterval) return cli::fail("run", saveInterval.error());
+  auto keep = flags.getInt("keep", 0, int64_t(1) << 40);
+  if (!keep) return cli::fail("run", keep.error());
+  std::optional<LoadedCheckpoint> checkpoint;
+  if (flags.has("load")) {
+    auto c = loadCheckpoint(flags.get("load"));
+    if (!c) return cli::fail("run", c.error());
+    checkpoint = std::move(*c);
+    if (flags.on("finetune")) {
+      checkpoint->state = CheckpointState{};  // the parameters only: step 0, fresh data order, this run's seed
+    } else {
+      // The data order and dropout masks follow the seed: a resumed run keeps the one it was trained with.
+      if (flags.has("seed") && config.seed != checkpoint->state.seed)
+        return cli::fail("run", cat("--seed ", config.seed, " differs from the checkpoint's seed ", checkpoint->state.seed,
+                                    " (", checkpoint->path, "); drop --seed to resume the same data order"));
+      config.seed = checkpoint->state.seed;
+    }
+    if (checkpoint->state.iteration >= config.trainIters) {
+      std::cout << checkpoint->path << " is at iteration " << checkpoint->state.iteration << ", --train-iters is "
+                << config.trainIters << ": nothing to train\n";
+      return 0;
+    }
+  }
 
   auto backendKind = selectBackend(flags.get("backend"));
   if (!backendKind) return cli::fail("run", backendKind.error());
-  const std::string precision = flags.get("precision");
-  if (precision != "fp32" && precision != "bf16" && precision != "fp16")
-    return cli::fail("run", "--precision=" + precision + " is not a precision (expected fp32, bf16 or fp16)");
-  if (precision != "fp32")
-    return cli::fail("run", "--precision=" + precision +
-                                ": bf16/fp16 compute needs the mixed-precision pass, which is not in this build yet; use "
-                                "--precision=fp32");
+  // --precision auto: bf16 compute on the GPU (the default there), fp32 on the CPU.
+  if (config.precision == "auto") config.precision = *backendKind == BackendKind::Cuda ? "bf16" : "fp32";
+  const std::string precision = config.precision;
+
+  if (config.precision == "fp16")
+    return cli::fail("run", "--precision fp16 needs dynamic loss scaling, which this tpc does not have yet; use "
+                            "--precision bf16 (as fast on Ampere and Hopper GPUs, no loss scale needed)");
 
   // The training step: forward, backward, clipping, AdamW; then simplified.
   std::unique_ptr<Graph> step = model->forward->clone();
@@ -135,20 +171,53 @@ int runRun(std::vector<std::string> args) {
   if (!threads) return cli::fail("run", threads.error());
   cpu.threads = static_cast<int>(*threads);
   cpu.seed = config.seed;
+  auto collectiveTimeout = flags.getDouble("collective-timeout");
+  if (!collectiveTimeout || *collectiveTimeout <= 0)
+    return cli::fail("run", "--collective-timeout must be a positive number of seconds, got '" + flags.get("collective-timeout") + "'");
+  CpuMeshOptions meshOptions;
+  meshOptions.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(*collectiveTimeout * 1000));
   std::unique_ptr<Backend> backend;
 #ifdef TPC_HAVE_CUDA
   if (*backendKind == BackendKind::Cuda) {
     CudaOptions cuda;
     cuda.seed = config.seed;
+    cuda.collectives = flags.get("collectives");
+    cuda.collectiveTimeoutSeconds = *collectiveTimeout;
     backend = createCudaBackend(std::move(rankGraphs), cuda);
   }
 #endif
   if (!backend)
-    backend = rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu);
+    backend = rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu, meshOptions);
   TensorMap state;
   int64_t numParams = 0;
   for (const Value* p : model->forward->params()) numParams += p->type().numel();
-  for (const Value* p : step->params()) state[p->name()] = initParam(*p, config.seed);
+  // Checkpoints store every state tensor in the model's own (unsharded) parameter layout.
+  std::map<std::string, Shape> layout;
+  for (const Value* p : model->forward->params()) layout[p->name()] = p->shape();
+  std::vector<CheckpointTensor> checkpointTensors;
+  for (const Value* p : step->params()) {
+    std::string base = p->name();
+    for (const char* suffix : {".adam_m", ".adam_v"})
+      if (llvm::StringRef(base).endswith(suffix)) base.resize(base.size() - std::strlen(suffix));
+    Shape shape = layout.count(base) ? layout[base] : p->shape();
+    // The embedding is stored with the real vocabulary (its padding depends on --tp), as Hugging Face does.
+    if (model->gpt && base == "wte" && !shape.empty()) shape[0] = model->gpt->vocab;
+    checkpointTensors.push_back({p->name(), shape});
+    bool moment = base != p->name();
+    if (!checkpoint || (moment && flags.on("finetune"))) {
+      state[p->name()] = initParam(*p, config.seed);
+      continue;
+    }
+    auto t = checkpointTensor(*checkpoint, p->name(), shape, p->type());
+    if (!t && moment && !checkpoint->tensors.find(p->name()))
+      return cli::fail("run", t.error() + "; to start training from its parameters alone, add --finetune");
+    if (!t) return cli::fail("run", t.error());
+    state[p->name()] = std::move(*t);
+  }
+  if (checkpoint && !flags.on("finetune")) {
+    batches.seek(checkpoint->state.dataPosition);
+    std::cout << "resuming from " << checkpoint->path << " (iteration " << checkpoint->state.iteration << ")\n";
+  }
   if (Status s = backend->prepare(*step, state); !s.ok()) return cli::fail("run", s.error());
 
   std::cout << "tpc run " << path << ": " << numParams << " parameters, training step of " << step->numNodes()
@@ -178,6 +247,25 @@ int runRun(std::vector<std::string> args) {
     settings.peakFlops = precision == "fp32" ? 67e12 : 989e12;
     settings.peakName = precision == "fp32" ? "H200 fp32 67 TFLOP/s" : "H200 dense bf16 989 TFLOP/s";
   }
+  if (checkpoint) settings.firstIter = checkpoint->state.iteration + 1;
+  const std::string saveDir = flags.get("save");
+  if (!saveDir.empty())
+    settings.afterStep = [&](int64_t it) -> Status {
+      if (it != config.trainIters && (*saveInterval == 0 || it % *saveInterval != 0)) return {};
+      CheckpointState cs;
+      cs.iteration = it;
+      cs.dataPosition = batches.position();
+      cs.seed = config.seed;
+      cs.model = path;
+      cs.config = cat("tp=", config.tp, " dp=", config.dp, " sp=", config.sp, " micro=", config.microBatch,
+                      " global=", config.globalBatch, " seq=", config.seqLength, " lr=", config.lr);
+      TPC_ASSIGN(std::string modelBytes, serializeModel(*model, false));
+      TPC_TRY(saveCheckpoint(saveDir, cs, checkpointTensors,
+                             [&](const std::string& n) { return backend->readState(n); }, *keep,
+                             {{"model.fb", modelBytes}}));
+      if (settings.logInterval > 0) std::cout << "saved checkpoint " << saveDir << " iteration " << it << std::endl;
+      return {};
+    };
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
   const auto& losses = report->losses;

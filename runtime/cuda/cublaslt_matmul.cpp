@@ -54,27 +54,62 @@ CublasLtMatmul::~CublasLtMatmul() {
   }
 }
 
-Result<int> CublasLtMatmul::plan(const Node& n) {
+Result<int> CublasLtMatmul::plan(const Node& n, std::vector<std::array<int64_t, 3>>* calls) {
   TPC_ASSIGN(const CublasLt* lt, cublasLt());
   const Value *A = n.operand(0), *B = n.operand(1), *C = n.result();
   bool ta = n.getBool("transpose_a"), tb = n.getBool("transpose_b");
   int64_t ra = A->type().rank(), rb = B->type().rank(), rc = C->type().rank();
   int64_t M = C->shape()[rc - 2], N = C->shape()[rc - 1];
   int64_t K = ta ? A->shape()[ra - 2] : A->shape()[ra - 1];
+  // Batch dims: the output's, and each operand's broadcast strides over them (in matrices; 0: broadcast).
+  Shape outBatch(C->shape().begin(), C->shape().end() - 2);
+  auto batchStrides = [&](const Value* v) {
+    Shape own(v->shape().begin(), v->shape().end() - 2);
+    std::vector<int64_t> s(outBatch.size(), 0);
+    int64_t acc = 1;
+    for (size_t k = own.size(); k-- > 0;) {
+      size_t o = outBatch.size() - own.size() + k;
+      s[o] = own[k] == 1 ? 0 : acc;
+      acc *= own[k];
+    }
+    return s;
+  };
+  std::vector<int64_t> sa = batchStrides(A), sb = batchStrides(B);
   int64_t batch = 1, aBatch = 1, bBatch = 1;
-  for (int64_t k = 0; k + 2 < rc; ++k) batch *= C->shape()[k];
+  for (int64_t d : outBatch) batch *= d;
   for (int64_t k = 0; k + 2 < ra; ++k) aBatch *= A->shape()[k];
   for (int64_t k = 0; k + 2 < rb; ++k) bBatch *= B->shape()[k];
-  if ((aBatch != 1 && aBatch != batch) || (bBatch != 1 && bBatch != batch) ||
-      (aBatch == batch && batch > 1 && A->type().numel() != batch * M * K) ||
-      (bBatch == batch && batch > 1 && B->type().numel() != batch * K * N))
-    return makeError("cuda: matmul ", A->type().str(), " x ", B->type().str(),
-                     ": batch dims must be equal, or one operand 2-D (broadcast batch dims are not supported)");
-  // b shared by every batch and a's rows contiguous: one [batch*M, K] x [K, N] product.
-  if (bBatch == 1 && aBatch == batch && !ta) {
+  (void)rb;
+  calls->assign(1, {0, 0, 0});
+  int64_t strideA = aBatch == 1 ? 0 : M * K, strideB = bBatch == 1 ? 0 : K * N;
+  bool simple = (aBatch == 1 || aBatch == batch) && (bBatch == 1 || bBatch == batch);
+  if (!simple) {
+    // The last batch dim as a strided batch; the outer dims as separate calls.
+    size_t L = outBatch.size() - 1;
+    batch = outBatch[L];
+    strideA = sa[L] * M * K;
+    strideB = sb[L] * K * N;
+    calls->clear();
+    int64_t outer = 1;
+    for (size_t k = 0; k < L; ++k) outer *= outBatch[k];
+    for (int64_t o = 0; o < outer; ++o) {
+      int64_t rem = o, oa = 0, ob = 0;
+      for (size_t k = L; k-- > 0;) {
+        int64_t idx = rem % outBatch[k];
+        rem /= outBatch[k];
+        oa += idx * sa[k];
+        ob += idx * sb[k];
+      }
+      calls->push_back({oa * M * K, ob * K * N, o * batch * M * N});
+    }
+    aBatch = strideA ? batch : 1;
+    bBatch = strideB ? batch : 1;
+  } else if (bBatch == 1 && aBatch == batch && !ta) {
+    // b shared by every batch and a's rows contiguous: one [batch*M, K] x [K, N] product.
     M *= batch;
     batch = 1;
     aBatch = 1;
+    strideA = 0;
   }
   TPC_ASSIGN(cudaDataType_t ta_, dataType(A->dtype(), n));
   TPC_ASSIGN(cudaDataType_t tb_, dataType(B->dtype(), n));
@@ -93,7 +128,7 @@ Result<int> CublasLtMatmul::plan(const Node& n) {
   LT_TRY(lt->matrixLayoutCreate(&p->lc, tc_, N, M, N), "layout of c");
   if (batch > 1) {
     int32_t count = static_cast<int32_t>(batch);
-    int64_t sB = bBatch == 1 ? 0 : K * N, sA = aBatch == 1 ? 0 : M * K, sC = M * N;
+    int64_t sB = strideB, sA = strideA, sC = M * N;
     for (auto [layout, stride] : {std::pair{p->la, sB}, std::pair{p->lb, sA}, std::pair{p->lc, sC}}) {
       LT_TRY(lt->matrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch count");
       LT_TRY(lt->matrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),

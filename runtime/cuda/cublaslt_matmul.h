@@ -3,7 +3,9 @@
 // The algorithm is the heuristic's first choice, picked once per shape and kept for the process.
 #pragma once
 
+#include <array>
 #include <map>
+#include <vector>
 #include <memory>
 #include <string>
 
@@ -18,8 +20,10 @@ class CublasLtMatmul {
  public:
   static Result<std::unique_ptr<CublasLtMatmul>> create(size_t workspaceBytes);
   ~CublasLtMatmul();
-  // Plans node `n` (a matmul); returns a plan id for run().
-  Result<int> plan(const Node& n);
+  // Plans node `n` (a matmul). Batch dims that broadcast other than "b is 2-D" (e.g. [4,1] x [3]) become
+  // one strided-batched call per index of the outer batch dims: `calls` gets their element offsets into
+  // a, b and c (one {0, 0, 0} entry in the usual case). Returns a plan id for run().
+  Result<int> plan(const Node& n, std::vector<std::array<int64_t, 3>>* calls);
   // Enqueues plan `id` on `stream` (capturable: no allocation, fixed workspace).
   Status run(int id, const void* a, const void* b, void* c, void* workspace, cudaStream_t stream) const;
   size_t workspaceBytes() const { return workspace_; }

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "runtime/cpu/cpu_mesh_backend.h"
@@ -17,6 +19,7 @@
 #include "runtime/cuda/lowering.h"
 #include "runtime/cuda/memory_plan.h"
 #include "runtime/cuda/nvrtc_compiler.h"
+#include "runtime/cuda/kernels/codegen.h"
 #include "runtime/cuda/virtual_collectives.h"
 
 namespace tpc {
@@ -39,7 +42,7 @@ std::string mib(int64_t b) {
 std::string valueName(const Value* v) { return v->hasName() ? "%" + v->name() : cat("%", v->id()); }
 
 struct Launch {
-  enum Kind { Kernel, Matmul, Memset, Copy } kind = Kernel;
+  enum Kind { Kernel, Matmul, Memset, Copy, Nccl } kind = Kernel;
   CUfunction fn = nullptr;
   Dim3 grid, block;
   uint32_t smem = 0;
@@ -49,8 +52,41 @@ struct Launch {
   const void* b = nullptr;
   void* c = nullptr;
   size_t bytes = 0;
+  // Nccl: op 0 all_reduce, 1 all_gather, 2 reduce_scatter of `bytes` = element count, a -> c.
+  int ncclOp = 0;
+  ncclComm_t comm = nullptr;
+  ncclDataType_t ncclType = ncclFloat32;
+  ncclRedOp_t redOp = ncclSum;
   std::string what;  // the node, for errors
 };
+
+// What one GPU holds besides the ranks' buffers: its stream, cuBLASLt, the step word, the loaded kernels,
+// the launches it replays and their CUDA graph. Virtual ranks share one; NCCL ranks have one each.
+struct DeviceCtx {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<CublasLtMatmul> matmul;
+  void* matmulWorkspace = nullptr;
+  void* stepWord = nullptr;
+  int64_t stepHost = 0;
+  std::unordered_map<std::string, CUfunction> functions;
+  std::vector<Launch> launches;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::vector<HostTensor> staging;
+};
+
+Result<ncclDataType_t> ncclType(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::f64: return ncclFloat64;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    default: return makeError("NCCL collectives of ", dtypeName(t), " are not supported");
+  }
+}
 
 struct Rank {
   std::unique_ptr<Graph> graph;
@@ -74,7 +110,9 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override { release(); }
 
   std::string name() const override {
-    return cat("cuda (", deviceName_, ranks_.size() > 1 ? cat(", ", ranks_.size(), " virtual ranks") : "", ")");
+    return cat("cuda (", deviceName_,
+               ranks_.size() > 1 ? cat(", ", ranks_.size(), nccl_ ? " ranks on their own GPUs, NCCL" : " virtual ranks") : "",
+               ")");
   }
   int64_t deviceMemoryInUse() const override {
     size_t freeB = 0, total = 0;
@@ -102,26 +140,52 @@ class CudaBackend final : public Backend {
     ctx_.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
     TPC_ASSIGN(driver_, driver());
     compiler_ = std::make_unique<NvrtcCompiler>(prop.major * 10 + prop.minor, options_.cacheDir);
-    TPC_ASSIGN(matmul_, CublasLtMatmul::create(32 << 20));
-    CU_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
-    CU_TRY(cudaMalloc(&stepWord_, sizeof(int64_t)), "step word");
-    CU_TRY(cudaMalloc(&matmulWorkspace_, matmul_->workspaceBytes()), "cuBLASLt workspace");
+    // Collectives: NCCL with a GPU per rank, or virtual ranks sharing one GPU (device kernels).
+    int deviceCount = 0;
+    CU_TRY(cudaGetDeviceCount(&deviceCount), "counting GPUs");
+    const size_t R = ranks_.size();
+    if (options_.collectives != "auto" && options_.collectives != "virtual" && options_.collectives != "nccl")
+      return makeError("--collectives=", options_.collectives, " is not a mode (expected auto, virtual or nccl)");
+    nccl_ = options_.collectives == "nccl" || (options_.collectives == "auto" && R > 1 && deviceCount >= static_cast<int>(R));
+    if (nccl_ && deviceCount < static_cast<int>(R))
+      return makeError("--collectives=nccl: ", R, " ranks need ", R, " GPUs, this machine has ", deviceCount,
+                       " (use --collectives=virtual to run the ranks on one GPU)");
+    if (nccl_) {
+      TPC_ASSIGN(ncclLib_, nccl());
+    }
+    devs_.resize(nccl_ ? R : 1);
+    for (size_t i = 0; i < devs_.size(); ++i) {
+      DeviceCtx& d = devs_[i];
+      d.device = nccl_ ? static_cast<int>(i) : options_.device;
+      CU_TRY(cudaSetDevice(d.device), "cannot use GPU ", d.device);
+      CU_TRY(cudaFree(nullptr), "cannot initialize GPU ", d.device);
+      TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20));
+      CU_TRY(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "stream");
+      CU_TRY(cudaMalloc(&d.stepWord, sizeof(int64_t)), "step word");
+      CU_TRY(cudaMalloc(&d.matmulWorkspace, d.matmul->workspaceBytes()), "cuBLASLt workspace");
+    }
 
     auto t0 = std::chrono::steady_clock::now();
     // Lower every node of every rank (pure), plan the matmuls, then size the memory.
     std::vector<std::vector<NodeLowering>> lowerings(ranks_.size());
     std::vector<std::vector<int>> matmulPlans(ranks_.size());
+    matmulCalls.assign(ranks_.size(), {});
     for (size_t r = 0; r < ranks_.size(); ++r) {
       for (Node* n : ranks_[r].graph->nodes()) {
         NodeExec how = nodeExec(*n);
         lowerings[r].emplace_back();
         matmulPlans[r].push_back(-1);
-        if (how == NodeExec::Kernels) {
+        if (nccl_ && n->has(traits::Collective)) {
+          lowerings[r].back().workspaceBytes = ncclStagingBytes(*n);
+        } else if (how == NodeExec::Kernels) {
           auto l = lowerNode(*n, ctx_);
           if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", valueName(n->result()), ": ", l.error());
           lowerings[r].back() = std::move(l).value();
         } else if (how == NodeExec::Matmul) {
-          TPC_ASSIGN(matmulPlans[r].back(), matmul_->plan(*n));
+          matmulCalls[r].resize(matmulPlans[r].size());
+          auto id = dev(r).matmul->plan(*n, &matmulCalls[r].back());
+          if (!id.ok()) return makeError(rankPrefix(r), id.error());
+          matmulPlans[r].back() = *id;
         }
       }
     }
@@ -129,38 +193,40 @@ class CudaBackend final : public Backend {
     std::vector<llvm::DenseMap<const Value*, int>> bufferOf(ranks_.size());
     std::vector<std::vector<int>> workspaceOf(ranks_.size());
     std::vector<std::vector<std::pair<const Value*, std::string>>> paramCopies(ranks_.size());
-    int64_t needed = static_cast<int64_t>(matmul_->workspaceBytes());
-    for (size_t r = 0; r < ranks_.size(); ++r) {
+    for (size_t r = 0; r < ranks_.size(); ++r)
       TPC_TRY(planRank(r, lowerings[r], plans[r], bufferOf[r], workspaceOf[r], paramCopies[r]));
-      needed += ranks_[r].arenaBytes + ranks_[r].stateBytes + ranks_[r].inputBytes;
+    for (size_t i = 0; i < devs_.size(); ++i) {
+      int64_t ws = static_cast<int64_t>(devs_[i].matmul->workspaceBytes()), arenas = 0, stateB = 0, inputB = 0;
+      for (size_t r = 0; r < ranks_.size(); ++r)
+        if (&dev(r) == &devs_[i]) arenas += ranks_[r].arenaBytes, stateB += ranks_[r].stateBytes, inputB += ranks_[r].inputBytes;
+      int64_t needed = ws + arenas + stateB + inputB;
+      size_t freeB = 0, totalB = 0;
+      CU_TRY(cudaSetDevice(devs_[i].device), "GPU ", devs_[i].device);
+      CU_TRY(cudaMemGetInfo(&freeB, &totalB), "memory info");
+      if (options_.verbose)
+        std::printf("cuda: memory plan on GPU %d (%s): activations arena %s (planned peak%s), parameters and optimizer "
+                    "state %s, batch %s, cuBLASLt workspace %s: %s of %s free\n",
+                    devs_[i].device, deviceName_.c_str(), mib(arenas).c_str(),
+                    !nccl_ && ranks_.size() > 1 ? cat(", ", ranks_.size(), " virtual ranks").c_str() : "",
+                    mib(stateB).c_str(), mib(inputB).c_str(), mib(ws).c_str(), mib(needed).c_str(),
+                    mib(static_cast<int64_t>(freeB)).c_str());
+      if (needed > static_cast<int64_t>(freeB) * 97 / 100)
+        return makeError("cuda: the training step needs ", mib(needed), " of GPU memory (activations ", mib(arenas),
+                         ", parameters and optimizer state ", mib(stateB), ") but only ", mib(static_cast<int64_t>(freeB)),
+                         " are free on GPU ", devs_[i].device, " (", deviceName_,
+                         "); use a smaller --micro-batch-size (or recompute) to lower the activations");
     }
-    size_t freeB = 0, totalB = 0;
-    CU_TRY(cudaMemGetInfo(&freeB, &totalB), "memory info");
-    int64_t arenas = 0, stateB = 0;
-    for (auto& rk : ranks_) arenas += rk.arenaBytes, stateB += rk.stateBytes;
-    if (options_.verbose)
-      std::printf("cuda: memory plan on GPU %d (%s): activations arena %s (planned peak%s), parameters and optimizer "
-                  "state %s, batch %s, cuBLASLt workspace %s: %s of %s free\n",
-                  options_.device, deviceName_.c_str(), mib(arenas).c_str(),
-                  ranks_.size() > 1 ? cat(", ", ranks_.size(), " ranks").c_str() : "", mib(stateB).c_str(),
-                  mib(needed - arenas - stateB - static_cast<int64_t>(matmul_->workspaceBytes())).c_str(),
-                  mib(matmul_->workspaceBytes()).c_str(), mib(needed).c_str(), mib(static_cast<int64_t>(freeB)).c_str());
-    if (needed > static_cast<int64_t>(freeB) * 97 / 100)
-      return makeError("cuda: the training step needs ", mib(needed), " of GPU memory (activations ", mib(arenas),
-                       ", parameters and optimizer state ", mib(stateB), ") but only ", mib(static_cast<int64_t>(freeB)),
-                       " are free on GPU ", options_.device, " (", deviceName_,
-                       "); use a smaller --micro-batch-size (or recompute) to lower the activations");
 
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      TPC_TRY(allocateRank(r, state, plans[r], bufferOf[r]));
+    for (size_t r = 0; r < ranks_.size(); ++r) TPC_TRY(allocateRank(r, state, plans[r], bufferOf[r]));
+    if (nccl_) TPC_TRY(createCommunicators());
+    for (size_t r = 0; r < ranks_.size(); ++r)
       TPC_TRY(buildLaunches(r, lowerings[r], matmulPlans[r], plans[r], workspaceOf[r], paramCopies[r]));
-    }
     TPC_TRY(assemble());
     auto& st = compiler_->stats();
     if (options_.verbose)
-      std::printf("cuda: %lld launches per step (%d cuBLASLt matmul shapes); kernels: %d compiled by NVRTC in %.1fs, %d "
+      std::printf("cuda: %lld launches per step%s (%d cuBLASLt matmul shapes); kernels: %d compiled by NVRTC in %.1fs, %d "
                   "from the cache %s; prepared in %.1fs\n",
-                  static_cast<long long>(launchCount_), matmul_->distinctShapes(), st.compiled, st.seconds, st.cacheHits,
+                  static_cast<long long>(launchCount_), nccl_ ? " per GPU" : "", devs_[0].matmul->distinctShapes(), st.compiled, st.seconds, st.cacheHits,
                   compiler_->cacheDir().c_str(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     debug_ = std::getenv("TPC_CUDA_DEBUG") != nullptr;
@@ -172,6 +238,8 @@ class CudaBackend final : public Backend {
   Result<TensorMap> step(const TensorMap& inputs, int64_t stepIndex) override {
     if (!prepared_) return makeError("cuda backend: step() before a successful prepare()");
     const Mesh& mesh = ranks_[0].graph->mesh();
+    // Each rank's inputs, sliced and converted on the host.
+    std::vector<std::vector<std::pair<void*, HostTensor>>> copies(ranks_.size());
     for (size_t r = 0; r < ranks_.size(); ++r) {
       for (Value* v : ranks_[r].graph->inputs()) {
         auto it = inputs.find(v->name());
@@ -185,37 +253,71 @@ class CudaBackend final : public Backend {
         if (t.shape() != v->shape())
           return makeError("cuda backend: input %", v->name(), " must be ", v->type().str(), ", got ", t.type().str());
         if (t.dtype() != v->dtype()) t = t.convertTo(v->dtype());
-        staging_.push_back(t);  // kept until the copy is done
-        CU_TRY(cudaMemcpyAsync(ranks_[r].addr[v], t.raw(), t.bytes(), cudaMemcpyHostToDevice, stream_), "copying input %",
-               v->name());
+        copies[r].push_back({ranks_[r].addr[v], t});
       }
     }
-    stepHost_ = stepIndex;
-    CU_TRY(cudaMemcpyAsync(stepWord_, &stepHost_, sizeof stepHost_, cudaMemcpyHostToDevice, stream_), "step word");
-    if (debug_) {
-      TPC_TRY(enqueueAll(true, stepIndex));
+    // Per GPU: inputs in, the step word, the replay, and a wait bounded by the collective timeout.
+    std::vector<std::string> errors(devs_.size());
+    auto runDevice = [&](size_t i) {
+      DeviceCtx& d = devs_[i];
+      auto fail = [&](const std::string& e) { errors[i] = e; };
+      if (cudaSetDevice(d.device) != cudaSuccess) return fail(cat("cuda: cannot use GPU ", d.device));
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        if (&dev(r) != &d) continue;
+        for (auto& [ptr, t] : copies[r])
+          if (cudaError_t e = cudaMemcpyAsync(ptr, t.raw(), t.bytes(), cudaMemcpyHostToDevice, d.stream); e != cudaSuccess)
+            return fail(cat("cuda: copying the batch to GPU ", d.device, ": ", cudaGetErrorString(e)));
+      }
+      d.stepHost = stepIndex;
+      if (cudaError_t e = cudaMemcpyAsync(d.stepWord, &d.stepHost, sizeof d.stepHost, cudaMemcpyHostToDevice, d.stream);
+          e != cudaSuccess)
+        return fail(cat("cuda: step word: ", cudaGetErrorString(e)));
+      if (debug_) {
+        Status st = enqueueAll(d, true, stepIndex);
+        if (!st.ok()) return fail(st.error());
+      } else if (cudaError_t e = cudaGraphLaunch(d.exec, d.stream); e != cudaSuccess) {
+        return fail(cat("cuda: step ", stepIndex, ": launching the step graph: ", cudaGetErrorString(e)));
+      }
+      auto start = std::chrono::steady_clock::now();
+      for (;;) {
+        cudaError_t e = cudaStreamQuery(d.stream);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady)
+          return fail(cat("cuda: step ", stepIndex, " failed on GPU ", d.device, ": ", cudaGetErrorString(e),
+                          " (run with TPC_CUDA_DEBUG=1 to find the kernel)"));
+        double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (nccl_ && waited > options_.collectiveTimeoutSeconds) {
+          std::string rank = cat("rank ", i);
+          return fail(cat(rank, " (GPU ", d.device, "): step ", stepIndex, " did not finish within --collective-timeout ",
+                          options_.collectiveTimeoutSeconds, "s: a collective is stuck (", collectiveSummary(i), ")"));
+        }
+        if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    };
+    if (devs_.size() == 1) {
+      runDevice(0);
     } else {
-      cudaError_t e = cudaGraphLaunch(graphExec_, stream_);
-      if (e != cudaSuccess) return makeError("cuda: step ", stepIndex, ": launching the step graph: ", cudaGetErrorString(e));
+      std::vector<std::thread> threads;
+      for (size_t i = 0; i < devs_.size(); ++i) threads.emplace_back(runDevice, i);
+      for (auto& t : threads) t.join();
     }
+    for (size_t i = 0; i < errors.size(); ++i)
+      if (!errors[i].empty()) {
+        if (nccl_) abortCommunicators();
+        return Error{errors[i]};
+      }
     // Outputs that do not update a parameter, from rank 0.
     const Graph& g0 = *ranks_[0].graph;
-    std::vector<std::pair<std::string, HostTensor>> outs;
+    CU_TRY(cudaSetDevice(dev(0).device), "GPU ", dev(0).device);
+    TensorMap result;
     for (size_t i = 0; i < g0.outputs().size(); ++i) {
       std::string name = g0.outputName(i);
       if (ranks_[0].params.count(name)) continue;
       const Value* v = g0.outputs()[i].value;
       HostTensor t(v->type());
-      CU_TRY(cudaMemcpyAsync(t.raw(), ranks_[0].addr[v], t.bytes(), cudaMemcpyDeviceToHost, stream_), "reading output %", name);
-      outs.emplace_back(name, t);
+      CU_TRY(cudaMemcpy(t.raw(), ranks_[0].addr[v], t.bytes(), cudaMemcpyDeviceToHost), "reading output %", name);
+      result[name] = isFloat(t.dtype()) && t.dtype() != DType::f32 ? t.convertTo(DType::f32) : t;
     }
-    cudaError_t e = cudaStreamSynchronize(stream_);
-    staging_.clear();
-    if (e != cudaSuccess)
-      return makeError("cuda: step ", stepIndex, " failed on GPU ", options_.device, ": ", cudaGetErrorString(e),
-                       " (run with TPC_CUDA_DEBUG=1 to find the kernel)");
-    TensorMap result;
-    for (auto& [name, t] : outs) result[name] = isFloat(t.dtype()) && t.dtype() != DType::f32 ? t.convertTo(DType::f32) : t;
     return result;
   }
 
@@ -225,6 +327,7 @@ class CudaBackend final : public Backend {
     auto fetch = [&](size_t r) -> Result<HostTensor> {
       auto [p, buf] = ranks_[r].params.at(name);
       HostTensor t(p->type());
+      CU_TRY(cudaSetDevice(dev(r).device), "GPU ", dev(r).device);
       CU_TRY(cudaMemcpy(t.raw(), buf, t.bytes(), cudaMemcpyDeviceToHost), "reading %", name);
       return isFloat(t.dtype()) && t.dtype() != DType::f32 ? t.convertTo(DType::f32) : t;
     };
@@ -242,6 +345,144 @@ class CudaBackend final : public Backend {
 
  private:
   std::string rankPrefix(size_t r) const { return ranks_.size() > 1 ? cat("rank ", r, ": ") : ""; }
+  DeviceCtx& dev(size_t r) { return devs_[nccl_ ? r : 0]; }
+  const DeviceCtx& dev(size_t r) const { return devs_[nccl_ ? r : 0]; }
+
+  // NCCL gathers and scatters whole rank-major blocks; along another dim than the first (with something
+  // before it) the data goes through a staging buffer, [G, local...], in the node's workspace.
+  static bool needsStaging(const Node& n) {
+    if (n.op() == OpKind::AllReduce) return false;
+    const Value* full = n.op() == OpKind::AllGather ? n.result() : n.operand(0);
+    int64_t d = n.getInt("dim");
+    if (d < 0) d += full->type().rank();
+    int64_t before = 1;
+    for (int64_t k = 0; k < d; ++k) before *= full->shape()[k];
+    return before > 1;
+  }
+  static int64_t ncclStagingBytes(const Node& n) {
+    if (!needsStaging(n)) return 0;
+    return n.op() == OpKind::AllGather ? n.result()->type().bytes() : n.operand(0)->type().bytes();
+  }
+
+  std::string collectiveSummary(size_t r) const {
+    std::map<std::string, int> count;
+    for (Node* n : ranks_[r].graph->nodes())
+      if (n->has(traits::Collective)) ++count[cat(n->opName(), " over ", n->getStr("axis"))];
+    std::string s;
+    for (auto& [k, c] : count) s += cat(s.empty() ? "" : ", ", c, " x ", k);
+    return "the step's collectives: " + (s.empty() ? std::string("none") : s);
+  }
+
+  // One communicator per group of every mesh axis a collective uses (ncclCommInitAll over the group's GPUs).
+  Status createCommunicators() {
+    const Mesh& mesh = ranks_[0].graph->mesh();
+    std::set<std::string> axes;
+    for (Node* n : ranks_[0].graph->nodes())
+      if (n->has(traits::Collective)) axes.insert(n->getStr("axis"));
+    comms_.assign(ranks_.size(), {});
+    for (const std::string& axis : axes) {
+      int ai = mesh.axisIndex(axis);
+      int64_t G = ai < 0 ? 1 : mesh.axes[ai].size, stride = 1;
+      if (ai >= 0)
+        for (size_t a = mesh.axes.size(); a-- > static_cast<size_t>(ai) + 1;) stride *= mesh.axes[a].size;
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        if ((static_cast<int64_t>(r) / stride) % G != 0) continue;
+        std::vector<int> devices;
+        std::vector<size_t> members;
+        for (int64_t q = 0; q < G; ++q) {
+          members.push_back(r + q * stride);
+          devices.push_back(dev(members.back()).device);
+        }
+        std::vector<ncclComm_t> c(G);
+        if (ncclResult_t e = ncclLib_->commInitAll(c.data(), static_cast<int>(G), devices.data()); e != ncclSuccess)
+          return makeError("NCCL: creating the communicator of ranks ", members.front(), "..", members.back(), " over axis ",
+                           axis, " failed: ", ncclLib_->getErrorString(e));
+        for (int64_t q = 0; q < G; ++q) {
+          comms_[members[q]][axis] = c[q];
+          allComms_.push_back(c[q]);
+        }
+      }
+    }
+    return {};
+  }
+
+  void abortCommunicators() {
+    if (!ncclLib_) return;
+    for (ncclComm_t c : allComms_) ncclLib_->commAbort(c);
+    allComms_.clear();
+    comms_.clear();
+    prepared_ = false;  // the communicators are gone: a new prepare() is needed
+  }
+
+  // A kernel launch whose first arguments are raw device addresses (the collectives' kernels).
+  Result<Launch> rawKernel(DeviceCtx& d, const KernelSpec& k, const std::vector<uint64_t>& ptrs, const std::string& what) {
+    Launch l;
+    l.kind = Launch::Kernel;
+    TPC_ASSIGN(l.fn, function(d, k, what));
+    l.grid = k.grid;
+    l.block = k.block;
+    l.what = what;
+    for (size_t i = 0; i < k.args.size(); ++i) l.argv.push_back(i < ptrs.size() ? ptrs[i] : static_cast<uint64_t>(k.args[i].i));
+    return l;
+  }
+
+  // The NCCL launches of collective `n` of rank r (staging copies around it where needsStaging).
+  Status ncclLaunches(size_t r, const Node& n, char* ws, std::vector<Launch>& out) {
+    Rank& rk = ranks_[r];
+    DeviceCtx& d = dev(r);
+    const std::string& axis = n.getStr("axis");
+    std::string what = cat(rankPrefix(r), "NCCL ", n.opName(), " over ", axis, " -> ", valueName(n.result()));
+    Launch l;
+    l.kind = Launch::Nccl;
+    l.comm = comms_[r].at(axis);
+    l.what = what;
+    DType t = n.result()->dtype();
+    TPC_ASSIGN(l.ncclType, ncclType(t));
+    l.redOp = n.op() != OpKind::AllGather && n.getStr("op") == "max" ? ncclMax : ncclSum;
+    char* in = static_cast<char*>(rk.addr[n.operand(0)]);
+    char* res = static_cast<char*>(rk.addr[n.result()]);
+    int64_t G = ranks_[0].graph->mesh().axisSize(axis), esize = dtypeSize(t);
+    const Shape &inShape = n.operand(0)->shape(), &outShape = n.result()->shape();
+    int64_t inNumel = n.operand(0)->type().numel(), outNumel = n.result()->type().numel();
+    bool stage = needsStaging(n);
+    switch (n.op()) {
+      case OpKind::AllReduce:
+        l.ncclOp = 0, l.a = in, l.c = res, l.bytes = static_cast<size_t>(outNumel);
+        out.push_back(l);
+        return {};
+      case OpKind::AllGather: {
+        l.ncclOp = 1, l.a = in, l.c = stage ? ws : res, l.bytes = static_cast<size_t>(inNumel);
+        out.push_back(l);
+        if (!stage) return {};
+        int64_t dim = n.getInt("dim") < 0 ? n.getInt("dim") + n.result()->type().rank() : n.getInt("dim");
+        for (int64_t q = 0; q < G; ++q) {
+          std::vector<uint64_t> ptrs = {reinterpret_cast<uint64_t>(res), reinterpret_cast<uint64_t>(ws + q * inNumel * esize)};
+          auto k = rawKernel(d, virtualAllGatherPiece(t, inShape, outShape, dim, static_cast<int>(q)), ptrs, what + " (unstaging)");
+          if (!k.ok()) return Error{k.error()};
+          out.push_back(std::move(k).value());
+        }
+        return {};
+      }
+      case OpKind::ReduceScatter: {
+        if (stage) {
+          int64_t dim = n.getInt("dim") < 0 ? n.getInt("dim") + n.operand(0)->type().rank() : n.getInt("dim");
+          std::vector<int64_t> inStrides = codegen::strides(inShape), outStrides = codegen::strides(outShape);
+          for (int64_t q = 0; q < G; ++q) {
+            KernelSpec pack = codegen::stridedCopy(t, outShape, 0, outStrides, q * outShape[dim] * inStrides[dim], inStrides,
+                                                   {ArgKind::Int64, 0, 0}, {ArgKind::Int64, 0, 0});
+            std::vector<uint64_t> ptrs = {reinterpret_cast<uint64_t>(ws + q * outNumel * esize), reinterpret_cast<uint64_t>(in)};
+            auto k = rawKernel(d, pack, ptrs, what + " (staging)");
+            if (!k.ok()) return Error{k.error()};
+            out.push_back(std::move(k).value());
+          }
+        }
+        l.ncclOp = 2, l.a = stage ? ws : in, l.c = res, l.bytes = static_cast<size_t>(outNumel);
+        out.push_back(l);
+        return {};
+      }
+      default: return makeError("cuda backend: no NCCL lowering for ", n.opName());
+    }
+  }
 
   // Buffers and their lifetimes; outputs that replace a parameter write into it when that is safe.
   Status planRank(size_t r, const std::vector<NodeLowering>& lowerings, std::vector<PlannedBuffer>& plan,
@@ -339,10 +580,11 @@ class CudaBackend final : public Backend {
     return {};
   }
 
-  Result<CUfunction> function(const KernelSpec& k, const std::string& what) {
+  // The kernel loaded on d's GPU (its context must be current).
+  Result<CUfunction> function(DeviceCtx& d, const KernelSpec& k, const std::string& what) {
     std::string key = k.entry + "\n" + k.source;
-    auto it = functions_.find(key);
-    if (it != functions_.end()) return it->second;
+    auto it = d.functions.find(key);
+    if (it != d.functions.end()) return it->second;
     TPC_ASSIGN(std::vector<char> cubin, compiler_->compile(k.source, k.entry));
     CUmodule mod;
     CUfunction fn;
@@ -350,7 +592,7 @@ class CudaBackend final : public Backend {
       return makeError("cuda: loading the cubin of kernel ", k.entry, " (", what, ") failed: ", driverError(e));
     if (CUresult e = driver_->moduleGetFunction(&fn, mod, k.entry.c_str()); e != CUDA_SUCCESS)
       return makeError("cuda: kernel ", k.entry, " (", what, ") is not in its source: ", driverError(e));
-    functions_[key] = fn;
+    d.functions[key] = fn;
     return fn;
   }
 
@@ -364,25 +606,34 @@ class CudaBackend final : public Backend {
                        const std::vector<PlannedBuffer>& plan, const std::vector<int>& workspaceOf,
                        const std::vector<std::pair<const Value*, std::string>>& paramCopies) {
     Rank& rk = ranks_[r];
+    DeviceCtx& d = dev(r);
+    CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
     std::vector<Node*> nodes = rk.graph->nodeVector();
     rk.segments.emplace_back();
     for (size_t k = 0; k < nodes.size(); ++k) {
       const Node& n = *nodes[k];
       std::string what = cat(rankPrefix(r), n.opName(), " -> ", valueName(n.result()));
+      if (nccl_ && n.has(traits::Collective)) {
+        char* ws = workspaceOf[k] >= 0 ? static_cast<char*>(rk.arena) + plan[workspaceOf[k]].offset : nullptr;
+        TPC_TRY(ncclLaunches(r, n, ws, rk.segments.back()));
+        continue;
+      }
       switch (nodeExec(n)) {
         case NodeExec::Collective:
           rk.collectives.push_back(&n);
           rk.segments.emplace_back();
           continue;
         case NodeExec::Matmul: {
-          Launch l;
-          l.kind = Launch::Matmul;
-          l.matmul = matmulPlans[k];
-          l.a = rk.addr[n.operand(0)];
-          l.b = rk.addr[n.operand(1)];
-          l.c = rk.addr[n.result()];
-          l.what = what;
-          rk.segments.back().push_back(l);
+          for (const auto& [oa, ob, oc] : matmulCalls[r][k]) {
+            Launch l;
+            l.kind = Launch::Matmul;
+            l.matmul = matmulPlans[k];
+            l.a = static_cast<const char*>(rk.addr[n.operand(0)]) + oa * dtypeSize(n.operand(0)->dtype());
+            l.b = static_cast<const char*>(rk.addr[n.operand(1)]) + ob * dtypeSize(n.operand(1)->dtype());
+            l.c = static_cast<char*>(rk.addr[n.result()]) + oc * dtypeSize(n.result()->dtype());
+            l.what = what;
+            rk.segments.back().push_back(l);
+          }
           continue;
         }
         case NodeExec::Kernels: break;
@@ -400,7 +651,7 @@ class CudaBackend final : public Backend {
       for (const KernelSpec& ks : nl.kernels) {
         Launch l;
         l.kind = Launch::Kernel;
-        auto fn = function(ks, what);
+        auto fn = function(d, ks, what);
         if (!fn.ok()) return Error{fn.error()};
         l.fn = *fn;
         l.grid = ks.grid;
@@ -431,7 +682,7 @@ class CudaBackend final : public Backend {
               break;
             }
             case ArgKind::Seed: v = options_.seed; break;
-            case ArgKind::StepPtr: v = reinterpret_cast<uint64_t>(stepWord_); break;
+            case ArgKind::StepPtr: v = reinterpret_cast<uint64_t>(d.stepWord); break;
           }
           l.argv.push_back(v);
         }
@@ -452,7 +703,15 @@ class CudaBackend final : public Backend {
 
   // All ranks' launches in one order: segment s of every rank, then collective s across the ranks.
   Status assemble() {
-    launches_.clear();
+    for (auto& d : devs_) d.launches.clear();
+    if (nccl_) {  // each rank replays its own program on its own GPU; NCCL joins them
+      for (size_t r = 0; r < ranks_.size(); ++r)
+        for (auto& seg : ranks_[r].segments)
+          for (auto& l : seg) dev(r).launches.push_back(l);
+      launchCount_ = static_cast<int64_t>(devs_[0].launches.size());
+      return {};
+    }
+    std::vector<Launch>& launches_ = devs_[0].launches;
     size_t segs = ranks_[0].segments.size();
     for (size_t r = 1; r < ranks_.size(); ++r)
       if (ranks_[r].segments.size() != segs)
@@ -516,14 +775,8 @@ class CudaBackend final : public Backend {
         return makeError("cuda backend: no virtual-rank lowering for collective ", n0.opName());
       }
       for (auto& [k, ptrs] : ks) {
-        Launch l;
-        l.kind = Launch::Kernel;
-        TPC_ASSIGN(l.fn, function(k, what));
-        l.grid = k.grid;
-        l.block = k.block;
-        l.what = what;
-        for (size_t i = 0; i < k.args.size(); ++i) l.argv.push_back(i < ptrs.size() ? ptrs[i] : static_cast<uint64_t>(k.args[i].i));
-        launches_.push_back(std::move(l));
+        TPC_ASSIGN(Launch l, rawKernel(devs_[0], k, ptrs, what));
+        devs_[0].launches.push_back(std::move(l));
       }
     }
     return {};
@@ -535,52 +788,80 @@ class CudaBackend final : public Backend {
     return d;
   }
 
-  Status enqueue(const Launch& l) {
+  Status enqueue(DeviceCtx& d, const Launch& l) {
     switch (l.kind) {
       case Launch::Kernel: {
         std::vector<void*> params;
         for (const uint64_t& v : l.argv) params.push_back(const_cast<uint64_t*>(&v));
         CUresult e = driver_->launchKernel(l.fn, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.smem,
-                                           reinterpret_cast<CUstream>(stream_), params.data(), nullptr);
+                                           reinterpret_cast<CUstream>(d.stream), params.data(), nullptr);
         if (e != CUDA_SUCCESS) return makeError("cuda: launching ", l.what, ": ", driverError(e));
         return {};
       }
-      case Launch::Matmul: return matmul_->run(l.matmul, l.a, l.b, l.c, matmulWorkspace_, stream_);
-      case Launch::Memset: CU_TRY(cudaMemsetAsync(l.c, 0, l.bytes, stream_), l.what, " (zeroing its workspace)"); return {};
-      case Launch::Copy: CU_TRY(cudaMemcpyAsync(l.c, l.a, l.bytes, cudaMemcpyDeviceToDevice, stream_), l.what); return {};
+      case Launch::Matmul: return d.matmul->run(l.matmul, l.a, l.b, l.c, d.matmulWorkspace, d.stream);
+      case Launch::Memset: CU_TRY(cudaMemsetAsync(l.c, 0, l.bytes, d.stream), l.what, " (zeroing its workspace)"); return {};
+      case Launch::Copy: CU_TRY(cudaMemcpyAsync(l.c, l.a, l.bytes, cudaMemcpyDeviceToDevice, d.stream), l.what); return {};
+      case Launch::Nccl: {
+        ncclResult_t e = ncclSuccess;
+        if (l.ncclOp == 0) e = ncclLib_->allReduce(l.a, l.c, l.bytes, l.ncclType, l.redOp, l.comm, d.stream);
+        else if (l.ncclOp == 1) e = ncclLib_->allGather(l.a, l.c, l.bytes, l.ncclType, l.comm, d.stream);
+        else e = ncclLib_->reduceScatter(l.a, l.c, l.bytes, l.ncclType, l.redOp, l.comm, d.stream);
+        if (e != ncclSuccess) return makeError(l.what, " failed: ", ncclLib_->getErrorString(e));
+        return {};
+      }
     }
     return {};
   }
 
-  Status enqueueAll(bool syncEach, int64_t stepIndex) {
-    for (const Launch& l : launches_) {
-      TPC_TRY(enqueue(l));
+  Status enqueueAll(DeviceCtx& d, bool syncEach, int64_t stepIndex) {
+    for (const Launch& l : d.launches) {
+      TPC_TRY(enqueue(d, l));
       if (syncEach) {
-        cudaError_t e = cudaStreamSynchronize(stream_);
+        cudaError_t e = cudaStreamSynchronize(d.stream);
         if (e != cudaSuccess) return makeError("cuda: step ", stepIndex, ": ", l.what, " failed: ", cudaGetErrorString(e));
       }
     }
     return {};
   }
 
+  // Each GPU's launches captured once as a CUDA graph (a thread per GPU, as NCCL wants its ranks' calls).
   Status capture() {
-    CU_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning the graph capture");
-    Status s = enqueueAll(false, 0);
-    cudaGraph_t graph = nullptr;
-    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
-    TPC_TRY(s);
-    CU_TRY(e, "capturing the step as a CUDA graph");
-    graph_ = graph;
-    CU_TRY(cudaGraphInstantiate(&graphExec_, graph_, 0), "instantiating the step graph");
+    std::vector<std::string> errors(devs_.size());
+    auto one = [&](size_t i) {
+      DeviceCtx& d = devs_[i];
+      Status st = [&]() -> Status {
+        CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
+        CU_TRY(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeThreadLocal), "beginning the graph capture");
+        Status s = enqueueAll(d, false, 0);
+        cudaGraph_t graph = nullptr;
+        cudaError_t e = cudaStreamEndCapture(d.stream, &graph);
+        TPC_TRY(s);
+        CU_TRY(e, "capturing the step as a CUDA graph");
+        d.graph = graph;
+        CU_TRY(cudaGraphInstantiate(&d.exec, d.graph, 0), "instantiating the step graph");
+        return {};
+      }();
+      if (!st.ok()) errors[i] = st.error();
+    };
+    if (devs_.size() == 1) {
+      one(0);
+    } else {
+      std::vector<std::thread> threads;
+      for (size_t i = 0; i < devs_.size(); ++i) threads.emplace_back(one, i);
+      for (auto& t : threads) t.join();
+    }
+    for (auto& e : errors)
+      if (!e.empty()) return Error{e};
     return {};
   }
 
   void release() {
-    if (graphExec_) cudaGraphExecDestroy(graphExec_);
-    if (graph_) cudaGraphDestroy(graph_);
-    graphExec_ = nullptr;
-    graph_ = nullptr;
-    for (auto& rk : ranks_) {
+    for (ncclComm_t c : allComms_) ncclLib_->commDestroy(c);
+    allComms_.clear();
+    comms_.clear();
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      Rank& rk = ranks_[r];
+      if (!devs_.empty()) cudaSetDevice(dev(r).device);
       for (void* p : rk.allocations) cudaFree(p);
       rk.allocations.clear();
       rk.addr.clear();
@@ -589,34 +870,33 @@ class CudaBackend final : public Backend {
       rk.collectives.clear();
       rk.arenaBytes = rk.stateBytes = rk.inputBytes = 0;
     }
-    if (stepWord_) cudaFree(stepWord_);
-    if (matmulWorkspace_) cudaFree(matmulWorkspace_);
-    if (stream_) cudaStreamDestroy(stream_);
-    stepWord_ = matmulWorkspace_ = nullptr;
-    stream_ = nullptr;
+    for (DeviceCtx& d : devs_) {
+      cudaSetDevice(d.device);
+      if (d.exec) cudaGraphExecDestroy(d.exec);
+      if (d.graph) cudaGraphDestroy(d.graph);
+      if (d.stepWord) cudaFree(d.stepWord);
+      if (d.matmulWorkspace) cudaFree(d.matmulWorkspace);
+      if (d.stream) cudaStreamDestroy(d.stream);
+    }
+    devs_.clear();
     inPlace_.clear();
-    launches_.clear();
     prepared_ = false;
   }
 
   CudaOptions options_;
   std::vector<Rank> ranks_;
   std::vector<llvm::DenseMap<const Value*, std::string>> inPlace_;
+  std::vector<std::vector<std::vector<std::array<int64_t, 3>>>> matmulCalls;  // rank -> node -> calls
   LoweringContext ctx_;
   std::string deviceName_ = "GPU";
   const Driver* driver_ = nullptr;
   std::unique_ptr<NvrtcCompiler> compiler_;
-  std::unique_ptr<CublasLtMatmul> matmul_;
-  std::unordered_map<std::string, CUfunction> functions_;
-  cudaStream_t stream_ = nullptr;
-  void* stepWord_ = nullptr;
-  void* matmulWorkspace_ = nullptr;
-  int64_t stepHost_ = 0;
-  std::vector<HostTensor> staging_;
-  std::vector<Launch> launches_;
+  std::vector<DeviceCtx> devs_;
+  bool nccl_ = false;
+  const Nccl* ncclLib_ = nullptr;
+  std::vector<std::map<std::string, ncclComm_t>> comms_;  // rank -> axis -> its group's communicator
+  std::vector<ncclComm_t> allComms_;
   int64_t launchCount_ = 0;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t graphExec_ = nullptr;
   bool prepared_ = false, debug_ = false;
 };
 

@@ -19,6 +19,10 @@ struct CudaOptions {
   int device = 0;
   std::string cacheDir;  // NVRTC cubin cache; empty: $TPC_CACHE_DIR or ~/.cache/tpc/kernels
   bool verbose = true;   // print the memory plan and kernel counts at prepare()
+  // Collectives between ranks: "nccl" (rank r on GPU r, an NCCL communicator per mesh-axis group),
+  // "virtual" (all ranks on `device`, collectives as device kernels), "auto" (nccl when there are enough GPUs).
+  std::string collectives = "auto";
+  double collectiveTimeoutSeconds = 60;  // NCCL: a step waiting longer fails naming the rank and step
 };
 
 // rankGraphs: one graph per rank of the graphs' mesh (empty: the single-rank graph given to prepare()).

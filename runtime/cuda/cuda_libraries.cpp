@@ -5,6 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <glob.h>
+
 #include <mutex>
 
 namespace tpc::cuda {
@@ -106,6 +108,46 @@ Result<const Driver*> driver() {
     get("cuFuncSetAttribute", lib.funcSetAttribute);
     get("cuLaunchKernel", lib.launchKernel);
     get("cuGetErrorString", lib.getErrorString);
+  });
+  if (!error.empty()) return makeError(error);
+  return &lib;
+}
+
+Result<const Nccl*> nccl() {
+  static Nccl lib;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      glob_t g{};
+      for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+                                  "/usr/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+                                  "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                                  "/root/.local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                                  "/opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                                  "/opt/*/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
+        if (glob(pattern, 0, nullptr, &g) == 0 && g.gl_pathc > 0) h = dlopen(g.gl_pathv[0], RTLD_NOW | RTLD_LOCAL);
+        globfree(&g);
+        if (h) break;
+      }
+    }
+    if (!h) {
+      error = "cannot load NCCL (libnccl.so.2, for collectives between GPUs): install it (apt libnccl2, or pip install "
+              "nvidia-nccl-cu13) and add its lib folder to LD_LIBRARY_PATH";
+      return;
+    }
+    std::string e;
+    sym(h, "ncclGetErrorString", lib.getErrorString, e);
+    sym(h, "ncclCommInitAll", lib.commInitAll, e);
+    sym(h, "ncclCommDestroy", lib.commDestroy, e);
+    sym(h, "ncclCommAbort", lib.commAbort, e);
+    sym(h, "ncclAllReduce", lib.allReduce, e);
+    sym(h, "ncclAllGather", lib.allGather, e);
+    sym(h, "ncclReduceScatter", lib.reduceScatter, e);
+    sym(h, "ncclGroupStart", lib.groupStart, e);
+    sym(h, "ncclGroupEnd", lib.groupEnd, e);
+    if (!e.empty()) error = cat("libnccl.so.2: ", e);
   });
   if (!error.empty()) return makeError(error);
   return &lib;

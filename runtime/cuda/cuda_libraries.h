@@ -6,6 +6,7 @@
 
 #include <cublasLt.h>
 #include <cuda.h>
+#include <nccl.h>
 #include <nvrtc.h>
 
 #include "ir/status.h"
@@ -47,9 +48,23 @@ struct Driver {
   decltype(&::cuGetErrorString) getErrorString;
 };
 
+struct Nccl {
+  decltype(&::ncclGetErrorString) getErrorString;
+  decltype(&::ncclCommInitAll) commInitAll;
+  decltype(&::ncclCommDestroy) commDestroy;
+  decltype(&::ncclCommAbort) commAbort;
+  decltype(&::ncclAllReduce) allReduce;
+  decltype(&::ncclAllGather) allGather;
+  decltype(&::ncclReduceScatter) reduceScatter;
+  decltype(&::ncclGroupStart) groupStart;
+  decltype(&::ncclGroupEnd) groupEnd;
+};
+
 // Loaded once per process; errors are remembered and returned again.
 Result<const Nvrtc*> nvrtc();
 Result<const CublasLt*> cublasLt();
 Result<const Driver*> driver();
+// libnccl.so.2 from the library path, else from a pip wheel (nvidia-nccl-cu13: site-packages/nvidia/nccl/lib).
+Result<const Nccl*> nccl();
 
 }  // namespace tpc::cuda

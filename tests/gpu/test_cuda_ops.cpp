@@ -11,11 +11,13 @@
 
 namespace tpc {
 
-TEST_CASE("cuda ops: every op's CUDA lowering matches the CPU backend (fp32 1e-5)", "[gpu]") {
-  test::requireGpuOrSkip();
-  int checked = 0;
+namespace {
+
+// Runs every case (or only the collectives) on the CPU and the GPU; returns the failures.
+std::vector<std::string> compareWithCpu(const std::string& collectives, bool onlyCollectives, int& checked) {
   std::vector<std::string> failures;
   for (const testing::OpCase& c : testing::cudaOpCases()) {
+    if (onlyCollectives && !opInfo(c.op).has(traits::Collective)) continue;
     std::string what = cat(opName(c.op), " ", c.label);
     auto g = testing::buildOpCase(c);
     REQUIRE(g.ok());
@@ -27,6 +29,7 @@ TEST_CASE("cuda ops: every op's CUDA lowering matches the CPU backend (fp32 1e-5
     CudaOptions go;
     go.seed = 77;
     go.verbose = false;
+    go.collectives = collectives;
     auto gpu = createCudaBackend({}, go);
     Status s = cpu->prepare(**g, {});
     REQUIRE(s.ok());
@@ -61,8 +64,28 @@ TEST_CASE("cuda ops: every op's CUDA lowering matches the CPU backend (fp32 1e-5
       ++checked;
     }
   }
+  return failures;
+}
+
+}  // namespace
+
+TEST_CASE("cuda ops: every op's CUDA lowering matches the CPU backend (fp32 1e-5)", "[gpu]") {
+  test::requireGpuOrSkip();
+  int checked = 0;
+  std::vector<std::string> failures = compareWithCpu("auto", false, checked);
   for (const auto& f : failures) UNSCOPED_INFO(f);
   WARN(checked << " outputs compared, " << failures.size() << " failures");
+  CHECK(failures.empty());
+}
+
+// NCCL at one rank (only one GPU is lent): the collectives go through a 1-GPU communicator.
+TEST_CASE("cuda ops: collectives through NCCL at one rank match the CPU backend", "[gpu]") {
+  test::requireGpuOrSkip();
+  int checked = 0;
+  std::vector<std::string> failures = compareWithCpu("nccl", true, checked);
+  for (const auto& f : failures) UNSCOPED_INFO(f);
+  WARN(checked << " collective outputs compared through NCCL, " << failures.size() << " failures");
+  CHECK(checked == 3);
   CHECK(failures.empty());
 }
 

@@ -100,7 +100,7 @@ double worstLossErr(const Trace& a, const Trace& b) {
 
 }  // namespace
 
-TEST_CASE("cuda training: 2-layer GPT, 10 fp32 steps on the GPU match the CPU (loss 1e-4)", "[gpu]") {
+TEST_CASE("cuda training: 2-layer GPT 10 fp32 steps on the GPU match the CPU (loss 1e-4)", "[gpu]") {
   test::requireGpuOrSkip();
   for (bool dropout : {false, true}) {
     auto g = gptStep(1, dropout);
@@ -113,7 +113,7 @@ TEST_CASE("cuda training: 2-layer GPT, 10 fp32 steps on the GPU match the CPU (l
     WARN("dropout " << dropout << ": losses " << ref.losses.front() << " -> " << ref.losses.back()
                     << " (cpu), worst relative loss difference gpu vs cpu over 10 steps: " << err);
     CHECK(err <= 1e-4);
-    CHECK(got.losses.back() < got.losses.front());
+    // (Random tokens: the loss stays near ln(100), so no "loss falls" check here; gpu_check.sh trains on text.)
   }
 }
 

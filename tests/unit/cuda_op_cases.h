@@ -95,6 +95,7 @@ inline std::vector<OpCase> cudaOpCases() {
   c.back().attrs.set("transpose_b", true);
   c.push_back({"batched", OpKind::Matmul, {in("a", f32({2, 3, 4, 8})), in("b", f32({2, 3, 8, 5}))}, {}, {}});
   c.push_back({"b 2-D", OpKind::Matmul, {in("a", f32({3, 4, 8})), in("b", f32({8, 5}))}, {}, {}});
+  c.push_back({"broadcast batch [4,1] x [3]", OpKind::Matmul, {in("a", f32({4, 1, 6, 8})), in("b", f32({3, 8, 5}))}, {}, {}});
   c.push_back({"a^T batched, b 2-D", OpKind::Matmul, {in("a", f32({3, 8, 4})), in("b", f32({8, 5}))}, {}, {}});
   c.back().attrs.set("transpose_a", true);
   c.push_back({"[2,2,16,8]", OpKind::Attention, {in("q", f32({2, 2, 16, 8})), in("k", f32({2, 2, 16, 8})), in("v", f32({2, 2, 16, 8}))}, {}, {}});
