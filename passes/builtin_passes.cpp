@@ -19,6 +19,8 @@ void registerBuiltinPasses(PassRegistry& r) {
   (void)r.add({"cse", "merges nodes that compute the same thing (op, operands, attributes, types, placements)", {},
                plain<createCSEPass>});
   (void)r.add({"dce", "removes nodes whose results no graph output needs", {}, plain<createDCEPass>});
+  (void)r.add({"inference", "the forward graph as evaluation runs it: dropout becomes the identity", {},
+               plain<createInferencePass>});
   (void)r.add({"autodiff",
                "rewrites a forward graph into its training step: forward, backward, global-norm clipping, AdamW",
                {{"accum", "micro-batches per step (inputs get a leading [accum] dim when > 1); default 1"},

@@ -83,6 +83,24 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     if (!std::isfinite(loss))
       return makeError("the loss is ", loss, " at step ", it,
                        " (diverged: lower --lr, raise --lr-warmup-iters, or check --clip-grad)");
+    if (settings.evaluate && settings.evalInterval > 0 && (it % settings.evalInterval == 0 || it == settings.trainIters)) {
+      auto evalStart = Clock::now();
+      TPC_ASSIGN(double valid, settings.evaluate());
+      lastLog += Clock::now() - evalStart;  // tokens/s counts training time only
+      if (settings.console) {
+        char line[160];
+        std::snprintf(line, sizeof line, "eval at step %lld | valid loss %.4f | valid ppl %.3f",
+                      static_cast<long long>(it), valid, std::exp(valid));
+        console << line << std::endl;
+      }
+      if (jsonl.is_open()) {
+        std::ostringstream j;
+        j << std::setprecision(9) << "{\"step\": " << it << ", \"valid_loss\": " << valid
+          << ", \"valid_ppl\": " << std::exp(valid) << "}";
+        jsonl << j.str() << "\n";
+        jsonl.flush();
+      }
+    }
     if (settings.afterStep) TPC_TRY(settings.afterStep(it));
     ++stepsSinceLog;
     bool logNow = settings.logInterval > 0 && (it % settings.logInterval == 0 || it == settings.firstIter ||

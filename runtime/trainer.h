@@ -29,6 +29,10 @@ struct TrainerSettings {
   std::string logJsonl;          // one JSON object per logged step, when set
   bool console = true;           // print a line every log interval
   std::string tokensInput = "tokens", targetsInput = "targets";
+  // Every evalInterval steps and after the last (0: never): `evaluate` gives the mean validation loss,
+  // printed and logged (valid_loss, valid_ppl) with the step.
+  int64_t evalInterval = 0;
+  std::function<Result<double>()> evaluate;
   // Called after each step's update, with the iteration just completed (checkpoints hang here).
   std::function<Status(int64_t iteration)> afterStep;
 };

@@ -2,7 +2,10 @@
 // builds the training step (autodiff), simplifies it, and runs the trainer on the chosen backend.
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -15,6 +18,7 @@
 #include "passes/sharding/sharding.h"
 #include "runtime/backend_select.h"
 #include "runtime/checkpoint.h"
+#include "runtime/evaluator.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/param_init.h"
@@ -76,6 +80,8 @@ int runRun(std::vector<std::string> args) {
       .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
       .value("keep", "keep the newest K checkpoints in --save; 0: all", "0")
       .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp")
+      .value("eval-interval", "steps between evaluations on the validation split; 0: none", "0")
+      .value("eval-iters", "batches per evaluation (validation, and test after the last step)", "10")
       .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)");
   flags.value("backend", "auto | cpu | cuda", "auto")
       .value("threads", "CPU backend threads (0: all cores)", "0")
@@ -99,6 +105,10 @@ int runRun(std::vector<std::string> args) {
   if (!saveInterval) return cli::fail("run", saveInterval.error());
   auto keep = flags.getInt("keep", 0, int64_t(1) << 40);
   if (!keep) return cli::fail("run", keep.error());
+  auto evalInterval = flags.getInt("eval-interval", 0, int64_t(1) << 40);
+  if (!evalInterval) return cli::fail("run", evalInterval.error());
+  auto evalIters = flags.getInt("eval-iters", 1, int64_t(1) << 40);
+  if (!evalIters) return cli::fail("run", evalIters.error());
   std::optional<LoadedCheckpoint> checkpoint;
   if (flags.has("load")) {
     auto c = loadCheckpoint(flags.get("load"));
@@ -159,6 +169,20 @@ int runRun(std::vector<std::string> args) {
   auto splits = splitDocuments(config.split, dataset->numDocuments());
   if (!splits) return cli::fail("run", "--split: " + splits.error());
   size_t numDocs = dataset->numDocuments();
+  // Evaluation reads its own copy of the dataset (the windows of the valid and test splits).
+  std::optional<DatasetBatches> validBatches, testBatches;
+  if (*evalInterval > 0) {
+    if (splits->valid.size() == 0)
+      return cli::fail("run", cat("--eval-interval: the validation split is empty (--split ", config.split,
+                                  " over ", dataset->numDocuments(), " documents); give it a share, e.g. 949,50,1"));
+    for (auto [range, target] : {std::pair{splits->valid, &validBatches}, std::pair{splits->test, &testBatches}}) {
+      if (range.size() == 0) continue;
+      auto copy = IndexedDataset::open(*dataPath);
+      if (!copy) return cli::fail("run", copy.error());
+      target->emplace(std::move(copy).value(), range, static_cast<uint32_t>(config.seqLength), config.seed);
+      if (Status s = (*target)->status(); !s.ok()) return cli::fail("run", s.error());
+    }
+  }
   DatasetBatches batches(std::move(dataset).value(), splits->train, static_cast<uint32_t>(config.seqLength), config.seed);
   if (Status s = batches.status(); !s.ok()) return cli::fail("run", s.error());
 
@@ -222,6 +246,17 @@ int runRun(std::vector<std::string> args) {
   settings.lr.style = config.decayStyle;
   settings.logJsonl = flags.get("log-jsonl");
   if (checkpoint) settings.firstIter = checkpoint->state.iteration + 1;
+  std::unique_ptr<Evaluator> evaluator;
+  if (*evalInterval > 0) {
+    auto e = Evaluator::create(*model->forward, model->lossOutput, cpu);
+    if (!e) return cli::fail("run", e.error());
+    evaluator = std::move(*e);
+    settings.evalInterval = *evalInterval;
+    settings.evaluate = [&]() -> Result<double> {
+      validBatches->seek(0);  // the same batches every time: comparable numbers
+      return evaluator->meanLoss(*backend, *validBatches, *evalIters);
+    };
+  }
   const std::string saveDir = flags.get("save");
   if (!saveDir.empty())
     settings.afterStep = [&](int64_t it) -> Status {
@@ -242,6 +277,17 @@ int runRun(std::vector<std::string> args) {
     };
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
+  if (evaluator && !testBatches)
+    std::printf("no test evaluation: the test split of --split %s is empty\n", config.split.c_str());
+  if (evaluator && testBatches) {
+    auto test = evaluator->meanLoss(*backend, *testBatches, *evalIters);
+    if (!test) return cli::fail("run", test.error());
+    std::printf("test loss %.4f | test ppl %.3f (%lld batches of the test split)\n", *test, std::exp(*test),
+                static_cast<long long>(*evalIters));
+    if (!settings.logJsonl.empty())
+      std::ofstream(settings.logJsonl, std::ios::app) << std::setprecision(9) << "{\"step\": " << config.trainIters << ", \"test_loss\": " << *test
+                                                      << ", \"test_ppl\": " << std::exp(*test) << "}\n";
+  }
   const auto& losses = report->losses;
   std::printf("done: %zu steps in %s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)\n", losses.size(),
               formatDuration(report->seconds).c_str(), report->tokensPerSecond, losses.front(), losses.back(),
