@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ struct TrainerSettings {
   // printed and logged (valid_loss, valid_ppl) with the step.
   int64_t evalInterval = 0;
   std::function<Result<double>()> evaluate;
+  // Receives every step's figures (step, loss, lr, grad_norm; tokens_per_s and elapsed_s when logged;
+  // valid_loss after an evaluation): the --metrics-port endpoint.
+  std::function<void(const std::map<std::string, double>&)> publish;
   // Called after each step's update, with the iteration just completed (checkpoints hang here).
   std::function<Status(int64_t iteration)> afterStep;
 };

@@ -19,6 +19,7 @@
 #include "runtime/backend_select.h"
 #include "runtime/checkpoint.h"
 #include "runtime/evaluator.h"
+#include "runtime/metrics_server.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/param_init.h"
@@ -80,6 +81,7 @@ int runRun(std::vector<std::string> args) {
       .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
       .value("keep", "keep the newest K checkpoints in --save; 0: all", "0")
       .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp")
+      .value("metrics-port", "serve the run's figures for Prometheus at http://127.0.0.1:PORT/metrics")
       .value("eval-interval", "steps between evaluations on the validation split; 0: none", "0")
       .value("eval-iters", "batches per evaluation (validation, and test after the last step)", "10")
       .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)");
@@ -246,6 +248,16 @@ int runRun(std::vector<std::string> args) {
   settings.lr.style = config.decayStyle;
   settings.logJsonl = flags.get("log-jsonl");
   if (checkpoint) settings.firstIter = checkpoint->state.iteration + 1;
+  std::unique_ptr<MetricsServer> metrics;
+  if (flags.has("metrics-port")) {
+    auto port = flags.getInt("metrics-port", 1, 65535);
+    if (!port) return cli::fail("run", port.error());
+    auto m = MetricsServer::start(static_cast<int>(*port));
+    if (!m) return cli::fail("run", m.error());
+    metrics = std::move(*m);
+    settings.publish = [&](const std::map<std::string, double>& f) { metrics->publish(f); };
+    std::cout << "metrics: http://127.0.0.1:" << metrics->port() << "/metrics" << std::endl;
+  }
   std::unique_ptr<Evaluator> evaluator;
   if (*evalInterval > 0) {
     auto e = Evaluator::create(*model->forward, model->lossOutput, cpu);
