@@ -69,6 +69,7 @@ TEST_CASE("sharding plugin: --sharding-policy errors name the flag and the fix",
       {" --tp 2 --sharding-policy mlp-tp", "load the plugin that defines it with --pass-plugin=lib.so"},
       {" --pass-plugin " + plugin() + " --sharding-policy mlp-tp", "--sharding-policy=mlp-tp needs --tp N with N > 1"},
       {" --tp 2 --pass-plugin /nonexistent/libx.so", "/nonexistent/libx.so"},
+      {" --tp 2 --sharding-policy cse", "--sharding-policy=cse: pass 'cse' has no option tp, so it is not a sharding policy"},
   };
   for (std::string cmd : {" run ", " dump "})
     for (const Case& c : cases) {
