@@ -34,6 +34,14 @@ bool hasP(const Placement& p) {
   return false;
 }
 
+// Whether a policy's hint names `axis`: a hint says nothing about the axes it leaves out (sequence-parallel's
+// [tp:S(1)] on a dp x tp mesh leaves dp to the rules; reading it as dp:R would gather the batch over dp).
+bool names(const Placement& hint, const std::string& axis) {
+  for (const auto& [a, ap] : hint.axes)
+    if (a == axis) return true;
+  return false;
+}
+
 AttrDict attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
   AttrDict d;
   for (const auto& [k, v] : kv) d.set(k, v);
@@ -349,7 +357,7 @@ Status Sweep::visit(const Node& n) {
       }
       // A hinted result (a policy's annotation) costs the move from the strategy's result to the hint.
       for (unsigned i = 0; i < s.out.size(); ++i)
-        if (const auto& h = n.result(i)->placement(); h && h->get(ax.name) != s.out[i])
+        if (const auto& h = n.result(i)->placement(); h && names(*h, ax.name) && h->get(ax.name) != s.out[i])
           c += axisCost(n.result(i), s.out[i], h->get(ax.name));
       if (!best || moves < bestMoves || (moves == bestMoves && c < bestCost)) best = &s, bestCost = c, bestMoves = moves;
     }
@@ -388,10 +396,15 @@ Status Sweep::visit(const Node& n) {
   for (unsigned r = 0; r < n.numResults(); ++r) {
     placed[n.result(r)] = out[r];
     const auto& hint = n.result(r)->placement();
-    if (!hint || canonical(*hint, mesh_) == out[r]) continue;
-    TPC_ASSIGN(Value * x, convert(n.result(r), *hint));
-    cur_[n.result(r)] = Cur{canonical(*hint, mesh_), x};
-    placed[n.result(r)] = canonical(*hint, mesh_);
+    if (!hint) continue;
+    Placement want = out[r];
+    for (const MeshAxis& ax : mesh_.axes)
+      if (names(*hint, ax.name)) want.set(ax.name, hint->get(ax.name));
+    want = canonical(want, mesh_);
+    if (want == out[r]) continue;
+    TPC_ASSIGN(Value * x, convert(n.result(r), want));
+    cur_[n.result(r)] = Cur{want, x};
+    placed[n.result(r)] = want;
   }
   return {};
 }

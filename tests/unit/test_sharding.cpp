@@ -164,6 +164,28 @@ TEST_CASE("sharding: sequence parallel is Megatron-SP's all_gather/reduce_scatte
   CHECK(byLayers[2]["all_reduce(tp,max)"] == byLayers[1]["all_reduce(tp,max)"]);
 }
 
+TEST_CASE("sharding: dp 2 x tp 2 + sp keeps the batch split over dp and Megatron-SP's tp schedule", "[sharding]") {
+  for (int64_t L : {1, 2}) {
+    auto g = sharded(L, "megatron-tp(tp=2),sequence-parallel,", ",data-parallel(dp=2)", 3);
+    INFO((g.ok() ? std::string() : g.error()));
+    REQUIRE(g.ok());
+    auto c = collectives(**g);
+    INFO("layers " << L);
+    // sequence-parallel's hint names tp only: dp stays split (no all_gather over dp of the residual stream).
+    CHECK(c["all_gather(tp)"] == 4 * L + 2);
+    CHECK(c["reduce_scatter(tp,sum)"] == 4 * L + 3);
+    CHECK(c["all_reduce(tp,sum)"] == 6 * L + 5);
+    CHECK(c["all_reduce(tp,max)"] == 1);
+    int64_t params = 0;
+    for (const Value* p : (*g)->params())
+      if (p->name().find(".adam_") == std::string::npos) ++params;
+    CHECK(c["all_reduce(dp,sum)"] == params + 1);  // one per gradient, plus the loss
+    CHECK(c.size() == 5);
+    for (const Node* n : (*g)->nodes())
+      if (n->op() == OpKind::LayerNorm) CHECK(n->result()->type().str() == "f32[2,8,64]");  // [B/dp, T/tp, D]
+  }
+}
+
 TEST_CASE("sharding: data parallel all-reduces every gradient once over dp", "[sharding]") {
   auto g = sharded(1, "", ",data-parallel(dp=2)", 1);
   INFO((g.ok() ? std::string() : g.error()));
