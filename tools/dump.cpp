@@ -11,6 +11,7 @@
 #include "runtime/memory_estimate.h"
 #include "tools/cli.h"
 #include "tools/compile_pipeline.h"
+#include "tools/pipeline_flags.h"
 #include "tools/train_flags.h"
 
 namespace tpc {
@@ -80,6 +81,7 @@ int runDump(std::vector<std::string> args) {
       .toggle("summary", "list the collectives of one step by kind, with their bytes, instead of the graph")
       .toggle("memory", "print the planned memory of one rank's step (the whole pipeline, or up to --after)");
   cli::declareTrainingFlags(flags);
+  cli::declarePipelineFlags(flags);
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
   if (flags.positional().size() != 1) return cli::fail("dump", "expected one model file (.fb or .json)");
@@ -87,6 +89,8 @@ int runDump(std::vector<std::string> args) {
   if (!model) return cli::fail("dump", model.error());
   if (Status s = cli::applyTrainingFlags(flags, model->config); !s.ok()) return cli::fail("dump", s.error());
   if (Status s = validateTrainConfig(model->config); !s.ok()) return cli::fail("dump", s.error());
+  auto tpPolicy = cli::applyPipelineFlags(flags, model->config, PassRegistry::global());
+  if (!tpPolicy) return cli::fail("dump", tpPolicy.error());
   if (Status s = matchBatchShape(*model, flags.positional()[0]); !s.ok()) return cli::fail("dump", s.error());
   auto accum = accumulationSteps(model->config);
   if (!accum) return cli::fail("dump", accum.error());
@@ -94,7 +98,7 @@ int runDump(std::vector<std::string> args) {
   if (!rank) return cli::fail("dump", rank.error());
   std::string format = flags.get("format");
   if (format != "text" && format != "dot") return cli::fail("dump", "--format=" + format + ": expected text or dot");
-  std::string pipeline = flags.has("passes") ? flags.get("passes") : standardPipeline(*model, *accum, *rank);
+  std::string pipeline = flags.has("passes") ? flags.get("passes") : standardPipeline(*model, *accum, *rank, *tpPolicy);
   if (flags.on("print-pipeline")) {
     std::cout << pipeline << "\n";
     return 0;
