@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -32,6 +33,13 @@ struct TrainerSettings {
   // MFU in the log line when both are set: model FLOPs per trained token (6N + attention) over the peak.
   double flopsPerToken = 0, peakFlops = 0;
   std::string peakName;  // what the peak is, printed with the MFU ("H200 dense fp32 67 TFLOP/s")
+  // Every evalInterval steps and after the last (0: never): `evaluate` gives the mean validation loss,
+  // printed and logged (valid_loss, valid_ppl) with the step.
+  int64_t evalInterval = 0;
+  std::function<Result<double>()> evaluate;
+  // Receives every step's figures (step, loss, lr, grad_norm; tokens_per_s and elapsed_s when logged;
+  // valid_loss after an evaluation): the --metrics-port endpoint.
+  std::function<void(const std::map<std::string, double>&)> publish;
   // Called after each step's update, with the iteration just completed (checkpoints hang here).
   std::function<Status(int64_t iteration)> afterStep;
 };

@@ -2,7 +2,10 @@
 // builds the training step (autodiff), simplifies it, and runs the trainer on the chosen backend.
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -15,6 +18,8 @@
 #include "passes/sharding/sharding.h"
 #include "runtime/backend_select.h"
 #include "runtime/checkpoint.h"
+#include "runtime/evaluator.h"
+#include "runtime/metrics_server.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #ifdef TPC_HAVE_CUDA
@@ -24,6 +29,7 @@
 #include "runtime/trainer.h"
 #include "tools/cli.h"
 #include "tools/compile_pipeline.h"
+#include "tools/pipeline_flags.h"
 #include "tools/train_flags.h"
 
 namespace tpc {
@@ -79,6 +85,9 @@ int runRun(std::vector<std::string> args) {
       .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
       .value("keep", "keep the newest K checkpoints in --save; 0: all", "0")
       .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp")
+      .value("metrics-port", "serve the run's figures for Prometheus at http://127.0.0.1:PORT/metrics")
+      .value("eval-interval", "steps between evaluations on the validation split; 0: none", "0")
+      .value("eval-iters", "batches per evaluation (validation, and test after the last step)", "10")
       .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)");
   flags.value("backend", "auto | cpu | cuda", "auto")
       .value("collectives", "CUDA with --tp/--dp: nccl (a GPU per rank) | virtual (all ranks on one GPU) | auto", "auto")
@@ -87,6 +96,7 @@ int runRun(std::vector<std::string> args) {
       .value("log-jsonl", "also write one JSON object per logged step to this file")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
   cli::declareTrainingFlags(flags);
+  cli::declarePipelineFlags(flags);
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
   if (flags.positional().size() != 1) return cli::fail("run", "expected one model file (tpc run gpt.fb)");
@@ -97,6 +107,8 @@ int runRun(std::vector<std::string> args) {
   TrainConfig& config = model->config;
   if (Status s = cli::applyTrainingFlags(flags, config); !s.ok()) return cli::fail("run", s.error());
   if (Status s = validateTrainConfig(config); !s.ok()) return cli::fail("run", s.error());
+  auto tpPolicy = cli::applyPipelineFlags(flags, config, PassRegistry::global());
+  if (!tpPolicy) return cli::fail("run", tpPolicy.error());
   auto accum = accumulationSteps(config);
   if (!accum) return cli::fail("run", accum.error());
   if (Status s = matchBatchShape(*model, path); !s.ok()) return cli::fail("run", s.error());
@@ -104,6 +116,10 @@ int runRun(std::vector<std::string> args) {
   if (!saveInterval) return cli::fail("run", saveInterval.error());
   auto keep = flags.getInt("keep", 0, int64_t(1) << 40);
   if (!keep) return cli::fail("run", keep.error());
+  auto evalInterval = flags.getInt("eval-interval", 0, int64_t(1) << 40);
+  if (!evalInterval) return cli::fail("run", evalInterval.error());
+  auto evalIters = flags.getInt("eval-iters", 1, int64_t(1) << 40);
+  if (!evalIters) return cli::fail("run", evalIters.error());
   std::optional<LoadedCheckpoint> checkpoint;
   if (flags.has("load")) {
     auto c = loadCheckpoint(flags.get("load"));
@@ -138,8 +154,13 @@ int runRun(std::vector<std::string> args) {
   // The training step: forward, backward, clipping, AdamW; then simplified.
   std::unique_ptr<Graph> step = model->forward->clone();
   PassManager pm;
-  if (Status s = pm.addPipeline(standardPipeline(*model, *accum)); !s.ok()) return cli::fail("run", s.error());
+  const std::string pipeline = standardPipeline(*model, *accum, std::nullopt, *tpPolicy);
+  if (Status s = pm.addPipeline(pipeline); !s.ok()) return cli::fail("run", s.error());
   if (Status s = pm.run(*step); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
+  if (config.tp > 1 && step->mesh().axisSize("tp") != config.tp)
+    return cli::fail("run", cat("--sharding-policy=", *tpPolicy, " did not put mesh axis tp=", config.tp,
+                                " on the graph (", step->mesh().empty() ? "no mesh" : step->mesh().str(),
+                                "); a sharding policy must call ensureMeshAxis(g, \"tp\", tp, ...)"));
   // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
   std::vector<std::unique_ptr<Graph>> rankGraphs;
   if (!step->mesh().empty()) {
@@ -162,6 +183,20 @@ int runRun(std::vector<std::string> args) {
   auto splits = splitDocuments(config.split, dataset->numDocuments());
   if (!splits) return cli::fail("run", "--split: " + splits.error());
   size_t numDocs = dataset->numDocuments();
+  // Evaluation reads its own copy of the dataset (the windows of the valid and test splits).
+  std::optional<DatasetBatches> validBatches, testBatches;
+  if (*evalInterval > 0) {
+    if (splits->valid.size() == 0)
+      return cli::fail("run", cat("--eval-interval: the validation split is empty (--split ", config.split,
+                                  " over ", dataset->numDocuments(), " documents); give it a share, e.g. 949,50,1"));
+    for (auto [range, target] : {std::pair{splits->valid, &validBatches}, std::pair{splits->test, &testBatches}}) {
+      if (range.size() == 0) continue;
+      auto copy = IndexedDataset::open(*dataPath);
+      if (!copy) return cli::fail("run", copy.error());
+      target->emplace(std::move(copy).value(), range, static_cast<uint32_t>(config.seqLength), config.seed);
+      if (Status s = (*target)->status(); !s.ok()) return cli::fail("run", s.error());
+    }
+  }
   DatasetBatches batches(std::move(dataset).value(), splits->train, static_cast<uint32_t>(config.seqLength), config.seed);
   if (Status s = batches.status(); !s.ok()) return cli::fail("run", s.error());
 
@@ -223,7 +258,7 @@ int runRun(std::vector<std::string> args) {
   std::cout << "tpc run " << path << ": " << numParams << " parameters, training step of " << step->numNodes()
             << " ops on backend " << backend->name() << (step->mesh().empty() ? "" : " over " + step->mesh().str())
             << "\n"
-            << "  batch: micro " << config.microBatch << " x accumulation " << *accum << " x dp " << config.dp << " = global "
+            << (step->mesh().empty() ? "" : "  passes: " + pipeline + "\n") << "  batch: micro " << config.microBatch << " x accumulation " << *accum << " x dp " << config.dp << " = global "
             << config.globalBatch << " sequences of " << config.seqLength << " tokens\n"
             << "  data: " << *dataPath << " (" << numDocs << " documents, " << splits->train.size() << " for training, "
             << batches.windowsPerEpoch() << " windows per epoch)\n"
@@ -248,6 +283,27 @@ int runRun(std::vector<std::string> args) {
     settings.peakName = precision == "fp32" ? "H200 fp32 67 TFLOP/s" : "H200 dense bf16 989 TFLOP/s";
   }
   if (checkpoint) settings.firstIter = checkpoint->state.iteration + 1;
+  std::unique_ptr<MetricsServer> metrics;
+  if (flags.has("metrics-port")) {
+    auto port = flags.getInt("metrics-port", 1, 65535);
+    if (!port) return cli::fail("run", port.error());
+    auto m = MetricsServer::start(static_cast<int>(*port));
+    if (!m) return cli::fail("run", m.error());
+    metrics = std::move(*m);
+    settings.publish = [&](const std::map<std::string, double>& f) { metrics->publish(f); };
+    std::cout << "metrics: http://127.0.0.1:" << metrics->port() << "/metrics" << std::endl;
+  }
+  std::unique_ptr<Evaluator> evaluator;
+  if (*evalInterval > 0) {
+    auto e = Evaluator::create(*model->forward, model->lossOutput, cpu);
+    if (!e) return cli::fail("run", e.error());
+    evaluator = std::move(*e);
+    settings.evalInterval = *evalInterval;
+    settings.evaluate = [&]() -> Result<double> {
+      validBatches->seek(0);  // the same batches every time: comparable numbers
+      return evaluator->meanLoss(*backend, *validBatches, *evalIters);
+    };
+  }
   const std::string saveDir = flags.get("save");
   if (!saveDir.empty())
     settings.afterStep = [&](int64_t it) -> Status {
@@ -268,6 +324,17 @@ int runRun(std::vector<std::string> args) {
     };
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
+  if (evaluator && !testBatches)
+    std::printf("no test evaluation: the test split of --split %s is empty\n", config.split.c_str());
+  if (evaluator && testBatches) {
+    auto test = evaluator->meanLoss(*backend, *testBatches, *evalIters);
+    if (!test) return cli::fail("run", test.error());
+    std::printf("test loss %.4f | test ppl %.3f (%lld batches of the test split)\n", *test, std::exp(*test),
+                static_cast<long long>(*evalIters));
+    if (!settings.logJsonl.empty())
+      std::ofstream(settings.logJsonl, std::ios::app) << std::setprecision(9) << "{\"step\": " << config.trainIters << ", \"test_loss\": " << *test
+                                                      << ", \"test_ppl\": " << std::exp(*test) << "}\n";
+  }
   const auto& losses = report->losses;
   std::printf("done: %zu steps in %s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)\n", losses.size(),
               formatDuration(report->seconds).c_str(), report->tokensPerSecond, losses.front(), losses.back(),
