@@ -24,12 +24,13 @@ row() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1 || true
 
-# 1. GPU tests (each Catch2 test case; the op test compares every op with the CPU backend).
-for t in "cuda ops: every op's CUDA lowering matches the CPU backend (fp32 1e-5)" \
-         "cuda training: 2-layer GPT 10 fp32 steps on the GPU match the CPU (loss 1e-4)" \
-         "cuda training: tp 2 and 4 on virtual ranks match tp 1 on the GPU" \
-         "cuda ops: collectives through NCCL at one rank match the CPU backend"; do
-  log="$out/test_$(echo "$t" | cut -d: -f2 | tr -cs 'a-z0-9' '_' | cut -c1-40).log"
+# 1. GPU tests: every test case of the GPU test binary, one log each (the op test compares every op with the
+#    CPU backend; the kernel test every kernel-family case; the training tests whole steps).
+mapfile -t gpu_tests < <("$tests" --list-test-names-only 2>/dev/null | sed '/^\s*$/d')
+n=0
+for t in "${gpu_tests[@]}"; do
+  n=$((n + 1))
+  log="$out/test${n}_$(echo "$t" | cut -d: -f2 | tr -cs 'a-z0-9' '_' | cut -c1-40).log"
   timeout "${TEST_TIMEOUT:-240}" "$tests" "$t" -s > "$log" 2>&1
   rc=$?
   detail="$(grep -E 'rel err|outputs compared|worst relative|NCCL' "$log" | tail -2 | sed 's/^ *//' | tr '\n' ' ' | cut -c1-150)"
