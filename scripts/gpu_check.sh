@@ -76,6 +76,37 @@ for prec in fp32 bf16; do
   row "gpt2.fb $prec ${GPT2_ITERS:-30} steps, micro batch 8 x 1024" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "${g#done: } | $mfu| $mem | $plan | $launches"
 done
 
+# 4. Checkpoints across tp on the GPU (bf16): saved at tp 4 on virtual ranks after 4 steps, loaded at tp 1 and 2;
+#    the 5th step's loss must agree with tp 4's own 5th step within bf16 tolerance.
+scratch="$(mktemp -d "${TMPDIR:-/tmp}/tpc_gpu_check.XXXXXX")"  # checkpoints stay out of OUTDIR
+ck=(--train-iters 5 --log-interval 1 --seed 1 --backend cuda --precision bf16)
+"$tpc" run "$tiny" "${ck[@]}" --tp 4 --save "$scratch/ck" --save-interval 4 --log-jsonl "$out/ck_tp4.jsonl" > "$out/ck_tp4.log" 2>&1
+for tp in 1 2; do
+  "$tpc" run "$tiny" "${ck[@]}" --tp $tp --load "$scratch/ck/iter_0000004" --log-jsonl "$out/ck_load_tp$tp.jsonl" > "$out/ck_load_tp$tp.log" 2>&1
+  d="$(python3 - "$out/ck_tp4.jsonl" "$out/ck_load_tp$tp.jsonl" <<'PY' 2>/dev/null || echo "n/a"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+x = [r["loss"] for r in a if r.get("step") == 5 and "loss" in r][0]
+y = [r["loss"] for r in b if r.get("step") == 5 and "loss" in r][0]
+print("%.2e (tp 4: %.5f, loaded: %.5f)" % (abs(x - y) / abs(x), x, y))
+PY
+)"
+  row "checkpoint tp 4 -> tp $tp, step 5 (GPU bf16)" "$(python3 -c "import sys; print('PASS' if float(sys.argv[1]) <= 2e-2 else 'FAIL')" "${d%% *}" 2>/dev/null || echo FAIL)" "loss rel diff $d"
+done
+
+# 5. Hugging Face: gpt2 trained above (bf16, saved), exported, loaded by transformers; its logits vs tpc's
+#    forward (CPU, fp32) on the same prompt.
+"$tpc" run "$gpt2" --backend cuda --train-iters 3 --micro-batch-size 8 --global-batch-size 8 --quiet   --save "$scratch/gpt2" > "$out/hf_train.log" 2>&1
+"$tpc" export --hf "$scratch/hf" "$scratch/gpt2" > "$out/hf_export.log" 2>&1
+"$tpc" sample --load "$scratch/gpt2" --prompt "The jury said the election was" --max-tokens 8 --temperature 0 \
+  --dump-logits "$out/gpt2_prompt_logits.safetensors" > "$out/hf_sample.log" 2>&1
+python3 scripts/check_hf_export.py "$scratch/hf" "$out/gpt2_prompt_logits.safetensors" > "$out/hf_check.log" 2>&1
+rc=$?
+row "HF export of gpt2: transformers vs tpc logits" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$(tail -1 "$out/hf_check.log" | cut -c1-150)"
+row "tpc sample gpt2 (greedy, 8 tokens)" "$([ -s "$out/hf_sample.log" ] && echo DONE || echo FAIL)" "$(tail -1 "$out/hf_sample.log" | cut -c1-100)"
+rm -rf "$scratch"
+
 echo
 echo "== tpc GPU check ($(cat "$out/gpu.txt" 2>/dev/null | head -1)); logs in $out"
 for r in "${rows[@]}"; do echo "$r"; done
