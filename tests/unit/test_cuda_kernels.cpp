@@ -107,7 +107,7 @@ TEST_CASE("cuda kernels: lowerings refuse what they cannot run", "[cuda]") {
 // Hidden, for developers without a GPU: every case run by the CPU emulation of the CUDA execution model
 // (slow: a host compile per kernel, a std::thread per CUDA thread). TPC_EMU_FILTER='a|b' picks cases
 // whose names contain a or b.
-TEST_CASE("cuda kernels: every family op matches the CPU backend under the CPU emulator", "[cuda][.cuda-emu]") {
+TEST_CASE("cuda kernels: every family op matches the CPU backend under the CPU emulator", "[.cuda-emu]") {
   const char* filter = std::getenv("TPC_EMU_FILTER");
   TempDir dir;
   std::map<std::string, EmuLaunch> built;
