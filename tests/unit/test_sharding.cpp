@@ -86,6 +86,30 @@ TEST_CASE("sharding: megatron tp=2 has Megatron's all_reduces and local shapes",
   }
 }
 
+TEST_CASE("sharding: megatron-tp's [3, D] view of c_attn.bias is still a bias (no weight decay)", "[sharding]") {
+  // The tp step must train the same model as one rank, where c_attn.bias is [3D] and never decayed.
+  auto m = buildGpt(gpt(1), train4x16());
+  REQUIRE(m.ok());
+  PassManager pm;
+  REQUIRE(pm.addPipeline("megatron-tp(tp=2),autodiff(weight-decay=0.1)").ok());
+  REQUIRE(pm.run(*m->forward).ok());
+  int checked = 0;
+  for (const Node* n : m->forward->nodes()) {
+    if (n->op() != OpKind::AdamWUpdate) continue;
+    const std::string& name = n->operand(0)->name();
+    if (name == "h.0.attn.c_attn.bias") {
+      CHECK(n->operand(0)->type().str() == "f32[3,64]");
+      CHECK(n->getFloat("weight_decay") == 0.0);
+      ++checked;
+    }
+    if (name == "h.0.attn.c_attn.weight") {
+      CHECK(n->getFloat("weight_decay") == Approx(0.1));
+      ++checked;
+    }
+  }
+  CHECK(checked == 2);
+}
+
 TEST_CASE("sharding: sequence parallel trades all_reduce for all_gather/reduce_scatter pairs", "[sharding]") {
   const int64_t layers = 2;
   auto g = sharded(layers, "megatron-tp(tp=2),sequence-parallel,", "", 0);
