@@ -26,7 +26,7 @@ void registerBuiltinPasses(PassRegistry& r) {
                 {"beta1", "AdamW beta1; default 0.9"},
                 {"beta2", "AdamW beta2; default 0.95"},
                 {"eps", "AdamW epsilon; default 1e-8"},
-                {"weight-decay", "AdamW decoupled weight decay, for parameters of rank >= 2 only; default 0.1"},
+                {"weight-decay", "AdamW decoupled weight decay, for parameters of rank >= 2 not named *.bias; default 0.1"},
                 {"loss", "the forward output to minimize; default loss"}},
                createAutodiffPass});
   (void)r.add({"megatron-tp",

@@ -37,8 +37,13 @@ Status matchBatchShape(ModelFile& model, const std::string& path) {
     int64_t unit = 128 * c.tp;
     gpt.paddedVocab = (std::max(gpt.vocab, gpt.resolvedPaddedVocab()) + unit - 1) / unit * unit;
   }
+  // The rebuilt graph is the step of one micro batch over all dp ranks (data-parallel splits it later):
+  // as a config on its own that is dp 1 with one micro batch per step, or the batch check would ask for
+  // a global batch of micro x dp x dp.
   TrainConfig bc = c;
   bc.microBatch = batch;
+  bc.globalBatch = batch;
+  bc.dp = 1;
   TPC_ASSIGN(ModelFile rebuilt, buildGpt(gpt, bc));
   model.forward = std::move(rebuilt.forward);
   return {};

@@ -69,6 +69,34 @@ TEST_CASE("tpc run: the same seed gives the same losses", "[run][cli]") {
   CHECK(losses(a.out) != losses(c.out));
 }
 
+TEST_CASE("tpc run: dp 2 x tp 2 accepts a global batch of micro x dp and trains like one rank", "[run][cli]") {
+  auto losses = [](const std::string& out) {
+    std::string s;
+    for (size_t p = out.find("| loss "); p != std::string::npos; p = out.find("| loss ", p + 1)) s += out.substr(p, 14) + ";";
+    return s;
+  };
+  const std::string common = " --train-iters 2 --log-interval 1 --seed 3";
+  auto one = test::runCommand(test::tpcBinary() + " run " + tiny() + " --micro-batch-size 8 --global-batch-size 8" + common);
+  INFO(one.out << one.err);
+  REQUIRE(one.exitCode == 0);
+  struct Case {
+    std::string args, batchLine;
+  };
+  const Case cases[] = {
+      {"--dp 2 --tp 2 --micro-batch-size 4 --global-batch-size 8", "micro 4 x accumulation 1 x dp 2 = global 8"},
+      {"--tp 2 --dp 2 --micro-batch-size 2 --global-batch-size 8", "micro 2 x accumulation 2 x dp 2 = global 8"},
+  };
+  for (const Case& c : cases) {
+    auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " " + c.args + common);
+    INFO("tpc run " << c.args << "\n" << r.out << r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK(r.out.find("mesh(dp=2, tp=2)") != std::string::npos);
+    CHECK(r.out.find(c.batchLine) != std::string::npos);
+    CHECK(losses(r.out).size() > 20);
+    CHECK(losses(r.out) == losses(one.out));  // the printed 4 decimals of the loss at both steps
+  }
+}
+
 }  // namespace
 }  // namespace tpc
 
