@@ -34,7 +34,7 @@ void registerBuiltinPasses(PassRegistry& r) {
                "the embedding/LM head by vocab",
                {{"tp", "tensor-parallel size (mesh axis tp)"}}, createMegatronTpPass});
   (void)r.add({"data-parallel", "splits the batch inputs over mesh axis dp (gradients all-reduced by the engine)",
-               {{"dp", "data-parallel size (mesh axis dp)"}, {"zero1", "shard AdamW moments over dp (not implemented)"}},
+               {{"dp", "data-parallel size (mesh axis dp)"}, {"zero1", "ZeRO-1: shard the AdamW moments and the update over dp (reduce_scatter + all_gather); default false"}},
                createDataParallelPass});
   (void)r.add({"sequence-parallel",
                "Megatron sequence parallelism on tp (after megatron-tp, before autodiff): the residual stream split on seq",

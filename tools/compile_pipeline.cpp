@@ -56,7 +56,7 @@ std::string standardPipeline(const ModelFile& model, int64_t accum, std::optiona
   std::string pre, post;
   if (c.tp > 1 || c.sp) pre += cat("megatron-tp(tp=", c.tp, "),");
   if (c.sp) pre += "sequence-parallel,";
-  if (c.dp > 1) post += cat(",data-parallel(dp=", c.dp, ")");
+  if (c.dp > 1) post += cat(",data-parallel(dp=", c.dp, c.distributedOptimizer ? ", zero1=true" : "", ")");
   if (partitionRank && (c.tp > 1 || c.dp > 1 || c.sp)) post += cat(",partition(rank=", *partitionRank, ")");
   return pre + cat("autodiff(loss=", model.lossOutput, ", accum=", accum, ", clip-grad=", formatFloat(c.clipGrad),
              ", beta1=", formatFloat(c.beta1), ", beta2=", formatFloat(c.beta2), ", eps=", formatFloat(c.eps),

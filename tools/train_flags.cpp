@@ -57,6 +57,7 @@ void declareTrainingFlags(Flags& flags) {
   for (const StringFlag& f : kStringFlags) flags.value(f.name, f.help);
   flags.value("seed", "random seed (initialization, data order, dropout)");
   flags.toggle("sp", "sequence parallelism (with --tp)");
+  flags.toggle("use-distributed-optimizer", "ZeRO-1: shard the AdamW moments and the update over dp (with --dp)");
 }
 
 Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
@@ -80,6 +81,7 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
     config.seed = static_cast<uint64_t>(s);
   }
   if (flags.on("sp")) config.sp = true;
+  if (flags.on("use-distributed-optimizer")) config.distributedOptimizer = true;
   return {};
 }
 

@@ -52,6 +52,11 @@ Result<std::unique_ptr<Graph>> partitionForRank(const Graph& annotated, int64_t 
 // is an error naming the value, the axis and both placements.
 Status annotatePlacement(Value* v, const std::string& axis, AxisPlacement p, const std::string& policy);
 
+// ZeRO-1 over mesh axis dp (distributed_optimizer.cpp): splits every AdamW moment over dp on the first dim
+// its param is not split on and dp divides, and hints the param's gradient to the same placement. Returns
+// the params whose moments stay replicated over dp (no such dim).
+Result<std::vector<std::string>> shardOptimizerStateOverDp(Graph& g, int64_t dp);
+
 // Adds axis `name` of `size` to `g`'s mesh, or checks that an existing one has that size.
 Status ensureMeshAxis(Graph& g, const std::string& name, int64_t size, const std::string& policy);
 

@@ -21,7 +21,7 @@ namespace {
 
 struct Setup {
   int64_t tp = 1, dp = 1;
-  bool sp = false, dropout = false;
+  bool sp = false, dropout = false, zero1 = false;
 };
 
 GptConfig smallGpt(bool dropout) {
@@ -126,7 +126,7 @@ std::unique_ptr<Graph> stepGraph(const Setup& s) {
   if (s.tp > 1 || s.sp) passes += "megatron-tp(tp=" + std::to_string(s.tp) + "),";
   if (s.sp) passes += "sequence-parallel,";
   passes += trainingPasses();
-  if (s.dp > 1) passes += ",data-parallel(dp=" + std::to_string(s.dp) + ")";
+  if (s.dp > 1) passes += ",data-parallel(dp=" + std::to_string(s.dp) + (s.zero1 ? ", zero1=true" : "") + ")";
   PassManager pm;
   Status st = pm.addPipeline(passes);
   INFO((st.ok() ? std::string() : st.error()));
@@ -212,7 +212,7 @@ Worst compare(const Setup& s, bool fp64) {
 void checkEquivalent(const Setup& s) {
   Worst f64 = compare(s, true);
   Worst f32 = compare(s, false);
-  WARN("tp=" << s.tp << " dp=" << s.dp << " sp=" << s.sp << " dropout=" << s.dropout << ": fp64 loss/grad-norm "
+  WARN("tp=" << s.tp << " dp=" << s.dp << " sp=" << s.sp << " dropout=" << s.dropout << " zero1=" << s.zero1 << ": fp64 loss/grad-norm "
              << f64.loss << ", worst tensor max-norm " << f64.maxRel << " (" << f64.maxName << "); fp32 loss/grad-norm "
              << f32.loss << ", params " << f32.model << " and moments " << f32.moments << " norm-wise; worst tensor "
              << f32.l2Rel << " norm-wise (" << f32.l2Name << "), " << f32.maxRel << " max-norm (" << f32.maxName << ")");
@@ -240,6 +240,13 @@ TEST_CASE("sharding equivalence: dp 2 x tp 1, 2, 4, 8, sp off and on, match one 
   for (bool dropout : {false, true})
     for (bool sp : {false, true})
       for (int64_t tp : {1, 2, 4, 8}) checkEquivalent(Setup{tp, 2, sp, dropout});
+}
+
+TEST_CASE("sharding equivalence: ZeRO-1 (dp 2, zero1) x tp 1, 2, 4, sp off and on, matches one rank",
+          "[sharding][equivalence][zero1]") {
+  for (bool dropout : {false, true})
+    for (bool sp : {false, true})
+      for (int64_t tp : {1, 2, 4}) checkEquivalent(Setup{tp, 2, sp, dropout, true});
 }
 
 }  // namespace tpc
