@@ -498,6 +498,7 @@ Result<std::unique_ptr<Graph>> partitionForRank(const Graph& annotated, int64_t 
   Sweep s(annotated, rank);
   TPC_TRY(s.run());
   std::unique_ptr<Graph> local = std::move(s.local_);
+  foldSlicedEmbeddingGrads(*local);
   // Emitted but unused (e.g. a gather a later rule made unnecessary): drop.
   bool changed = true;
   while (changed) {

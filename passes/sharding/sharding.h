@@ -48,6 +48,10 @@ Status propagatePlacements(Graph& g);
 // unsharded state and batches by them).
 Result<std::unique_ptr<Graph>> partitionForRank(const Graph& annotated, int64_t rank);
 
+// slice(embedding_grad(..), axis 0) on a rank's program becomes embedding_grad of those rows only
+// (local_folds.cpp); the dead nodes are left for the caller to drop.
+void foldSlicedEmbeddingGrads(Graph& local);
+
 // Sets `v`'s placement on `axis` for a policy; a different placement already set there by another policy
 // is an error naming the value, the axis and both placements.
 Status annotatePlacement(Value* v, const std::string& axis, AxisPlacement p, const std::string& policy);

@@ -79,10 +79,17 @@ TEST_CASE("sharding: megatron tp=2 has Megatron's all_reduces and local shapes",
     CHECK(param(**g, "wte")->type().str() == "f32[512,64]");
     CHECK(param(**g, "wte.adam_m")->type().str() == "f32[512,64]");
     CHECK(param(**g, "wpe")->type().str() == "f32[16,64]");
-    bool vocabStart = false;
-    for (const Node* n : (*g)->nodes())
+    bool vocabStart = false, gradRows = false;
+    for (const Node* n : (*g)->nodes()) {
       if (n->op() == OpKind::Embedding) vocabStart = n->getInt("vocab_start") == 512;  // rank 1's rows
+      // wte's gradient from the embedding: only the rank's rows, never the whole vocab then a slice.
+      if (n->op() == OpKind::EmbeddingGrad)
+        gradRows = n->getInt("vocab_start") == 512 && n->result()->type().str() == "f32[512,64]";
+      if (n->op() == OpKind::Slice && n->operand(0)->def())
+        CHECK(n->operand(0)->def()->op() != OpKind::EmbeddingGrad);
+    }
     CHECK(vocabStart);
+    CHECK(gradRows);
   }
 }
 
