@@ -28,6 +28,12 @@ Placement canonical(const Placement& p, const Mesh& m) {
   return c;
 }
 
+bool lists(const Placement& p, const std::string& axis) {
+  for (const auto& [a, ap] : p.axes)
+    if (a == axis) return true;
+  return false;
+}
+
 bool hasP(const Placement& p) {
   for (const auto& [axis, ap] : p.axes)
     if (ap.isP()) return true;
@@ -342,7 +348,7 @@ Status Sweep::visit(const Node& n) {
       for (unsigned i = 0; i < s.in.size(); ++i) c += cost(n.operand(i), ax.name, s.in[i]);
       // A hinted result (a policy's annotation) costs the move from the strategy's result to the hint.
       for (unsigned i = 0; i < s.out.size(); ++i)
-        if (const auto& h = n.result(i)->placement(); h && h->get(ax.name) != s.out[i])
+        if (const auto& h = n.result(i)->placement(); h && lists(*h, ax.name) && h->get(ax.name) != s.out[i])
           c += axisCost(n.result(i), s.out[i], h->get(ax.name));
       if (!best || c < bestCost) best = &s, bestCost = c;
     }
@@ -380,11 +386,14 @@ Status Sweep::visit(const Node& n) {
   }
   for (unsigned r = 0; r < n.numResults(); ++r) {
     placed[n.result(r)] = out[r];
-    const auto& hint = n.result(r)->placement();
-    if (!hint || canonical(*hint, mesh_) == out[r]) continue;
-    TPC_ASSIGN(Value * x, convert(n.result(r), *hint));
-    cur_[n.result(r)] = Cur{canonical(*hint, mesh_), x};
-    placed[n.result(r)] = canonical(*hint, mesh_);
+    if (!n.result(r)->placement()) continue;
+    Placement hint = out[r];  // a hint constrains the axes it lists; the others keep the strategy's choice
+    for (const auto& [axis, ap] : n.result(r)->placement()->axes) hint.set(axis, ap);
+    hint = canonical(hint, mesh_);
+    if (hint == out[r]) continue;
+    TPC_ASSIGN(Value * x, convert(n.result(r), hint));
+    cur_[n.result(r)] = Cur{hint, x};
+    placed[n.result(r)] = hint;
   }
   return {};
 }

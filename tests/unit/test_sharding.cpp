@@ -131,6 +131,21 @@ TEST_CASE("sharding: sequence parallel trades all_reduce for all_gather/reduce_s
   for (const Value* v : (*g)->inputs()) CHECK(v->placement().has_value());
 }
 
+TEST_CASE("sharding: sp's hints constrain tp only: under dp 2 x tp 2 the batch stays split over dp", "[sharding]") {
+  auto g = sharded(2, "megatron-tp(tp=2),sequence-parallel,", ",data-parallel(dp=2)", 0);
+  INFO((g.ok() ? std::string() : g.error()));
+  REQUIRE(g.ok());
+  auto c = collectives(**g);
+  CHECK(c["all_gather(dp)"] == 0);  // was 1: the first LN input gathered over dp, the rest ran on the whole batch
+  int lns = 0;
+  for (const Node* n : (*g)->nodes())
+    if (n->op() == OpKind::LayerNorm) {
+      CHECK(n->operand(0)->type().str() == "f32[2,8,64]");  // batch 4 / dp, seq 16 / tp
+      ++lns;
+    }
+  CHECK(lns == 5);
+}
+
 TEST_CASE("sharding: data parallel all-reduces every gradient once over dp", "[sharding]") {
   auto g = sharded(1, "", ",data-parallel(dp=2)", 1);
   INFO((g.ok() ? std::string() : g.error()));
