@@ -40,7 +40,7 @@ std::vector<int64_t> rankCoords(const Mesh& mesh, int64_t rank);
 
 // Gives every value of `g` a placement from the per-op rules, starting from the placements the policies
 // set on params, inputs and hinted values (unplaced params adopt what their first consumer needs; unplaced
-// inputs are replicated). Folds a padded-vocab `slice` before cross entropy into the loss op first.
+// inputs are replicated; a hint on a node's result constrains only the mesh axes it lists). Folds a padded-vocab `slice` before cross entropy into the loss op first.
 Status propagatePlacements(Graph& g);
 
 // One rank's program of an annotated (propagated) graph: local shapes, rank constants baked in, collectives

@@ -106,9 +106,10 @@ TEST_CASE("tpc run/dump --use-distributed-optimizer: ZeRO-1 over dp trains like 
   const std::string common = " --train-iters 2 --log-interval 1 --seed 3";
   auto one = test::runCommand(test::tpcBinary() + " run " + tiny() + " --micro-batch-size 8 --global-batch-size 8" + common);
   REQUIRE(one.exitCode == 0);
-  for (std::string mesh : {"--dp 2", "--dp 2 --tp 2"}) {
+  // dp 2; dp 2 x tp 2 with sp and 2 accumulated micro batches.
+  for (std::string mesh : {"--dp 2 --micro-batch-size 4", "--dp 2 --tp 2 --sp --micro-batch-size 2"}) {
     auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " " + mesh +
-                              " --use-distributed-optimizer --micro-batch-size 4 --global-batch-size 8" + common);
+                              " --use-distributed-optimizer --global-batch-size 8" + common);
     INFO(mesh << "\n" << r.out << r.err);
     REQUIRE(r.exitCode == 0);
     CHECK(losses(r.out).size() > 20);
