@@ -25,9 +25,10 @@ int64_t zeroDim(const Value* p, int64_t dp) {
 // global_norm and the clipping already see one slice per rank.
 Value* unclippedGrad(Value* g) {
   Node* n = g->def();
-  if (n && n->op() == OpKind::Mul && n->operand(1)->def() && n->operand(1)->def()->op() == OpKind::ClipScale)
-    return n->operand(0);
-  return g;
+  if (!n || n->op() != OpKind::Mul) return g;
+  Node* s = n->operand(1)->def();
+  if (s && s->op() == OpKind::Cast) s = s->operand(0)->def();  // the clip scale cast to a low-precision grad
+  return s && s->op() == OpKind::ClipScale ? n->operand(0) : g;
 }
 
 Status hint(Value* v, const Value* param, int64_t d) {
