@@ -19,6 +19,8 @@ void registerBuiltinPasses(PassRegistry& r) {
   (void)r.add({"cse", "merges nodes that compute the same thing (op, operands, attributes, types, placements)", {},
                plain<createCSEPass>});
   (void)r.add({"dce", "removes nodes whose results no graph output needs", {}, plain<createDCEPass>});
+  (void)r.add({"inference", "the forward graph as evaluation runs it: dropout becomes the identity", {},
+               plain<createInferencePass>});
   (void)r.add({"autodiff",
                "rewrites a forward graph into its training step: forward, backward, global-norm clipping, AdamW",
                {{"accum", "micro-batches per step (inputs get a leading [accum] dim when > 1); default 1"},
@@ -29,6 +31,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                 {"weight-decay", "AdamW decoupled weight decay, for parameters of rank >= 2 not named *.bias; default 0.1"},
                 {"loss", "the forward output to minimize; default loss"}},
                createAutodiffPass});
+  (void)r.add({"mixed-precision",
+               "casts the forward graph's compute to bf16 (or f16) at each use of an f32 value; parameters, AdamW "
+               "state and the loss stay f32 (after the sharding policies, before autodiff)",
+               {{"dtype", "bf16 | f16; default bf16"}}, createMixedPrecisionPass});
   (void)r.add({"megatron-tp",
                "Megatron tensor parallelism (before autodiff): QKV/fc1 by column (attention by heads), proj/fc2 by row, "
                "the embedding/LM head by vocab",

@@ -9,8 +9,11 @@ namespace tpc {
 
 std::unique_ptr<Pass> createCSEPass();  // cse.cpp
 std::unique_ptr<Pass> createDCEPass();  // dce.cpp
+std::unique_ptr<Pass> createInferencePass();  // inference.cpp: dropout off, for evaluation and sampling
 // accum, clip-grad, beta1, beta2, eps, weight-decay, loss: TrainingStepOptions (autodiff.h).
 Result<std::unique_ptr<Pass>> createAutodiffPass(const PassOptions& options);  // autodiff.cpp
+// dtype=bf16|f16: the forward graph computes in that type, parameters stay f32 (before autodiff).
+Result<std::unique_ptr<Pass>> createMixedPrecisionPass(const PassOptions& options);  // mixed_precision.cpp
 // Sharding (passes/sharding/): policies that annotate, and the engine's propagation / partition.
 Result<std::unique_ptr<Pass>> createMegatronTpPass(const PassOptions& options);    // megatron_tp.cpp
 Result<std::unique_ptr<Pass>> createDataParallelPass(const PassOptions& options);  // data_parallel.cpp

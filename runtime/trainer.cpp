@@ -54,7 +54,8 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
 
   std::ofstream jsonl;
   if (!settings.logJsonl.empty()) {
-    jsonl.open(settings.logJsonl, std::ios::trunc);
+    // A resumed run appends to the log of the run it continues.
+    jsonl.open(settings.logJsonl, settings.firstIter > 1 ? std::ios::app : std::ios::trunc);
     if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log");
   }
 
@@ -82,6 +83,27 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     if (!std::isfinite(loss))
       return makeError("the loss is ", loss, " at step ", it,
                        " (diverged: lower --lr, raise --lr-warmup-iters, or check --clip-grad)");
+    if (settings.publish) settings.publish({{"step", double(it)}, {"loss", loss}, {"lr", lr}, {"grad_norm", gradNorm}});
+    if (settings.evaluate && settings.evalInterval > 0 && (it % settings.evalInterval == 0 || it == settings.trainIters)) {
+      auto evalStart = Clock::now();
+      TPC_ASSIGN(double valid, settings.evaluate());
+      if (settings.publish) settings.publish({{"valid_loss", valid}, {"valid_ppl", std::exp(valid)}});
+      lastLog += Clock::now() - evalStart;  // tokens/s counts training time only
+      if (settings.console) {
+        char line[160];
+        std::snprintf(line, sizeof line, "eval at step %lld | valid loss %.4f | valid ppl %.3f",
+                      static_cast<long long>(it), valid, std::exp(valid));
+        console << line << std::endl;
+      }
+      if (jsonl.is_open()) {
+        std::ostringstream j;
+        j << std::setprecision(9) << "{\"step\": " << it << ", \"valid_loss\": " << valid
+          << ", \"valid_ppl\": " << std::exp(valid) << "}";
+        jsonl << j.str() << "\n";
+        jsonl.flush();
+      }
+    }
+    if (settings.afterStep) TPC_TRY(settings.afterStep(it));
     ++stepsSinceLog;
     bool logNow = settings.logInterval > 0 && (it % settings.logInterval == 0 || it == settings.firstIter ||
                                                it == settings.trainIters);
@@ -94,6 +116,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     double eta = elapsed / static_cast<double>(done) * static_cast<double>(total - done);
     lastLog = now;
     stepsSinceLog = 0;
+    if (settings.publish) settings.publish({{"tokens_per_s", tps}, {"elapsed_s", elapsed}});
     if (settings.console) {
       char line[256];
       std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | elapsed %s | ETA %s",

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -28,6 +30,15 @@ struct TrainerSettings {
   std::string logJsonl;          // one JSON object per logged step, when set
   bool console = true;           // print a line every log interval
   std::string tokensInput = "tokens", targetsInput = "targets";
+  // Every evalInterval steps and after the last (0: never): `evaluate` gives the mean validation loss,
+  // printed and logged (valid_loss, valid_ppl) with the step.
+  int64_t evalInterval = 0;
+  std::function<Result<double>()> evaluate;
+  // Receives every step's figures (step, loss, lr, grad_norm; tokens_per_s and elapsed_s when logged;
+  // valid_loss after an evaluation): the --metrics-port endpoint.
+  std::function<void(const std::map<std::string, double>&)> publish;
+  // Called after each step's update, with the iteration just completed (checkpoints hang here).
+  std::function<Status(int64_t iteration)> afterStep;
 };
 
 struct TrainReport {

@@ -56,6 +56,9 @@ std::string standardPipeline(const ModelFile& model, int64_t accum, std::optiona
   std::string pre, post;
   if (c.tp > 1 || c.sp) pre += cat("megatron-tp(tp=", c.tp, "),");
   if (c.sp) pre += "sequence-parallel,";
+  // "auto" means fp32 here; `tpc run` resolves it to bf16 when it trains on the GPU.
+  if (c.precision == "bf16") pre += "mixed-precision(dtype=bf16),";
+  if (c.precision == "fp16") pre += "mixed-precision(dtype=f16),";
   if (c.dp > 1) post += cat(",data-parallel(dp=", c.dp, c.distributedOptimizer ? ", zero1=true" : "", ")");
   if (partitionRank && (c.tp > 1 || c.dp > 1 || c.sp)) post += cat(",partition(rank=", *partitionRank, ")");
   return pre + cat("autodiff(loss=", model.lossOutput, ", accum=", accum, ", clip-grad=", formatFloat(c.clipGrad),

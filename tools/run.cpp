@@ -2,7 +2,13 @@
 // builds the training step (autodiff), simplifies it, and runs the trainer on the chosen backend.
 #include <sys/stat.h>
 
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <map>
+#include <optional>
 
 #include "frontend/data_dir.h"
 #include "frontend/indexed_dataset.h"
@@ -11,6 +17,9 @@
 #include "passes/pipeline.h"
 #include "passes/sharding/sharding.h"
 #include "runtime/backend_select.h"
+#include "runtime/checkpoint.h"
+#include "runtime/evaluator.h"
+#include "runtime/metrics_server.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/param_init.h"
@@ -48,6 +57,8 @@ class DatasetBatches final : public BatchSource {
       : data_(std::move(data)), windows_(data_, train, seq, seed), buf_(seq + 1) {}
   Status status() const { return windows_.status(); }
   uint64_t windowsPerEpoch() const { return windows_.windowsPerEpoch(); }
+  uint64_t position() const { return windows_.position(); }
+  void seek(uint64_t position) { windows_.seek(position); }
 
   Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
     for (int64_t r = 0; r < rows; ++r) {
@@ -66,6 +77,14 @@ class DatasetBatches final : public BatchSource {
 
 int runRun(std::vector<std::string> args) {
   cli::Flags flags("run", "tpc run MODEL.fb|MODEL.json [training flags]");
+  flags.value("save", "checkpoint directory to write (as Megatron-LM's --save)")
+      .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
+      .value("keep", "keep the newest K checkpoints in --save; 0: all", "0")
+      .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp")
+      .value("metrics-port", "serve the run's figures for Prometheus at http://127.0.0.1:PORT/metrics")
+      .value("eval-interval", "steps between evaluations on the validation split; 0: none", "0")
+      .value("eval-iters", "batches per evaluation (validation, and test after the last step)", "10")
+      .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)");
   flags.value("backend", "auto | cpu | cuda", "auto")
       .value("threads", "CPU backend threads (0: all cores)", "0")
       .value("log-jsonl", "also write one JSON object per logged step to this file")
@@ -84,6 +103,34 @@ int runRun(std::vector<std::string> args) {
   auto accum = accumulationSteps(config);
   if (!accum) return cli::fail("run", accum.error());
   if (Status s = matchBatchShape(*model, path); !s.ok()) return cli::fail("run", s.error());
+  auto saveInterval = flags.getInt("save-interval", 0, int64_t(1) << 40);
+  if (!saveInterval) return cli::fail("run", saveInterval.error());
+  auto keep = flags.getInt("keep", 0, int64_t(1) << 40);
+  if (!keep) return cli::fail("run", keep.error());
+  auto evalInterval = flags.getInt("eval-interval", 0, int64_t(1) << 40);
+  if (!evalInterval) return cli::fail("run", evalInterval.error());
+  auto evalIters = flags.getInt("eval-iters", 1, int64_t(1) << 40);
+  if (!evalIters) return cli::fail("run", evalIters.error());
+  std::optional<LoadedCheckpoint> checkpoint;
+  if (flags.has("load")) {
+    auto c = loadCheckpoint(flags.get("load"));
+    if (!c) return cli::fail("run", c.error());
+    checkpoint = std::move(*c);
+    if (flags.on("finetune")) {
+      checkpoint->state = CheckpointState{};  // the parameters only: step 0, fresh data order, this run's seed
+    } else {
+      // The data order and dropout masks follow the seed: a resumed run keeps the one it was trained with.
+      if (flags.has("seed") && config.seed != checkpoint->state.seed)
+        return cli::fail("run", cat("--seed ", config.seed, " differs from the checkpoint's seed ", checkpoint->state.seed,
+                                    " (", checkpoint->path, "); drop --seed to resume the same data order"));
+      config.seed = checkpoint->state.seed;
+    }
+    if (checkpoint->state.iteration >= config.trainIters) {
+      std::cout << checkpoint->path << " is at iteration " << checkpoint->state.iteration << ", --train-iters is "
+                << config.trainIters << ": nothing to train\n";
+      return 0;
+    }
+  }
 
   auto backendKind = selectBackend(flags.get("backend"));
   if (!backendKind) return cli::fail("run", backendKind.error());
@@ -92,6 +139,10 @@ int runRun(std::vector<std::string> args) {
       return cli::fail("run", "--backend=cuda: the CUDA backend lands with issue #6; use --backend=cpu");
     std::cout << "note: a GPU is present, but the CUDA backend lands with issue #6; training on the CPU\n";
   }
+
+  if (config.precision == "fp16")
+    return cli::fail("run", "--precision fp16 needs dynamic loss scaling, which this tpc does not have yet; use "
+                            "--precision bf16 (as fast on Ampere and Hopper GPUs, no loss scale needed)");
 
   // The training step: forward, backward, clipping, AdamW; then simplified.
   std::unique_ptr<Graph> step = model->forward->clone();
@@ -120,6 +171,20 @@ int runRun(std::vector<std::string> args) {
   auto splits = splitDocuments(config.split, dataset->numDocuments());
   if (!splits) return cli::fail("run", "--split: " + splits.error());
   size_t numDocs = dataset->numDocuments();
+  // Evaluation reads its own copy of the dataset (the windows of the valid and test splits).
+  std::optional<DatasetBatches> validBatches, testBatches;
+  if (*evalInterval > 0) {
+    if (splits->valid.size() == 0)
+      return cli::fail("run", cat("--eval-interval: the validation split is empty (--split ", config.split,
+                                  " over ", dataset->numDocuments(), " documents); give it a share, e.g. 949,50,1"));
+    for (auto [range, target] : {std::pair{splits->valid, &validBatches}, std::pair{splits->test, &testBatches}}) {
+      if (range.size() == 0) continue;
+      auto copy = IndexedDataset::open(*dataPath);
+      if (!copy) return cli::fail("run", copy.error());
+      target->emplace(std::move(copy).value(), range, static_cast<uint32_t>(config.seqLength), config.seed);
+      if (Status s = (*target)->status(); !s.ok()) return cli::fail("run", s.error());
+    }
+  }
   DatasetBatches batches(std::move(dataset).value(), splits->train, static_cast<uint32_t>(config.seqLength), config.seed);
   if (Status s = batches.status(); !s.ok()) return cli::fail("run", s.error());
 
@@ -134,7 +199,33 @@ int runRun(std::vector<std::string> args) {
   TensorMap state;
   int64_t numParams = 0;
   for (const Value* p : model->forward->params()) numParams += p->type().numel();
-  for (const Value* p : step->params()) state[p->name()] = initParam(*p, config.seed);
+  // Checkpoints store every state tensor in the model's own (unsharded) parameter layout.
+  std::map<std::string, Shape> layout;
+  for (const Value* p : model->forward->params()) layout[p->name()] = p->shape();
+  std::vector<CheckpointTensor> checkpointTensors;
+  for (const Value* p : step->params()) {
+    std::string base = p->name();
+    for (const char* suffix : {".adam_m", ".adam_v"})
+      if (llvm::StringRef(base).endswith(suffix)) base.resize(base.size() - std::strlen(suffix));
+    Shape shape = layout.count(base) ? layout[base] : p->shape();
+    // The embedding is stored with the real vocabulary (its padding depends on --tp), as Hugging Face does.
+    if (model->gpt && base == "wte" && !shape.empty()) shape[0] = model->gpt->vocab;
+    checkpointTensors.push_back({p->name(), shape});
+    bool moment = base != p->name();
+    if (!checkpoint || (moment && flags.on("finetune"))) {
+      state[p->name()] = initParam(*p, config.seed);
+      continue;
+    }
+    auto t = checkpointTensor(*checkpoint, p->name(), shape, p->type());
+    if (!t && moment && !checkpoint->tensors.find(p->name()))
+      return cli::fail("run", t.error() + "; to start training from its parameters alone, add --finetune");
+    if (!t) return cli::fail("run", t.error());
+    state[p->name()] = std::move(*t);
+  }
+  if (checkpoint && !flags.on("finetune")) {
+    batches.seek(checkpoint->state.dataPosition);
+    std::cout << "resuming from " << checkpoint->path << " (iteration " << checkpoint->state.iteration << ")\n";
+  }
   if (Status s = backend->prepare(*step, state); !s.ok()) return cli::fail("run", s.error());
 
   std::cout << "tpc run " << path << ": " << numParams << " parameters, training step of " << step->numNodes()
@@ -156,8 +247,59 @@ int runRun(std::vector<std::string> args) {
   settings.lr.decayIters = config.decayIters > 0 ? config.decayIters : config.trainIters;
   settings.lr.style = config.decayStyle;
   settings.logJsonl = flags.get("log-jsonl");
+  if (checkpoint) settings.firstIter = checkpoint->state.iteration + 1;
+  std::unique_ptr<MetricsServer> metrics;
+  if (flags.has("metrics-port")) {
+    auto port = flags.getInt("metrics-port", 1, 65535);
+    if (!port) return cli::fail("run", port.error());
+    auto m = MetricsServer::start(static_cast<int>(*port));
+    if (!m) return cli::fail("run", m.error());
+    metrics = std::move(*m);
+    settings.publish = [&](const std::map<std::string, double>& f) { metrics->publish(f); };
+    std::cout << "metrics: http://127.0.0.1:" << metrics->port() << "/metrics" << std::endl;
+  }
+  std::unique_ptr<Evaluator> evaluator;
+  if (*evalInterval > 0) {
+    auto e = Evaluator::create(*model->forward, model->lossOutput, cpu);
+    if (!e) return cli::fail("run", e.error());
+    evaluator = std::move(*e);
+    settings.evalInterval = *evalInterval;
+    settings.evaluate = [&]() -> Result<double> {
+      validBatches->seek(0);  // the same batches every time: comparable numbers
+      return evaluator->meanLoss(*backend, *validBatches, *evalIters);
+    };
+  }
+  const std::string saveDir = flags.get("save");
+  if (!saveDir.empty())
+    settings.afterStep = [&](int64_t it) -> Status {
+      if (it != config.trainIters && (*saveInterval == 0 || it % *saveInterval != 0)) return {};
+      CheckpointState cs;
+      cs.iteration = it;
+      cs.dataPosition = batches.position();
+      cs.seed = config.seed;
+      cs.model = path;
+      cs.config = cat("tp=", config.tp, " dp=", config.dp, " sp=", config.sp, " micro=", config.microBatch,
+                      " global=", config.globalBatch, " seq=", config.seqLength, " lr=", config.lr);
+      TPC_ASSIGN(std::string modelBytes, serializeModel(*model, false));
+      TPC_TRY(saveCheckpoint(saveDir, cs, checkpointTensors,
+                             [&](const std::string& n) { return backend->readState(n); }, *keep,
+                             {{"model.fb", modelBytes}}));
+      if (settings.logInterval > 0) std::cout << "saved checkpoint " << saveDir << " iteration " << it << std::endl;
+      return {};
+    };
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
+  if (evaluator && !testBatches)
+    std::printf("no test evaluation: the test split of --split %s is empty\n", config.split.c_str());
+  if (evaluator && testBatches) {
+    auto test = evaluator->meanLoss(*backend, *testBatches, *evalIters);
+    if (!test) return cli::fail("run", test.error());
+    std::printf("test loss %.4f | test ppl %.3f (%lld batches of the test split)\n", *test, std::exp(*test),
+                static_cast<long long>(*evalIters));
+    if (!settings.logJsonl.empty())
+      std::ofstream(settings.logJsonl, std::ios::app) << std::setprecision(9) << "{\"step\": " << config.trainIters << ", \"test_loss\": " << *test
+                                                      << ", \"test_ppl\": " << std::exp(*test) << "}\n";
+  }
   const auto& losses = report->losses;
   std::printf("done: %zu steps in %s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)\n", losses.size(),
               formatDuration(report->seconds).c_str(), report->tokensPerSecond, losses.front(), losses.back(),

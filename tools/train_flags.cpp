@@ -47,6 +47,7 @@ const StringFlag kStringFlags[] = {
     {"lr-decay-style", &TrainConfig::decayStyle, "cosine | linear | constant"},
     {"data-path", &TrainConfig::dataPath, "indexed dataset prefix (PREFIX.bin + PREFIX.idx)"},
     {"split", &TrainConfig::split, "train,valid,test weights over documents, e.g. 949,50,1"},
+    {"precision", &TrainConfig::precision, "auto | fp32 | bf16 | fp16 (auto: bf16 on the GPU, fp32 on the CPU)"},
 };
 
 }  // namespace
@@ -58,6 +59,8 @@ void declareTrainingFlags(Flags& flags) {
   flags.value("seed", "random seed (initialization, data order, dropout)");
   flags.toggle("sp", "sequence parallelism (with --tp)");
   flags.toggle("use-distributed-optimizer", "ZeRO-1: shard the AdamW moments and the update over dp (with --dp)");
+  flags.toggle("bf16", "as in Megatron-LM: --precision bf16");
+  flags.toggle("fp16", "as in Megatron-LM: --precision fp16");
 }
 
 Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
@@ -82,6 +85,9 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
   }
   if (flags.on("sp")) config.sp = true;
   if (flags.on("use-distributed-optimizer")) config.distributedOptimizer = true;
+  if (flags.on("bf16") && flags.on("fp16")) return makeError("--bf16 and --fp16 exclude each other; give one");
+  if (flags.on("bf16")) config.precision = "bf16";
+  if (flags.on("fp16")) config.precision = "fp16";
   return {};
 }
 

@@ -1,0 +1,176 @@
+#include "runtime/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ir/file_io.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+namespace tpc {
+namespace fs = std::filesystem;
+namespace {
+
+const char* kLatest = "latest_checkpointed_iteration.txt";
+
+std::string iterName(int64_t it) {
+  char b[32];
+  std::snprintf(b, sizeof b, "iter_%07lld", static_cast<long long>(it));
+  return b;
+}
+
+std::string stateJson(const CheckpointState& s) {
+  llvm::json::Object o{{"format", "tpc-checkpoint-1"},
+                       {"iteration", s.iteration},
+                       {"data_position", int64_t(s.dataPosition)},
+                       {"seed", std::to_string(s.seed)},  // a string: JSON numbers lose 64-bit seeds
+                       {"loss_scale", s.lossScale},
+                       {"model", s.model},
+                       {"config", s.config}};
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  os << llvm::formatv("{0:2}", llvm::json::Value(std::move(o))) << "\n";
+  return os.str();
+}
+
+Result<CheckpointState> parseState(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return makeError(path, ": error: cannot open the checkpoint state (a half-written checkpoint?)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto v = llvm::json::parse(ss.str());
+  if (!v) return makeError(path, ": error: not JSON: ", llvm::toString(v.takeError()));
+  const llvm::json::Object* o = v->getAsObject();
+  if (!o || o->getString("format") != llvm::StringRef("tpc-checkpoint-1"))
+    return makeError(path, ": error: not a tpc checkpoint state (format tpc-checkpoint-1)");
+  CheckpointState s;
+  auto it = o->getInteger("iteration");
+  auto pos = o->getInteger("data_position");
+  auto seed = o->getString("seed");
+  if (!it || *it < 0 || !pos || *pos < 0 || !seed)
+    return makeError(path, ": error: iteration, data_position and seed are required");
+  s.iteration = *it;
+  s.dataPosition = static_cast<uint64_t>(*pos);
+  try {
+    s.seed = std::stoull(seed->str());
+  } catch (...) {
+    return makeError(path, ": error: seed '", seed->str(), "' is not a number");
+  }
+  s.lossScale = o->getNumber("loss_scale").getValueOr(1.0);
+  if (auto m = o->getString("model")) s.model = m->str();
+  if (auto c = o->getString("config")) s.config = c->str();
+  return s;
+}
+
+// Whether `part` is the leading rows of `whole` (same rank and dims after the first, fewer rows).
+bool leadingRowsOf(const Shape& part, const Shape& whole) {
+  return !part.empty() && part.size() == whole.size() && part[0] <= whole[0] &&
+         std::equal(part.begin() + 1, part.end(), whole.begin() + 1);
+}
+
+std::vector<std::pair<int64_t, fs::path>> checkpointsIn(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("iter_", 0) == 0 && n.size() > 5 &&
+        n.find_first_not_of("0123456789", 5) == std::string::npos)
+      out.push_back({std::stoll(n.substr(5)), e.path()});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+Status saveCheckpoint(const std::string& dir, const CheckpointState& state, const std::vector<CheckpointTensor>& tensors,
+                      const std::function<Result<HostTensor>(const std::string&)>& read, int64_t keep,
+                      const std::map<std::string, std::string>& extraFiles) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return makeError(dir, ": error: cannot create the checkpoint directory: ", ec.message());
+  // Debris of saves that were killed.
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(".tmp.", 0) == 0) fs::remove_all(e.path(), ec);
+  const fs::path final = fs::path(dir) / iterName(state.iteration);
+  const fs::path tmp = fs::path(dir) / (".tmp." + iterName(state.iteration));
+  fs::create_directories(tmp, ec);
+  if (ec) return makeError(tmp.string(), ": error: cannot create: ", ec.message());
+  SafetensorsFile file;
+  for (const CheckpointTensor& t : tensors) {
+    TPC_ASSIGN(HostTensor v, read(t.name));
+    // The layout holds all of v or its leading rows (a vocabulary without the padding rows).
+    HostTensor laid(TensorType(v.dtype(), t.shape));
+    if (laid.bytes() > v.bytes() || (laid.bytes() < v.bytes() && !leadingRowsOf(t.shape, v.shape())))
+      return makeError("checkpoint: tensor ", t.name, " is ", v.type().str(), ", which the layout ",
+                       laid.type().str(), " does not hold");
+    std::copy(v.raw(), v.raw() + laid.bytes(), laid.raw());
+    file.tensors.push_back({t.name, std::move(laid)});
+  }
+  file.metadata["format"] = "tpc-checkpoint-1";
+  file.metadata["iteration"] = std::to_string(state.iteration);
+  TPC_TRY(writeSafetensors((tmp / "model.safetensors").string(), file));
+  for (const auto& [name, bytes] : extraFiles) TPC_TRY(writeFileAtomically((tmp / name).string(), bytes));
+  // A test hook: die like a SIGKILL between the tensors and the state (the state marks completeness).
+  if (const char* crash = std::getenv("TPC_TEST_KILL_DURING_SAVE"); crash && std::stoll(crash) == state.iteration)
+    std::_Exit(137);
+  TPC_TRY(writeFileAtomically((tmp / "state.json").string(), stateJson(state)));
+  fs::remove_all(final, ec);
+  fs::rename(tmp, final, ec);
+  if (ec) return makeError(final.string(), ": error: cannot move the checkpoint into place: ", ec.message());
+  TPC_TRY(writeFileAtomically((fs::path(dir) / kLatest).string(), std::to_string(state.iteration) + "\n"));
+  if (keep > 0) {
+    auto all = checkpointsIn(dir);
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i].second, ec);
+  }
+  return {};
+}
+
+Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir) {
+  fs::path p(dir);
+  std::error_code ec;
+  if (!fs::is_directory(p, ec)) return makeError(dir, ": error: no such checkpoint directory (--load)");
+  if (!fs::exists(p / "state.json", ec)) {
+    fs::path latest = p / kLatest;
+    std::ifstream f(latest);
+    if (!f) {
+      auto all = checkpointsIn(p);
+      return makeError(latest.string(), ": error: missing, so ", dir, " holds no complete checkpoint",
+                       all.empty() ? std::string() : " (found " + all.back().second.filename().string() +
+                                                         "; pass that directory to --load to use it)");
+    }
+    long long it = -1;
+    if (!(f >> it) || it < 0) return makeError(latest.string(), ": error: does not hold an iteration number");
+    p /= iterName(it);
+  }
+  LoadedCheckpoint ck;
+  ck.path = p.string();
+  TPC_ASSIGN(ck.state, parseState((p / "state.json").string()));
+  TPC_ASSIGN(ck.tensors, readSafetensors((p / "model.safetensors").string()));
+  return ck;
+}
+
+Result<HostTensor> checkpointTensor(const LoadedCheckpoint& ckpt, const std::string& name, const Shape& layout,
+                                    const TensorType& want) {
+  const HostTensor* t = ckpt.tensors.find(name);
+  if (!t)
+    return makeError(ckpt.path, "/model.safetensors: error: tensor ", name,
+                     " is missing (a checkpoint of another model?)");
+  TensorType layoutType(want.dtype, layout);
+  if (t->type() != layoutType)
+    return makeError(ckpt.path, "/model.safetensors: error: tensor ", name, " is ", t->type().str(), ", this model needs ",
+                     layoutType.str(), " (a checkpoint of another model shape?)");
+  // `want` may hold more rows than the layout (vocabulary padding for this tp): those start at zero.
+  HostTensor out(want);
+  if (t->bytes() > out.bytes() || (t->bytes() < out.bytes() && !leadingRowsOf(layout, want.shape)))
+    return makeError(ckpt.path, "/model.safetensors: error: tensor ", name, " ", t->type().str(),
+                     " does not fit this model's ", want.str());
+  std::copy(t->raw(), t->raw() + t->bytes(), out.raw());
+  return out;
+}
+
+}  // namespace tpc

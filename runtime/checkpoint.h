@@ -1,0 +1,58 @@
+// Training checkpoints (Megatron's --save/--load): DIR/iter_0000042/{model.safetensors, state.json} and
+// DIR/latest_checkpointed_iteration.txt. Tensors are stored in their UNSHARDED layout (the model's own
+// parameter shapes, AdamW moments alongside as NAME.adam_m / NAME.adam_v), so a checkpoint written under
+// one tp/dp/sp loads under any other: the backend slices the state per the new placements.
+// Writes go to DIR/.tmp.iter_N and are renamed into place only when complete; `latest` moves last. A
+// save killed halfway leaves the previous checkpoint as the latest, and the next save sweeps the debris.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ir/status.h"
+#include "runtime/safetensors.h"
+
+namespace tpc {
+
+struct CheckpointState {
+  int64_t iteration = 0;      // optimizer steps completed
+  uint64_t dataPosition = 0;  // training windows consumed (TokenWindows::position)
+  uint64_t seed = 0;          // init, data order and dropout seed of the run
+  double lossScale = 1.0;
+  std::string model;          // the model file trained, for the reader's information
+  std::string config;         // a one-line summary of the run's config (tp, dp, batch, lr, ...)
+};
+
+struct CheckpointTensor {
+  std::string name;
+  Shape shape;  // the unsharded layout it is stored in; fewer leading rows than the tensor: only those
+                // (the embedding's real vocabulary, without this run's padding rows)
+};
+
+// Saves `tensors` (read through `read`, which returns each one unsharded; it is reshaped to `shape`),
+// `state` and `extraFiles` (name -> bytes; the model file, so that a checkpoint is self-contained) as
+// DIR/iter_<iteration>; then keeps only the newest `keep` checkpoints (0: all).
+Status saveCheckpoint(const std::string& dir, const CheckpointState& state, const std::vector<CheckpointTensor>& tensors,
+                      const std::function<Result<HostTensor>(const std::string&)>& read, int64_t keep,
+                      const std::map<std::string, std::string>& extraFiles = {});
+
+struct LoadedCheckpoint {
+  std::string path;  // DIR/iter_N
+  CheckpointState state;
+  SafetensorsFile tensors;
+};
+
+// Loads the checkpoint DIR's `latest` file names (or DIR itself when it is an iter_N directory).
+Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir);
+
+// The tensor `name` of a loaded checkpoint as `want`: stored in the unsharded layout `layout` (e.g. [D, 3D]
+// for a QKV weight the graph views as [D, 3, D]; [vocab, D] for an embedding `want`s as [padded, D], the
+// padding rows then zero). Errors name the checkpoint, the tensor and both shapes.
+Result<HostTensor> checkpointTensor(const LoadedCheckpoint& ckpt, const std::string& name, const Shape& layout,
+                                    const TensorType& want);
+
+}  // namespace tpc

@@ -1,0 +1,156 @@
+#include "runtime/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "ir/file_io.h"
+#include "llvm/Support/JSON.h"
+
+namespace tpc {
+namespace {
+
+const char* stName(DType d) {
+  switch (d) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    case DType::boolean: return "BOOL";
+  }
+  return "?";
+}
+
+std::optional<DType> stParse(llvm::StringRef s) {
+  for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::boolean})
+    if (s == stName(d)) return d;
+  return std::nullopt;
+}
+
+// The format caps the header at 100 MB; so do we, before reading it.
+constexpr uint64_t kMaxHeader = 100'000'000;
+
+}  // namespace
+
+const HostTensor* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return &t;
+  return nullptr;
+}
+
+Result<std::string> serializeSafetensors(const SafetensorsFile& file) {
+  llvm::json::Object header;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : file.tensors) {
+    if (name == "__metadata__" || !names.insert(name).second)
+      return makeError("safetensors: tensor name '", name, "' is reserved or repeated");
+    llvm::json::Array shape;
+    for (int64_t d : t.shape()) shape.push_back(d);
+    header[name] = llvm::json::Object{{"dtype", stName(t.dtype())},
+                                      {"shape", std::move(shape)},
+                                      {"data_offsets", llvm::json::Array{int64_t(offset), int64_t(offset + t.bytes())}}};
+    offset += t.bytes();
+  }
+  if (!file.metadata.empty()) {
+    llvm::json::Object meta;
+    for (const auto& [k, v] : file.metadata) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  std::string json;
+  llvm::raw_string_ostream os(json);
+  os << llvm::json::Value(std::move(header));
+  os.flush();
+  while (json.size() % 8) json += ' ';  // data starts 8-byte aligned, as the reference writer does
+  std::string out(8, '\0');
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out += json;
+  out.reserve(out.size() + offset);
+  for (const auto& [name, t] : file.tensors) out.append(reinterpret_cast<const char*>(t.raw()), t.bytes());
+  return out;
+}
+
+Status writeSafetensors(const std::string& path, const SafetensorsFile& file) {
+  TPC_ASSIGN(std::string bytes, serializeSafetensors(file));
+  return writeFileAtomically(path, bytes);
+}
+
+Result<SafetensorsFile> parseSafetensors(const std::string& path, std::string_view bytes) {
+  auto bad = [&](auto&&... what) { return makeError(path, ": error: not a valid safetensors file: ", what...); };
+  if (bytes.size() < 8) return bad("shorter than its 8-byte header length (", bytes.size(), " bytes)");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  if (n > kMaxHeader || n > bytes.size() - 8)
+    return bad("header length ", n, " exceeds the file (", bytes.size(), " bytes) or the 100 MB limit");
+  auto parsed = llvm::json::parse(llvm::StringRef(bytes.data() + 8, n));
+  if (!parsed) return bad("header is not JSON: ", llvm::toString(parsed.takeError()));
+  const llvm::json::Object* header = parsed->getAsObject();
+  if (!header) return bad("header is not a JSON object");
+  const uint64_t dataSize = bytes.size() - 8 - n;
+  const char* data = bytes.data() + 8 + n;
+  SafetensorsFile file;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<std::pair<uint64_t, std::pair<std::string, HostTensor>>> ordered;
+  for (const auto& [key, value] : *header) {
+    std::string name = key.str();
+    if (name == "__metadata__") {
+      const llvm::json::Object* meta = value.getAsObject();
+      if (!meta) return bad("__metadata__ is not an object");
+      for (const auto& [mk, mv] : *meta) {
+        auto s = mv.getAsString();
+        if (!s) return bad("__metadata__ value of '", mk.str(), "' is not a string");
+        file.metadata[mk.str()] = s->str();
+      }
+      continue;
+    }
+    const llvm::json::Object* entry = value.getAsObject();
+    if (!entry) return bad("tensor '", name, "' is not an object");
+    auto dtypeStr = entry->getString("dtype");
+    const llvm::json::Array* shape = entry->getArray("shape");
+    const llvm::json::Array* offs = entry->getArray("data_offsets");
+    if (!dtypeStr || !shape || !offs || offs->size() != 2)
+      return bad("tensor '", name, "' needs dtype, shape and data_offsets [begin, end]");
+    auto dtype = stParse(*dtypeStr);
+    if (!dtype) return bad("tensor '", name, "' has unsupported dtype ", dtypeStr->str());
+    Shape dims;
+    uint64_t numel = 1;
+    for (const llvm::json::Value& d : *shape) {
+      auto v = d.getAsInteger();
+      if (!v || *v < 0 || (*v > 0 && numel > (uint64_t(1) << 50) / uint64_t(*v)))
+        return bad("tensor '", name, "' has a bad shape entry");
+      dims.push_back(*v);
+      numel *= uint64_t(*v);
+    }
+    auto b = (*offs)[0].getAsInteger(), e = (*offs)[1].getAsInteger();
+    if (!b || !e || *b < 0 || *e < *b || uint64_t(*e) > dataSize)
+      return bad("tensor '", name, "' has data_offsets outside the file's ", dataSize, " data bytes");
+    if (uint64_t(*e - *b) != numel * uint64_t(dtypeSize(*dtype)))
+      return bad("tensor '", name, "': ", *e - *b, " bytes do not hold its shape and dtype (",
+                 numel * uint64_t(dtypeSize(*dtype)), " bytes)");
+    ranges.push_back({uint64_t(*b), uint64_t(*e)});
+    HostTensor t(TensorType(*dtype, dims));
+    if (t.bytes()) std::memcpy(t.raw(), data + *b, t.bytes());
+    ordered.push_back({uint64_t(*b), {name, std::move(t)}});
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second) return bad("two tensors' data overlap");
+  std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [off, nt] : ordered) file.tensors.push_back(std::move(nt));
+  return file;
+}
+
+Result<SafetensorsFile> readSafetensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return makeError(path, ": error: cannot open: ", std::strerror(errno));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parseSafetensors(path, ss.str());
+}
+
+}  // namespace tpc

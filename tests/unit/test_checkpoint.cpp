@@ -1,0 +1,159 @@
+// Checkpoints (issue 8): safetensors round trip and its reader's checks; `tpc run --save/--load`: a resumed run
+// is bit-identical to an uninterrupted one, a tp 4 checkpoint loads at tp 1 and tp 2, a save killed halfway
+// leaves the previous checkpoint loadable, and bad checkpoints give one error naming the tensor or file.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "runtime/checkpoint.h"
+#include "runtime/safetensors.h"
+#include "test_support.h"
+
+namespace tpc {
+namespace {
+
+std::string tiny() { return test::binaryPath("models/tiny.fb"); }
+
+// Losses by step from a JSONL log.
+std::vector<double> lossesOf(const std::string& jsonl) {
+  std::vector<double> out;
+  std::istringstream in(jsonl);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto k = line.find("\"loss\": ");
+    if (k != std::string::npos) out.push_back(std::stod(line.substr(k + 8)));
+  }
+  return out;
+}
+
+test::CommandResult run(const std::string& args) {
+  auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " --threads 2 --log-interval 1 " + args);
+  INFO("tpc run " << args << "\n" << r.out << r.err);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: round trip, and the reader refuses what a crafted file lies about", "[checkpoint]") {
+  SafetensorsFile f;
+  HostTensor a(TensorType(DType::f32, {2, 3})), b(TensorType(DType::i32, {4}));
+  for (int i = 0; i < 6; ++i) a.data<float>()[i] = 0.5f * i;
+  for (int i = 0; i < 4; ++i) b.data<int32_t>()[i] = -i;
+  f.tensors = {{"a.weight", a}, {"b", b}};
+  f.metadata["format"] = "pt";
+  auto bytes = serializeSafetensors(f);
+  REQUIRE(bytes.ok());
+  CHECK((bytes->size() - 40) % 8 == 0);  // 40 data bytes, after a header padded to keep them 8-byte aligned
+  auto back = parseSafetensors("x.safetensors", *bytes);
+  REQUIRE(back.ok());
+  REQUIRE(back->tensors.size() == 2);
+  CHECK(back->tensors[0].first == "a.weight");
+  CHECK(back->find("a.weight")->type().str() == "f32[2,3]");
+  CHECK(back->find("a.weight")->data<float>()[5] == 2.5f);
+  CHECK(back->find("b")->data<int32_t>()[3] == -3);
+  CHECK(back->metadata.at("format") == "pt");
+
+  auto mutate = [&](const std::string& from, const std::string& to) {
+    std::string s = *bytes;
+    auto k = s.find(from);
+    REQUIRE(k != std::string::npos);
+    s.replace(k, from.size(), to);
+    return parseSafetensors("x.safetensors", s);
+  };
+  auto truncated = parseSafetensors("x.safetensors", bytes->substr(0, bytes->size() - 4));
+  REQUIRE(!truncated.ok());
+  CHECK(truncated.error().find("x.safetensors: error: not a valid safetensors file: tensor 'b'") == 0);
+  std::string hugeHeader = *bytes;
+  hugeHeader[7] = 0x7f;
+  CHECK(parseSafetensors("x.safetensors", hugeHeader).error().find("header length") != std::string::npos);
+  CHECK(mutate("\"F32\"", "\"F99\"").error().find("unsupported dtype F99") != std::string::npos);
+  CHECK(mutate("[2,3]", "[3,3]").error().find("do not hold its shape") != std::string::npos);
+  CHECK(!parseSafetensors("x.safetensors", "abc").ok());
+}
+
+TEST_CASE("checkpoint: a resumed run is bit-identical to an uninterrupted one", "[checkpoint][run][cli]") {
+  test::TempDir dir;
+  auto full = run("--train-iters 6 --log-jsonl " + dir.path.string() + "/full.jsonl");
+  REQUIRE(full.exitCode == 0);
+  auto first = run("--train-iters 3 --save " + dir.path.string() + "/ck --log-jsonl " + dir.path.string() + "/part.jsonl");
+  REQUIRE(first.exitCode == 0);
+  CHECK(std::filesystem::exists(dir.path.string() + "/ck/iter_0000003/model.safetensors"));
+  CHECK(test::readFile(dir.path.string() + "/ck/latest_checkpointed_iteration.txt") == "3\n");
+  auto second = run("--train-iters 6 --load " + dir.path.string() + "/ck --log-jsonl " + dir.path.string() + "/part.jsonl");
+  REQUIRE(second.exitCode == 0);
+  CHECK(second.out.find("resuming from " + dir.path.string() + "/ck/iter_0000003 (iteration 3)") != std::string::npos);
+  auto a = lossesOf(test::readFile(dir.path.string() + "/full.jsonl"));
+  auto b = lossesOf(test::readFile(dir.path.string() + "/part.jsonl"));
+  REQUIRE(a.size() == 6);
+  CHECK(a == b);  // the JSONL keeps 9 digits: bit-identical floats print identically
+}
+
+TEST_CASE("checkpoint: saved at tp 4, loaded at tp 1 and tp 2, the next step's loss agrees", "[checkpoint][sharding]") {
+  test::TempDir dir;
+  REQUIRE(run("--tp 4 --train-iters 3 --save-interval 3 --keep 1 --save " + dir.path.string() + "/ck").exitCode == 0);
+  std::vector<double> next;
+  for (const char* tp : {"4", "2", "1"}) {
+    std::string log = dir.path.string() + "/tp" + tp + ".jsonl";
+    auto r = run(std::string("--tp ") + tp + " --train-iters 4 --load " + dir.path.string() + "/ck --log-jsonl " + log);
+    REQUIRE(r.exitCode == 0);
+    auto l = lossesOf(test::readFile(log));
+    REQUIRE(l.size() == 1);
+    next.push_back(l[0]);
+  }
+  WARN("next-step loss after loading a tp 4 checkpoint: tp 4 " << next[0] << ", tp 2 " << next[1] << ", tp 1 " << next[2]);
+  // tp changes only the order of fp32 sums (the equivalence tests' bound).
+  CHECK(std::abs(next[1] - next[0]) <= 1e-5 * next[0]);
+  CHECK(std::abs(next[2] - next[0]) <= 1e-5 * next[0]);
+}
+
+TEST_CASE("checkpoint: a save killed halfway leaves the previous checkpoint as the latest", "[checkpoint][cli]") {
+  test::TempDir dir;
+  std::string ck = dir.path.string() + "/ck";
+  auto killed = test::runCommand("TPC_TEST_KILL_DURING_SAVE=4 " + test::tpcBinary() + " run " + tiny() +
+                                 " --threads 2 --train-iters 4 --save-interval 2 --save " + ck);
+  CHECK(killed.exitCode == 137);
+  CHECK(std::filesystem::exists(ck + "/.tmp.iter_0000004/model.safetensors"));  // the half-written one
+  CHECK(!std::filesystem::exists(ck + "/iter_0000004"));
+  auto loaded = loadCheckpoint(ck);
+  REQUIRE(loaded.ok());
+  CHECK(loaded->state.iteration == 2);
+  auto resumed = run("--train-iters 3 --load " + ck + " --save " + ck);
+  CHECK(resumed.exitCode == 0);
+  CHECK(!std::filesystem::exists(ck + "/.tmp.iter_0000004"));  // swept by the next save
+  CHECK(std::filesystem::exists(ck + "/iter_0000003/state.json"));
+}
+
+TEST_CASE("checkpoint: bad checkpoints give one error naming the tensor or file, exit 1", "[checkpoint][cli]") {
+  test::TempDir dir;
+  std::string ck = dir.path.string() + "/ck";
+  REQUIRE(run("--train-iters 1 --save " + ck).exitCode == 0);
+  auto fail = [&](const std::string& args, const std::string& expected) {
+    auto r = run(args);
+    INFO(r.err);
+    CHECK(r.exitCode == 1);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.err.find(expected) != std::string::npos);
+  };
+  fail("--train-iters 2 --load " + dir.path.string() + "/none", "no such checkpoint directory (--load)");
+  // Another model shape: a wider hidden size.
+  std::string other = dir.path.string() + "/wide.fb";
+  REQUIRE(test::runCommand(test::tpcBinary() + " new gpt --preset tiny --hidden 64 --heads 4 -o " + other).exitCode == 0);
+  auto r = test::runCommand(test::tpcBinary() + " run " + other + " --train-iters 2 --load " + ck);
+  CHECK(r.exitCode == 1);
+  CHECK(r.err.find("tensor wte is f32[257,128], this model needs f32[257,64]") != std::string::npos);
+  // A missing tensor, a corrupt file, a missing state.
+  std::string st = ck + "/iter_0000001/model.safetensors";
+  auto file = readSafetensors(st);
+  REQUIRE(file.ok());
+  file->tensors.erase(file->tensors.begin() + 1);
+  REQUIRE(writeSafetensors(st, *file).ok());
+  fail("--train-iters 2 --load " + ck, "tensor wpe is missing");
+  test::writeFile(st, "garbage");
+  fail("--train-iters 2 --load " + ck, "model.safetensors: error: not a valid safetensors file");
+  std::filesystem::remove(ck + "/iter_0000001/state.json");
+  fail("--train-iters 2 --load " + ck, "state.json: error: cannot open the checkpoint state");
+}
+
+}  // namespace tpc

@@ -1,0 +1,123 @@
+// `tpc export --hf`, `tpc import --hf` and `tpc sample` (issue 8): export -> import -> export is the same
+// file, an imported model fine-tunes, sampling is seeded and greedy decoding follows the dumped logits, and
+// foreign or broken Hugging Face directories give one error naming the file and field.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "runtime/safetensors.h"
+#include "test_support.h"
+
+namespace tpc {
+namespace {
+
+test::CommandResult tpc(const std::string& args) {
+  auto r = test::runCommand(test::tpcBinary() + " " + args);
+  INFO("tpc " << args << "\n" << r.out << r.err);
+  return r;
+}
+
+// A checkpoint of the tiny preset after 2 steps.
+std::string trainedCheckpoint(const test::TempDir& dir) {
+  std::string ck = dir / "ck";
+  REQUIRE(tpc("run " + test::binaryPath("models/tiny.fb") + " --threads 2 --train-iters 2 --quiet --save " + ck).exitCode ==
+          0);
+  return ck;
+}
+
+}  // namespace
+
+TEST_CASE("hf: export, import and export again give the same Hugging Face files", "[hf][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  auto e1 = tpc("export --hf " + (dir / "hf1") + " " + ck);
+  REQUIRE(e1.exitCode == 0);
+  CHECK(e1.out.find("28 tensors, 437888 parameters") != std::string::npos);
+  auto st = readSafetensors(dir / "hf1/model.safetensors");
+  REQUIRE(st.ok());
+  // Hugging Face names and layouts: the real vocabulary, Conv1D weights [in, out], no lm_head (tied).
+  CHECK(st->find("transformer.wte.weight")->type().str() == "f32[257,128]");
+  CHECK(st->find("transformer.h.1.attn.c_attn.weight")->type().str() == "f32[128,384]");
+  CHECK(st->find("transformer.ln_f.bias")->type().str() == "f32[128]");
+  CHECK(st->find("lm_head.weight") == nullptr);
+  std::string config = test::readFile(dir / "hf1/config.json");
+  CHECK(config.find("\"model_type\": \"gpt2\"") != std::string::npos);
+  CHECK(config.find("\"n_layer\": 2") != std::string::npos);
+
+  auto imp = tpc("import --hf " + (dir / "hf1") + " -o " + (dir / "re.fb"));
+  REQUIRE(imp.exitCode == 0);
+  CHECK(imp.out.find("fine-tune with: tpc run") != std::string::npos);
+  REQUIRE(tpc("export --hf " + (dir / "hf2") + " " + (dir / "re.fb.weights")).exitCode == 0);
+  CHECK(test::readFile(dir / "hf1/model.safetensors") == test::readFile(dir / "hf2/model.safetensors"));
+
+  // The imported model fine-tunes; without --finetune the missing AdamW state is named.
+  auto noMoments = tpc("run " + (dir / "re.fb") + " --threads 2 --train-iters 2 --load " + (dir / "re.fb.weights"));
+  CHECK(noMoments.exitCode == 1);
+  CHECK(noMoments.err.find("tensor wte.adam_m is missing") != std::string::npos);
+  CHECK(noMoments.err.find("add --finetune") != std::string::npos);
+  auto ft = tpc("run " + (dir / "re.fb") + " --threads 2 --train-iters 2 --log-interval 1 --finetune --load " +
+                (dir / "re.fb.weights"));
+  CHECK(ft.exitCode == 0);
+  CHECK(ft.out.find("step      2/2 | loss") != std::string::npos);
+}
+
+TEST_CASE("hf: foreign or broken Hugging Face directories are refused by name", "[hf][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  REQUIRE(tpc("export --hf " + (dir / "hf") + " " + ck).exitCode == 0);
+  std::string good = test::readFile(dir / "hf/config.json");
+  auto fail = [&](const std::string& expected) {
+    auto r = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb"));
+    CHECK(r.exitCode == 1);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.err.find(expected) != std::string::npos);
+    CHECK(!std::filesystem::exists(dir / "x.fb"));  // nothing written
+  };
+  std::string llama = good;
+  llama.replace(llama.find("\"gpt2\""), 6, "\"llama\"");
+  test::writeFile(dir / "hf/config.json", llama);
+  fail("config.json: error: model_type is 'llama', not 'gpt2'");
+  std::string wide = good;
+  wide.replace(wide.find("\"n_embd\": 128"), 13, "\"n_embd\": 256");
+  test::writeFile(dir / "hf/config.json", wide);
+  fail("model.safetensors: error: tensor transformer.wte.weight is f32[257,128], config.json implies f32[257,256]");
+  test::writeFile(dir / "hf/config.json", good);
+  auto st = readSafetensors(dir / "hf/model.safetensors");
+  REQUIRE(st.ok());
+  st->tensors.erase(std::find_if(st->tensors.begin(), st->tensors.end(),
+                                 [](const auto& t) { return t.first == "transformer.h.0.mlp.c_fc.bias"; }));
+  REQUIRE(writeSafetensors(dir / "hf/model.safetensors", *st).ok());
+  fail("tensor transformer.h.0.mlp.c_fc.bias is missing");
+  auto noCk = tpc("export --hf " + (dir / "out") + " " + (dir / "nothing"));
+  CHECK(noCk.exitCode == 1);
+  CHECK(noCk.err.find("no such checkpoint directory") != std::string::npos);
+}
+
+TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped logits", "[sample][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  std::string base = "sample --threads 2 --load " + ck + " --prompt 'The jury' ";
+  auto a = tpc(base + "--max-tokens 6 --seed 5 --top-k 10");
+  auto b = tpc(base + "--max-tokens 6 --seed 5 --top-k 10");
+  REQUIRE(a.exitCode == 0);
+  CHECK(a.out == b.out);
+  CHECK(a.out.rfind("The jury", 0) == 0);
+  CHECK(a.out.size() > std::string("The jury\n").size());
+  auto g = tpc(base + "--temperature 0 --max-tokens 1 --dump-logits " + (dir / "l.safetensors"));
+  REQUIRE(g.exitCode == 0);
+  auto l = readSafetensors(dir / "l.safetensors");
+  REQUIRE(l.ok());
+  const HostTensor* logits = l->find("logits");
+  REQUIRE(logits);
+  CHECK(logits->type().str() == "f32[8,257]");  // "The jury": 8 bytes, byte tokenizer
+  const float* last = logits->data<float>() + 7 * 257;
+  int next = static_cast<int>(std::max_element(last, last + 257) - last);
+  REQUIRE(next < 256);
+  CHECK(g.out == "The jury" + std::string(1, static_cast<char>(next)) + "\n");
+  auto bad = tpc("sample --load " + ck + " --temperature -1");
+  CHECK(bad.exitCode == 1);
+  CHECK(bad.err.find("--temperature must be >= 0") != std::string::npos);
+}
+
+}  // namespace tpc

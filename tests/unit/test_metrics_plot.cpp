@@ -1,0 +1,76 @@
+// The run's figures for Prometheus (--metrics-port) and `tpc plot` (issue 8).
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "runtime/metrics_server.h"
+#include "test_support.h"
+
+namespace tpc {
+namespace {
+
+std::string httpGet(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
+  REQUIRE(::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("metrics: the latest figures in Prometheus text format at /metrics", "[metrics]") {
+  auto server = MetricsServer::start(0);
+  REQUIRE(server.ok());
+  (*server)->publish({{"loss", 3.25}, {"step", 7}});
+  (*server)->publish({{"loss", 3.0}});
+  std::string reply = httpGet((*server)->port(), "/metrics");
+  CHECK(reply.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(reply.find("# TYPE tpc_loss gauge\ntpc_loss 3\n") != std::string::npos);
+  CHECK(reply.find("tpc_step 7\n") != std::string::npos);
+  CHECK(httpGet((*server)->port(), "/other").rfind("HTTP/1.1 404", 0) == 0);
+  // A port in use is one clear error.
+  auto again = MetricsServer::start((*server)->port());
+  REQUIRE(!again.ok());
+  CHECK(again.error().find("cannot listen") != std::string::npos);
+}
+
+TEST_CASE("plot: loss, validation loss and tokens/s of one or more logs as SVG", "[plot][cli]") {
+  test::TempDir dir;
+  test::writeFile(dir / "a.jsonl",
+                  "{\"step\": 1, \"loss\": 5.5, \"lr\": 1e-4, \"grad_norm\": 2, \"tokens_per_s\": 900, \"elapsed_s\": 1}\n"
+                  "{\"step\": 10, \"valid_loss\": 4.9, \"valid_ppl\": 134}\n"
+                  "{\"step\": 10, \"loss\": 4.5, \"lr\": 1e-4, \"grad_norm\": 2, \"tokens_per_s\": 1000, \"elapsed_s\": 2}\n"
+                  "{\"step\": 20, \"loss\": 3.5, \"lr\": 1e-4, \"grad_norm\": 2, \"tokens_per_s\": 1100, \"elapsed_s\": 3}\n");
+  test::writeFile(dir / "b.jsonl", "{\"step\": 1, \"loss\": 5.4}\n{\"step\": 20, \"loss\": 3.9}\n");
+  auto r = test::runCommand(test::tpcBinary() + " plot " + (dir / "a.jsonl") + " " + (dir / "b.jsonl") + " -o " +
+                            (dir / "c.svg"));
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  std::string svg = test::readFile(dir / "c.svg");
+  CHECK(svg.rfind("<svg xmlns='http://www.w3.org/2000/svg'", 0) == 0);
+  CHECK(svg.find("a.jsonl loss") != std::string::npos);
+  CHECK(svg.find("a.jsonl valid loss") != std::string::npos);
+  CHECK(svg.find("b.jsonl loss") != std::string::npos);
+  CHECK(svg.find(">tokens/s</text>") != std::string::npos);
+  size_t lines = 0;
+  for (size_t k = 0; (k = svg.find("<polyline", k)) != std::string::npos; ++k) ++lines;
+  CHECK(lines == 5);  // 3 loss curves, 2 throughput curves
+  test::writeFile(dir / "bad.jsonl", "{\"step\": 1, \"loss\": 5}\nnot json\n");
+  auto bad = test::runCommand(test::tpcBinary() + " plot " + (dir / "bad.jsonl") + " -o " + (dir / "d.svg"));
+  CHECK(bad.exitCode == 1);
+  CHECK(bad.err.find("bad.jsonl:2: error: not a tpc run log line") != std::string::npos);
+}
+
+}  // namespace tpc

@@ -1,0 +1,135 @@
+#include "tools/hf_gpt2.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ir/file_io.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "runtime/safetensors.h"
+
+namespace tpc {
+namespace fs = std::filesystem;
+
+std::string hfNameOf(const std::string& n) {
+  if (n == "wte" || n == "wpe") return "transformer." + n + ".weight";
+  return "transformer." + n;
+}
+
+std::string tpcNameOfHf(const std::string& hf) {
+  llvm::StringRef n(hf);
+  n.consume_front("transformer.");
+  if (n == "lm_head.weight" || n.endswith(".attn.bias") || n.endswith(".attn.masked_bias")) return "";
+  if (n == "wte.weight" || n == "wpe.weight") return n.drop_back(7).str();
+  return n.str();
+}
+
+std::string hfConfigJson(const GptConfig& g) {
+  llvm::json::Object o{{"architectures", llvm::json::Array{"GPT2LMHeadModel"}},
+                       {"model_type", "gpt2"},
+                       {"vocab_size", g.vocab},
+                       {"n_positions", g.positions},
+                       {"n_ctx", g.positions},
+                       {"n_embd", g.hidden},
+                       {"n_layer", g.layers},
+                       {"n_head", g.heads},
+                       {"n_inner", nullptr},
+                       {"activation_function", "gelu_new"},
+                       {"layer_norm_epsilon", g.layerNormEps},
+                       {"initializer_range", g.initStd},
+                       {"resid_pdrop", g.hiddenDropout},
+                       {"embd_pdrop", g.hiddenDropout},
+                       {"attn_pdrop", g.attentionDropout},
+                       {"tie_word_embeddings", true},
+                       {"scale_attn_weights", true},
+                       {"bos_token_id", g.vocab - 1},  // the end-of-document token: 50256 in GPT-2's vocabulary
+                       {"eos_token_id", g.vocab - 1},
+                       {"torch_dtype", "float32"}};
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  os << llvm::formatv("{0:2}", llvm::json::Value(std::move(o))) << "\n";
+  return os.str();
+}
+
+Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text) {
+  auto v = llvm::json::parse(text);
+  if (!v) return makeError(path, ": error: not JSON: ", llvm::toString(v.takeError()));
+  const llvm::json::Object* o = v->getAsObject();
+  if (!o) return makeError(path, ": error: not a JSON object");
+  auto type = o->getString("model_type");
+  if (!type || *type != "gpt2")
+    return makeError(path, ": error: model_type is '", type ? type->str() : std::string("(missing)"),
+                     "', not 'gpt2': tpc imports GPT-2 models (GPT2LMHeadModel) only");
+  if (auto act = o->getString("activation_function"); act && *act != "gelu_new")
+    return makeError(path, ": error: activation_function '", act->str(), "' is not gelu_new (GPT-2's tanh GELU)");
+  if (auto tie = o->getBoolean("tie_word_embeddings"); tie && !*tie)
+    return makeError(path, ": error: tie_word_embeddings is false; tpc's GPT ties the LM head to wte");
+  GptConfig g;
+  auto need = [&](const char* key, int64_t& field) -> Status {
+    auto x = o->getInteger(key);
+    if (!x || *x <= 0) return makeError(path, ": error: ", key, " must be a positive integer");
+    field = *x;
+    return {};
+  };
+  TPC_TRY(need("n_layer", g.layers));
+  TPC_TRY(need("n_embd", g.hidden));
+  TPC_TRY(need("n_head", g.heads));
+  TPC_TRY(need("vocab_size", g.vocab));
+  TPC_TRY(need("n_positions", g.positions));
+  if (const llvm::json::Value* inner = o->get("n_inner"); inner && inner->kind() != llvm::json::Value::Null)
+    if (inner->getAsInteger() != 4 * g.hidden)
+      return makeError(path, ": error: n_inner must be null or 4 x n_embd = ", 4 * g.hidden, " (tpc's GPT MLP)");
+  g.layerNormEps = o->getNumber("layer_norm_epsilon").getValueOr(1e-5);
+  g.initStd = o->getNumber("initializer_range").getValueOr(0.02);
+  g.hiddenDropout = o->getNumber("resid_pdrop").getValueOr(0.1);
+  g.attentionDropout = o->getNumber("attn_pdrop").getValueOr(0.1);
+  return g;
+}
+
+Status writeHfGpt2(const std::string& dir, const GptConfig& gpt, const std::map<std::string, HostTensor>& params) {
+  const std::string tmp = dir + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return makeError(tmp, ": error: cannot create: ", ec.message());
+  SafetensorsFile file;
+  file.metadata["format"] = "pt";  // what transformers expects of a PyTorch checkpoint
+  for (const auto& [name, t] : params) file.tensors.push_back({hfNameOf(name), t.convertTo(DType::f32)});
+  TPC_TRY(writeSafetensors(tmp + "/model.safetensors", file));
+  TPC_TRY(writeFileAtomically(tmp + "/config.json", hfConfigJson(gpt)));
+  if (fs::exists(dir, ec)) {
+    if (!fs::exists(fs::path(dir) / "config.json", ec) && !fs::is_empty(dir, ec)) {
+      fs::remove_all(tmp, ec);
+      return makeError(dir, ": error: exists and is not a Hugging Face model directory; not overwriting it");
+    }
+    fs::remove_all(dir, ec);
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) return makeError(dir, ": error: cannot move into place: ", ec.message());
+  return {};
+}
+
+Result<std::pair<GptConfig, std::map<std::string, HostTensor>>> readHfGpt2(const std::string& dir) {
+  const std::string cfgPath = dir + "/config.json";
+  std::ifstream f(cfgPath);
+  if (!f) return makeError(cfgPath, ": error: cannot open (is ", dir, " a Hugging Face model directory?)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  TPC_ASSIGN(GptConfig gpt, parseHfConfig(cfgPath, ss.str()));
+  const std::string stPath = dir + "/model.safetensors";
+  if (!fs::exists(stPath))
+    return makeError(stPath, ": error: missing (tpc reads safetensors weights; convert pytorch_model.bin with "
+                             "transformers' save_pretrained(safe_serialization=True))");
+  TPC_ASSIGN(SafetensorsFile file, readSafetensors(stPath));
+  std::map<std::string, HostTensor> params;
+  for (auto& [hf, t] : file.tensors) {
+    std::string n = tpcNameOfHf(hf);
+    if (n.empty()) continue;
+    if (!isFloat(t.dtype())) return makeError(stPath, ": error: tensor ", hf, " is ", t.type().str(), ", not float");
+    params[n] = t.convertTo(DType::f32);
+  }
+  return std::make_pair(gpt, std::move(params));
+}
+
+}  // namespace tpc

@@ -1,0 +1,32 @@
+// The Hugging Face GPT-2 layout (transformers' GPT2LMHeadModel): config.json and model.safetensors.
+// tpc's GPT parameter names are Hugging Face's without the `transformer.` prefix and `.weight` of the two
+// embeddings; Conv1D weights are stored [in, out], as tpc's x @ W uses them, so no tensor is transposed.
+// The embedding is stored with the real vocabulary (vocab_size rows), the LM head tied to it.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "frontend/architecture.h"
+#include "ir/status.h"
+#include "runtime/host_tensor.h"
+
+namespace tpc {
+
+// "wte" -> "transformer.wte.weight", "h.0.ln_1.weight" -> "transformer.h.0.ln_1.weight".
+std::string hfNameOf(const std::string& tpcName);
+// The reverse; accepts names with or without "transformer."; "" for tensors tpc does not keep
+// (attn.bias / attn.masked_bias buffers, the tied lm_head.weight).
+std::string tpcNameOfHf(const std::string& hfName);
+
+std::string hfConfigJson(const GptConfig& gpt);
+// Parses DIR/config.json (`path` for messages): a GPT-2 or an error naming the field.
+Result<GptConfig> parseHfConfig(const std::string& path, const std::string& json);
+
+// Writes DIR/config.json and DIR/model.safetensors from tensors named as tpc names them (unsharded; the
+// embedding with its real vocab rows). Written into DIR.tmp, then renamed: nothing half-written.
+Status writeHfGpt2(const std::string& dir, const GptConfig& gpt, const std::map<std::string, HostTensor>& params);
+// Reads a Hugging Face GPT-2 directory: its config and every tensor, by tpc name, as f32.
+Result<std::pair<GptConfig, std::map<std::string, HostTensor>>> readHfGpt2(const std::string& dir);
+
+}  // namespace tpc

@@ -1,0 +1,78 @@
+// `tpc import --hf DIR -o gpt.fb`: a Hugging Face GPT-2 (config.json + model.safetensors) as a tpc model file
+// plus its weights as a checkpoint (gpt.fb.weights), to fine-tune with `tpc run gpt.fb --load gpt.fb.weights
+// --finetune`.
+#include <algorithm>
+#include <iostream>
+
+#include "frontend/model_file.h"
+#include "models/gpt.h"
+#include "runtime/checkpoint.h"
+#include "tools/cli.h"
+#include "tools/hf_gpt2.h"
+#include "tools/train_flags.h"
+
+namespace tpc {
+namespace {
+
+int runImport(std::vector<std::string> args) {
+  cli::Flags flags("import",
+                   "tpc import --hf DIR -o MODEL.fb [training flags]\n\n"
+                   "Reads a Hugging Face GPT-2 directory (config.json, model.safetensors) and writes MODEL.fb and the\n"
+                   "weights as the checkpoint MODEL.fb.weights. Fine-tune with:\n"
+                   "  tpc run MODEL.fb --load MODEL.fb.weights --finetune");
+  flags.value("hf", "the Hugging Face model directory to read")
+      .value("o", "the model file to write (.fb or .json)")
+      .value("tokenizer", "gpt2 | byte (default: gpt2 for a 50257-token vocabulary, byte for 257)");
+  cli::declareTrainingFlags(flags);
+  int rc = 0;
+  if (!flags.parse(args, rc)) return rc;
+  if (!flags.has("hf") || !flags.has("o")) return cli::fail("import", "--hf DIR and -o MODEL.fb are required");
+  if (!flags.positional().empty()) return cli::fail("import", "unexpected argument '" + flags.positional()[0] + "'");
+  auto hf = readHfGpt2(flags.get("hf"));
+  if (!hf) return cli::fail("import", hf.error());
+  auto& [gpt, tensors] = *hf;
+  TrainConfig config;
+  config.seqLength = std::min<int64_t>(gpt.positions, 1024);
+  config.microBatch = config.globalBatch = 8;
+  config.tokenizer = flags.has("tokenizer") ? flags.get("tokenizer") : gpt.vocab == 257 ? "byte" : "gpt2";
+  if (config.tokenizer == "byte") config.dataPath = "data/brown/brown_byte";
+  if (Status s = cli::applyTrainingFlags(flags, config); !s.ok()) return cli::fail("import", s.error());
+  auto model = buildGpt(gpt, config);
+  if (!model) return cli::fail("import", model.error());
+  const std::string stPath = flags.get("hf") + "/model.safetensors";
+  std::vector<CheckpointTensor> layout;
+  int64_t count = 0;
+  for (const Value* p : model->forward->params()) {
+    Shape shape = p->shape();
+    if (p->name() == "wte") shape[0] = gpt.vocab;
+    auto it = tensors.find(p->name());
+    if (it == tensors.end())
+      return cli::fail("import", cat(stPath, ": error: tensor ", hfNameOf(p->name()), " is missing"));
+    if (it->second.shape() != shape)
+      return cli::fail("import", cat(stPath, ": error: tensor ", hfNameOf(p->name()), " is ", it->second.type().str(),
+                                     ", config.json implies ", TensorType(DType::f32, shape).str()));
+    layout.push_back({p->name(), shape});
+    count += it->second.numel();
+  }
+  const std::string out = flags.get("o");
+  auto bytes = serializeModel(*model, false);
+  if (!bytes) return cli::fail("import", bytes.error());
+  CheckpointState st;
+  st.seed = config.seed;
+  st.model = out;
+  st.config = "imported from " + flags.get("hf");
+  Status s = saveCheckpoint(out + ".weights", st, layout,
+                            [&](const std::string& n) -> Result<HostTensor> { return tensors.at(n); }, 0,
+                            {{"model.fb", *bytes}});
+  if (!s.ok()) return cli::fail("import", s.error());
+  if (Status w = saveModelFile(*model, out); !w.ok()) return cli::fail("import", w.error());
+  std::cout << "wrote " << out << " (GPT-2: " << gpt.layers << " layers, hidden " << gpt.hidden << ", " << gpt.heads
+            << " heads, vocab " << gpt.vocab << "; " << count << " parameters) and its weights " << out
+            << ".weights\nfine-tune with: tpc run " << out << " --load " << out << ".weights --finetune\n";
+  return 0;
+}
+
+cli::SubcommandRegistration reg("import", "read a Hugging Face GPT-2 into a model file and weights", runImport);
+
+}  // namespace
+}  // namespace tpc

@@ -1,0 +1,131 @@
+// `tpc plot run.jsonl [more.jsonl ...] -o curves.svg`: training curves from `tpc run --log-jsonl` logs as
+// one SVG with two panels: loss (training, and validation where logged) and throughput, against the step.
+// Several logs overlay, one colour each, so runs compare at a glance.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "ir/file_io.h"
+#include "llvm/Support/JSON.h"
+#include "tools/cli.h"
+
+namespace tpc {
+namespace {
+
+struct Series {
+  std::string label;
+  std::vector<std::pair<double, double>> points;
+};
+
+const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+
+// A "nice" tick step for a range (1, 2 or 5 x 10^k), about 5 ticks.
+double tickStep(double range) {
+  double raw = range / 5, mag = std::pow(10, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * mag) return m * mag;
+  return 10 * mag;
+}
+
+std::string fmt(double v) {
+  std::ostringstream o;
+  o.precision(4);
+  o << v;
+  return o.str();
+}
+
+// One panel at vertical offset `top`: axes, ticks, a polyline per series, a legend.
+void panel(std::ostream& svg, double top, const std::string& title, const std::vector<Series>& series) {
+  const double left = 70, width = 620, height = 220;
+  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  for (const Series& s : series)
+    for (auto [x, y] : s.points) x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+  svg << "<text x='" << left << "' y='" << top - 8 << "' font-size='14' font-weight='bold'>" << title << "</text>\n";
+  svg << "<rect x='" << left << "' y='" << top << "' width='" << width << "' height='" << height
+      << "' fill='none' stroke='#888'/>\n";
+  if (x0 > x1) {
+    svg << "<text x='" << left + 10 << "' y='" << top + 20 << "' font-size='12'>(nothing logged)</text>\n";
+    return;
+  }
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) y1 = y0 + 1;
+  double pad = 0.05 * (y1 - y0);
+  y0 -= pad, y1 += pad;
+  auto X = [&](double x) { return left + (x - x0) / (x1 - x0) * width; };
+  auto Y = [&](double y) { return top + height - (y - y0) / (y1 - y0) * height; };
+  for (double t = std::ceil(y0 / tickStep(y1 - y0)) * tickStep(y1 - y0); t <= y1; t += tickStep(y1 - y0))
+    svg << "<line x1='" << left << "' x2='" << left + width << "' y1='" << Y(t) << "' y2='" << Y(t)
+        << "' stroke='#eee'/><text x='" << left - 6 << "' y='" << Y(t) + 4 << "' font-size='11' text-anchor='end'>"
+        << fmt(t) << "</text>\n";
+  for (double t = std::ceil(x0 / tickStep(x1 - x0)) * tickStep(x1 - x0); t <= x1; t += tickStep(x1 - x0))
+    svg << "<text x='" << X(t) << "' y='" << top + height + 14 << "' font-size='11' text-anchor='middle'>" << fmt(t)
+        << "</text>\n";
+  svg << "<text x='" << left + width / 2 << "' y='" << top + height + 30
+      << "' font-size='12' text-anchor='middle'>step</text>\n";
+  for (size_t i = 0; i < series.size(); ++i) {
+    const Series& s = series[i];
+    const char* c = kColours[i % 6];
+    svg << "<polyline fill='none' stroke='" << c << "' stroke-width='1.5' points='";
+    for (auto [x, y] : s.points) svg << X(x) << "," << Y(y) << " ";
+    svg << "'/>\n";
+    if (s.points.size() == 1)
+      svg << "<circle cx='" << X(s.points[0].first) << "' cy='" << Y(s.points[0].second) << "' r='3' fill='" << c
+          << "'/>\n";
+    svg << "<text x='" << left + width - 8 << "' y='" << top + 16 + 15 * i << "' font-size='12' text-anchor='end' fill='"
+        << c << "'>" << s.label << "</text>\n";
+  }
+}
+
+int runPlot(std::vector<std::string> args) {
+  cli::Flags flags("plot",
+                   "tpc plot RUN.jsonl [RUN2.jsonl ...] -o CURVES.svg\n\n"
+                   "Draws loss (training and validation) and tokens/s against the step from `tpc run --log-jsonl` logs.");
+  flags.value("o", "the SVG file to write");
+  int rc = 0;
+  if (!flags.parse(args, rc)) return rc;
+  if (!flags.has("o")) return cli::fail("plot", "-o CURVES.svg is required");
+  if (flags.positional().empty()) return cli::fail("plot", "expected one or more JSONL logs (tpc run --log-jsonl)");
+  std::vector<Series> losses, speed;
+  size_t colour = 0;
+  for (const std::string& path : flags.positional()) {
+    std::ifstream in(path);
+    if (!in) return cli::fail("plot", path + ": error: cannot open");
+    std::string name = path.substr(path.find_last_of('/') + 1);
+    Series train{name + " loss", {}}, valid{name + " valid loss", {}}, tps{name, {}};
+    std::string line;
+    for (int lineNo = 1; std::getline(in, line); ++lineNo) {
+      if (line.empty()) continue;
+      auto v = llvm::json::parse(line);
+      const llvm::json::Object* o = v ? v->getAsObject() : nullptr;
+      if (!o || !o->getNumber("step")) {
+        if (!v) llvm::consumeError(v.takeError());
+        return cli::fail("plot", cat(path, ":", lineNo, ": error: not a tpc run log line (a JSON object with \"step\")"));
+      }
+      double step = *o->getNumber("step");
+      if (auto x = o->getNumber("loss")) train.points.push_back({step, *x});
+      if (auto x = o->getNumber("valid_loss")) valid.points.push_back({step, *x});
+      if (auto x = o->getNumber("tokens_per_s"); x && step > 1) tps.points.push_back({step, *x});  // step 1 is warm-up
+    }
+    if (train.points.empty()) return cli::fail("plot", path + ": error: no \"loss\" in any line");
+    losses.push_back(train);
+    if (!valid.points.empty()) losses.push_back(valid);
+    speed.push_back(tps);
+    ++colour;
+  }
+  std::ostringstream svg;
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='720' height='620' font-family='sans-serif'>\n"
+      << "<rect width='100%' height='100%' fill='white'/>\n";
+  panel(svg, 30, "loss", losses);
+  panel(svg, 340, "tokens/s", speed);
+  svg << "</svg>\n";
+  if (Status s = writeFileAtomically(flags.get("o"), svg.str()); !s.ok()) return cli::fail("plot", s.error());
+  std::cout << "wrote " << flags.get("o") << " (" << flags.positional().size() << " run(s))\n";
+  return 0;
+}
+
+cli::SubcommandRegistration reg("plot", "draw loss and throughput curves from JSONL logs as SVG", runPlot);
+
+}  // namespace
+}  // namespace tpc

@@ -1,0 +1,161 @@
+// `tpc sample --load DIR --prompt "..."`: text generation from a checkpoint with the model's tokenizer,
+// streaming tokens as they come. Each token runs the GPT forward (built for the current context length,
+// at most the position table) on the CPU reference backend; temperature 0 is greedy decoding.
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <random>
+
+#include "frontend/model_file.h"
+#include "frontend/tokenizer.h"
+#include "models/gpt.h"
+#include "passes/builtin_passes.h"
+#include "runtime/checkpoint.h"
+#include "runtime/cpu/cpu_executor.h"
+#include "runtime/safetensors.h"
+#include "tools/cli.h"
+
+namespace tpc {
+namespace {
+
+// The forward graph of `gpt` for one sequence of `len` tokens, returning logits [1, len, vocab].
+Result<std::unique_ptr<Graph>> logitsGraph(const GptConfig& gpt, const TrainConfig& base, int64_t len) {
+  TrainConfig c = base;
+  c.microBatch = c.globalBatch = 1;
+  c.seqLength = len;
+  c.dp = c.tp = 1;
+  c.sp = false;
+  GptConfig g = gpt;
+  g.hiddenDropout = g.attentionDropout = 0;  // inference
+  TPC_ASSIGN(ModelFile m, buildGpt(g, c));
+  Value* logits = nullptr;
+  for (Node* n : m.forward->nodes())
+    for (Value* r : n->results())
+      if (r->hasName() && r->name() == "logits") logits = r;
+  if (!logits) return makeError("the GPT graph has no value named logits");
+  m.forward->clearOutputs();
+  m.forward->addOutput(logits, "logits");
+  TPC_TRY(createDCEPass()->run(*m.forward).status());
+  return std::move(m.forward);
+}
+
+int runSample(std::vector<std::string> args) {
+  cli::Flags flags("sample",
+                   "tpc sample --load CHECKPOINT [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--seed S]\n\n"
+                   "Generates text from a checkpoint (a --save directory or one of its iter_N directories) with the\n"
+                   "model's tokenizer, printing tokens as they come. --dump-logits FILE writes the prompt's logits\n"
+                   "[tokens, vocab] as safetensors (tensor 'logits') and also prints the prompt's ids, for comparison\n"
+                   "with another implementation.");
+  flags.value("load", "the checkpoint to sample from")
+      .value("prompt", "the text to continue (empty: start from the end-of-document token)", "")
+      .value("max-tokens", "tokens to generate", "64")
+      .value("temperature", "softmax temperature; 0: greedy (always the most likely token)", "1.0")
+      .value("top-k", "sample among the K most likely tokens only; 0: all", "0")
+      .value("seed", "random seed of the sampler", "1234")
+      .value("threads", "CPU threads (0: all cores)", "0")
+      .value("dump-logits", "write the prompt's logits to this safetensors file");
+  int rc = 0;
+  if (!flags.parse(args, rc)) return rc;
+  if (!flags.has("load")) return cli::fail("sample", "--load CHECKPOINT is required");
+  auto maxTokens = flags.getInt("max-tokens", 0, 1 << 20);
+  auto topK = flags.getInt("top-k", 0, 1 << 30);
+  auto seed = flags.getInt("seed", 0, std::numeric_limits<long long>::max());
+  auto temperature = flags.getDouble("temperature");
+  auto threads = flags.getInt("threads", 0, 1024);
+  for (const Status& s : {maxTokens.status(), topK.status(), seed.status(), temperature.status(), threads.status()})
+    if (!s.ok()) return cli::fail("sample", s.error());
+  if (*temperature < 0) return cli::fail("sample", "--temperature must be >= 0 (0: greedy)");
+
+  auto ck = loadCheckpoint(flags.get("load"));
+  if (!ck) return cli::fail("sample", ck.error());
+  auto model = loadModelFile(ck->path + "/model.fb");
+  if (!model) return cli::fail("sample", model.error());
+  if (!model->gpt) return cli::fail("sample", ck->path + "/model.fb: error: not a GPT model; tpc samples GPT models");
+  const GptConfig& gpt = *model->gpt;
+  auto tokenizer = loadTokenizer(model->config.tokenizer);
+  if (!tokenizer) return cli::fail("sample", tokenizer.error());
+
+  // Parameters, in the graph's layout (the embedding padded to its rows).
+  auto first = logitsGraph(gpt, model->config, 1);
+  if (!first) return cli::fail("sample", first.error());
+  std::vector<HostTensor> params;
+  for (const Value* p : (*first)->params()) {
+    Shape layout = p->shape();
+    if (p->name() == "wte") layout[0] = gpt.vocab;
+    auto t = checkpointTensor(*ck, p->name(), layout, p->type());
+    if (!t) return cli::fail("sample", t.error());
+    params.push_back(std::move(*t));
+  }
+
+  std::vector<int32_t> ids;
+  if (Status s = (*tokenizer)->encode(flags.get("prompt"), ids); !s.ok()) return cli::fail("sample", s.error());
+  if (ids.empty()) ids.push_back((*tokenizer)->eod());
+  CpuOptions cpu;
+  cpu.threads = static_cast<int>(*threads);
+  // Logits of the last `len` tokens, [len, vocab].
+  auto forward = [&](int64_t len) -> Result<HostTensor> {
+    TPC_ASSIGN(auto g, logitsGraph(gpt, model->config, len));
+    TPC_ASSIGN(auto exec, CpuExecutor::create(*g, cpu));
+    HostTensor tokens(TensorType(DType::i32, {1, len})), targets(TensorType(DType::i32, {1, len}));
+    std::copy(ids.end() - len, ids.end(), tokens.data<int32_t>());
+    std::vector<const HostTensor*> in;
+    for (const Value* v : g->inputs()) in.push_back(v->name() == "tokens" ? &tokens : &targets);
+    std::vector<const HostTensor*> ps;
+    for (const HostTensor& t : params) ps.push_back(&t);
+    TPC_ASSIGN(auto out, exec->run(in, ps, 0));
+    return out[0];
+  };
+
+  if (flags.has("dump-logits")) {
+    int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), gpt.positions);
+    auto logits = forward(len);
+    if (!logits) return cli::fail("sample", logits.error());
+    SafetensorsFile f;
+    HostTensor l(TensorType(DType::f32, {len, gpt.vocab}));
+    std::copy(logits->data<float>(), logits->data<float>() + l.numel(), l.data<float>());
+    HostTensor t(TensorType(DType::i32, {len}));
+    std::copy(ids.end() - len, ids.end(), t.data<int32_t>());
+    f.tensors = {{"logits", l}, {"tokens", t}};
+    if (Status s = writeSafetensors(flags.get("dump-logits"), f); !s.ok()) return cli::fail("sample", s.error());
+    std::cerr << "wrote the logits of " << len << " prompt tokens to " << flags.get("dump-logits") << "\n";
+  }
+
+  std::mt19937_64 rng(static_cast<uint64_t>(*seed));
+  std::cout << flags.get("prompt") << std::flush;
+  for (int64_t i = 0; i < *maxTokens; ++i) {
+    int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), gpt.positions);
+    auto logits = forward(len);
+    if (!logits) return cli::fail("sample", logits.error());
+    const float* last = logits->data<float>() + (len - 1) * gpt.vocab;
+    std::vector<int32_t> order(gpt.vocab);
+    for (int32_t k = 0; k < gpt.vocab; ++k) order[k] = k;
+    int32_t next;
+    if (*temperature == 0) {
+      next = static_cast<int32_t>(std::max_element(last, last + gpt.vocab) - last);
+    } else {
+      int64_t k = *topK > 0 ? std::min<int64_t>(*topK, gpt.vocab) : gpt.vocab;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t a, int32_t b) { return last[a] > last[b]; });
+      std::vector<double> p(k);
+      double mx = last[order[0]], sum = 0;
+      if (k == gpt.vocab) mx = *std::max_element(last, last + gpt.vocab);
+      for (int64_t j = 0; j < k; ++j) sum += p[j] = std::exp((last[order[j]] - mx) / *temperature);
+      double u = std::uniform_real_distribution<double>(0, sum)(rng);
+      int64_t j = 0;
+      while (j + 1 < k && u >= p[j]) u -= p[j++];
+      next = order[j];
+    }
+    ids.push_back(next);
+    std::string text;
+    if (Status s = (*tokenizer)->decode(std::span<const int32_t>(&next, 1), text); !s.ok())
+      return cli::fail("sample", s.error());
+    std::cout << text << std::flush;
+  }
+  std::cout << "\n";
+  return 0;
+}
+
+cli::SubcommandRegistration reg("sample", "generate text from a checkpoint, streaming tokens", runSample);
+
+}  // namespace
+}  // namespace tpc
