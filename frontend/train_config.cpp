@@ -82,6 +82,8 @@ Status validateTrainConfig(const TrainConfig& c) {
   TPC_TRY(nonNegative("eval_interval", c.evalInterval));
   TPC_TRY(nonNegative("eval_iters", c.evalIters));
   TPC_TRY(nonNegative("save_interval", c.saveInterval));
+  if (!oneOf(c.recompute, {"none", "selective", "full"}))
+    return makeError("config.recompute must be none, selective or full, got '", c.recompute, "'");
   if (!oneOf(c.precision, {"auto", "fp32", "bf16", "fp16"}))
     return makeError("config.precision must be auto, fp32, bf16 or fp16, got '", c.precision, "'");
   return {};

@@ -34,6 +34,7 @@ struct TrainConfig {
   int64_t logInterval = 10, evalInterval = 0, evalIters = 10, saveInterval = 0;
   uint64_t seed = 1234;
   std::string precision = "auto";  // auto | fp32 | bf16 | fp16
+  std::string recompute = "none";  // none | selective | full (activation recomputation)
 
   bool operator==(const TrainConfig&) const = default;
 };

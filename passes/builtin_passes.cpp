@@ -35,6 +35,12 @@ void registerBuiltinPasses(PassRegistry& r) {
                "casts the forward graph's compute to bf16 (or f16) at each use of an f32 value; parameters, AdamW "
                "state and the loss stay f32 (after the sharding policies, before autodiff)",
                {{"dtype", "bf16 | f16; default bf16"}}, createMixedPrecisionPass});
+  (void)r.add({"recompute",
+               "activation recomputation (after autodiff, cse and dce): forward values the backward reads are "
+               "recomputed per transformer block (h.N.) instead of kept",
+               {{"mode", "full (only block boundaries kept) | selective (matmul and attention outputs kept too); "
+                         "default full"}},
+               createRecomputePass});
   (void)r.add({"megatron-tp",
                "Megatron tensor parallelism (before autodiff): QKV/fc1 by column (attention by heads), proj/fc2 by row, "
                "the embedding/LM head by vocab",

@@ -14,6 +14,8 @@ std::unique_ptr<Pass> createInferencePass();  // inference.cpp: dropout off, for
 Result<std::unique_ptr<Pass>> createAutodiffPass(const PassOptions& options);  // autodiff.cpp
 // dtype=bf16|f16: the forward graph computes in that type, parameters stay f32 (before autodiff).
 Result<std::unique_ptr<Pass>> createMixedPrecisionPass(const PassOptions& options);  // mixed_precision.cpp
+// mode=full|selective: activation recomputation of the training step (after autodiff, cse, dce).
+Result<std::unique_ptr<Pass>> createRecomputePass(const PassOptions& options);  // recompute.cpp
 // Sharding (passes/sharding/): policies that annotate, and the engine's propagation / partition.
 Result<std::unique_ptr<Pass>> createMegatronTpPass(const PassOptions& options);    // megatron_tp.cpp
 Result<std::unique_ptr<Pass>> createDataParallelPass(const PassOptions& options);  // data_parallel.cpp

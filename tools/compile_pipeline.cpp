@@ -49,12 +49,13 @@ Status matchBatchShape(ModelFile& model, const std::string& path) {
   return {};
 }
 
-std::string standardPipeline(const ModelFile& model, int64_t accum, std::optional<int64_t> partitionRank) {
+std::string standardPipeline(const ModelFile& model, int64_t accum, std::optional<int64_t> partitionRank,
+                             const std::string& tpPolicy) {
   const TrainConfig& c = model.config;
   // Policies that rewrite or annotate the forward graph run before autodiff; data-parallel after it (it
   // splits the batch dim of the inputs, which autodiff prefixes with [accum]); the engine last.
   std::string pre, post;
-  if (c.tp > 1 || c.sp) pre += cat("megatron-tp(tp=", c.tp, "),");
+  if (c.tp > 1 || c.sp) pre += cat(tpPolicy, "(tp=", c.tp, "),");
   if (c.sp) pre += "sequence-parallel,";
   // "auto" means fp32 here; `tpc run` resolves it to bf16 when it trains on the GPU.
   if (c.precision == "bf16") pre += "mixed-precision(dtype=bf16),";
@@ -63,7 +64,8 @@ std::string standardPipeline(const ModelFile& model, int64_t accum, std::optiona
   if (partitionRank && (c.tp > 1 || c.dp > 1 || c.sp)) post += cat(",partition(rank=", *partitionRank, ")");
   return pre + cat("autodiff(loss=", model.lossOutput, ", accum=", accum, ", clip-grad=", formatFloat(c.clipGrad),
              ", beta1=", formatFloat(c.beta1), ", beta2=", formatFloat(c.beta2), ", eps=", formatFloat(c.eps),
-             ", weight-decay=", formatFloat(c.weightDecay), "),cse,dce") + post;
+             ", weight-decay=", formatFloat(c.weightDecay), "),cse,dce") +
+         (c.recompute == "none" ? std::string() : cat(",recompute(mode=", c.recompute, ")")) + post;
 }
 
 }  // namespace tpc

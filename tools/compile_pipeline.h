@@ -17,7 +17,9 @@ Result<int64_t> accumulationSteps(const TrainConfig& config);
 Status matchBatchShape(ModelFile& model, const std::string& path);
 // The pass pipeline, e.g. "autodiff(accum=1, clip-grad=1.0, ...),cse,dce". With --tp/--dp/--sp the sharding
 // policies join it ("megatron-tp(tp=4),sequence-parallel,autodiff(...),cse,dce,data-parallel(dp=2)") and,
-// given `partitionRank`, the engine's `partition(rank=R)` ends it.
-std::string standardPipeline(const ModelFile& model, int64_t accum, std::optional<int64_t> partitionRank = std::nullopt);
+// given `partitionRank`, the engine's `partition(rank=R)` ends it. `tpPolicy` is the pass that annotates the
+// tp placements (a built-in or a plugin's; it gets the option tp=N).
+std::string standardPipeline(const ModelFile& model, int64_t accum, std::optional<int64_t> partitionRank = std::nullopt,
+                             const std::string& tpPolicy = "megatron-tp");
 
 }  // namespace tpc

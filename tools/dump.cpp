@@ -9,8 +9,10 @@
 #include "frontend/model_file.h"
 #include "ir/printer.h"
 #include "passes/pipeline.h"
+#include "runtime/memory_estimate.h"
 #include "tools/cli.h"
 #include "tools/compile_pipeline.h"
+#include "tools/pipeline_flags.h"
 #include "tools/train_flags.h"
 
 namespace tpc {
@@ -32,8 +34,8 @@ std::string collectiveSummary(const Graph& g) {
   if (kinds.empty()) s += "  none\n";
   for (const auto& [k, v] : kinds) s += cat("  ", k, ": ", v.first, " ops, ", v.second, " bytes\n");
   s += cat("  total: ", total, " bytes\n");
-  // The AdamW moments this rank holds against the whole model's: 1/tp of the split params' under tp, and
-  // 1/dp more under ZeRO-1 (--use-distributed-optimizer), except the tensors listed as replicated over dp.
+  // Under ZeRO-1 (--use-distributed-optimizer): the AdamW moments this rank holds against the whole model's
+  // (1/dp, times 1/tp for tp-split params), and the tensors whose moments stay replicated over dp.
   int64_t local = 0, global = 0;
   std::vector<std::string> dpReplicated;
   bool dpSplit = false;
@@ -53,13 +55,12 @@ std::string collectiveSummary(const Graph& g) {
     dpSplit |= split;
     if (!split && endsWith(n, ".adam_m")) dpReplicated.push_back(n.substr(0, n.size() - 7));
   }
-  if (global > 0 && !g.mesh().empty()) {
+  if (global > 0 && dpSplit) {
     char frac[32];
     std::snprintf(frac, sizeof frac, "%.2f", double(global) / double(local));
     s += cat("optimizer state on this rank: ", local * 4, " of ", global * 4, " bytes of f32 moments (1/", frac, ")\n");
-    if (dpSplit)
-      for (const std::string& n : dpReplicated)
-        s += cat("  moments of ", n, " replicated over dp (no dim that dp divides and tp leaves whole)\n");
+    for (const std::string& n : dpReplicated)
+      s += cat("  moments of ", n, " replicated over dp (no dim that dp divides and tp leaves whole)\n");
   }
   return s;
 }
@@ -106,8 +107,10 @@ int runDump(std::vector<std::string> args) {
       .toggle("print-pipeline", "print the pipeline that would run and exit")
       .value("rank", "with --tp/--dp: the rank whose program `partition` builds", "0")
       .value("format", "text | dot (Graphviz)", "text")
-      .toggle("summary", "list the collectives of one step by kind, with their bytes, instead of the graph");
+      .toggle("summary", "list the collectives of one step by kind, with their bytes, instead of the graph")
+      .toggle("memory", "print the planned memory of one rank's step (the whole pipeline, or up to --after)");
   cli::declareTrainingFlags(flags);
+  cli::declarePipelineFlags(flags);
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
   if (flags.positional().size() != 1) return cli::fail("dump", "expected one model file (.fb or .json)");
@@ -115,6 +118,8 @@ int runDump(std::vector<std::string> args) {
   if (!model) return cli::fail("dump", model.error());
   if (Status s = cli::applyTrainingFlags(flags, model->config); !s.ok()) return cli::fail("dump", s.error());
   if (Status s = validateTrainConfig(model->config); !s.ok()) return cli::fail("dump", s.error());
+  auto tpPolicy = cli::applyPipelineFlags(flags, model->config, PassRegistry::global());
+  if (!tpPolicy) return cli::fail("dump", tpPolicy.error());
   if (Status s = matchBatchShape(*model, flags.positional()[0]); !s.ok()) return cli::fail("dump", s.error());
   auto accum = accumulationSteps(model->config);
   if (!accum) return cli::fail("dump", accum.error());
@@ -122,18 +127,19 @@ int runDump(std::vector<std::string> args) {
   if (!rank) return cli::fail("dump", rank.error());
   std::string format = flags.get("format");
   if (format != "text" && format != "dot") return cli::fail("dump", "--format=" + format + ": expected text or dot");
-  std::string pipeline = flags.has("passes") ? flags.get("passes") : standardPipeline(*model, *accum, *rank);
+  std::string pipeline = flags.has("passes") ? flags.get("passes") : standardPipeline(*model, *accum, *rank, *tpPolicy);
   if (flags.on("print-pipeline")) {
     std::cout << pipeline << "\n";
     return 0;
   }
   std::string after = flags.get("after");
+  auto entries = parsePipeline(pipeline);
+  if (!entries) return cli::fail("dump", entries.error());
+  if (after.empty() && flags.on("memory") && !entries->empty()) after = entries->back().name;
   if (after.empty()) {
     std::cout << printGraph(*model->forward);
     return 0;
   }
-  auto entries = parsePipeline(pipeline);
-  if (!entries) return cli::fail("dump", entries.error());
   // Run the pipeline up to and including the first pass named `after`.
   std::vector<PipelineEntry> prefix;
   for (const PipelineEntry& e : *entries) {
@@ -148,7 +154,15 @@ int runDump(std::vector<std::string> args) {
   PassManager pm;
   if (Status s = pm.addEntries(prefix); !s.ok()) return cli::fail("dump", s.error());
   if (Status s = pm.run(*model->forward); !s.ok()) return cli::fail("dump", s.error());
-  if (flags.on("summary")) std::cout << collectiveSummary(*model->forward);
+  if (flags.on("memory")) {
+    MemoryEstimate m = estimateMemory(*model->forward);
+    std::cout << "memory of one rank's step after " << after << " (values live from their node to their last reader):\n"
+              << "  parameters + optimizer state  " << formatBytes(m.stateBytes) << "\n"
+              << "  inputs                        " << formatBytes(m.inputBytes) << "\n"
+              << "  peak activations              " << formatBytes(m.peakActivationBytes)
+              << (m.peakAt ? " (during " + std::string(m.peakAt->opName()) + ")" : std::string()) << "\n"
+              << "  planned peak                  " << formatBytes(m.total()) << "\n";
+  } else if (flags.on("summary")) std::cout << collectiveSummary(*model->forward);
   else if (format == "dot") std::cout << graphToDot(*model->forward);
   else std::cout << printGraph(*model->forward);
   return 0;

@@ -26,6 +26,7 @@
 #include "runtime/trainer.h"
 #include "tools/cli.h"
 #include "tools/compile_pipeline.h"
+#include "tools/pipeline_flags.h"
 #include "tools/train_flags.h"
 
 namespace tpc {
@@ -90,6 +91,7 @@ int runRun(std::vector<std::string> args) {
       .value("log-jsonl", "also write one JSON object per logged step to this file")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
   cli::declareTrainingFlags(flags);
+  cli::declarePipelineFlags(flags);
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
   if (flags.positional().size() != 1) return cli::fail("run", "expected one model file (tpc run gpt.fb)");
@@ -100,6 +102,8 @@ int runRun(std::vector<std::string> args) {
   TrainConfig& config = model->config;
   if (Status s = cli::applyTrainingFlags(flags, config); !s.ok()) return cli::fail("run", s.error());
   if (Status s = validateTrainConfig(config); !s.ok()) return cli::fail("run", s.error());
+  auto tpPolicy = cli::applyPipelineFlags(flags, config, PassRegistry::global());
+  if (!tpPolicy) return cli::fail("run", tpPolicy.error());
   auto accum = accumulationSteps(config);
   if (!accum) return cli::fail("run", accum.error());
   if (Status s = matchBatchShape(*model, path); !s.ok()) return cli::fail("run", s.error());
@@ -147,8 +151,13 @@ int runRun(std::vector<std::string> args) {
   // The training step: forward, backward, clipping, AdamW; then simplified.
   std::unique_ptr<Graph> step = model->forward->clone();
   PassManager pm;
-  if (Status s = pm.addPipeline(standardPipeline(*model, *accum)); !s.ok()) return cli::fail("run", s.error());
+  const std::string pipeline = standardPipeline(*model, *accum, std::nullopt, *tpPolicy);
+  if (Status s = pm.addPipeline(pipeline); !s.ok()) return cli::fail("run", s.error());
   if (Status s = pm.run(*step); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
+  if (config.tp > 1 && step->mesh().axisSize("tp") != config.tp)
+    return cli::fail("run", cat("--sharding-policy=", *tpPolicy, " did not put mesh axis tp=", config.tp,
+                                " on the graph (", step->mesh().empty() ? "no mesh" : step->mesh().str(),
+                                "); a sharding policy must call ensureMeshAxis(g, \"tp\", tp, ...)"));
   // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
   std::vector<std::unique_ptr<Graph>> rankGraphs;
   if (!step->mesh().empty()) {
@@ -231,7 +240,7 @@ int runRun(std::vector<std::string> args) {
   std::cout << "tpc run " << path << ": " << numParams << " parameters, training step of " << step->numNodes()
             << " ops on backend " << backend->name() << (step->mesh().empty() ? "" : " over " + step->mesh().str())
             << "\n"
-            << "  batch: micro " << config.microBatch << " x accumulation " << *accum << " x dp " << config.dp << " = global "
+            << (step->mesh().empty() ? "" : "  passes: " + pipeline + "\n") << "  batch: micro " << config.microBatch << " x accumulation " << *accum << " x dp " << config.dp << " = global "
             << config.globalBatch << " sequences of " << config.seqLength << " tokens\n"
             << "  data: " << *dataPath << " (" << numDocs << " documents, " << splits->train.size() << " for training, "
             << batches.windowsPerEpoch() << " windows per epoch)\n"

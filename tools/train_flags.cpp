@@ -47,6 +47,7 @@ const StringFlag kStringFlags[] = {
     {"lr-decay-style", &TrainConfig::decayStyle, "cosine | linear | constant"},
     {"data-path", &TrainConfig::dataPath, "indexed dataset prefix (PREFIX.bin + PREFIX.idx)"},
     {"split", &TrainConfig::split, "train,valid,test weights over documents, e.g. 949,50,1"},
+    {"recompute", &TrainConfig::recompute, "activation recomputation: none | selective | full"},
     {"precision", &TrainConfig::precision, "auto | fp32 | bf16 | fp16 (auto: bf16 on the GPU, fp32 on the CPU)"},
 };
 

@@ -28,15 +28,17 @@ Placement canonical(const Placement& p, const Mesh& m) {
   return c;
 }
 
-bool lists(const Placement& p, const std::string& axis) {
-  for (const auto& [a, ap] : p.axes)
-    if (a == axis) return true;
-  return false;
-}
-
 bool hasP(const Placement& p) {
   for (const auto& [axis, ap] : p.axes)
     if (ap.isP()) return true;
+  return false;
+}
+
+// Whether a policy's hint names `axis`: a hint says nothing about the axes it leaves out (sequence-parallel's
+// [tp:S(1)] on a dp x tp mesh leaves dp to the rules; reading it as dp:R would gather the batch over dp).
+bool names(const Placement& hint, const std::string& axis) {
+  for (const auto& [a, ap] : hint.axes)
+    if (a == axis) return true;
   return false;
 }
 
@@ -73,6 +75,7 @@ class Sweep {
 
   int64_t axisCost(const Value* v, AP from, AP to) const;
   int64_t cost(const Value* v, const std::string& axis, AP to) const;
+  bool movesParam(const Value* v, const std::string& axis, AP to) const;
   Result<Value*> convert(const Value* v, const Placement& to);
   Result<Value*> step(Value* x, const std::string& axis, AP from, AP to, const Shape& globalShape);
   Result<Value*> emit(OpKind op, llvm::ArrayRef<Value*> ops, AttrDict a);
@@ -88,6 +91,7 @@ class Sweep {
   std::vector<int64_t> coords_;
   std::map<const Value*, Cur> cur_;
   std::set<const Value*> freeParams_;                               // unplaced params: adopt their first use
+  std::set<const Value*> paramViews_;                               // params and values computed from params only
   std::map<std::pair<const Value*, std::string>, Value*> avail_;    // conversions already made
   std::map<const Value*, std::pair<Value*, Value*>> vocabStats_;   // logits -> (global max, global sum exp)
 };
@@ -108,6 +112,15 @@ int64_t Sweep::cost(const Value* v, const std::string& axis, AP to) const {
   want.set(axis, to);
   if (avail_.count({v, canonical(want, mesh_).str()})) return 0;
   return axisCost(v, from, to);
+}
+
+// A param placed by a policy stays where the policy put it: using it (or a view of it: a transpose, a cast)
+// in another layout, e.g. gathering a column-parallel weight to keep the activations sequence-split, moves
+// it every step, leaves its gradient in the wrong layout for the update and overrides the policy's choice.
+// Bytes alone cannot see that: one matmul's gather of a weight may be cheaper than the activation's, yet
+// its result is then split where attention cannot use it and every later op pays.
+bool Sweep::movesParam(const Value* v, const std::string& axis, AP to) const {
+  return paramViews_.count(v) && cost(v, axis, to) > 0;
 }
 
 Result<Value*> Sweep::emit(OpKind op, llvm::ArrayRef<Value*> ops, AttrDict a) {
@@ -337,20 +350,26 @@ Status Sweep::visit(const Node& n) {
     r.in.assign(n.numOperands(), AP::replicated());
     r.out.assign(n.numResults(), AP::replicated());
     cands.push_back(r);
+    // The cheapest strategy that keeps every placed param in place, or the cheapest at all if none does.
     const AxisStrategy* best = nullptr;
     int64_t bestCost = 0;
+    bool bestMoves = false;
     for (const AxisStrategy& s : cands) {
       bool clash = false;
       for (unsigned i = 0; i < s.in.size(); ++i) clash |= s.in[i].isS() && usedIn.count(i * 64 + s.in[i].dim);
       for (unsigned i = 0; i < s.out.size(); ++i) clash |= s.out[i].isS() && usedOut.count(i * 64 + s.out[i].dim);
       if (clash) continue;
       int64_t c = 0;
-      for (unsigned i = 0; i < s.in.size(); ++i) c += cost(n.operand(i), ax.name, s.in[i]);
+      bool moves = false;
+      for (unsigned i = 0; i < s.in.size(); ++i) {
+        c += cost(n.operand(i), ax.name, s.in[i]);
+        moves |= movesParam(n.operand(i), ax.name, s.in[i]);
+      }
       // A hinted result (a policy's annotation) costs the move from the strategy's result to the hint.
       for (unsigned i = 0; i < s.out.size(); ++i)
-        if (const auto& h = n.result(i)->placement(); h && lists(*h, ax.name) && h->get(ax.name) != s.out[i])
+        if (const auto& h = n.result(i)->placement(); h && names(*h, ax.name) && h->get(ax.name) != s.out[i])
           c += axisCost(n.result(i), s.out[i], h->get(ax.name));
-      if (!best || c < bestCost) best = &s, bestCost = c;
+      if (!best || moves < bestMoves || (moves == bestMoves && c < bestCost)) best = &s, bestCost = c, bestMoves = moves;
     }
     for (unsigned i = 0; i < best->in.size(); ++i) {
       need[i].set(ax.name, best->in[i]);
@@ -386,14 +405,16 @@ Status Sweep::visit(const Node& n) {
   }
   for (unsigned r = 0; r < n.numResults(); ++r) {
     placed[n.result(r)] = out[r];
-    if (!n.result(r)->placement()) continue;
-    Placement hint = out[r];  // a hint constrains the axes it lists; the others keep the strategy's choice
-    for (const auto& [axis, ap] : n.result(r)->placement()->axes) hint.set(axis, ap);
-    hint = canonical(hint, mesh_);
-    if (hint == out[r]) continue;
-    TPC_ASSIGN(Value * x, convert(n.result(r), hint));
-    cur_[n.result(r)] = Cur{hint, x};
-    placed[n.result(r)] = hint;
+    const auto& hint = n.result(r)->placement();
+    if (!hint) continue;
+    Placement want = out[r];
+    for (const MeshAxis& ax : mesh_.axes)
+      if (names(*hint, ax.name)) want.set(ax.name, hint->get(ax.name));
+    want = canonical(want, mesh_);
+    if (want == out[r]) continue;
+    TPC_ASSIGN(Value * x, convert(n.result(r), want));
+    cur_[n.result(r)] = Cur{want, x};
+    placed[n.result(r)] = want;
   }
   return {};
 }
@@ -413,6 +434,12 @@ Status Sweep::run() {
   };
   for (const Value* v : g_.inputs()) addArg(v, false);
   for (const Value* v : g_.params()) addArg(v, true);
+  paramViews_.insert(g_.params().begin(), g_.params().end());
+  for (const Node* n : g_.nodes()) {
+    bool view = n->numOperands() > 0;
+    for (const Value* o : n->operands()) view &= paramViews_.count(o) > 0;
+    if (view) paramViews_.insert(n->results().begin(), n->results().end());
+  }
   for (Node* n : g_.nodes()) TPC_TRY(visit(*n));
   // Outputs: a param's update keeps the param's placement (the runtime gathers it); the rest is whole.
   std::map<std::string, const Value*> params;

@@ -59,6 +59,23 @@ const Value* param(const Graph& g, const std::string& name) {
   return nullptr;
 }
 
+// What each collective moves, by kind and the global shape of the tensor it makes whole or splits:
+// "all_gather(tp) [4,16,64]" (a [B,T,D] activation), "all_reduce(tp,sum) [64]" (a LayerNorm/bias grad), ...
+std::map<std::string, int> collectiveShapes(const Graph& g) {
+  std::map<std::string, int> n;
+  for (const Node* node : g.nodes()) {
+    if (!node->has(traits::Collective)) continue;
+    std::string k = std::string(node->opName()) + "(" + node->getStr("axis");
+    if (node->op() != OpKind::AllGather) k += "," + node->getStr("op");
+    const Value* whole = node->op() == OpKind::ReduceScatter ? node->operand(0) : node->result();
+    Shape s = whole->shape();
+    // The QKV input is gathered as its [B,1,T,D] view: count it as the [B,T,D] activation it is.
+    if (s.size() == 4 && s[1] == 1) s = {s[0], s[2], s[3]};
+    ++n[k + ") " + shapeStr(s)];
+  }
+  return n;
+}
+
 }  // namespace
 
 TEST_CASE("sharding: megatron tp=2 has Megatron's all_reduces and local shapes", "[sharding]") {
@@ -117,33 +134,87 @@ TEST_CASE("sharding: megatron-tp's [3, D] view of c_attn.bias is still a bias (n
   CHECK(checked == 2);
 }
 
-TEST_CASE("sharding: sequence parallel trades all_reduce for all_gather/reduce_scatter pairs", "[sharding]") {
-  const int64_t layers = 2;
-  auto g = sharded(layers, "megatron-tp(tp=2),sequence-parallel,", "", 0);
-  INFO((g.ok() ? std::string() : g.error()));
-  REQUIRE(g.ok());
-  auto c = collectives(**g);
-  // Forward: reduce_scatter after the embedding and each row-parallel layer, all_gather before each
-  // column-parallel layer and the LM head. Backward mirrors it. The loss keeps its 3 all_reduces.
-  CHECK(c["all_gather(tp)"] >= 4 * layers + 1);  // measured 10 for 2 layers: one more than Megatron-SP's forward
-  CHECK(c["reduce_scatter(tp,sum)"] >= 4 * layers + 1);
-  CHECK(c["all_reduce(tp,max)"] == 1);
-  for (const Value* v : (*g)->inputs()) CHECK(v->placement().has_value());
+TEST_CASE("sharding: megatron tp=2 collectives are exactly Megatron's, 4 per layer", "[sharding]") {
+  std::map<std::string, int> byLayers[3];
+  for (int64_t L : {1, 2}) {
+    auto g = sharded(L, "megatron-tp(tp=2),", "", 0);
+    INFO((g.ok() ? std::string() : g.error()));
+    REQUIRE(g.ok());
+    byLayers[L] = collectives(**g);
+    auto shapes = collectiveShapes(**g);
+    INFO("layers " << L);
+    // [B,T,D] activations: forward the embedding + 2 per layer (after proj, fc2); backward 2 per layer (the
+    // column-parallel input grads) + the LM head's input grad. The vocab-parallel loss: [B,T] max, sum exp
+    // and target logit. The grad norm: one scalar (sum of squares of the tp-split grads).
+    CHECK(shapes["all_reduce(tp,sum) [4,16,64]"] == 4 * L + 2);
+    CHECK(shapes["all_reduce(tp,sum) [4,16]"] == 2);
+    CHECK(shapes["all_reduce(tp,max) [4,16]"] == 1);
+    CHECK(shapes["all_reduce(tp,sum) []"] == 1);
+    CHECK(shapes.size() == 4);
+  }
+  // One more layer: exactly 4 more all_reduces (2 forward, 2 backward) and nothing else.
+  CHECK(byLayers[2]["all_reduce(tp,sum)"] - byLayers[1]["all_reduce(tp,sum)"] == 4);
+  CHECK(byLayers[2].size() == byLayers[1].size());
+  CHECK(byLayers[2]["all_reduce(tp,max)"] == byLayers[1]["all_reduce(tp,max)"]);
 }
 
-TEST_CASE("sharding: sp's hints constrain tp only: under dp 2 x tp 2 the batch stays split over dp", "[sharding]") {
-  auto g = sharded(2, "megatron-tp(tp=2),sequence-parallel,", ",data-parallel(dp=2)", 0);
-  INFO((g.ok() ? std::string() : g.error()));
-  REQUIRE(g.ok());
-  auto c = collectives(**g);
-  CHECK(c["all_gather(dp)"] == 0);  // was 1: the first LN input gathered over dp, the rest ran on the whole batch
-  int lns = 0;
-  for (const Node* n : (*g)->nodes())
-    if (n->op() == OpKind::LayerNorm) {
-      CHECK(n->operand(0)->type().str() == "f32[2,8,64]");  // batch 4 / dp, seq 16 / tp
-      ++lns;
-    }
-  CHECK(lns == 5);
+TEST_CASE("sharding: sequence parallel is Megatron-SP's all_gather/reduce_scatter pairs, exactly", "[sharding]") {
+  std::map<std::string, int> byLayers[3];
+  for (int64_t L : {1, 2}) {
+    auto g = sharded(L, "megatron-tp(tp=2),sequence-parallel,", "", 0);
+    INFO((g.ok() ? std::string() : g.error()));
+    REQUIRE(g.ok());
+    byLayers[L] = collectives(**g);
+    auto shapes = collectiveShapes(**g);
+    INFO("layers " << L);
+    for (const auto& [k, n] : shapes) INFO(k << ": " << n);
+    // Per layer, on [B,T,D] activations split on the sequence: forward all_gather before QKV and fc1,
+    // reduce_scatter after proj and fc2; backward the mirror (all_gather of the proj/fc2 output grads,
+    // reduce_scatter of the QKV/fc1 input grads). Outside the layers: reduce_scatter after the embedding,
+    // all_gather before the LM head, reduce_scatter of the LM head's input grad.
+    CHECK(shapes["all_gather(tp) [4,16,64]"] == 4 * L + 1);
+    CHECK(shapes["reduce_scatter(tp,sum) [4,16,64]"] == 4 * L + 2);
+    // The embeddings' grads: wte's comes out partial (each rank saw half the tokens) and is reduce-scattered
+    // to its vocab shard; wpe's comes out split on the sequence and is gathered for its update.
+    CHECK(shapes["reduce_scatter(tp,sum) [1024,64]"] == 1);
+    CHECK(shapes["all_gather(tp) [16,64]"] == 1);
+    // Sequence-split LayerNorm weight/bias and row-parallel bias grads are partial: all_reduced over tp, as
+    // Megatron does for params marked sequence_parallel (ln_1, ln_2, attn and mlp c_proj.bias; ln_f).
+    CHECK(shapes["all_reduce(tp,sum) [64]"] == 6 * L + 2);
+    // The vocab-parallel loss and the grad norm, as without sp.
+    CHECK(shapes["all_reduce(tp,sum) [4,16]"] == 2);
+    CHECK(shapes["all_reduce(tp,max) [4,16]"] == 1);
+    CHECK(shapes["all_reduce(tp,sum) []"] == 1);
+    CHECK(shapes.size() == 8);  // in particular: no all_reduce of an activation, no gathered weight
+    for (const Value* v : (*g)->inputs()) CHECK(v->placement().has_value());
+  }
+  // One more layer: exactly 4 all_gather, 4 reduce_scatter and 6 small all_reduce more.
+  CHECK(byLayers[2]["all_gather(tp)"] - byLayers[1]["all_gather(tp)"] == 4);
+  CHECK(byLayers[2]["reduce_scatter(tp,sum)"] - byLayers[1]["reduce_scatter(tp,sum)"] == 4);
+  CHECK(byLayers[2]["all_reduce(tp,sum)"] - byLayers[1]["all_reduce(tp,sum)"] == 6);
+  CHECK(byLayers[2]["all_reduce(tp,max)"] == byLayers[1]["all_reduce(tp,max)"]);
+}
+
+TEST_CASE("sharding: dp 2 x tp 2 + sp keeps the batch split over dp and Megatron-SP's tp schedule", "[sharding]") {
+  for (int64_t L : {1, 2}) {
+    auto g = sharded(L, "megatron-tp(tp=2),sequence-parallel,", ",data-parallel(dp=2)", 3);
+    INFO((g.ok() ? std::string() : g.error()));
+    REQUIRE(g.ok());
+    auto c = collectives(**g);
+    INFO("layers " << L);
+    // sequence-parallel's hint names tp only: dp stays split (no all_gather over dp of the residual stream).
+    CHECK(c["all_gather(tp)"] == 4 * L + 2);
+    CHECK(c["reduce_scatter(tp,sum)"] == 4 * L + 3);
+    CHECK(c["all_reduce(tp,sum)"] == 6 * L + 5);
+    CHECK(c["all_reduce(tp,max)"] == 1);
+    int64_t params = 0;
+    for (const Value* p : (*g)->params())
+      if (p->name().find(".adam_") == std::string::npos) ++params;
+    CHECK(c["all_reduce(dp,sum)"] == params + 1);  // one per gradient, plus the loss
+    CHECK(c.size() == 5);
+    for (const Node* n : (*g)->nodes())
+      if (n->op() == OpKind::LayerNorm) CHECK(n->result()->type().str() == "f32[2,8,64]");  // [B/dp, T/tp, D]
+  }
 }
 
 TEST_CASE("sharding: data parallel all-reduces every gradient once over dp", "[sharding]") {
