@@ -103,6 +103,7 @@ TrainConfig configFromFb(const fb::TrainConfig* c) {
   t.tp = c->tensor_model_parallel_size();
   t.dp = c->data_parallel_size();
   t.sp = c->sequence_parallel();
+  t.distributedOptimizer = c->use_distributed_optimizer();
   t.logInterval = c->log_interval();
   t.evalInterval = c->eval_interval();
   t.evalIters = c->eval_iters();
@@ -582,7 +583,7 @@ std::string toBuffer(const ModelFile& m) {
       b, c.optimizer.c_str(), c.beta1, c.beta2, c.eps, c.weightDecay, c.clipGrad, c.lr, c.minLr, c.warmupIters,
       c.decayStyle.c_str(), c.decayIters, c.microBatch, c.globalBatch, c.seqLength, c.trainIters, c.dataPath.c_str(),
       c.split.c_str(), c.tokenizer.c_str(), c.tp, c.dp, c.sp, c.logInterval, c.evalInterval, c.evalIters, c.saveInterval,
-      c.seed, c.precision.c_str());
+      c.seed, c.precision.c_str(), c.distributedOptimizer);
   fb::Architecture archType = fb::Architecture::NONE;
   flatbuffers::Offset<void> arch;
   if (m.gpt) {

@@ -29,6 +29,7 @@ struct TrainConfig {
   // Parallelism defaults.
   int64_t tp = 1, dp = 1;
   bool sp = false;
+  bool distributedOptimizer = false;  // Megatron's --use-distributed-optimizer: ZeRO-1 over dp
   // Intervals (0: never).
   int64_t logInterval = 10, evalInterval = 0, evalIters = 10, saveInterval = 0;
   uint64_t seed = 1234;

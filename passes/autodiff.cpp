@@ -244,7 +244,14 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
     }
   }
 
-  // AdamW, one update per parameter; weight decay for matrices (rank >= 2) only, never biases or gains.
+  // AdamW, one update per parameter; weight decay for matrices (rank >= 2) only, never biases or gains
+  // (Megatron's rule). The name counts too: megatron-tp views the fused c_attn.bias [3D] as [3, D] so that
+  // tp can cut q, k and v by heads, and decaying it would make tp train a different model than one rank.
+  auto decays = [](const Value* p) {
+    const std::string& n = p->name();
+    bool bias = n == "bias" || (n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0);
+    return p->type().rank() >= 2 && !bias;
+  };
   for (size_t k = 0; k < params.size(); ++k) {
     Value* p = params[k];
     TensorType st(DType::f32, p->shape());
@@ -254,7 +261,7 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
     a.set("beta1", o.beta1);
     a.set("beta2", o.beta2);
     a.set("eps", o.eps);
-    a.set("weight_decay", p->type().rank() >= 2 ? o.weightDecay : 0.0);
+    a.set("weight_decay", decays(p) ? o.weightDecay : 0.0);
     TPC_ASSIGN(Node * u, g.create(OpKind::AdamWUpdate, {p, gradSum[k], m, v, lr, step}, std::move(a)));
     g.addOutput(u->result(0), p->name());
     g.addOutput(u->result(1), m->name());

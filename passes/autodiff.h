@@ -17,7 +17,7 @@ struct TrainingStepOptions {
   int64_t accumSteps = 1;           // micro-batches per step (gradient accumulation, unrolled in the graph)
   double clipGrad = 1.0;            // global-norm clipping; 0 disables
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double weightDecay = 0.1;         // applied to parameters of rank >= 2 only
+  double weightDecay = 0.1;         // applied to parameters of rank >= 2 not named *.bias
 };
 
 // Appends to `g` the backward of scalar `loss` and returns d(loss)/d(v) for each of `wrt` (a zero-filled

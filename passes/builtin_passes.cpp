@@ -28,7 +28,7 @@ void registerBuiltinPasses(PassRegistry& r) {
                 {"beta1", "AdamW beta1; default 0.9"},
                 {"beta2", "AdamW beta2; default 0.95"},
                 {"eps", "AdamW epsilon; default 1e-8"},
-                {"weight-decay", "AdamW decoupled weight decay, for parameters of rank >= 2 only; default 0.1"},
+                {"weight-decay", "AdamW decoupled weight decay, for parameters of rank >= 2 not named *.bias; default 0.1"},
                 {"loss", "the forward output to minimize; default loss"}},
                createAutodiffPass});
   (void)r.add({"mixed-precision",
@@ -46,7 +46,7 @@ void registerBuiltinPasses(PassRegistry& r) {
                "the embedding/LM head by vocab",
                {{"tp", "tensor-parallel size (mesh axis tp)"}}, createMegatronTpPass});
   (void)r.add({"data-parallel", "splits the batch inputs over mesh axis dp (gradients all-reduced by the engine)",
-               {{"dp", "data-parallel size (mesh axis dp)"}, {"zero1", "shard AdamW moments over dp (not implemented)"}},
+               {{"dp", "data-parallel size (mesh axis dp)"}, {"zero1", "ZeRO-1: shard the AdamW moments and the update over dp (reduce_scatter + all_gather); default false"}},
                createDataParallelPass});
   (void)r.add({"sequence-parallel",
                "Megatron sequence parallelism on tp (after megatron-tp, before autodiff): the residual stream split on seq",

@@ -37,8 +37,13 @@ Status matchBatchShape(ModelFile& model, const std::string& path) {
     int64_t unit = 128 * c.tp;
     gpt.paddedVocab = (std::max(gpt.vocab, gpt.resolvedPaddedVocab()) + unit - 1) / unit * unit;
   }
+  // The rebuilt graph is the step of one micro batch over all dp ranks (data-parallel splits it later):
+  // as a config on its own that is dp 1 with one micro batch per step, or the batch check would ask for
+  // a global batch of micro x dp x dp.
   TrainConfig bc = c;
   bc.microBatch = batch;
+  bc.globalBatch = batch;
+  bc.dp = 1;
   TPC_ASSIGN(ModelFile rebuilt, buildGpt(gpt, bc));
   model.forward = std::move(rebuilt.forward);
   return {};
@@ -55,7 +60,7 @@ std::string standardPipeline(const ModelFile& model, int64_t accum, std::optiona
   // "auto" means fp32 here; `tpc run` resolves it to bf16 when it trains on the GPU.
   if (c.precision == "bf16") pre += "mixed-precision(dtype=bf16),";
   if (c.precision == "fp16") pre += "mixed-precision(dtype=f16),";
-  if (c.dp > 1) post += cat(",data-parallel(dp=", c.dp, ")");
+  if (c.dp > 1) post += cat(",data-parallel(dp=", c.dp, c.distributedOptimizer ? ", zero1=true" : "", ")");
   if (partitionRank && (c.tp > 1 || c.dp > 1 || c.sp)) post += cat(",partition(rank=", *partitionRank, ")");
   return pre + cat("autodiff(loss=", model.lossOutput, ", accum=", accum, ", clip-grad=", formatFloat(c.clipGrad),
              ", beta1=", formatFloat(c.beta1), ", beta2=", formatFloat(c.beta2), ", eps=", formatFloat(c.eps),

@@ -2,6 +2,7 @@
 // (the forward graph with no --after). Takes the same training flags as `tpc run`; with --tp/--dp it prints
 // one rank's partitioned program (--rank), its Graphviz form (--format=dot) or its collectives (--summary).
 #include <algorithm>
+#include <cstdio>
 #include <iostream>
 #include <map>
 
@@ -33,6 +34,34 @@ std::string collectiveSummary(const Graph& g) {
   if (kinds.empty()) s += "  none\n";
   for (const auto& [k, v] : kinds) s += cat("  ", k, ": ", v.first, " ops, ", v.second, " bytes\n");
   s += cat("  total: ", total, " bytes\n");
+  // Under ZeRO-1 (--use-distributed-optimizer): the AdamW moments this rank holds against the whole model's
+  // (1/dp, times 1/tp for tp-split params), and the tensors whose moments stay replicated over dp.
+  int64_t local = 0, global = 0;
+  std::vector<std::string> dpReplicated;
+  bool dpSplit = false;
+  auto endsWith = [](const std::string& n, const char* suffix) {
+    size_t k = std::char_traits<char>::length(suffix);
+    return n.size() > k && n.compare(n.size() - k, k, suffix) == 0;
+  };
+  for (const Value* p : g.params()) {
+    const std::string& n = p->name();
+    if (!endsWith(n, ".adam_m") && !endsWith(n, ".adam_v")) continue;
+    int64_t whole = p->type().numel();
+    for (const MeshAxis& a : g.mesh().axes)
+      if (p->placement() && p->placement()->get(a.name).isS()) whole *= a.size;
+    local += p->type().numel();
+    global += whole;
+    bool split = p->placement() && p->placement()->get("dp").isS();
+    dpSplit |= split;
+    if (!split && endsWith(n, ".adam_m")) dpReplicated.push_back(n.substr(0, n.size() - 7));
+  }
+  if (global > 0 && dpSplit) {
+    char frac[32];
+    std::snprintf(frac, sizeof frac, "%.2f", double(global) / double(local));
+    s += cat("optimizer state on this rank: ", local * 4, " of ", global * 4, " bytes of f32 moments (1/", frac, ")\n");
+    for (const std::string& n : dpReplicated)
+      s += cat("  moments of ", n, " replicated over dp (no dim that dp divides and tp leaves whole)\n");
+  }
   return s;
 }
 

@@ -59,6 +59,7 @@ void declareTrainingFlags(Flags& flags) {
   for (const StringFlag& f : kStringFlags) flags.value(f.name, f.help);
   flags.value("seed", "random seed (initialization, data order, dropout)");
   flags.toggle("sp", "sequence parallelism (with --tp)");
+  flags.toggle("use-distributed-optimizer", "ZeRO-1: shard the AdamW moments and the update over dp (with --dp)");
   flags.toggle("bf16", "as in Megatron-LM: --precision bf16");
   flags.toggle("fp16", "as in Megatron-LM: --precision fp16");
 }
@@ -84,6 +85,7 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
     config.seed = static_cast<uint64_t>(s);
   }
   if (flags.on("sp")) config.sp = true;
+  if (flags.on("use-distributed-optimizer")) config.distributedOptimizer = true;
   if (flags.on("bf16") && flags.on("fp16")) return makeError("--bf16 and --fp16 exclude each other; give one");
   if (flags.on("bf16")) config.precision = "bf16";
   if (flags.on("fp16")) config.precision = "fp16";

@@ -1,6 +1,8 @@
-// `data-parallel(dp=N)`: splits the batch of every batch input ([..., batch, seq] integer inputs such as
-// %tokens and %targets) over mesh axis dp. Everything else follows from the rules: gradients come out
-// partial over dp and the AdamW update (which needs the param's placement) all-reduces them.
+// `data-parallel(dp=N[, zero1=true])`: splits the batch of every batch input ([..., batch, seq] integer inputs
+// such as %tokens and %targets) over mesh axis dp. Everything else follows from the rules: gradients come out
+// partial over dp and the AdamW update (which needs the param's placement) all-reduces them. zero1=true
+// (ZeRO-1, distributed_optimizer.cpp) splits the AdamW moments over dp instead: reduce_scatter, the update on
+// 1/dp, all_gather.
 #include "passes/builtin_passes.h"
 #include "passes/sharding/sharding.h"
 
@@ -11,7 +13,7 @@ const char* kPolicy = "data-parallel";
 
 class DataParallelPass final : public Pass {
  public:
-  explicit DataParallelPass(int64_t dp) : dp_(dp) {}
+  DataParallelPass(int64_t dp, bool zero1) : dp_(dp), zero1_(zero1) {}
   std::string_view name() const override { return kPolicy; }
   Result<bool> run(Graph& g) override {
     TPC_TRY(ensureMeshAxis(g, "dp", dp_, kPolicy));
@@ -28,11 +30,21 @@ class DataParallelPass final : public Pass {
     if (!any) return makeError(kPolicy, ": the graph has no integer batch input ([batch, seq]) to split over dp");
     for (Value* p : g.params())
       if (p->placement()) TPC_TRY(annotatePlacement(p, "dp", AxisPlacement::replicated(), kPolicy));
+    if (zero1_) {
+      bool optimizer = false;
+      for (Node* n : g.nodes()) optimizer |= n->op() == OpKind::AdamWUpdate;
+      if (!optimizer)
+        return makeError(kPolicy, ": zero1=true shards the AdamW state, but the graph has no adamw_update; run "
+                         "data-parallel after autodiff");
+      TPC_ASSIGN(std::vector<std::string> replicated, shardOptimizerStateOverDp(g, dp_));
+      (void)replicated;  // shown per rank by `tpc dump --summary`
+    }
     return true;
   }
 
  private:
   int64_t dp_;
+  bool zero1_;
 };
 
 const char* kSp = "sequence-parallel";
@@ -127,8 +139,7 @@ Result<std::unique_ptr<Pass>> createDataParallelPass(const PassOptions& o) {
   TPC_ASSIGN(int64_t dp, o.getInt("dp", 0));
   TPC_ASSIGN(bool zero1, o.getBool("zero1", false));
   if (dp < 1) return makeError("pass 'data-parallel': option dp=", dp, " must be >= 1 (e.g. data-parallel(dp=2))");
-  if (zero1) return makeError("pass 'data-parallel': zero1=true is not implemented yet (optimizer state stays replicated over dp)");
-  std::unique_ptr<Pass> p = std::make_unique<DataParallelPass>(dp);
+  std::unique_ptr<Pass> p = std::make_unique<DataParallelPass>(dp, zero1);
   return p;
 }
 std::unique_ptr<Pass> createSequenceParallelPass() { return std::make_unique<SequenceParallelPass>(); }

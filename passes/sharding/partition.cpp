@@ -172,12 +172,22 @@ Result<Value*> Sweep::convert(const Value* v, const Placement& toIn) {
   }
   Value* x = c.local;
   Placement at = c.pl;
-  // P first (reduce), then gathers, then splits: each step keeps the other axes' layout.
-  for (int phase = 0; phase < 3; ++phase)
+  // P first (reduce), then gathers, then splits: each step keeps the other axes' layout. A reduce-scatter
+  // onto a dim that another axis still splits waits until that axis is gathered (it would nest the wrong way
+  // round, e.g. a wpe grad S(0) over tp under sp going to S(0) over dp under ZeRO-1); gathers keep P.
+  auto splitByOther = [&](const std::string& axis, int64_t dim) {
+    for (const MeshAxis& o : mesh_.axes)
+      if (o.name != axis && at.get(o.name).isS() && at.get(o.name).dim == dim) return true;
+    return false;
+  };
+  for (int phase = 0; phase < 4; ++phase)
     for (const MeshAxis& a : mesh_.axes) {
       AP from = at.get(a.name), want = to.get(a.name);
       if (from == want) continue;
-      bool now = phase == 0 ? from.isP() : phase == 1 ? from.isS() : true;
+      bool now = phase == 0   ? from.isP() && !(want.isS() && splitByOther(a.name, want.dim))
+                 : phase == 1 ? from.isS()
+                 : phase == 2 ? from.isP()
+                              : true;
       if (!now) continue;
       TPC_ASSIGN(x, step(x, a.name, from, want, v->shape()));
       at.set(a.name, want);
@@ -524,6 +534,7 @@ Result<std::unique_ptr<Graph>> partitionForRank(const Graph& annotated, int64_t 
   Sweep s(annotated, rank);
   TPC_TRY(s.run());
   std::unique_ptr<Graph> local = std::move(s.local_);
+  foldSlicedEmbeddingGrads(*local);
   // Emitted but unused (e.g. a gather a later rule made unnecessary): drop.
   bool changed = true;
   while (changed) {

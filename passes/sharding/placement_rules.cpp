@@ -310,6 +310,9 @@ Cands optimizer(const Node& n, llvm::ArrayRef<AP> in) {
   if (n.op() == OpKind::AdamWUpdate) {
     AP p = in[0].isP() ? R() : in[0];  // grad, m and v follow the param
     c.push_back(strat({p, p, p, p, R(), R()}, {p, p, p}));
+    // Moments split where the param is not (ZeRO-1 over dp): the update runs on the moments' slice of the
+    // param (a free local slice of a replicated one) and of the grad (reduce-scattered, not all-reduced).
+    if (in[2].isS() && in[2] != in[0]) c.push_back(strat({in[2], in[2], in[2], in[2], R(), R()}, {in[2], in[2], in[2]}));
   } else if (n.op() == OpKind::GlobalNorm) {
     AxisStrategy s;  // sharded grads stay sharded (the partitioner sums their squares per shard group)
     for (const AP& p : in) s.in.push_back(p.isP() ? R() : p);

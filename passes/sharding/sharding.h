@@ -40,7 +40,7 @@ std::vector<int64_t> rankCoords(const Mesh& mesh, int64_t rank);
 
 // Gives every value of `g` a placement from the per-op rules, starting from the placements the policies
 // set on params, inputs and hinted values (unplaced params adopt what their first consumer needs; unplaced
-// inputs are replicated). Folds a padded-vocab `slice` before cross entropy into the loss op first.
+// inputs are replicated; a hint on a node's result constrains only the mesh axes it lists). Folds a padded-vocab `slice` before cross entropy into the loss op first.
 Status propagatePlacements(Graph& g);
 
 // One rank's program of an annotated (propagated) graph: local shapes, rank constants baked in, collectives
@@ -48,9 +48,18 @@ Status propagatePlacements(Graph& g);
 // unsharded state and batches by them).
 Result<std::unique_ptr<Graph>> partitionForRank(const Graph& annotated, int64_t rank);
 
+// slice(embedding_grad(..), axis 0) on a rank's program becomes embedding_grad of those rows only
+// (local_folds.cpp); the dead nodes are left for the caller to drop.
+void foldSlicedEmbeddingGrads(Graph& local);
+
 // Sets `v`'s placement on `axis` for a policy; a different placement already set there by another policy
 // is an error naming the value, the axis and both placements.
 Status annotatePlacement(Value* v, const std::string& axis, AxisPlacement p, const std::string& policy);
+
+// ZeRO-1 over mesh axis dp (distributed_optimizer.cpp): splits every AdamW moment over dp on the first dim
+// its param is not split on and dp divides, and hints the param's gradient to the same placement. Returns
+// the params whose moments stay replicated over dp (no such dim).
+Result<std::vector<std::string>> shardOptimizerStateOverDp(Graph& g, int64_t dp);
 
 // Adds axis `name` of `size` to `g`'s mesh, or checks that an existing one has that size.
 Status ensureMeshAxis(Graph& g, const std::string& name, int64_t size, const std::string& policy);

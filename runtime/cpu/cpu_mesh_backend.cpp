@@ -3,6 +3,7 @@
 #include "runtime/cpu/cpu_mesh_backend.h"
 
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -182,11 +183,25 @@ class CpuMeshBackend final : public Backend {
     const HostTensor& l0 = ranks_[0].state.at(name);
     TPC_ASSIGN(Shape gshape, globalShape(l0.shape(), p->placement(), mesh()));
     HostTensor global(TensorType(l0.dtype(), gshape));
+    std::map<std::vector<int64_t>, size_t> holder;  // block offsets -> the first rank holding that block
     for (size_t r = 0; r < ranks_.size(); ++r) {
       const Value* pr = nullptr;
       for (Value* v : ranks_[r].graph->params())
         if (v->name() == name) pr = v;
-      TPC_TRY(placeIntoGlobal(ranks_[r].state.at(name), pr->placement(), mesh(), static_cast<int64_t>(r), global));
+      const HostTensor& local = ranks_[r].state.at(name);
+      // Ranks holding the same block (replicated over an axis) must agree bit for bit: one rank's copy
+      // drifting from the others' (a replicated param updated from grads that differ) is a sharding bug.
+      TPC_ASSIGN(ShardBlock b, shardBlock(gshape, pr->placement(), mesh(), static_cast<int64_t>(r)));
+      std::vector<int64_t> key(b.offsets.begin(), b.offsets.end());
+      if (auto it = holder.find(key); it != holder.end()) {
+        const HostTensor& first = ranks_[it->second].state.at(name);
+        if (first.bytes() != local.bytes() || std::memcmp(first.raw(), local.raw(), local.bytes()) != 0)
+          return makeError("cpu mesh backend: state %", name, " is replicated between ", cpu::rankName(mesh(), it->second),
+                           " and ", cpu::rankName(mesh(), r), " but their copies differ");
+        continue;
+      }
+      holder[key] = r;
+      TPC_TRY(placeIntoGlobal(local, pr->placement(), mesh(), static_cast<int64_t>(r), global));
     }
     return global;
   }

@@ -489,6 +489,44 @@ graph @state(%x: f32[2] place=[dp:S(0)])
   CHECK(backend->readState("nope").ok() == false);
 }
 
+TEST_CASE("cpu mesh backend: readState refuses a replicated parameter whose copies drifted apart", "[cpu][mesh][backend]") {
+  // Rank 1 updates its copy of the replicated %w differently from rank 0 (what a replicated param updated
+  // from grads that differ between ranks would do); gathering it must not silently take one of the copies.
+  const char* same = R"(
+graph @u(%x: f32[2]) params(%w: f32[2] place=[tp:R]) mesh(tp=2) {
+  %w2 = add(%w, %x) : f32[2]
+  return w=%w2
+}
+)";
+  const char* other = R"(
+graph @u(%x: f32[2]) params(%w: f32[2] place=[tp:R]) mesh(tp=2) {
+  %w2 = sub(%w, %x) : f32[2]
+  return w=%w2
+}
+)";
+  HostTensor x(TensorType(DType::f32, {2}));
+  x.data<float>()[0] = 1.0f;
+  x.data<float>()[1] = 2.0f;
+  TensorMap state{{"w", HostTensor(TensorType(DType::f32, {2}))}};
+  for (bool drift : {false, true}) {
+    std::vector<std::unique_ptr<Graph>> gs;
+    gs.push_back(parse(same));
+    gs.push_back(parse(drift ? other : same));
+    auto backend = createCpuMeshBackend(std::move(gs), CpuOptions{});
+    auto ref = parse(same);
+    REQUIRE(backend->prepare(*ref, state).ok());
+    REQUIRE(backend->step({{"x", x}}, 0).ok());
+    auto w = backend->readState("w");
+    if (!drift) {
+      REQUIRE(w.ok());
+      CHECK(w->data<float>()[1] == 2.0f);
+    } else {
+      REQUIRE_FALSE(w.ok());
+      CHECK(w.error() == "cpu mesh backend: state %w is replicated between rank 0 (tp=0) and rank 1 (tp=1) but their copies differ");
+    }
+  }
+}
+
 TEST_CASE("cpu mesh backend: a failing rank gives one error naming it and the others do not hang", "[cpu][mesh][backend]") {
   // Rank 1's integer division by zero fails before the all_reduce that rank 0 waits in.
   const char* text = R"(

@@ -61,6 +61,7 @@ TEST_CASE("model file: .fb and .json round trips keep the graph and config", "[m
     m.config.dataPath = "data/with \"quotes\" and \\ and \t tab";
     m.config.seed = 18446744073709551615ull;
     m.config.lr = 0.1 + 0.2;  // not exactly representable in 12 digits
+    m.config.distributedOptimizer = dropout > 0;  // use_distributed_optimizer, both values
     for (bool json : {false, true}) {
       std::string file = json ? "gpt.json" : "gpt.fb";
       auto back = loadModelFromBytes(bytesOf(m, json), file);

@@ -69,6 +69,66 @@ TEST_CASE("tpc run: the same seed gives the same losses", "[run][cli]") {
   CHECK(losses(a.out) != losses(c.out));
 }
 
+TEST_CASE("tpc run: dp 2 x tp 2 accepts a global batch of micro x dp and trains like one rank", "[run][cli]") {
+  auto losses = [](const std::string& out) {
+    std::string s;
+    for (size_t p = out.find("| loss "); p != std::string::npos; p = out.find("| loss ", p + 1)) s += out.substr(p, 14) + ";";
+    return s;
+  };
+  const std::string common = " --train-iters 2 --log-interval 1 --seed 3";
+  auto one = test::runCommand(test::tpcBinary() + " run " + tiny() + " --micro-batch-size 8 --global-batch-size 8" + common);
+  INFO(one.out << one.err);
+  REQUIRE(one.exitCode == 0);
+  struct Case {
+    std::string args, batchLine;
+  };
+  const Case cases[] = {
+      {"--dp 2 --tp 2 --micro-batch-size 4 --global-batch-size 8", "micro 4 x accumulation 1 x dp 2 = global 8"},
+      {"--tp 2 --dp 2 --micro-batch-size 2 --global-batch-size 8", "micro 2 x accumulation 2 x dp 2 = global 8"},
+  };
+  for (const Case& c : cases) {
+    auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " " + c.args + common);
+    INFO("tpc run " << c.args << "\n" << r.out << r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK(r.out.find("mesh(dp=2, tp=2)") != std::string::npos);
+    CHECK(r.out.find(c.batchLine) != std::string::npos);
+    CHECK(losses(r.out).size() > 20);
+    CHECK(losses(r.out) == losses(one.out));  // the printed 4 decimals of the loss at both steps
+  }
+}
+
+TEST_CASE("tpc run/dump --use-distributed-optimizer: ZeRO-1 over dp trains like one rank", "[run][cli][zero1]") {
+  auto losses = [](const std::string& out) {
+    std::string s;
+    for (size_t p = out.find("| loss "); p != std::string::npos; p = out.find("| loss ", p + 1)) s += out.substr(p, 14) + ";";
+    return s;
+  };
+  const std::string common = " --train-iters 2 --log-interval 1 --seed 3";
+  auto one = test::runCommand(test::tpcBinary() + " run " + tiny() + " --micro-batch-size 8 --global-batch-size 8" + common);
+  REQUIRE(one.exitCode == 0);
+  // dp 2; dp 2 x tp 2 with sp and 2 accumulated micro batches.
+  for (std::string mesh : {"--dp 2 --micro-batch-size 4", "--dp 2 --tp 2 --sp --micro-batch-size 2"}) {
+    auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " " + mesh +
+                              " --use-distributed-optimizer --global-batch-size 8" + common);
+    INFO(mesh << "\n" << r.out << r.err);
+    REQUIRE(r.exitCode == 0);
+    CHECK(losses(r.out).size() > 20);
+    CHECK(losses(r.out) == losses(one.out));
+  }
+  // The dump's summary shows the reduce_scatter/all_gather pairs and the halved optimizer state.
+  auto zero = test::runCommand(test::tpcBinary() + " dump " + tiny() +
+                               " --dp 2 --use-distributed-optimizer --micro-batch-size 4 --after=partition --summary");
+  auto plain = test::runCommand(test::tpcBinary() + " dump " + tiny() + " --dp 2 --micro-batch-size 4 --after=partition --summary");
+  INFO(zero.out << zero.err << plain.out << plain.err);
+  REQUIRE(zero.exitCode == 0);
+  REQUIRE(plain.exitCode == 0);
+  CHECK(zero.out.find("reduce_scatter(dp): ") != std::string::npos);
+  CHECK(zero.out.find("all_gather(dp): ") != std::string::npos);
+  CHECK(zero.out.find("(1/2.00)") != std::string::npos);
+  CHECK(plain.out.find("reduce_scatter") == std::string::npos);
+  CHECK(plain.out.find("optimizer state") == std::string::npos);
+}
+
 }  // namespace
 }  // namespace tpc
 

@@ -96,11 +96,42 @@ TEST_CASE("sharding: megatron tp=2 has Megatron's all_reduces and local shapes",
     CHECK(param(**g, "wte")->type().str() == "f32[512,64]");
     CHECK(param(**g, "wte.adam_m")->type().str() == "f32[512,64]");
     CHECK(param(**g, "wpe")->type().str() == "f32[16,64]");
-    bool vocabStart = false;
-    for (const Node* n : (*g)->nodes())
+    bool vocabStart = false, gradRows = false;
+    for (const Node* n : (*g)->nodes()) {
       if (n->op() == OpKind::Embedding) vocabStart = n->getInt("vocab_start") == 512;  // rank 1's rows
+      // wte's gradient from the embedding: only the rank's rows, never the whole vocab then a slice.
+      if (n->op() == OpKind::EmbeddingGrad)
+        gradRows = n->getInt("vocab_start") == 512 && n->result()->type().str() == "f32[512,64]";
+      if (n->op() == OpKind::Slice && n->operand(0)->def())
+        CHECK(n->operand(0)->def()->op() != OpKind::EmbeddingGrad);
+    }
     CHECK(vocabStart);
+    CHECK(gradRows);
   }
+}
+
+TEST_CASE("sharding: megatron-tp's [3, D] view of c_attn.bias is still a bias (no weight decay)", "[sharding]") {
+  // The tp step must train the same model as one rank, where c_attn.bias is [3D] and never decayed.
+  auto m = buildGpt(gpt(1), train4x16());
+  REQUIRE(m.ok());
+  PassManager pm;
+  REQUIRE(pm.addPipeline("megatron-tp(tp=2),autodiff(weight-decay=0.1)").ok());
+  REQUIRE(pm.run(*m->forward).ok());
+  int checked = 0;
+  for (const Node* n : m->forward->nodes()) {
+    if (n->op() != OpKind::AdamWUpdate) continue;
+    const std::string& name = n->operand(0)->name();
+    if (name == "h.0.attn.c_attn.bias") {
+      CHECK(n->operand(0)->type().str() == "f32[3,64]");
+      CHECK(n->getFloat("weight_decay") == 0.0);
+      ++checked;
+    }
+    if (name == "h.0.attn.c_attn.weight") {
+      CHECK(n->getFloat("weight_decay") == Approx(0.1));
+      ++checked;
+    }
+  }
+  CHECK(checked == 2);
 }
 
 TEST_CASE("sharding: megatron tp=2 collectives are exactly Megatron's, 4 per layer", "[sharding]") {
@@ -199,11 +230,93 @@ TEST_CASE("sharding: data parallel all-reduces every gradient once over dp", "[s
   CHECK(tokens->type().str() == "i32[2,16]");
 }
 
+TEST_CASE("sharding: ZeRO-1 reduce-scatters every gradient, all-gathers every param, holds 1/dp of the moments",
+          "[sharding][zero1]") {
+  auto g = sharded(1, "", ",data-parallel(dp=2, zero1=true)", 1);
+  INFO((g.ok() ? std::string() : g.error()));
+  REQUIRE(g.ok());
+  auto c = collectives(**g);
+  int64_t params = 0, local = 0;
+  for (const Value* p : (*g)->params()) {
+    if (p->name().find(".adam_") == std::string::npos) {
+      ++params;
+      continue;
+    }
+    // Each moment: split over dp on dim 0 or, where dp does not divide it, the next dim; never replicated.
+    INFO(p->name() << " " << p->type().str() << " " << (p->placement() ? p->placement()->str() : "[]"));
+    REQUIRE(p->placement().has_value());
+    CHECK(p->placement()->get("dp").isS());
+    local += p->type().numel();
+  }
+  auto plain = sharded(1, "", ",data-parallel(dp=2)", 1);
+  REQUIRE(plain.ok());
+  int64_t plainLocal = 0;
+  for (const Value* p : (*plain)->params())
+    if (p->name().find(".adam_") != std::string::npos) plainLocal += p->type().numel();
+  CHECK(2 * local == plainLocal);  // exactly 1/dp of the moments
+  CHECK(param(**g, "wte.adam_m")->type().str() == "f32[512,64]");
+  CHECK(param(**g, "wte.adam_v")->type().str() == "f32[512,64]");
+  CHECK(param(**g, "h.0.attn.c_attn.weight.adam_m")->type().str() == "f32[32,192]");
+  CHECK(param(**g, "h.0.ln_1.weight.adam_v")->type().str() == "f32[32]");
+  CHECK(param(**g, "wte")->type().str() == "f32[1024,64]");  // the params themselves stay whole
+  CHECK(c["reduce_scatter(dp,sum)"] == params);  // one per gradient, instead of an all_reduce
+  CHECK(c["all_gather(dp)"] == params);          // one per updated param
+  CHECK(c["all_reduce(dp,sum)"] == 2);           // the loss and global_norm's sum of squares
+  CHECK(c.size() == 3);
+}
+
+TEST_CASE("sharding: ZeRO-1 under dp 2 x tp 4 splits the moments over dp on a dim tp leaves whole",
+          "[sharding][zero1]") {
+  auto g = sharded(2, "megatron-tp(tp=4),", ",data-parallel(dp=2, zero1=true)", 5);
+  INFO((g.ok() ? std::string() : g.error()));
+  REQUIRE(g.ok());
+  const Mesh& mesh = (*g)->mesh();
+  int64_t local = 0, whole = 0, replicatedOverDp = 0;
+  for (const Value* p : (*g)->params()) {
+    if (p->name().find(".adam_") == std::string::npos) continue;
+    int64_t w = p->type().numel();
+    for (const MeshAxis& a : mesh.axes)
+      if (p->placement()->get(a.name).isS()) w *= a.size;
+    local += p->type().numel();
+    whole += w;
+    bool dpSplit = p->placement()->get("dp").isS();
+    bool tpSplit = p->placement()->get("tp").isS();
+    if (dpSplit && tpSplit) CHECK(p->placement()->get("dp").dim != p->placement()->get("tp").dim);
+    // Only the tp-split biases ([3, D/tp] c_attn.bias, [4D/tp] c_fc.bias) have no dim left for dp.
+    bool fallback = p->name().find("c_attn.bias") != std::string::npos || p->name().find("c_fc.bias") != std::string::npos;
+    INFO(p->name() << " " << p->type().str() << " " << p->placement()->str());
+    CHECK(dpSplit == !fallback);
+    CHECK(p->type().numel() * (tpSplit ? 4 : 1) * (dpSplit ? 2 : 1) == w);
+    if (!dpSplit) replicatedOverDp += p->type().numel();
+  }
+  CHECK(param(**g, "wte.adam_m")->type().str() == "f32[256,32]");                  // tp on vocab, dp on hidden
+  CHECK(param(**g, "h.0.attn.c_attn.weight.adam_m")->type().str() == "f32[32,3,16]");  // [D, 3, D]: tp dim 2
+  CHECK(param(**g, "h.0.mlp.c_proj.weight.adam_v")->type().str() == "f32[64,32]");     // tp dim 0, dp dim 1
+  CHECK(param(**g, "h.0.mlp.c_fc.bias.adam_m")->type().str() == "f32[64]");             // replicated over dp
+  // Half of what the same rank holds without ZeRO-1, but for the biases replicated over dp
+  // (2 layers x (3 x 16 + 64) x 2 moments = 448 elements).
+  CHECK(replicatedOverDp == 448);
+  auto plain = sharded(2, "megatron-tp(tp=4),", ",data-parallel(dp=2)", 5);
+  REQUIRE(plain.ok());
+  int64_t plainLocal = 0;
+  for (const Value* p : (*plain)->params())
+    if (p->name().find(".adam_") != std::string::npos) plainLocal += p->type().numel();
+  CHECK(2 * (local - replicatedOverDp) + replicatedOverDp == plainLocal);
+  auto c = collectives(**g);
+  CHECK(c["reduce_scatter(dp,sum)"] > 0);
+  CHECK(c["all_gather(dp)"] == c["reduce_scatter(dp,sum)"]);
+}
+
 TEST_CASE("sharding: user errors name the tensor and the mesh axis", "[sharding]") {
   SECTION("tp does not divide the heads") {
     auto g = sharded(1, "megatron-tp(tp=3),", "", 0);
     REQUIRE_FALSE(g.ok());
     CHECK_THAT(g.error(), Catch::Contains("h.0.attn.c_attn.weight") && Catch::Contains("mesh axis tp"));
+  }
+  SECTION("ZeRO-1 before autodiff") {
+    auto g = sharded(1, "data-parallel(dp=2, zero1=true),", "", 0);
+    REQUIRE_FALSE(g.ok());
+    CHECK_THAT(g.error(), Catch::Contains("zero1") && Catch::Contains("after autodiff"));
   }
   SECTION("dp does not divide the batch") {
     auto g = sharded(1, "", ",data-parallel(dp=3)", 0);

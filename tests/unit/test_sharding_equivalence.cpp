@@ -1,5 +1,5 @@
-// The sharding equivalence tests (issue 5): a 2-layer GPT trained 3 steps under tp in {1,2,4,8}, sp on/off,
-// dp in {1,2}, dp 2 x tp 4, dropout off/on gives the single-rank loss at every step and the single-rank
+// The sharding equivalence tests (issue 5): a 2-layer GPT trained 3 steps under tp in {1,2,4,8} x sp on/off
+// x dp in {1,2} x dropout off/on, in fp64 and fp32, gives the single-rank loss at every step and the single-rank
 // updated parameters (gathered from the shards through readState). Each rank runs its partitioned program
 // on the CPU mesh backend (a thread per rank).
 #include <catch2/catch.hpp>
@@ -21,7 +21,7 @@ namespace {
 
 struct Setup {
   int64_t tp = 1, dp = 1;
-  bool sp = false, dropout = false;
+  bool sp = false, dropout = false, zero1 = false;
 };
 
 GptConfig smallGpt(bool dropout) {
@@ -49,8 +49,13 @@ std::string trainingPasses() { return "autodiff(clip-grad=1.0, weight-decay=0.1)
 
 struct Trace {
   std::vector<double> losses, norms;
-  std::map<std::string, std::vector<float>> params;
+  std::map<std::string, std::vector<double>> params;
 };
+
+std::vector<double> asDoubles(const HostTensor& t) {
+  HostTensor d = t.convertTo(DType::f64);
+  return std::vector<double>(d.data<double>(), d.data<double>() + d.numel());
+}
 
 std::vector<TensorMap> batches(int64_t steps) {
   std::mt19937 rng(7);
@@ -71,8 +76,9 @@ std::vector<TensorMap> batches(int64_t steps) {
 
 // Trains `g` (the global graph; annotated when it has a mesh) for `steps`: on one rank through the CPU
 // backend, or partitioned per rank through the CPU mesh backend. Params come back unsharded via readState.
-Trace train(const Graph& g, int64_t steps, uint64_t seed) {
+Trace train(const Graph& g, int64_t steps, uint64_t seed, bool fp64 = false, float lr = 1e-3f) {
   CpuOptions o;
+  o.fp64 = fp64;
   o.threads = 2;
   o.seed = seed;
   std::unique_ptr<Backend> backend;
@@ -95,18 +101,19 @@ Trace train(const Graph& g, int64_t steps, uint64_t seed) {
   REQUIRE(st.ok());
   Trace trace;
   auto data = batches(steps);
+  for (auto& b : data) b["lr"] = HostTensor::scalarF32(lr);
   for (int64_t s = 0; s < steps; ++s) {
     auto out = backend->step(data[s], s);
     INFO("step " << s << ": " << (out.ok() ? std::string() : out.error()));
     REQUIRE(out.ok());
-    trace.losses.push_back(out->at("loss").data<float>()[0]);
-    trace.norms.push_back(out->at("grad_norm").data<float>()[0]);
+    trace.losses.push_back(asDoubles(out->at("loss"))[0]);
+    trace.norms.push_back(asDoubles(out->at("grad_norm"))[0]);
   }
   for (const Value* p : g.params()) {
     auto t = backend->readState(p->name());
     INFO(p->name() << ": " << (t.ok() ? std::string() : t.error()));
     REQUIRE(t.ok());
-    trace.params[p->name()] = std::vector<float>(t->data<float>(), t->data<float>() + t->numel());
+    trace.params[p->name()] = asDoubles(*t);
   }
   return trace;
 }
@@ -119,7 +126,7 @@ std::unique_ptr<Graph> stepGraph(const Setup& s) {
   if (s.tp > 1 || s.sp) passes += "megatron-tp(tp=" + std::to_string(s.tp) + "),";
   if (s.sp) passes += "sequence-parallel,";
   passes += trainingPasses();
-  if (s.dp > 1) passes += ",data-parallel(dp=" + std::to_string(s.dp) + ")";
+  if (s.dp > 1) passes += ",data-parallel(dp=" + std::to_string(s.dp) + (s.zero1 ? ", zero1=true" : "") + ")";
   PassManager pm;
   Status st = pm.addPipeline(passes);
   INFO((st.ok() ? std::string() : st.error()));
@@ -135,44 +142,86 @@ std::unique_ptr<Graph> stepGraph(const Setup& s) {
   return g;
 }
 
-double relErr(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
+// Per tensor: max |a - b| / max |b| (max-norm relative) and ||a - b||_2 / ||b||_2 (norm-wise relative).
+struct TensorErr {
+  double maxRel = 0, l2Rel = 0;
+};
+TensorErr tensorErr(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0, num2 = 0, den2 = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - b[i]));
-    den = std::max(den, std::abs(double(b[i])));
+    double d = a[i] - b[i];
+    num = std::max(num, std::abs(d));
+    den = std::max(den, std::abs(b[i]));
+    num2 += d * d;
+    den2 += b[i] * b[i];
   }
-  return num / std::max(den, 1e-30);
+  return {num / std::max(den, 1e-300), std::sqrt(num2) / std::max(std::sqrt(den2), 1e-300)};
 }
 
-void checkEquivalent(const Setup& s) {
+struct Worst {
+  double loss = 0, maxRel = 0, l2Rel = 0;
+  double model = 0, moments = 0;  // norm-wise over all parameters as one vector; over all AdamW moments
+  std::string maxName, l2Name;
+};
+
+// Trains one rank and the sharded setup 3 steps each, in fp32 or fp64, and returns the worst errors.
+Worst compare(const Setup& s, bool fp64) {
   const int64_t steps = 3;
-  Trace ref = train(*stepGraph(Setup{1, 1, false, s.dropout}), steps, 99);
-  Trace got = train(*stepGraph(s), steps, 99);
+  Trace ref = train(*stepGraph(Setup{1, 1, false, s.dropout}), steps, 99, fp64);
+  Trace got = train(*stepGraph(s), steps, 99, fp64);
   REQUIRE(got.losses.size() == ref.losses.size());
-  double worstLoss = 0, worstParam = 0;
-  std::string worstName;
+  Worst w;
   for (size_t i = 0; i < ref.losses.size(); ++i) {
-    worstLoss = std::max(worstLoss, std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
-    worstLoss = std::max(worstLoss, std::abs(got.norms[i] - ref.norms[i]) / std::abs(ref.norms[i]));
+    w.loss = std::max(w.loss, std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
+    w.loss = std::max(w.loss, std::abs(got.norms[i] - ref.norms[i]) / std::abs(ref.norms[i]));
   }
+  double diff2[2] = {0, 0}, norm2[2] = {0, 0};
   for (const auto& [name, v] : ref.params) {
     REQUIRE(got.params.count(name));
-    std::vector<float> a = got.params.at(name), b = v;
-    // The key bias (the middle third of c_attn.bias, and its moments) has an identically zero gradient
-    // (softmax is invariant to a per-query constant), so both runs feed AdamW pure rounding noise, which
-    // AdamW normalizes to lr-sized steps of arbitrary sign: not comparable, on one rank or many.
-    if (name.find("c_attn.bias") != std::string::npos)
-      for (size_t i = 64; i < 128; ++i) a[i] = b[i] = 0;
-    double e = relErr(a, b);
-    if (e > worstParam) worstParam = e, worstName = name;
+    std::vector<double> a = got.params.at(name), b = v;
+    REQUIRE(a.size() == b.size());
+    int moment = name.find(".adam_") != std::string::npos ? 1 : 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff2[moment] += (a[i] - b[i]) * (a[i] - b[i]);
+      norm2[moment] += b[i] * b[i];
+    }
+    TensorErr e = tensorErr(a, b);
+    if (e.maxRel > w.maxRel) w.maxRel = e.maxRel, w.maxName = name;
+    if (e.l2Rel > w.l2Rel) w.l2Rel = e.l2Rel, w.l2Name = name;
   }
-  WARN("tp=" << s.tp << " dp=" << s.dp << " sp=" << s.sp << " dropout=" << s.dropout << ": loss/grad-norm rel err "
-             << worstLoss << ", worst param rel err " << worstParam << " (" << worstName << ")");
-  CHECK(worstLoss <= 1e-5);
-  // Measured (3 steps, lr 1e-3): dp 2 within 1e-5; with tp the worst element is 1e-4..3e-4 of the tensor's
-  // max (AdamW divides by sqrt(v), so reordered fp32 sums in near-zero gradient entries move by up to lr).
-  // The issue's 1e-5 target for params under tp is NOT met yet: see the report; this bound guards regressions.
-  CHECK(worstParam <= (s.tp > 1 ? 5e-4 : 1e-5));
+  w.model = std::sqrt(diff2[0] / norm2[0]);
+  w.moments = std::sqrt(diff2[1] / norm2[1]);
+  return w;
+}
+
+// Measured (3 steps, lr 1e-3, AdamW eps 1e-8, every setup below):
+// - fp64: every tensor (params and moments) within 4e-12 of one rank, element-wise (max-norm), nothing left
+//   out. The partitioned step computes the same function; a real error shows up here (the weight decay that
+//   megatron-tp's [3, D] view of c_attn.bias used to get was 1e-4).
+// - fp32: loss and grad norm within 3e-7. All parameters taken as one vector within 1.2e-6 norm-wise
+//   (||a-b|| / ||b||), the AdamW moments within 4e-6: that is how "the updated parameters within 1e-5
+//   relative" is read in fp32. Element-wise they are NOT within 1e-5: a handful of elements per run differ
+//   by up to 1% of an lr step (up to 1.2e-3 of a tensor's max). Those are elements whose gradient is as
+//   small as AdamW's eps (e.g. h.0.mlp.c_fc.weight[5, 253], |g| ~ 1.8e-8 at step 1), where the update
+//   g / (|g| + eps) is linear in g, and g, a sum whose terms cancel, carries the ~1e-7 relative rounding
+//   difference of the activations (row-parallel partial sums are rounded to fp32 before the all_reduce)
+//   as a few percent; and the key third of c_attn.bias, whose gradient is identically zero (softmax is
+//   invariant to a per-query constant), so both runs feed AdamW rounding noise (|g| ~ 1e-12) that it turns
+//   into steps of ~1e-3 lr of arbitrary sign. No reduction order removes that in fp32; fp64 shows the
+//   difference is rounding and nothing else.
+void checkEquivalent(const Setup& s) {
+  Worst f64 = compare(s, true);
+  Worst f32 = compare(s, false);
+  WARN("tp=" << s.tp << " dp=" << s.dp << " sp=" << s.sp << " dropout=" << s.dropout << " zero1=" << s.zero1 << ": fp64 loss/grad-norm "
+             << f64.loss << ", worst tensor max-norm " << f64.maxRel << " (" << f64.maxName << "); fp32 loss/grad-norm "
+             << f32.loss << ", params " << f32.model << " and moments " << f32.moments << " norm-wise; worst tensor "
+             << f32.l2Rel << " norm-wise (" << f32.l2Name << "), " << f32.maxRel << " max-norm (" << f32.maxName << ")");
+  CHECK(f64.loss <= 1e-5);
+  CHECK(f64.maxRel <= 1e-5);
+  CHECK(f64.maxRel <= 1e-9);  // the measured 4e-12 with margin: catches real errors far below 1e-5
+  CHECK(f32.loss <= 1e-5);
+  CHECK(f32.model <= 1e-5);
+  CHECK(f32.moments <= 1e-5);
 }
 
 }  // namespace
@@ -182,17 +231,22 @@ TEST_CASE("sharding equivalence: tp 1, 2, 4, 8 match one rank", "[sharding][equi
     for (int64_t tp : {1, 2, 4, 8}) checkEquivalent(Setup{tp, 1, false, dropout});
 }
 
-TEST_CASE("sharding equivalence: sequence parallel tp 2, 4 match one rank", "[sharding][equivalence]") {
+TEST_CASE("sharding equivalence: sequence parallel tp 1, 2, 4, 8 match one rank", "[sharding][equivalence]") {
   for (bool dropout : {false, true})
-    for (int64_t tp : {2, 4}) checkEquivalent(Setup{tp, 1, true, dropout});
+    for (int64_t tp : {1, 2, 4, 8}) checkEquivalent(Setup{tp, 1, true, dropout});
 }
 
-TEST_CASE("sharding equivalence: dp 2 and dp 2 x tp 4 match one rank", "[sharding][equivalence]") {
-  for (bool dropout : {false, true}) {
-    checkEquivalent(Setup{1, 2, false, dropout});
-    checkEquivalent(Setup{4, 2, false, dropout});
-    checkEquivalent(Setup{4, 2, true, dropout});
-  }
+TEST_CASE("sharding equivalence: dp 2 x tp 1, 2, 4, 8, sp off and on, match one rank", "[sharding][equivalence]") {
+  for (bool dropout : {false, true})
+    for (bool sp : {false, true})
+      for (int64_t tp : {1, 2, 4, 8}) checkEquivalent(Setup{tp, 2, sp, dropout});
+}
+
+TEST_CASE("sharding equivalence: ZeRO-1 (dp 2, zero1) x tp 1, 2, 4, sp off and on, matches one rank",
+          "[sharding][equivalence][zero1]") {
+  for (bool dropout : {false, true})
+    for (bool sp : {false, true})
+      for (int64_t tp : {1, 2, 4}) checkEquivalent(Setup{tp, 2, sp, dropout, true});
 }
 
 }  // namespace tpc
