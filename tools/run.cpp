@@ -2,6 +2,9 @@
 // builds the training step (autodiff), simplifies it, and runs the trainer on the chosen backend.
 #include <sys/stat.h>
 
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "frontend/data_dir.h"
@@ -13,6 +16,7 @@
 #include "runtime/backend_select.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
+#include "runtime/cpu/test_faults.h"
 #include "runtime/param_init.h"
 #include "runtime/trainer.h"
 #include "tools/cli.h"
@@ -69,6 +73,10 @@ int runRun(std::vector<std::string> args) {
   flags.value("backend", "auto | cpu | cuda", "auto")
       .value("threads", "CPU backend threads (0: all cores)", "0")
       .value("log-jsonl", "also write one JSON object per logged step to this file")
+      .value("on-nan", "a step with a NaN/inf loss or gradient norm: stop (fail naming the step and the first "
+                       "non-finite value) | skip (drop its update, log it, go on)", "stop")
+      .value("collective-timeout", "seconds a collective waits for the other ranks before the run fails (--tp/--dp/--sp)",
+             "60")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
   cli::declareTrainingFlags(flags);
   int rc = 0;
@@ -84,6 +92,14 @@ int runRun(std::vector<std::string> args) {
   auto accum = accumulationSteps(config);
   if (!accum) return cli::fail("run", accum.error());
   if (Status s = matchBatchShape(*model, path); !s.ok()) return cli::fail("run", s.error());
+
+  auto onNan = parseOnNonFinite(flags.get("on-nan"));
+  if (!onNan) return cli::fail("run", onNan.error());
+  auto collectiveTimeout = flags.getDouble("collective-timeout");
+  if (!collectiveTimeout) return cli::fail("run", collectiveTimeout.error());
+  if (!(*collectiveTimeout >= 0.001 && *collectiveTimeout <= 86400))
+    return cli::fail("run", cat("--collective-timeout=", flags.get("collective-timeout"),
+                                " is out of range: give seconds in [0.001, 86400]"));
 
   auto backendKind = selectBackend(flags.get("backend"));
   if (!backendKind) return cli::fail("run", backendKind.error());
@@ -129,8 +145,17 @@ int runRun(std::vector<std::string> args) {
   if (!threads) return cli::fail("run", threads.error());
   cpu.threads = static_cast<int>(*threads);
   cpu.seed = config.seed;
+  if (const char* fault = std::getenv("TPC_TEST_FAULT")) {  // tests only (runtime/cpu/test_faults.h)
+    auto faults = cpu::parseTestFaults(fault);
+    if (!faults) return cli::fail("run", faults.error());
+    cpu.faults = *faults;
+  }
+  CpuMeshOptions mesh;
+  mesh.collectiveTimeout = std::chrono::milliseconds(std::llround(*collectiveTimeout * 1000));
   std::unique_ptr<Backend> backend =
-      rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu);
+      rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu, mesh);
+  if (Status s = checkStateFitsInMemory(*step, cpu.fp64 ? 8 : 4, physicalMemoryBytes(), path); !s.ok())
+    return cli::fail("run", s.error());
   TensorMap state;
   int64_t numParams = 0;
   for (const Value* p : model->forward->params()) numParams += p->type().numel();
@@ -156,12 +181,15 @@ int runRun(std::vector<std::string> args) {
   settings.lr.decayIters = config.decayIters > 0 ? config.decayIters : config.trainIters;
   settings.lr.style = config.decayStyle;
   settings.logJsonl = flags.get("log-jsonl");
+  settings.onNonFinite = *onNan;
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
   const auto& losses = report->losses;
-  std::printf("done: %zu steps in %s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)\n", losses.size(),
+  std::printf("done: %zu steps in %s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)", losses.size(),
               formatDuration(report->seconds).c_str(), report->tokensPerSecond, losses.front(), losses.back(),
               100.0 * (1.0 - losses.back() / losses.front()));
+  if (!report->skippedSteps.empty()) std::printf("; %zu non-finite steps skipped", report->skippedSteps.size());
+  std::printf("\n");
   return 0;
 }
 
