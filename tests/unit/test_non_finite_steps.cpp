@@ -192,7 +192,7 @@ class RandomBatches final : public BatchSource {
   std::mt19937 rng_{5};
 };
 
-TEST_CASE("trainer: --on-nan skip drops the step and goes on; stop names the step and the value", "[cpu][nonfinite][trainer]") {
+TEST_CASE("trainer: --on-nan skip drops the step and goes on, stop names the step and the value", "[cpu][nonfinite][trainer]") {
   auto step = stepGraph(1);
   auto [value, index] = firstMatmul(*step);
   CpuFaults faults;
