@@ -3,8 +3,10 @@
 // place ("the runtime updates in place by giving each new value its old buffer", DESIGN.md).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ir/graph.h"
@@ -15,6 +17,23 @@ namespace tpc {
 
 using TensorMap = std::map<std::string, HostTensor>;
 
+// The first value of a step, in execution order, holding a NaN or an infinity (Backend::findFirstNonFinite).
+struct NonFiniteValue {
+  std::string value;    // as the IR printer names it: "%d.wte", "%57"
+  std::string node;     // the producing node as printed ("%57 = matmul(...) : f32[..]"); "input" or "param"
+  int64_t index = -1;   // the node's position in execution order (-1: an input or parameter)
+  int64_t numNodes = 0; // nodes in the step
+  int64_t rank = -1;    // the mesh rank that produced it (-1: a single-rank backend)
+  int64_t element = 0;  // flat index of its first non-finite element
+  double sample = 0;    // that element: nan, inf or -inf
+  std::string describe() const;  // "%57 = matmul(...) : f32[8,64] (node 9 of 120) on rank 1: nan at element 3"
+};
+
+// The names of the scalar outputs a step is judged by: a step is non-finite when either is a NaN or an
+// infinity (a graph without grad_norm is judged by its loss alone).
+inline constexpr const char* kLossOutput = "loss";
+inline constexpr const char* kGradNormOutput = "grad_norm";
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -23,7 +42,21 @@ class Backend {
   virtual Status prepare(const Graph& step, const TensorMap& initialState) = 0;
   // Runs one step. `inputs`: every graph input by name. `stepIndex` keys the dropout RNG.
   // Returns the outputs that do not update a parameter (the loss, the grad norm, ...), by name.
+  //
+  // Non-finite steps (tpc run --on-nan): when the returned "loss" or "grad_norm" is not finite, the step
+  // must leave the state (parameters and optimizer moments) exactly as it was before it, bit for bit, and
+  // still return its outputs. The trainer relies on this both to skip the step (--on-nan skip) and to
+  // re-run it with findFirstNonFinite (--on-nan stop). The CPU backends compute the new state aside and
+  // do not commit it; a backend that updates in place must gate the update on the device (as Megatron
+  // and apex gate on found_inf) or keep what it overwrites. Every rank of a mesh decides alike (both
+  // outputs are replicated), so ranks never diverge.
   virtual Result<TensorMap> step(const TensorMap& inputs, int64_t stepIndex) = 0;
+  // Re-runs a step from the current state (the state a non-finite step left unchanged; same inputs and
+  // stepIndex, so dropout draws the same masks) in a checking mode that tests every value the step reads
+  // or produces, and returns the first one in execution order (over all ranks: the earliest position,
+  // then the lowest rank) that holds a NaN or an infinity; nullopt when every value is finite. It must
+  // not change the state. A backend that cannot check values returns an error saying so (the default).
+  virtual Result<std::optional<NonFiniteValue>> findFirstNonFinite(const TensorMap& inputs, int64_t stepIndex);
   // The current value of a parameter or optimizer-state tensor.
   virtual Result<HostTensor> readState(const std::string& name) const = 0;
   // Device memory this process holds on its accelerator, for the log line; -1 where that means nothing (CPU).
@@ -31,5 +64,9 @@ class Backend {
   // Kernel launches (and library calls) per step; -1 where not counted.
   virtual int64_t launchesPerStep() const { return -1; }
 };
+
+// Whether a step's outputs (from Backend::step) mark it non-finite: its loss or grad_norm is a NaN or an
+// infinity. Outputs missing from `outputs` do not count.
+bool isNonFiniteStep(const TensorMap& outputs);
 
 }  // namespace tpc

@@ -2,7 +2,11 @@
 // any element can be drawn independently of the others.
 #include "runtime/param_init.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 
 #include "ir/assert.h"
 
@@ -46,6 +50,32 @@ HostTensor initParam(const Value& v, uint64_t seed, bool fp64) {
   };
   for (int64_t i = 0, n = out.numel(); i < n; ++i) out.setFromDouble(i, draw(i));
   return out;
+}
+
+Status checkStateFitsInMemory(const Graph& step, int64_t bytesPerFloat, uint64_t limitBytes, const std::string& source) {
+  // Long double: 2^50 elements per tensor times many tensors leaves int64_t.
+  long double total = 0, largest = 0;
+  const Value* big = nullptr;
+  for (const Value* p : step.params()) {
+    long double b = static_cast<long double>(p->type().numel()) *
+                    (isFloat(p->dtype()) ? bytesPerFloat : static_cast<int64_t>(sizeof(int64_t)));
+    total += b;
+    if (b > largest) largest = b, big = p;
+  }
+  if (total <= static_cast<long double>(limitBytes)) return {};
+  auto gib = [](long double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1Lf GiB", b / (1024.0L * 1024 * 1024));
+    return std::string(buf);
+  };
+  return makeError(source, ": error: the parameters and optimizer state need ", gib(total), ", more than this machine's ",
+                   gib(limitBytes), " of memory (the largest, %", big->name(), ", is ", big->type().str(), ": ", gib(largest),
+                   "); make the model smaller");
+}
+
+uint64_t physicalMemoryBytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(size) : UINT64_MAX;
 }
 
 }  // namespace tpc

@@ -5,11 +5,21 @@
 #include <cstdint>
 
 #include "ir/graph.h"
+#include "ir/status.h"
 #include "runtime/host_tensor.h"
 
 namespace tpc {
 
 // A tensor of v's type (f32, or f64 when `fp64`) filled by v's initializer (zeros when it has none).
 HostTensor initParam(const Value& v, uint64_t seed, bool fp64 = false);
+
+// Checked before initParam allocates anything: a model file may declare shapes of up to 2^50 elements,
+// and allocating the state of such a model would abort (std::bad_alloc) or, with overcommit, page in
+// until the OOM killer ends the run. An error when the host state of `step` (every parameter, including
+// the optimizer moments, at `bytesPerFloat` per float element) exceeds `limitBytes`, naming the largest
+// parameter; `source` (the model file) starts the message.
+Status checkStateFitsInMemory(const Graph& step, int64_t bytesPerFloat, uint64_t limitBytes, const std::string& source);
+// This machine's physical memory, for the limit above.
+uint64_t physicalMemoryBytes();
 
 }  // namespace tpc

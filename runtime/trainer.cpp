@@ -18,6 +18,12 @@ std::string formatDuration(double s) {
   return buf;
 }
 
+Result<OnNonFinite> parseOnNonFinite(const std::string& s) {
+  if (s == "stop") return OnNonFinite::Stop;
+  if (s == "skip") return OnNonFinite::Skip;
+  return makeError("--on-nan=", s, " is not a policy (expected stop or skip)");
+}
+
 namespace {
 
 const Value* findInput(const Graph& g, const std::string& name) {
@@ -35,6 +41,19 @@ std::string formatRate(double tokensPerSecond) {
 }
 
 double scalarOf(const HostTensor& t) { return t.numel() == 1 ? t.getAsDouble(0) : NAN; }
+
+// The error for a non-finite step under OnNonFinite::Stop: the step, its loss and norm, and the first
+// non-finite value, found by re-running the step (unchanged state, same inputs) in checking mode.
+Error nonFiniteStepError(Backend& backend, const TensorMap& inputs, int64_t it, double loss, double gradNorm) {
+  std::string first;
+  auto found = backend.findFirstNonFinite(inputs, it);
+  if (!found.ok()) first = cat("the first non-finite value is unknown: ", found.error());
+  else if (!*found) first = "re-run in checking mode, every value of the step was finite (the fault did not repeat)";
+  else first = cat("the first non-finite value of the step is ", (*found)->describe());
+  return makeError("step ", it, ": the loss is ", loss, " and the gradient norm ", gradNorm, "; ", first,
+                   " (diverged: lower --lr, raise --lr-warmup-iters or lower --clip-grad; --on-nan skip drops such "
+                   "steps instead)");
+}
 
 }  // namespace
 
@@ -79,10 +98,20 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     if (lossIt == out.end()) return makeError("the training step has no 'loss' output");
     double loss = scalarOf(lossIt->second);
     double gradNorm = out.count("grad_norm") ? scalarOf(out["grad_norm"]) : NAN;
+    if (isNonFiniteStep(out)) {
+      if (settings.onNonFinite == OnNonFinite::Stop) return nonFiniteStepError(backend, inputs, it, loss, gradNorm);
+      report.skippedSteps.push_back(it);
+      if (settings.console)
+        console << "step " << std::setw(6) << it << "/" << settings.trainIters << " | skipped: loss " << loss
+                << ", grad norm " << gradNorm << " (non-finite; --on-nan skip: parameters and optimizer state kept)"
+                << std::endl;
+      if (jsonl.is_open())
+        jsonl << "{\"step\": " << it << ", \"skipped\": true, \"loss\": null, \"lr\": " << std::setprecision(9) << lr
+              << ", \"grad_norm\": null}\n" << std::flush;
+      ++stepsSinceLog;
+      continue;
+    }
     report.losses.push_back(loss);
-    if (!std::isfinite(loss))
-      return makeError("the loss is ", loss, " at step ", it,
-                       " (diverged: lower --lr, raise --lr-warmup-iters, or check --clip-grad)");
     if (settings.publish) settings.publish({{"step", double(it)}, {"loss", loss}, {"lr", lr}, {"grad_norm", gradNorm}});
     if (settings.evaluate && settings.evalInterval > 0 && (it % settings.evalInterval == 0 || it == settings.trainIters)) {
       auto evalStart = Clock::now();
@@ -145,6 +174,9 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       jsonl.flush();
     }
   }
+  if (report.losses.empty())
+    return makeError("every one of the ", total, " steps had a non-finite loss or gradient norm and was skipped "
+                     "(lower --lr, raise --lr-warmup-iters, or --on-nan stop to find the first non-finite value)");
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report.tokensPerSecond = report.seconds > 0 ? static_cast<double>(total * tokensPerStep) / report.seconds : 0;
   return report;

@@ -22,6 +22,14 @@ class BatchSource {
   virtual Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) = 0;
 };
 
+// What the trainer does with a step whose loss or gradient norm is a NaN or an infinity (tpc run --on-nan).
+// The backend has left the state unchanged either way (backend.h).
+enum class OnNonFinite {
+  Stop,  // fail naming the step and the first non-finite value of the step (Backend::findFirstNonFinite)
+  Skip,  // drop the step's update, log it as skipped, go on with the next batch
+};
+Result<OnNonFinite> parseOnNonFinite(const std::string& s);  // "stop" | "skip"
+
 struct TrainerSettings {
   int64_t trainIters = 100;
   int64_t logInterval = 10;
@@ -42,16 +50,18 @@ struct TrainerSettings {
   std::function<void(const std::map<std::string, double>&)> publish;
   // Called after each step's update, with the iteration just completed (checkpoints hang here).
   std::function<Status(int64_t iteration)> afterStep;
+  OnNonFinite onNonFinite = OnNonFinite::Stop;
 };
 
 struct TrainReport {
-  std::vector<double> losses;  // every step's loss
+  std::vector<double> losses;          // the loss of every step that was applied
+  std::vector<int64_t> skippedSteps;   // steps dropped as non-finite (OnNonFinite::Skip)
   double seconds = 0;
   double tokensPerSecond = 0;
 };
 
 // Runs settings.trainIters steps of `step` (a training-step graph from buildTrainingStep) on `backend`,
-// which must already be prepared with the graph and its initial state.
+// which must already be prepared with the graph and its initial state. Fails when every step was skipped.
 Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data, const TrainerSettings& settings,
                           std::ostream& console);
 

@@ -2,7 +2,9 @@
 // builds the training step (autodiff), simplifies it, and runs the trainer on the chosen backend.
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
@@ -22,6 +24,7 @@
 #include "runtime/metrics_server.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
+#include "runtime/cpu/test_faults.h"
 #ifdef TPC_HAVE_CUDA
 #include "runtime/cuda/cuda_backend.h"
 #endif
@@ -91,9 +94,12 @@ int runRun(std::vector<std::string> args) {
       .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)");
   flags.value("backend", "auto | cpu | cuda", "auto")
       .value("collectives", "CUDA with --tp/--dp: nccl (a GPU per rank) | virtual (all ranks on one GPU) | auto", "auto")
-      .value("collective-timeout", "seconds a step may wait on a collective before it fails naming the rank", "60")
       .value("threads", "CPU backend threads (0: all cores)", "0")
       .value("log-jsonl", "also write one JSON object per logged step to this file")
+      .value("on-nan", "a step with a NaN/inf loss or gradient norm: stop (fail naming the step and the first "
+                       "non-finite value) | skip (drop its update, log it, go on)", "stop")
+      .value("collective-timeout", "seconds a collective waits for the other ranks before the run fails (--tp/--dp/--sp)",
+             "60")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
   cli::declareTrainingFlags(flags);
   cli::declarePipelineFlags(flags);
@@ -140,6 +146,14 @@ int runRun(std::vector<std::string> args) {
       return 0;
     }
   }
+
+  auto onNan = parseOnNonFinite(flags.get("on-nan"));
+  if (!onNan) return cli::fail("run", onNan.error());
+  auto collectiveTimeout = flags.getDouble("collective-timeout");
+  if (!collectiveTimeout) return cli::fail("run", collectiveTimeout.error());
+  if (!(*collectiveTimeout >= 0.001 && *collectiveTimeout <= 86400))
+    return cli::fail("run", cat("--collective-timeout=", flags.get("collective-timeout"),
+                                " is out of range: give seconds in [0.001, 86400]"));
 
   auto backendKind = selectBackend(flags.get("backend"));
   if (!backendKind) return cli::fail("run", backendKind.error());
@@ -206,11 +220,13 @@ int runRun(std::vector<std::string> args) {
   if (!threads) return cli::fail("run", threads.error());
   cpu.threads = static_cast<int>(*threads);
   cpu.seed = config.seed;
-  auto collectiveTimeout = flags.getDouble("collective-timeout");
-  if (!collectiveTimeout || *collectiveTimeout <= 0)
-    return cli::fail("run", "--collective-timeout must be a positive number of seconds, got '" + flags.get("collective-timeout") + "'");
-  CpuMeshOptions meshOptions;
-  meshOptions.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(*collectiveTimeout * 1000));
+  if (const char* fault = std::getenv("TPC_TEST_FAULT")) {  // tests only (runtime/cpu/test_faults.h)
+    auto faults = cpu::parseTestFaults(fault);
+    if (!faults) return cli::fail("run", faults.error());
+    cpu.faults = *faults;
+  }
+  CpuMeshOptions mesh;
+  mesh.collectiveTimeout = std::chrono::milliseconds(std::llround(*collectiveTimeout * 1000));
   std::unique_ptr<Backend> backend;
 #ifdef TPC_HAVE_CUDA
   if (*backendKind == BackendKind::Cuda) {
@@ -222,7 +238,9 @@ int runRun(std::vector<std::string> args) {
   }
 #endif
   if (!backend)
-    backend = rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu, meshOptions);
+    backend = rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu, mesh);
+  if (Status s = checkStateFitsInMemory(*step, cpu.fp64 ? 8 : 4, physicalMemoryBytes(), path); !s.ok())
+    return cli::fail("run", s.error());
   TensorMap state;
   int64_t numParams = 0;
   for (const Value* p : model->forward->params()) numParams += p->type().numel();
@@ -322,6 +340,7 @@ int runRun(std::vector<std::string> args) {
       if (settings.logInterval > 0) std::cout << "saved checkpoint " << saveDir << " iteration " << it << std::endl;
       return {};
     };
+  settings.onNonFinite = *onNan;
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
   if (evaluator && !testBatches)
@@ -336,9 +355,11 @@ int runRun(std::vector<std::string> args) {
                                                       << ", \"test_ppl\": " << std::exp(*test) << "}\n";
   }
   const auto& losses = report->losses;
-  std::printf("done: %zu steps in %s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)\n", losses.size(),
+  std::printf("done: %zu steps in %s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)", losses.size(),
               formatDuration(report->seconds).c_str(), report->tokensPerSecond, losses.front(), losses.back(),
               100.0 * (1.0 - losses.back() / losses.front()));
+  if (!report->skippedSteps.empty()) std::printf("; %zu non-finite steps skipped", report->skippedSteps.size());
+  std::printf("\n");
   if (backend->launchesPerStep() >= 0)
     std::printf("  GPU: %lld kernel launches and library calls per step, replayed as one CUDA graph; %.2f GiB of GPU memory in use\n",
                 static_cast<long long>(backend->launchesPerStep()),

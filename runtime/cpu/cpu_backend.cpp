@@ -19,7 +19,7 @@ Status CpuBackend::prepare(const Graph& step, const TensorMap& initialState) {
   return {};
 }
 
-Result<TensorMap> CpuBackend::step(const TensorMap& inputs, int64_t stepIndex) {
+Result<std::vector<HostTensor>> CpuBackend::run(const TensorMap& inputs, int64_t stepIndex) {
   if (!exec_) return makeError("cpu backend: step() before prepare()");
   std::vector<const HostTensor*> in, params;
   std::vector<HostTensor> converted;
@@ -36,15 +36,31 @@ Result<TensorMap> CpuBackend::step(const TensorMap& inputs, int64_t stepIndex) {
     }
   }
   for (Value* p : graph_->params()) params.push_back(&state_.at(p->name()));
-  TPC_ASSIGN(std::vector<HostTensor> outs, exec_->run(in, params, stepIndex));
+  return exec_->run(in, params, stepIndex);
+}
+
+Result<TensorMap> CpuBackend::step(const TensorMap& inputs, int64_t stepIndex) {
+  TPC_ASSIGN(std::vector<HostTensor> outs, run(inputs, stepIndex));
   TensorMap result;
+  std::vector<size_t> updates;
   for (size_t i = 0; i < outs.size(); ++i) {
     std::string name = graph_->outputName(i);
-    auto it = state_.find(name);
-    if (it != state_.end()) it->second = std::move(outs[i]);
+    if (state_.count(name)) updates.push_back(i);
     else result[name] = std::move(outs[i]);
   }
+  // A non-finite step leaves the state as it was (backend.h).
+  if (isNonFiniteStep(result)) return result;
+  for (size_t i : updates) state_[graph_->outputName(i)] = std::move(outs[i]);
   return result;
+}
+
+Result<std::optional<NonFiniteValue>> CpuBackend::findFirstNonFinite(const TensorMap& inputs, int64_t stepIndex) {
+  if (!exec_) return makeError("cpu backend: findFirstNonFinite() before prepare()");
+  exec_->setFiniteCheck(true);
+  auto outs = run(inputs, stepIndex);
+  exec_->setFiniteCheck(false);
+  if (!outs.ok()) return Error{outs.error()};
+  return exec_->firstNonFinite();
 }
 
 Result<HostTensor> CpuBackend::readState(const std::string& name) const {

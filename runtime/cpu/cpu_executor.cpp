@@ -2,8 +2,14 @@
 // last use, then runs the nodes in program order, freeing each buffer right after its last reader.
 #include "runtime/cpu/cpu_executor.h"
 
+#include <chrono>
 #include <climits>
+#include <limits>
+#include <cmath>
 #include <map>
+#include <thread>
+
+#include "ir/printer.h"
 
 #include "runtime/cpu/communicator.h"
 #include "runtime/cpu/kernels.h"
@@ -64,7 +70,21 @@ class Executor final : public CpuExecutor {
     }
     for (const GraphOutput& o : g_.outputs()) outputSlots_.push_back(slotOf(o.value));
     types_.resize(slots_.size());
-    for (auto& [v, s] : slots_) types_[s] = v->type();
+    valueOf_.resize(slots_.size());
+    for (auto& [v, s] : slots_) {
+      types_[s] = v->type();
+      valueOf_[s] = v;
+    }
+    if (!options_.faults.nanValue.empty()) {
+      ValueNames names(g_);
+      for (auto& [v, s] : slots_)
+        if (names(v) == options_.faults.nanValue) nanSlot_ = s;
+      if (nanSlot_ < 0)
+        return makeError("test fault: graph @", g_.name(), " has no value ", options_.faults.nanValue,
+                         " (name it as `tpc dump` prints it, e.g. %d.wte or %57)");
+      if (!isFloat(types_[nanSlot_].dtype))
+        return makeError("test fault: ", options_.faults.nanValue, " is ", types_[nanSlot_].str(), ", not a float value");
+    }
 
     // Last reader of every slot: -1 = none (freed as soon as it exists), INT_MAX = an output (kept).
     std::vector<int> last(slots_.size(), -1);
@@ -92,11 +112,27 @@ class Executor final : public CpuExecutor {
     live_ = peak_ = 0;
     for (size_t k = 0; k < inputs.size(); ++k) TPC_TRY(load(g_.inputs()[k], inputSlots_[k], inputs[k], "input"));
     for (size_t k = 0; k < params.size(); ++k) TPC_TRY(load(g_.params()[k], paramSlots_[k], params[k], "param"));
+    const bool faultStep = options_.faults.step == step;
+    first_.reset();
+    if (faultStep && nanSlot_ >= 0 && bufs_[nanSlot_]) injectNan(*bufs_[nanSlot_]);
+    if (check_) {
+      for (size_t k = 0; k < inputs.size(); ++k) checkFinite(inputSlots_[k], -1, "input");
+      for (size_t k = 0; k < params.size(); ++k) checkFinite(paramSlots_[k], -1, "param");
+    }
     for (int s : freeAtStart_) release(s);
 
+    auto fail = [&](const std::string& error) -> Error {
+      for (size_t s = 0; s < bufs_.size(); ++s) release(static_cast<int>(s));
+      bufs_.clear();
+      return Error{error};
+    };
     comm_->setStep(step);
     RunContext ctx{pool_, *comm_, options_.seed, step};
-    for (const Step& st : steps_) {
+    for (size_t k = 0; k < steps_.size(); ++k) {
+      const Step& st = steps_[k];
+      if (faultStep && options_.faults.stallRank == comm_->rank() && st.node->has(traits::Collective)) {
+        return fail(stall());
+      }
       KernelArgs<T> args{*st.node, {}, {}, ctx};
       for (int s : st.in) args.in.push_back(bufs_[s].get());
       for (int s : st.out) {
@@ -104,12 +140,12 @@ class Executor final : public CpuExecutor {
         args.out.push_back(bufs_[s].get());
       }
       Status status = st.fn(args);
-      if (!status.ok()) {
-        for (size_t s = 0; s < bufs_.size(); ++s) release(static_cast<int>(s));
-        bufs_.clear();
-        return Error{status.error()};
+      if (!status.ok()) return fail(status.error());
+      for (int s : st.out) {
+        roundToDType(*bufs_[s]);
+        if (faultStep && s == nanSlot_) injectNan(*bufs_[s]);
+        if (check_) checkFinite(s, static_cast<int64_t>(k), nullptr);
       }
-      for (int s : st.out) roundToDType(*bufs_[s]);
       for (int s : st.freeAfter) release(s);
     }
 
@@ -121,6 +157,9 @@ class Executor final : public CpuExecutor {
     return out;
   }
 
+  void setFiniteCheck(bool on) override { check_ = on; }
+  const std::optional<NonFiniteValue>& firstNonFinite() const override { return first_; }
+
   int64_t peakLiveBytes() const override { return peak_; }
 
  private:
@@ -129,6 +168,41 @@ class Executor final : public CpuExecutor {
     Kernel<T> fn;
     std::vector<int> in, out, freeAfter;
   };
+
+  // Keeps the first non-finite value (checking mode): `index` is the node's position, -1 for an input
+  // or parameter (`what`).
+  void checkFinite(int s, int64_t index, const char* what) {
+    if (first_ || !bufs_[s] || !bufs_[s]->isFloatBuf()) return;
+    const std::vector<T>& f = bufs_[s]->f;
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (std::isfinite(f[i])) continue;
+      ValueNames names(g_);
+      NonFiniteValue nf;
+      nf.value = names(valueOf_[s]);
+      nf.node = index < 0 ? std::string(what) : printNode(*steps_[index].node, names);
+      nf.index = index;
+      nf.numNodes = static_cast<int64_t>(steps_.size());
+      nf.element = static_cast<int64_t>(i);
+      nf.sample = static_cast<double>(f[i]);
+      first_ = std::move(nf);
+      return;
+    }
+  }
+
+  // The stall fault: wait, as a stuck rank would, until the other ranks give up on us and abort the mesh.
+  // Bounded so that a broken timeout still ends the test (as a failure, not a hang).
+  std::string stall() {
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+    while (!comm_->abortReason()) {
+      if (std::chrono::steady_clock::now() > limit)
+        return cat("rank ", comm_->rank(), ": stalled by a test fault for 10 minutes, and no collective timed out");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return cat("rank ", comm_->rank(), ": stalled by a test fault before its first collective of the step");
+  }
+  static void injectNan(Buf<T>& b) {
+    if (!b.f.empty()) b.f[0] = std::numeric_limits<T>::quiet_NaN();
+  }
 
   // Storage is recycled within and across runs: large fresh allocations are mmap'd by malloc and every
   // page then faults on first touch, which costs more than the kernels themselves on small models.
@@ -202,6 +276,10 @@ class Executor final : public CpuExecutor {
   std::shared_ptr<Communicator> comm_;
   llvm::DenseMap<const Value*, int> slots_;
   std::vector<TensorType> types_;
+  std::vector<const Value*> valueOf_;
+  int nanSlot_ = -1;
+  bool check_ = false;
+  std::optional<NonFiniteValue> first_;
   std::vector<Step> steps_;
   std::vector<int> inputSlots_, paramSlots_, outputSlots_, freeAtStart_;
   std::vector<std::unique_ptr<Buf<T>>> bufs_;

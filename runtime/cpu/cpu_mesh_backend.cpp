@@ -98,6 +98,61 @@ class CpuMeshBackend final : public Backend {
   }
 
   Result<TensorMap> step(const TensorMap& inputs, int64_t stepIndex) override {
+    TPC_ASSIGN(std::vector<std::vector<HostTensor>> outs, runRanks(inputs, stepIndex));
+    TensorMap result;
+    std::vector<size_t> updates;
+    size_t n = ranks_.size();
+    const Graph& g0 = *ranks_[0].graph;
+    for (size_t i = 0; i < g0.outputs().size(); ++i) {
+      std::string name = g0.outputName(i);
+      if (ranks_[0].state.count(name)) {
+        updates.push_back(i);
+        continue;
+      }
+      const Value* v = g0.outputs()[i].value;
+      if (v->placement())
+        for (const MeshAxis& a : mesh().axes)
+          if (!v->placement()->get(a.name).isR())
+            return makeError("cpu mesh backend: output %", name, " is ", v->placement()->str(),
+                             ": only replicated outputs (R on every mesh axis) can be returned; all_reduce or "
+                             "all_gather it in the graph");
+      if (meshOptions_.checkReplicatedOutputs)
+        for (size_t r = 1; r < n; ++r) {
+          const HostTensor &a = outs[0][i], &b = outs[r][i];
+          if (a.type() != b.type() || a.bytes() != b.bytes() || std::memcmp(a.raw(), b.raw(), a.bytes()) != 0)
+            return makeError("cpu mesh backend: replicated output %", name, " differs between ",
+                             cpu::rankName(mesh(), 0), " and ", cpu::rankName(mesh(), r), " at step ", stepIndex,
+                             " (the per-rank graphs are inconsistent)");
+        }
+      result[name] = std::move(outs[0][i]);
+    }
+    // A non-finite step leaves every rank's state as it was (backend.h); loss and grad_norm are replicated,
+    // so rank 0's outputs decide for all.
+    if (isNonFiniteStep(result)) return result;
+    for (size_t i : updates)
+      for (size_t r = 0; r < n; ++r) ranks_[r].state[g0.outputName(i)] = std::move(outs[r][i]);
+    return result;
+  }
+
+  Result<std::optional<NonFiniteValue>> findFirstNonFinite(const TensorMap& inputs, int64_t stepIndex) override {
+    if (!prepared_) return makeError("cpu mesh backend: findFirstNonFinite() before a successful prepare()");
+    for (Rank& rk : ranks_) rk.exec->setFiniteCheck(true);
+    auto outs = runRanks(inputs, stepIndex);
+    for (Rank& rk : ranks_) rk.exec->setFiniteCheck(false);
+    if (!outs.ok()) return Error{outs.error()};
+    // The earliest in execution order, then the lowest rank.
+    std::optional<NonFiniteValue> first;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      std::optional<NonFiniteValue> f = ranks_[r].exec->firstNonFinite();
+      if (!f) continue;
+      f->rank = static_cast<int64_t>(r);
+      if (!first || f->index < first->index) first = std::move(f);
+    }
+    return first;
+  }
+
+  // Runs the step on every rank (a thread each) and returns every rank's outputs; commits nothing.
+  Result<std::vector<std::vector<HostTensor>>> runRanks(const TensorMap& inputs, int64_t stepIndex) {
     if (!prepared_) return makeError("cpu mesh backend: step() before a successful prepare()");
     DType floatType = options_.fp64 ? DType::f64 : DType::f32;
     size_t n = ranks_.size();
@@ -145,33 +200,9 @@ class CpuMeshBackend final : public Backend {
     }
     for (size_t r = 0; r < n; ++r)
       if (!errors[r].empty()) return Error{errors[r]};
-
-    TensorMap result;
-    const Graph& g0 = *ranks_[0].graph;
-    for (size_t i = 0; i < g0.outputs().size(); ++i) {
-      std::string name = g0.outputName(i);
-      if (ranks_[0].state.count(name)) {
-        for (size_t r = 0; r < n; ++r) ranks_[r].state[name] = std::move((*outs[r])[i]);
-        continue;
-      }
-      const Value* v = g0.outputs()[i].value;
-      if (v->placement())
-        for (const MeshAxis& a : mesh().axes)
-          if (!v->placement()->get(a.name).isR())
-            return makeError("cpu mesh backend: output %", name, " is ", v->placement()->str(),
-                             ": only replicated outputs (R on every mesh axis) can be returned; all_reduce or "
-                             "all_gather it in the graph");
-      if (meshOptions_.checkReplicatedOutputs)
-        for (size_t r = 1; r < n; ++r) {
-          const HostTensor &a = (*outs[0])[i], &b = (*outs[r])[i];
-          if (a.type() != b.type() || a.bytes() != b.bytes() || std::memcmp(a.raw(), b.raw(), a.bytes()) != 0)
-            return makeError("cpu mesh backend: replicated output %", name, " differs between ",
-                             cpu::rankName(mesh(), 0), " and ", cpu::rankName(mesh(), r), " at step ", stepIndex,
-                             " (the per-rank graphs are inconsistent)");
-        }
-      result[name] = std::move((*outs[0])[i]);
-    }
-    return result;
+    std::vector<std::vector<HostTensor>> all;
+    for (auto& o : outs) all.push_back(std::move(*o));
+    return all;
   }
 
   Result<HostTensor> readState(const std::string& name) const override {

@@ -164,4 +164,8 @@ struct ShardIndex {
 // Grain (elements per chunk) below which elementwise work is not worth a second thread.
 constexpr int64_t kElementwiseGrain = 1 << 15;
 
+// How many partial sums a parallel reduction over n elements adds up (in chunk order): a function of n
+// alone, so that results are bit-identical whatever the thread count (README, "Determinism").
+inline int64_t fixedChunks(int64_t n) { return std::clamp<int64_t>(n / kElementwiseGrain, 1, 64); }
+
 }  // namespace tpc::cpu

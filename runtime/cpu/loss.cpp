@@ -88,7 +88,10 @@ Status kernelVocabMax(KernelArgs<T>& a) {
   const Buf<T>& L = a.operand(0);
   int64_t Vl = L.shape().back(), rows = a.result().numel(), C = ownClasses(a.node, Vl);
   for (int64_t r = 0; r < rows; ++r) {
-    double m = -std::numeric_limits<double>::infinity();
+    // A rank whose columns are all vocab padding has no classes: its max is the lowest finite T, not -inf,
+    // so that every value of a healthy step is finite (Backend::findFirstNonFinite looks for the first that
+    // is not); the all_reduce(max) over the ranks that follows never picks it.
+    double m = -static_cast<double>(std::numeric_limits<T>::max());
     for (int64_t j = 0; j < C; ++j) m = std::max(m, static_cast<double>(L.f[r * Vl + j]));
     a.result().f[r] = static_cast<T>(m);
   }

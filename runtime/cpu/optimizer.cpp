@@ -10,7 +10,7 @@ double sumOfSquares(KernelArgs<T>& a) {
   double sum = 0;
   for (const Buf<T>* x : a.in) {
     int64_t n = x->numel();
-    int64_t chunks = n >= 2 * kElementwiseGrain ? a.ctx.pool.size() : 1;
+    int64_t chunks = fixedChunks(n);  // not the pool size: the sum must not depend on --threads
     std::vector<double> part(static_cast<size_t>(chunks), 0.0);
     a.ctx.pool.parallelFor(chunks, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {

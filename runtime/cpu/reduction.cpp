@@ -27,7 +27,7 @@ void reduceInto(const E* x, const Shape& inShape, const std::vector<bool>& reduc
   int64_t n = 1;
   for (int64_t d : inShape) n *= d;
   double init = kind == Red::Max ? -std::numeric_limits<double>::infinity() : 0.0;
-  int64_t chunks = n >= 2 * kElementwiseGrain ? pool.size() : 1;
+  int64_t chunks = fixedChunks(n);  // not the pool size: the sum must not depend on --threads
   std::vector<std::vector<double>> partial(static_cast<size_t>(chunks));
   pool.parallelFor(chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {

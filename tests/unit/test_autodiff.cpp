@@ -710,7 +710,7 @@ TEST_CASE("autodiff: collective VJPs (all_reduce -> all_reduce, all_gather <-> r
   CHECK_THAT(bad.error(), Catch::Contains("all_reduce") && Catch::Contains("op=sum"));
 }
 
-TEST_CASE("autodiff: errors name the op; unused and integer values", "[autodiff]") {
+TEST_CASE("autodiff: errors name the op, unused and integer values", "[autodiff]") {
   auto g = parse(R"(graph @t(%x: f32[3,4], %u: f32[2], %i: i32[3]) {
     %m = reduce_max(%x) {axes=[1]} : f32[3]
     %l = reduce_sum(%m) {axes=[0]} : f32[]

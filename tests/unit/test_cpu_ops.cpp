@@ -390,7 +390,7 @@ TEST_CASE("cpu: reductions over axes with keepdims, and full", "[cpu]") {
   CHECK(values(out[0]) == std::vector<double>(6, 1.5));
 }
 
-TEST_CASE("cpu: collectives are the identity over an axis of size 1; a single-rank executor refuses larger ones", "[cpu]") {
+TEST_CASE("cpu: collectives are the identity over an axis of size 1, a single-rank executor refuses larger ones", "[cpu]") {
   std::mt19937 rng(10);
   HostTensor x = randomTensor(f32({4, 6}), rng, false);
   for (OpKind op : {OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter}) {

@@ -156,7 +156,7 @@ TEST_CASE("cpu: the GPT block runs end to end with a loss near ln(vocab)", "[cpu
   CHECK(std::abs(loss[0] - loss[1]) < 1e-5);  // fp32 agrees with fp64
 }
 
-TEST_CASE("cpu backend: outputs named like a parameter replace it; others are returned", "[cpu][backend]") {
+TEST_CASE("cpu backend: outputs named like a parameter replace it, others are returned", "[cpu][backend]") {
   Graph g("step");
   Value* w = g.addParam("w", f32({3}));
   Value* x = g.addInput("x", f32({3}));

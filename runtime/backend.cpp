@@ -1,0 +1,31 @@
+// The parts of the Backend contract that every backend shares: judging a step non-finite, describing the
+// first non-finite value, and the answer of a backend that cannot look for it.
+#include "runtime/backend.h"
+
+#include <cmath>
+
+namespace tpc {
+
+std::string NonFiniteValue::describe() const {
+  std::string where = index < 0 ? cat(node, " ", value) : cat(node, " (node ", index + 1, " of ", numNodes, ")");
+  std::string sampleStr = std::isnan(sample) ? "nan" : sample > 0 ? "inf" : "-inf";
+  return cat(where, rank >= 0 ? cat(" on rank ", rank) : std::string(), ": ", sampleStr, " at element ", element);
+}
+
+Result<std::optional<NonFiniteValue>> Backend::findFirstNonFinite(const TensorMap&, int64_t) {
+  return makeError("backend ", name(), " cannot re-run a step in checking mode to find its first non-finite value");
+}
+
+bool isNonFiniteStep(const TensorMap& outputs) {
+  for (const char* name : {kLossOutput, kGradNormOutput}) {
+    auto it = outputs.find(name);
+    if (it == outputs.end()) continue;
+    const HostTensor& t = it->second;
+    if (!isFloat(t.dtype())) continue;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (!std::isfinite(t.getAsDouble(i))) return true;
+  }
+  return false;
+}
+
+}  // namespace tpc

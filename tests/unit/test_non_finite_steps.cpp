@@ -1,0 +1,280 @@
+// Non-finite steps (tpc run --on-nan, backend.h): a step whose loss or gradient norm is a NaN leaves the
+// state bit for bit as it was, on one rank and on a mesh; re-run in checking mode it names the first
+// non-finite value in execution order; the trainer skips it or stops naming the step and that value.
+// The NaN is injected into one value of the step with the executor's test-only faults (CpuFaults).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "ir/printer.h"
+#include "models/gpt.h"
+#include "passes/pipeline.h"
+#include "passes/sharding/sharding.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/cpu_mesh_backend.h"
+#include "runtime/cpu/test_faults.h"
+#include "runtime/param_init.h"
+#include "runtime/trainer.h"
+
+namespace tpc {
+namespace {
+
+// A 1-layer GPT training step (autodiff + clipping + AdamW), annotated for tp when tp > 1.
+std::unique_ptr<Graph> stepGraph(int64_t tp) {
+  GptConfig g;
+  g.layers = 1;
+  g.hidden = 32;
+  g.heads = 2;
+  g.vocab = 64;
+  g.paddedVocab = 256;
+  g.positions = 8;
+  TrainConfig c;
+  c.microBatch = 2;
+  c.globalBatch = 2;
+  c.seqLength = 8;
+  auto m = buildGpt(g, c);
+  REQUIRE(m.ok());
+  std::unique_ptr<Graph> step = std::move(m->forward);
+  PassManager pm;
+  std::string passes = (tp > 1 ? "megatron-tp(tp=" + std::to_string(tp) + ")," : std::string()) +
+                       "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce";
+  REQUIRE(pm.addPipeline(passes).ok());
+  Status st = pm.run(*step);
+  INFO((st.ok() ? std::string() : st.error()));
+  REQUIRE(st.ok());
+  if (tp > 1) REQUIRE(propagatePlacements(*step).ok());
+  return step;
+}
+
+std::unique_ptr<Backend> makeBackend(const Graph& step, CpuFaults faults) {
+  CpuOptions o;
+  o.threads = 1;
+  o.faults = std::move(faults);
+  std::unique_ptr<Backend> b;
+  if (step.mesh().empty()) {
+    b = createCpuBackend(o);
+  } else {
+    std::vector<std::unique_ptr<Graph>> ranks;
+    for (int64_t r = 0; r < step.mesh().numRanks(); ++r) {
+      auto l = partitionForRank(step, r);
+      REQUIRE(l.ok());
+      ranks.push_back(std::move(*l));
+    }
+    b = createCpuMeshBackend(std::move(ranks), o);
+  }
+  TensorMap state;
+  for (const Value* p : step.params()) state[p->name()] = initParam(*p, 3);
+  Status st = b->prepare(step, state);
+  INFO((st.ok() ? std::string() : st.error()));
+  REQUIRE(st.ok());
+  return b;
+}
+
+TensorMap batch(int64_t stepIndex) {
+  std::mt19937 rng(static_cast<unsigned>(stepIndex));
+  TensorMap m;
+  for (const char* name : {"tokens", "targets"}) {
+    HostTensor t(TensorType(DType::i32, {2, 8}));
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % 64);
+    m[name] = t;
+  }
+  m["lr"] = HostTensor::scalarF32(1e-2f);
+  m["step"] = HostTensor::scalarF32(static_cast<float>(stepIndex));
+  return m;
+}
+
+// Every state tensor (parameters and Adam moments), as bytes.
+std::map<std::string, std::string> snapshot(const Backend& b, const Graph& step) {
+  std::map<std::string, std::string> s;
+  for (const Value* p : step.params()) {
+    auto t = b.readState(p->name());
+    REQUIRE(t.ok());
+    s[p->name()] = std::string(reinterpret_cast<const char*>(t->raw()), t->bytes());
+  }
+  return s;
+}
+
+// The first matmul of the forward pass: its result is where the test puts the NaN.
+std::pair<std::string, int64_t> firstMatmul(const Graph& g) {
+  ValueNames names(g);
+  int64_t index = 0;
+  for (const Node* n : g.nodes()) {
+    if (n->op() == OpKind::Matmul) return {names(n->result()), index};
+    ++index;
+  }
+  FAIL("no matmul in the step");
+  return {};
+}
+
+bool finiteScalar(const TensorMap& out, const char* name) { return std::isfinite(out.at(name).getAsDouble(0)); }
+
+TEST_CASE("non-finite step: the state is kept and checking mode names the injected value", "[cpu][nonfinite]") {
+  auto step = stepGraph(1);
+  auto [value, index] = firstMatmul(*step);
+  CpuFaults faults;
+  faults.step = 2;
+  faults.nanValue = value;
+  auto b = makeBackend(*step, faults);
+
+  auto before = snapshot(*b, *step);
+  auto out1 = b->step(batch(1), 1);
+  REQUIRE(out1.ok());
+  CHECK(finiteScalar(*out1, "loss"));
+  auto after1 = snapshot(*b, *step);
+  CHECK(after1 != before);  // a finite step updates the state
+  auto clean = b->findFirstNonFinite(batch(1), 1);
+  REQUIRE(clean.ok());
+  CHECK(!clean->has_value());
+
+  auto out2 = b->step(batch(2), 2);
+  REQUIRE(out2.ok());
+  CHECK(!finiteScalar(*out2, "loss"));
+  CHECK(isNonFiniteStep(*out2));
+  CHECK(snapshot(*b, *step) == after1);  // parameters and Adam moments untouched, bit for bit
+
+  auto first = b->findFirstNonFinite(batch(2), 2);
+  REQUIRE(first.ok());
+  REQUIRE(first->has_value());
+  const NonFiniteValue& f = **first;
+  CHECK(f.value == value);
+  CHECK(f.index == index);
+  CHECK(f.rank == -1);
+  CHECK(f.element == 0);
+  CHECK(std::isnan(f.sample));
+  CHECK(f.node.rfind(value + " = matmul(", 0) == 0);
+  CHECK(f.describe().find("(node " + std::to_string(index + 1) + " of ") != std::string::npos);
+  CHECK(snapshot(*b, *step) == after1);  // checking mode commits nothing either
+
+  auto out3 = b->step(batch(3), 3);
+  REQUIRE(out3.ok());
+  CHECK(finiteScalar(*out3, "loss"));
+  CHECK(snapshot(*b, *step) != after1);
+}
+
+TEST_CASE("non-finite step: a mesh keeps every rank's state and names the rank", "[cpu][nonfinite][mesh]") {
+  auto step = stepGraph(2);
+  // A gradient that exists on both ranks under its own name (tp splits it, the name stays).
+  std::string grad = "%d.wpe";
+  CpuFaults faults;
+  faults.step = 2;
+  faults.nanValue = grad;
+  auto b = makeBackend(*step, faults);
+  REQUIRE(b->step(batch(1), 1).ok());
+  auto after1 = snapshot(*b, *step);
+  auto out2 = b->step(batch(2), 2);
+  REQUIRE(out2.ok());
+  CHECK(finiteScalar(*out2, "loss"));  // the forward pass is clean, the gradient is not
+  CHECK(!finiteScalar(*out2, "grad_norm"));
+  CHECK(snapshot(*b, *step) == after1);
+  auto first = b->findFirstNonFinite(batch(2), 2);
+  REQUIRE(first.ok());
+  REQUIRE(first->has_value());
+  CHECK((*first)->value == grad);
+  CHECK((*first)->rank == 0);  // both ranks hold it at the same position: the lowest rank
+  CHECK((*first)->describe().find(" on rank 0: nan at element 0") != std::string::npos);
+}
+
+// Random windows from a fixed generator.
+class RandomBatches final : public BatchSource {
+ public:
+  Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
+    for (int64_t i = 0; i < rows * seq; ++i) {
+      tokens[i] = static_cast<int32_t>(rng_() % 64);
+      targets[i] = static_cast<int32_t>(rng_() % 64);
+    }
+    return {};
+  }
+
+ private:
+  std::mt19937 rng_{5};
+};
+
+TEST_CASE("trainer: --on-nan skip drops the step and goes on, stop names the step and the value", "[cpu][nonfinite][trainer]") {
+  auto step = stepGraph(1);
+  auto [value, index] = firstMatmul(*step);
+  CpuFaults faults;
+  faults.step = 3;
+  faults.nanValue = value;
+  TrainerSettings s;
+  s.trainIters = 5;
+  s.logInterval = 1;
+  s.lr.maxLr = 1e-2;
+  s.lr.minLr = 1e-3;
+  s.lr.warmupIters = 0;
+  s.lr.decayIters = 5;
+
+  SECTION("skip") {
+    auto b = makeBackend(*step, faults);
+    RandomBatches data;
+    s.onNonFinite = OnNonFinite::Skip;
+    std::ostringstream console;
+    auto report = train(*b, *step, data, s, console);
+    INFO(console.str() << (report.ok() ? std::string() : report.error()));
+    REQUIRE(report.ok());
+    CHECK(report->skippedSteps == std::vector<int64_t>{3});
+    CHECK(report->losses.size() == 4);
+    for (double l : report->losses) CHECK(std::isfinite(l));
+    CHECK(console.str().find("step      3/5 | skipped: loss nan") != std::string::npos);
+    CHECK(console.str().find("step      5/5 | loss ") != std::string::npos);
+  }
+  SECTION("stop") {
+    auto b = makeBackend(*step, faults);
+    RandomBatches data;
+    std::ostringstream console;
+    auto report = train(*b, *step, data, s, console);
+    REQUIRE(!report.ok());
+    INFO(report.error());
+    CHECK(report.error().rfind("step 3: the loss is nan", 0) == 0);
+    CHECK(report.error().find("the first non-finite value of the step is " + value + " = matmul(") != std::string::npos);
+    CHECK(report.error().find("(node " + std::to_string(index + 1) + " of ") != std::string::npos);
+  }
+  SECTION("every step skipped is an error") {
+    CpuFaults always;
+    always.step = -1;
+    auto b = makeBackend(*step, always);
+    // A final layer-norm gain that is NaN from the start makes every step non-finite.
+    TensorMap state;
+    for (const Value* p : step->params()) state[p->name()] = initParam(*p, 3);
+    REQUIRE(state.count("ln_f.weight"));
+    state["ln_f.weight"].data<float>()[0] = NAN;
+    REQUIRE(b->prepare(*step, state).ok());
+    RandomBatches data;
+    s.onNonFinite = OnNonFinite::Skip;
+    std::ostringstream console;
+    auto report = train(*b, *step, data, s, console);
+    REQUIRE(!report.ok());
+    CHECK(report.error().find("every one of the 5 steps") == 0);
+  }
+}
+
+TEST_CASE("TPC_TEST_FAULT: the fault spec parses, and a bad one is an error", "[cpu][nonfinite]") {
+  auto a = cpu::parseTestFaults("step=3,nan=%d.wte");
+  REQUIRE(a.ok());
+  CHECK(a->step == 3);
+  CHECK(a->nanValue == "%d.wte");
+  CHECK(a->stallRank == -1);
+  auto b = cpu::parseTestFaults("step=2,stall-rank=1");
+  REQUIRE(b.ok());
+  CHECK(b->stallRank == 1);
+  for (const char* bad : {"", "step=2", "nan=%x", "step=x,nan=%x", "step=1,nan=x", "step=1,stall-rank=-1", "step=1,boom=2"})
+    CHECK(!cpu::parseTestFaults(bad).ok());
+  CHECK(parseOnNonFinite("skip").ok());
+  CHECK(!parseOnNonFinite("ignore").ok());
+  // A fault naming a value the graph lacks is refused at prepare, not ignored.
+  Graph g("g");
+  g.addInput("x", TensorType(DType::f32, {2}));
+  g.addOutput(g.inputs()[0], "y");
+  CpuOptions o;
+  o.faults.step = 1;
+  o.faults.nanValue = "%nope";
+  auto backend = createCpuBackend(o);
+  Status st = backend->prepare(g, {});
+  REQUIRE(!st.ok());
+  CHECK(st.error().find("%nope") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace tpc
