@@ -63,6 +63,20 @@ row "tiny.fb tp 2 virtual ranks vs tp 1 (GPU)" "$(python3 -c "import sys; print(
 e3="$(cmp_losses "$out/tiny_gpu_bf16.jsonl" "$out/tiny_cpu.jsonl")"
 row "tiny.fb 10 steps GPU bf16 vs CPU fp32" "$(python3 -c "import sys; print('PASS' if float(sys.argv[1]) <= 2e-2 else 'FAIL')" "${e3%% *}" 2>/dev/null || echo FAIL)" "loss rel diff $e3"
 
+# Determinism: the same run twice on the GPU (bf16, tp 2 on virtual ranks) must give bit-identical losses.
+for k in 1 2; do
+  "$tpc" run "$tiny" --train-iters 10 --log-interval 1 --seed 1 --backend cuda --precision bf16 --tp 2 \
+    --log-jsonl "$out/tiny_det$k.jsonl" > "$out/tiny_det$k.log" 2>&1
+done
+same="$(python3 - "$out/tiny_det1.jsonl" "$out/tiny_det2.jsonl" <<'PY' 2>/dev/null || echo "n/a"
+import json, sys
+a = [(r["loss"], r["grad_norm"]) for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+b = [(r["loss"], r["grad_norm"]) for r in map(json.loads, open(sys.argv[2])) if "loss" in r]
+print("identical" if a and a == b else "DIFFERENT", "over", len(a), "steps")
+PY
+)"
+row "same GPU run twice: bit-identical losses" "$([ "${same%% *}" = identical ] && echo PASS || echo FAIL)" "$same"
+
 # 3. gpt2 (124M) on the default corpus.
 for prec in fp32 bf16; do
   "$tpc" run "$gpt2" --backend cuda --precision $prec --train-iters "${GPT2_ITERS:-30}" --log-interval 5 --micro-batch-size 8 \
