@@ -82,6 +82,7 @@ Result<const CublasLt*> cublasLt() {
     sym(o.handle, "cublasLtMatmulPreferenceSetAttribute", lib.preferenceSetAttribute, e);
     sym(o.handle, "cublasLtMatmulAlgoGetHeuristic", lib.algoGetHeuristic, e);
     sym(o.handle, "cublasLtMatmul", lib.matmul, e);
+    sym(o.handle, "cublasLtGetVersion", lib.getVersion, e);
     if (!e.empty()) error = cat("libcublasLt.so.13: ", e);
   });
   if (!error.empty()) return makeError(error);
@@ -144,6 +145,7 @@ Result<const Nccl*> nccl() {
     sym(h, "ncclCommAbort", lib.commAbort, e);
     sym(h, "ncclAllReduce", lib.allReduce, e);
     sym(h, "ncclAllGather", lib.allGather, e);
+    sym(h, "ncclGetVersion", lib.getVersion, e);
     sym(h, "ncclReduceScatter", lib.reduceScatter, e);
     sym(h, "ncclGroupStart", lib.groupStart, e);
     sym(h, "ncclGroupEnd", lib.groupEnd, e);

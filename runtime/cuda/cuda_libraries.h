@@ -38,6 +38,7 @@ struct CublasLt {
   decltype(&::cublasLtMatmulPreferenceSetAttribute) preferenceSetAttribute;
   decltype(&::cublasLtMatmulAlgoGetHeuristic) algoGetHeuristic;
   decltype(&::cublasLtMatmul) matmul;
+  decltype(&::cublasLtGetVersion) getVersion;
 };
 
 struct Driver {
@@ -58,6 +59,7 @@ struct Nccl {
   decltype(&::ncclReduceScatter) reduceScatter;
   decltype(&::ncclGroupStart) groupStart;
   decltype(&::ncclGroupEnd) groupEnd;
+  decltype(&::ncclGetVersion) getVersion;
 };
 
 // Loaded once per process; errors are remembered and returned again.

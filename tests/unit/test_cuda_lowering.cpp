@@ -98,7 +98,7 @@ TEST_CASE("cuda lowering: an NVRTC compile error keeps the source and names its 
   CHECK(test::readFile(path).find("undefined_name") != std::string::npos);
 }
 
-TEST_CASE("cuda memory plan: overlapping lifetimes never share bytes; disjoint ones reuse", "[cuda]") {
+TEST_CASE("cuda memory plan: overlapping lifetimes never share bytes, disjoint ones reuse", "[cuda]") {
   std::vector<PlannedBuffer> b = {{1000, 0, 2}, {500, 1, 3}, {1000, 3, 5}, {300, 4, 4}, {2000, 6, 7}};
   int64_t peak = planMemory(b);
   for (size_t i = 0; i < b.size(); ++i)
