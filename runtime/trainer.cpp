@@ -146,21 +146,26 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     lastLog = now;
     stepsSinceLog = 0;
     if (settings.publish) settings.publish({{"tokens_per_s", tps}, {"elapsed_s", elapsed}});
+    // On the GPU: MFU (of the named peak) and device memory, in the console, the JSONL log and the metrics.
+    const double mfu = settings.flopsPerToken > 0 && settings.peakFlops > 0
+                           ? tps * settings.flopsPerToken / settings.peakFlops : -1;
+    const int64_t deviceMemory = backend.deviceMemoryInUse();
+    if (settings.publish && mfu >= 0) settings.publish({{"mfu", mfu}});
+    if (settings.publish && deviceMemory >= 0) settings.publish({{"gpu_memory_bytes", double(deviceMemory)}});
     if (settings.console) {
       char line[256];
       std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | elapsed %s | ETA %s",
                     static_cast<long long>(it), static_cast<long long>(settings.trainIters), loss, lr, gradNorm,
                     formatRate(tps).c_str(), formatDuration(elapsed).c_str(), formatDuration(eta).c_str());
       std::string extra;
-      if (settings.flopsPerToken > 0 && settings.peakFlops > 0) {
-        char mfu[160];
-        std::snprintf(mfu, sizeof mfu, " | MFU %.1f%% of %s", 100.0 * tps * settings.flopsPerToken / settings.peakFlops,
-                      settings.peakName.c_str());
-        extra += mfu;
+      if (mfu >= 0) {
+        char m[160];
+        std::snprintf(m, sizeof m, " | MFU %.1f%% of %s", 100.0 * mfu, settings.peakName.c_str());
+        extra += m;
       }
-      if (int64_t mem = backend.deviceMemoryInUse(); mem >= 0) {
+      if (deviceMemory >= 0) {
         char m[64];
-        std::snprintf(m, sizeof m, " | GPU mem %.2f GiB", static_cast<double>(mem) / (1ull << 30));
+        std::snprintf(m, sizeof m, " | GPU mem %.2f GiB", static_cast<double>(deviceMemory) / (1ull << 30));
         extra += m;
       }
       console << line << extra << std::endl;
@@ -169,7 +174,10 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       std::ostringstream j;
       j << std::setprecision(9) << "{\"step\": " << it << ", \"loss\": " << loss << ", \"lr\": " << lr
         << ", \"grad_norm\": " << (std::isfinite(gradNorm) ? gradNorm : -1.0) << ", \"tokens_per_s\": " << tps
-        << ", \"elapsed_s\": " << elapsed << "}";
+        << ", \"elapsed_s\": " << elapsed;
+      if (mfu >= 0) j << ", \"mfu\": " << mfu;
+      if (deviceMemory >= 0) j << ", \"gpu_memory_bytes\": " << deviceMemory;
+      j << "}";
       jsonl << j.str() << "\n";
       jsonl.flush();
     }
