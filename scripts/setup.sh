@@ -20,7 +20,8 @@ done
 pkgs=(build-essential cmake ninja-build git
       libflatbuffers-dev flatbuffers-compiler
       catch2 llvm-14-dev llvm-14-tools nlohmann-json3-dev zlib1g-dev libzstd-dev libncurses-dev
-      clang-14 libclang-rt-14-dev)  # clang and libFuzzer: fuzz/run_fuzzers.sh (scripts/test.sh runs it)
+      clang-14 libclang-rt-14-dev  # clang and libFuzzer: fuzz/run_fuzzers.sh (scripts/test.sh runs it)
+      ccache)                      # rebuilds after a pull or in a second checkout reuse the compiled objects
 # npm (for the data) may come with a Node.js from elsewhere than Debian; ask apt only when there is none.
 command -v npm >/dev/null || pkgs+=(nodejs npm)
 missing=()
