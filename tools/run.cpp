@@ -100,6 +100,8 @@ int runRun(std::vector<std::string> args) {
                        "non-finite value) | skip (drop its update, log it, go on)", "stop")
       .value("collective-timeout", "seconds a collective waits for the other ranks before the run fails (--tp/--dp/--sp)",
              "60")
+      .value("profile-step", "CUDA: time step N launch by launch (CUDA events) and print its GPU time per op; 0: off",
+             "0")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
   cli::declareTrainingFlags(flags);
   cli::declarePipelineFlags(flags);
@@ -126,6 +128,8 @@ int runRun(std::vector<std::string> args) {
   if (!evalInterval) return cli::fail("run", evalInterval.error());
   auto evalIters = flags.getInt("eval-iters", 1, int64_t(1) << 40);
   if (!evalIters) return cli::fail("run", evalIters.error());
+  auto profileStep = flags.getInt("profile-step", 0, int64_t(1) << 40);
+  if (!profileStep) return cli::fail("run", profileStep.error());
   std::optional<LoadedCheckpoint> checkpoint;
   if (flags.has("load")) {
     auto c = loadCheckpoint(flags.get("load"));
@@ -157,6 +161,8 @@ int runRun(std::vector<std::string> args) {
 
   auto backendKind = selectBackend(flags.get("backend"));
   if (!backendKind) return cli::fail("run", backendKind.error());
+  if (*profileStep > 0 && *backendKind != BackendKind::Cuda)
+    return cli::fail("run", "--profile-step times CUDA kernels: it needs the CUDA backend (--backend cuda on a machine with a GPU)");
   // --precision auto: bf16 compute on the GPU (the default there), fp32 on the CPU.
   if (config.precision == "auto") config.precision = *backendKind == BackendKind::Cuda ? "bf16" : "fp32";
   const std::string precision = config.precision;
@@ -234,6 +240,7 @@ int runRun(std::vector<std::string> args) {
     cuda.seed = config.seed;
     cuda.collectives = flags.get("collectives");
     cuda.collectiveTimeoutSeconds = *collectiveTimeout;
+    cuda.profileStep = *profileStep;
     backend = createCudaBackend(std::move(rankGraphs), cuda);
   }
 #endif

@@ -19,6 +19,7 @@
 #include "runtime/cuda/lowering.h"
 #include "runtime/cuda/memory_plan.h"
 #include "runtime/cuda/nvrtc_compiler.h"
+#include "runtime/cuda/step_profile.h"
 #include "runtime/cuda/kernels/codegen.h"
 #include "runtime/cuda/virtual_collectives.h"
 
@@ -74,6 +75,9 @@ struct DeviceCtx {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   std::vector<HostTensor> staging;
+  cudaEvent_t replayStart = nullptr, replayEnd = nullptr;  // around each graph replay
+  bool replayTimed = false;
+  std::vector<TimedLaunch> profile;  // the profiled step's launches (profileStep)
 };
 
 Result<ncclDataType_t> ncclType(DType t) {
@@ -162,6 +166,8 @@ class CudaBackend final : public Backend {
       TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20));
       CU_TRY(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "stream");
       CU_TRY(cudaMalloc(&d.stepWord, sizeof(int64_t)), "step word");
+      CU_TRY(cudaEventCreate(&d.replayStart), "event");
+      CU_TRY(cudaEventCreate(&d.replayEnd), "event");
       CU_TRY(cudaMalloc(&d.matmulWorkspace, d.matmul->workspaceBytes()), "cuBLASLt workspace");
     }
 
@@ -272,11 +278,18 @@ class CudaBackend final : public Backend {
       if (cudaError_t e = cudaMemcpyAsync(d.stepWord, &d.stepHost, sizeof d.stepHost, cudaMemcpyHostToDevice, d.stream);
           e != cudaSuccess)
         return fail(cat("cuda: step word: ", cudaGetErrorString(e)));
+      bool profiling = !debug_ && options_.profileStep == stepIndex;
       if (debug_) {
         Status st = enqueueAll(d, true, stepIndex);
         if (!st.ok()) return fail(st.error());
-      } else if (cudaError_t e = cudaGraphLaunch(d.exec, d.stream); e != cudaSuccess) {
-        return fail(cat("cuda: step ", stepIndex, ": launching the step graph: ", cudaGetErrorString(e)));
+      } else if (profiling) {
+        Status st = launchProfiled(d, stepIndex);
+        if (!st.ok()) return fail(st.error());
+      } else {
+        d.replayTimed = cudaEventRecord(d.replayStart, d.stream) == cudaSuccess;
+        if (cudaError_t e = cudaGraphLaunch(d.exec, d.stream); e != cudaSuccess)
+          return fail(cat("cuda: step ", stepIndex, ": launching the step graph: ", cudaGetErrorString(e)));
+        d.replayTimed = d.replayTimed && cudaEventRecord(d.replayEnd, d.stream) == cudaSuccess;
       }
       auto start = std::chrono::steady_clock::now();
       for (;;) {
@@ -306,6 +319,7 @@ class CudaBackend final : public Backend {
         if (nccl_) abortCommunicators();
         return Error{errors[i]};
       }
+    if (!debug_ && options_.profileStep == stepIndex) TPC_TRY(printProfile(stepIndex));
     // Outputs that do not update a parameter, from rank 0.
     const Graph& g0 = *ranks_[0].graph;
     CU_TRY(cudaSetDevice(dev(0).device), "GPU ", dev(0).device);
@@ -824,6 +838,59 @@ class CudaBackend final : public Backend {
     return {};
   }
 
+  // The profiled step: the same launches as the step graph with a timing event after each, captured as a
+  // graph of their own (so no host launch gap is timed) and replayed once in place of the step graph.
+  Status launchProfiled(DeviceCtx& d, int64_t stepIndex) {
+    std::vector<cudaEvent_t> ev(d.launches.size() + 1, nullptr);
+    for (auto& e : ev) CU_TRY(cudaEventCreate(&e), "creating a profiling event");
+    auto destroy = [&] {
+      for (auto& e : ev) cudaEventDestroy(e);
+    };
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    Status st = [&]() -> Status {
+      CU_TRY(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeThreadLocal), "beginning the profiling capture");
+      Status s = [&]() -> Status {
+        CU_TRY(cudaEventRecordWithFlags(ev[0], d.stream, cudaEventRecordExternal), "profiling event");
+        for (size_t i = 0; i < d.launches.size(); ++i) {
+          TPC_TRY(enqueue(d, d.launches[i]));
+          CU_TRY(cudaEventRecordWithFlags(ev[i + 1], d.stream, cudaEventRecordExternal), "profiling event");
+        }
+        return {};
+      }();
+      cudaError_t e = cudaStreamEndCapture(d.stream, &graph);
+      TPC_TRY(s);
+      CU_TRY(e, "capturing the profiled step");
+      CU_TRY(cudaGraphInstantiate(&exec, graph, 0), "instantiating the profiled step");
+      CU_TRY(cudaGraphLaunch(exec, d.stream), "step ", stepIndex, ": launching the profiled step");
+      CU_TRY(cudaStreamSynchronize(d.stream), "step ", stepIndex, ": the profiled step");
+      d.profile.clear();
+      for (size_t i = 0; i < d.launches.size(); ++i) {
+        float ms = 0;
+        CU_TRY(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]), "reading a profiling event");
+        d.profile.push_back({d.launches[i].what, ms});
+      }
+      return {};
+    }();
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    destroy();
+    return st;
+  }
+
+  Status printProfile(int64_t stepIndex) {
+    for (size_t i = 0; i < devs_.size(); ++i) {
+      DeviceCtx& d = devs_[i];
+      float replay = 0;
+      if (d.replayTimed && cudaEventElapsedTime(&replay, d.replayStart, d.replayEnd) != cudaSuccess) replay = 0;
+      if (devs_.size() > 1) std::printf("GPU %d: ", d.device);
+      std::printf("%s", formatStepProfile(d.profile, stepIndex, replay).c_str());
+      if (i == 0 && devs_.size() > 1) break;  // NCCL ranks run the same program: rank 0's table stands for all
+    }
+    std::fflush(stdout);
+    return {};
+  }
+
   // Each GPU's launches captured once as a CUDA graph (a thread per GPU, as NCCL wants its ranks' calls).
   Status capture() {
     std::vector<std::string> errors(devs_.size());
@@ -875,6 +942,8 @@ class CudaBackend final : public Backend {
       if (d.exec) cudaGraphExecDestroy(d.exec);
       if (d.graph) cudaGraphDestroy(d.graph);
       if (d.stepWord) cudaFree(d.stepWord);
+      if (d.replayStart) cudaEventDestroy(d.replayStart);
+      if (d.replayEnd) cudaEventDestroy(d.replayEnd);
       if (d.matmulWorkspace) cudaFree(d.matmulWorkspace);
       if (d.stream) cudaStreamDestroy(d.stream);
     }

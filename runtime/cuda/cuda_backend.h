@@ -23,6 +23,10 @@ struct CudaOptions {
   // "virtual" (all ranks on `device`, collectives as device kernels), "auto" (nccl when there are enough GPUs).
   std::string collectives = "auto";
   double collectiveTimeoutSeconds = 60;  // NCCL: a step waiting longer fails naming the rank and step
+  // > 0: step `profileStep` (as the trainer counts, from 1) runs as a CUDA graph with an event between every
+  // two launches, and its GPU time per op is printed (runtime/cuda/step_profile.h). The step's results are
+  // the same as without profiling.
+  int64_t profileStep = 0;
 };
 
 // rankGraphs: one graph per rank of the graphs' mesh (empty: the single-rank graph given to prepare()).

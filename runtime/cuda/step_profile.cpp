@@ -1,0 +1,67 @@
+// The per-op table of a profiled step (step_profile.h).
+#include "runtime/cuda/step_profile.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <numeric>
+
+namespace tpc::cuda {
+
+std::string launchOp(const std::string& what) {
+  std::string s = what;
+  if (s.rfind("rank ", 0) == 0) {
+    size_t colon = s.find(": ");
+    if (colon != std::string::npos) s = s.substr(colon + 2);
+  }
+  if (s.rfind("NCCL ", 0) == 0) {  // "NCCL all_reduce over tp -> %x": keep the collective's name
+    size_t end = s.find(' ', 5);
+    return s.substr(0, end);
+  }
+  return s.substr(0, s.find(' '));
+}
+
+std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t step, double replayMs, int top) {
+  struct Row {
+    int64_t count = 0;
+    double ms = 0;
+  };
+  std::map<std::string, Row> rows;
+  double total = 0;
+  for (const TimedLaunch& l : launches) {
+    Row& r = rows[launchOp(l.what)];
+    ++r.count;
+    r.ms += l.ms;
+    total += l.ms;
+  }
+  std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  std::string out;
+  char buf[512];
+  char replay[96] = "";
+  if (replayMs > 0) std::snprintf(replay, sizeof replay, "; %.2f ms as one CUDA graph replay", replayMs);
+  std::snprintf(buf, sizeof buf, "profile of step %lld: %zu launches, %.2f ms of GPU time summed launch by launch (CUDA events, no graph)%s\n",
+                static_cast<long long>(step), launches.size(), total, replay);
+  out += buf;
+  std::snprintf(buf, sizeof buf, "  %-24s %9s %10s %7s\n", "op", "launches", "ms", "share");
+  out += buf;
+  for (const auto& [op, r] : sorted) {
+    std::snprintf(buf, sizeof buf, "  %-24s %9lld %10.3f %6.1f%%\n", op.c_str(), static_cast<long long>(r.count), r.ms,
+                  total > 0 ? 100.0 * r.ms / total : 0.0);
+    out += buf;
+  }
+  std::vector<size_t> order(launches.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return launches[a].ms > launches[b].ms; });
+  if (top > 0 && !order.empty()) {
+    std::snprintf(buf, sizeof buf, "  the %d slowest launches:\n", std::min<int>(top, static_cast<int>(order.size())));
+    out += buf;
+    for (size_t i = 0; i < order.size() && i < static_cast<size_t>(top); ++i) {
+      std::snprintf(buf, sizeof buf, "  %10.3f ms  %s\n", launches[order[i]].ms, launches[order[i]].what.c_str());
+      out += buf;
+    }
+  }
+  return out;
+}
+
+}  // namespace tpc::cuda

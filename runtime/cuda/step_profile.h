@@ -1,0 +1,23 @@
+// One training step timed launch by launch (`tpc run --profile-step N`): the GPU time of every launch,
+// measured with CUDA events around it outside the step's CUDA graph, summed per op and printed as a
+// table (which op families the step's time goes to) plus the slowest single launches. Pure: no CUDA.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tpc::cuda {
+
+struct TimedLaunch {
+  std::string what;  // the executor's description: "[rank R: ]op -> %value [kernel entry]" or "NCCL op ..."
+  double ms = 0;
+};
+
+// The op a launch belongs to: the first word of `what` after any "rank R: " prefix.
+std::string launchOp(const std::string& what);
+
+// The table: per op launches, ms and share of the total, slowest first; then the `top` slowest launches.
+// `replayMs`: the same step as a CUDA graph replay (0: unknown), printed beside the summed time.
+std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t step, double replayMs, int top = 15);
+
+}  // namespace tpc::cuda

@@ -1,0 +1,48 @@
+// `tpc run --profile-step`: the table of a profiled step (runtime/cuda/step_profile.h) and the flag's
+// refusal without the CUDA backend. The timing itself needs a GPU (scripts/gpu_check.sh runs it).
+#ifdef TPC_HAVE_CUDA
+#include <catch2/catch.hpp>
+
+#include "runtime/cuda/step_profile.h"
+#include "test_support.h"
+
+namespace tpc {
+namespace {
+
+using namespace cuda;
+
+TEST_CASE("step profile: launches are summed per op, slowest op first, with shares and the slowest launches", "[cuda][profile]") {
+  CHECK(launchOp("add -> %12 [tpc_add_0123]") == "add");
+  CHECK(launchOp("rank 3: attention_grad -> %dq [tpc_flash_bwd]") == "attention_grad");
+  CHECK(launchOp("NCCL all_reduce over tp -> %x") == "NCCL all_reduce");
+  CHECK(launchOp("rank 1: NCCL reduce_scatter over dp -> %g") == "NCCL reduce_scatter");
+  std::vector<TimedLaunch> l = {{"add -> %1 [k]", 1.0}, {"matmul -> %2", 6.0}, {"add -> %3 [k]", 2.0}, {"gelu -> %4 [g]", 1.0}};
+  std::string t = formatStepProfile(l, 7, 12.5, 2);
+  INFO(t);
+  CHECK(t.find("profile of step 7: 4 launches, 10.00 ms") != std::string::npos);
+  CHECK(t.find("12.50 ms as one CUDA graph replay") != std::string::npos);
+  size_t mm = t.find("  matmul "), add = t.find("  add "), gelu = t.find("  gelu ");
+  REQUIRE(mm != std::string::npos);
+  REQUIRE(add != std::string::npos);
+  REQUIRE(gelu != std::string::npos);
+  CHECK(mm < add);
+  CHECK(add < gelu);
+  CHECK(t.find("60.0%") != std::string::npos);  // matmul: 6 of 10 ms
+  CHECK(t.find("30.0%") != std::string::npos);  // add: 2 launches, 3 ms
+  CHECK(t.find("the 2 slowest launches") != std::string::npos);
+  CHECK(t.find("6.000 ms  matmul -> %2") != std::string::npos);
+  CHECK(t.find("gelu -> %4") == t.rfind("gelu -> %4"));  // not among the 2 slowest: listed once, in no top line
+}
+
+TEST_CASE("step profile: --profile-step on the CPU backend is refused naming the flag", "[cuda][profile][cli]") {
+  auto r = test::runCommand(test::tpcBinary() + " run " + test::binaryPath("models/tiny.fb") +
+                            " --backend cpu --profile-step 2 --train-iters 2");
+  CHECK(r.exitCode == 1);
+  CHECK(r.err.find("--profile-step") != std::string::npos);
+  CHECK(r.err.find("CUDA backend") != std::string::npos);
+  CHECK(r.out.find("step") == std::string::npos);  // refused before training
+}
+
+}  // namespace
+}  // namespace tpc
+#endif
