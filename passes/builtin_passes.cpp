@@ -19,6 +19,10 @@ void registerBuiltinPasses(PassRegistry& r) {
   (void)r.add({"cse", "merges nodes that compute the same thing (op, operands, attributes, types, placements)", {},
                plain<createCSEPass>});
   (void)r.add({"dce", "removes nodes whose results no graph output needs", {}, plain<createDCEPass>});
+  (void)r.add({"fold-vocab-padding",
+               "the loss reads vocab-padded logits whole (cross_entropy num_classes) instead of a sliced copy, and "
+               "its gradient comes out padded instead of concatenated with zeros",
+               {}, plain<createFoldVocabPaddingPass>});
   (void)r.add({"inference", "the forward graph as evaluation runs it: dropout becomes the identity", {},
                plain<createInferencePass>});
   (void)r.add({"autodiff",

@@ -10,6 +10,10 @@ namespace tpc {
 std::unique_ptr<Pass> createCSEPass();  // cse.cpp
 std::unique_ptr<Pass> createDCEPass();  // dce.cpp
 std::unique_ptr<Pass> createInferencePass();  // inference.cpp: dropout off, for evaluation and sampling
+// cross_entropy(slice(logits)) -> cross_entropy(logits){num_classes}, and its gradient without the concat.
+std::unique_ptr<Pass> createFoldVocabPaddingPass();  // fold_vocab_padding.cpp
+// The fold itself (the partition engine runs it too); returns whether anything was folded.
+Result<bool> foldPaddedVocabSlices(Graph& g);
 // accum, clip-grad, beta1, beta2, eps, weight-decay, loss: TrainingStepOptions (autodiff.h).
 Result<std::unique_ptr<Pass>> createAutodiffPass(const PassOptions& options);  // autodiff.cpp
 // dtype=bf16|f16: the forward graph computes in that type, parameters stay f32 (before autodiff).

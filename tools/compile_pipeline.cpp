@@ -65,6 +65,7 @@ std::string standardPipeline(const ModelFile& model, int64_t accum, std::optiona
   return pre + cat("autodiff(loss=", model.lossOutput, ", accum=", accum, ", clip-grad=", formatFloat(c.clipGrad),
              ", beta1=", formatFloat(c.beta1), ", beta2=", formatFloat(c.beta2), ", eps=", formatFloat(c.eps),
              ", weight-decay=", formatFloat(c.weightDecay), "),cse,dce") +
+         ",fold-vocab-padding" +
          (c.recompute == "none" ? std::string() : cat(",recompute(mode=", c.recompute, ")")) + post;
 }
 

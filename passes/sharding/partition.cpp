@@ -7,6 +7,7 @@
 
 #include "ir/assert.h"
 #include "ir/printer.h"
+#include "passes/builtin_passes.h"
 #include "passes/sharding/sharding.h"
 
 namespace tpc {
@@ -461,60 +462,11 @@ Status Sweep::run() {
   return {};
 }
 
-// Folds `cross_entropy(slice(L, last, 0, n))` into `cross_entropy(L) {num_classes=n}` and the slice's VJP
-// (concat(cross_entropy_grad(.., slice(L), ..), zeros)) into `cross_entropy_grad(.., L, ..) {num_classes=n}`:
-// vocab padding then never needs the class dim whole (logits split on it stay split).
-Status foldPaddedVocabSlices(Graph& g) {
-  auto users = g.computeUsers();
-  for (Node* n : g.nodeVector()) {
-    bool grad = n->op() == OpKind::CrossEntropyGrad;
-    if (n->op() != OpKind::CrossEntropy && !grad) continue;
-    Value* sl = n->operand(grad ? 1 : 0);
-    Node* s = sl->def();
-    if (!s || s->op() != OpKind::Slice || s->getInt("start") != 0) continue;
-    int64_t r = sl->type().rank();
-    int64_t axis = s->getInt("axis") < 0 ? s->getInt("axis") + r : s->getInt("axis");
-    if (axis != r - 1) continue;
-    Value* L = s->operand(0);
-    int64_t classes = s->getInt("end");
-    if (!grad) {
-      n->setOperand(0, L);
-      n->setAttr("num_classes", classes);
-      continue;
-    }
-    // The grad's only user must be the slice's VJP: concat(grad, zeros) back to L's shape.
-    const auto& us = users.lookup(n->result());
-    if (us.size() != 1 || us[0]->op() != OpKind::Concat || us[0]->operand(0) != n->result() ||
-        us[0]->result()->type() != L->type())
-      continue;
-    Node* cat = us[0];
-    AttrDict a = n->attrs();
-    a.set("num_classes", classes);
-    TPC_ASSIGN(Node * ng, g.create(OpKind::CrossEntropyGrad, {n->operand(0), L, n->operand(2)}, std::move(a), cat));
-    g.replaceAllUsesWith(cat->result(), ng->result());
-  }
-  // Drop what the folds left dead.
-  bool changed = true;
-  while (changed) {
-    changed = false;
-    auto u = g.computeUsers();
-    for (Node* n : g.nodeVector()) {
-      bool dead = true;
-      for (Value* r : n->results()) dead &= u.lookup(r).empty() && !g.isOutput(r);
-      if (dead) {
-        g.erase(n);
-        changed = true;
-      }
-    }
-  }
-  return {};
-}
-
 }  // namespace
 
 Status propagatePlacements(Graph& g) {
   if (g.mesh().empty()) return {};
-  TPC_TRY(foldPaddedVocabSlices(g));
+  TPC_TRY(foldPaddedVocabSlices(g).status());
   Sweep s(g, -1);
   TPC_TRY(s.run());
   for (const Value* cv : g.inputs()) const_cast<Value*>(cv)->setPlacement(s.placed[cv]);
