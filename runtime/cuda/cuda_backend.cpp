@@ -166,6 +166,8 @@ class CudaBackend final : public Backend {
     }
 
     auto t0 = std::chrono::steady_clock::now();
+    for (size_t r = 0; r < ranks_.size(); ++r)
+      if (Status s = rewriteForCuda(*ranks_[r].graph); !s.ok()) return makeError(rankPrefix(r), s.error());
     // Lower every node of every rank (pure), plan the matmuls, then size the memory.
     std::vector<std::vector<NodeLowering>> lowerings(ranks_.size());
     std::vector<std::vector<int>> matmulPlans(ranks_.size());
