@@ -11,7 +11,13 @@ enum class NodeExec {
   Kernels,     // lowerNode() gives the kernels
   Matmul,      // cuBLASLt (runtime/cuda/cublaslt_matmul.h)
   Collective,  // across ranks (an axis of size > 1): the executor's collective code
+  View,        // the result is operand 0's bytes in the same order (isView): it aliases them, nothing runs
 };
+
+// A movement node whose result is a prefix of its operand's row-major bytes, in the same order: a reshape,
+// a transpose that only moves size-1 dims, a slice from 0 with only size-1 dims before its axis, a concat
+// of one operand, a broadcast_to that only adds size-1 dims.
+bool isView(const Node& n);
 
 NodeExec nodeExec(const Node& n);
 // The graph rewrites the CUDA backend applies to each rank's program before lowering it (passes/ that
