@@ -45,6 +45,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                {{"mode", "full (only block boundaries kept) | selective (matmul and attention outputs kept too); "
                          "default full"}},
                createRecomputePass});
+  (void)r.add({"fold-batch-matmul-sum",
+               "one rank's program: reduce_sum(matmul(a, d) {transpose_a}) over the batch axes becomes one matmul of "
+               "a and d flattened to [rows, K] and [rows, N] (weight gradients without a [B, K, N] intermediate)",
+               {}, plain<createFoldBatchMatmulSumPass>});
   (void)r.add({"megatron-tp",
                "Megatron tensor parallelism (before autodiff): QKV/fc1 by column (attention by heads), proj/fc2 by row, "
                "the embedding/LM head by vocab",

@@ -20,6 +20,8 @@ Result<std::unique_ptr<Pass>> createAutodiffPass(const PassOptions& options);  /
 Result<std::unique_ptr<Pass>> createMixedPrecisionPass(const PassOptions& options);  // mixed_precision.cpp
 // mode=full|selective: activation recomputation of the training step (after autodiff, cse, dce).
 Result<std::unique_ptr<Pass>> createRecomputePass(const PassOptions& options);  // recompute.cpp
+// reduce_sum(matmul(a, d, transpose_a), batch axes) => one matmul over the flattened rows (one rank's program).
+std::unique_ptr<Pass> createFoldBatchMatmulSumPass();  // fold_batch_matmul_sum.cpp
 // Sharding (passes/sharding/): policies that annotate, and the engine's propagation / partition.
 Result<std::unique_ptr<Pass>> createMegatronTpPass(const PassOptions& options);    // megatron_tp.cpp
 Result<std::unique_ptr<Pass>> createDataParallelPass(const PassOptions& options);  // data_parallel.cpp

@@ -172,6 +172,8 @@ class CudaBackend final : public Backend {
     }
 
     auto t0 = std::chrono::steady_clock::now();
+    for (size_t r = 0; r < ranks_.size(); ++r)
+      if (Status s = rewriteForCuda(*ranks_[r].graph); !s.ok()) return makeError(rankPrefix(r), s.error());
     // Lower every node of every rank (pure), plan the matmuls, then size the memory.
     std::vector<std::vector<NodeLowering>> lowerings(ranks_.size());
     std::vector<std::vector<int>> matmulPlans(ranks_.size());
@@ -195,12 +197,9 @@ class CudaBackend final : public Backend {
         }
       }
     }
-    std::vector<std::vector<PlannedBuffer>> plans(ranks_.size());
-    std::vector<llvm::DenseMap<const Value*, int>> bufferOf(ranks_.size());
-    std::vector<std::vector<int>> workspaceOf(ranks_.size());
-    std::vector<std::vector<std::pair<const Value*, std::string>>> paramCopies(ranks_.size());
+    std::vector<StepMemoryPlan> plans(ranks_.size());
     for (size_t r = 0; r < ranks_.size(); ++r)
-      TPC_TRY(planRank(r, lowerings[r], plans[r], bufferOf[r], workspaceOf[r], paramCopies[r]));
+      TPC_TRY(planRank(r, lowerings[r], plans[r]));
     for (size_t i = 0; i < devs_.size(); ++i) {
       int64_t ws = static_cast<int64_t>(devs_[i].matmul->workspaceBytes()), arenas = 0, stateB = 0, inputB = 0;
       for (size_t r = 0; r < ranks_.size(); ++r)
@@ -223,10 +222,10 @@ class CudaBackend final : public Backend {
                          "); use a smaller --micro-batch-size (or recompute) to lower the activations");
     }
 
-    for (size_t r = 0; r < ranks_.size(); ++r) TPC_TRY(allocateRank(r, state, plans[r], bufferOf[r]));
+    for (size_t r = 0; r < ranks_.size(); ++r) TPC_TRY(allocateRank(r, state, plans[r]));
     if (nccl_) TPC_TRY(createCommunicators());
     for (size_t r = 0; r < ranks_.size(); ++r)
-      TPC_TRY(buildLaunches(r, lowerings[r], matmulPlans[r], plans[r], workspaceOf[r], paramCopies[r]));
+      TPC_TRY(buildLaunches(r, lowerings[r], matmulPlans[r], plans[r]));
     TPC_TRY(assemble());
     auto& st = compiler_->stats();
     if (options_.verbose)
@@ -498,72 +497,30 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // Buffers and their lifetimes; outputs that replace a parameter write into it when that is safe.
-  Status planRank(size_t r, const std::vector<NodeLowering>& lowerings, std::vector<PlannedBuffer>& plan,
-                  llvm::DenseMap<const Value*, int>& bufferOf, std::vector<int>& workspaceOf,
-                  std::vector<std::pair<const Value*, std::string>>& paramCopies) {
+  // Buffers and their lifetimes (memory_plan.h); outputs that replace a parameter write into it when safe.
+  Status planRank(size_t r, const std::vector<NodeLowering>& lowerings, StepMemoryPlan& plan) {
     Rank& rk = ranks_[r];
     const Graph& g = *rk.graph;
-    std::vector<Node*> nodes = g.nodeVector();
-    int end = static_cast<int>(nodes.size());
-    llvm::DenseMap<const Node*, int> index;
-    for (int k = 0; k < end; ++k) index[nodes[k]] = k;
-    llvm::DenseMap<const Value*, int> lastUse;
-    for (int k = 0; k < end; ++k)
-      for (Value* v : nodes[k]->operands()) lastUse[v] = k;
     for (Value* p : g.params()) {
       rk.params[p->name()] = {p, nullptr};
       rk.stateBytes += (p->type().bytes() + 255) / 256 * 256;
     }
     for (Value* v : g.inputs()) rk.inputBytes += (v->type().bytes() + 255) / 256 * 256;
-    // Outputs named like a parameter: written in place when the node is elementwise-like (optimizer,
-    // elementwise) and nothing reads the old value after it; otherwise copied at the end.
-    llvm::DenseMap<const Value*, std::string> inPlace;
-    for (size_t i = 0; i < g.outputs().size(); ++i) {
-      std::string name = g.outputName(i);
-      auto it = rk.params.find(name);
-      if (it == rk.params.end()) continue;
-      const Value* v = g.outputs()[i].value;
-      const Value* p = it->second.first;
-      if (v == p) continue;
-      bool safe = v->def() && (v->def()->has(traits::Optimizer) || v->def()->has(traits::Elementwise)) && !inPlace.count(v);
-      if (safe) {
-        int d = index[v->def()];
-        auto lu = lastUse.find(p);
-        safe = lu == lastUse.end() || lu->second <= d;
-        // The node may read the old parameter only at the same element it writes: elementwise-like ops do.
-      }
-      if (safe) inPlace[v] = name;
-      else paramCopies.push_back({v, name});
-    }
-    for (const GraphOutput& o : g.outputs()) lastUse[o.value] = end;
-    for (const auto& pc : paramCopies) lastUse[pc.first] = end;
-    inPlace_.push_back(inPlace);
-    for (int k = 0; k < end; ++k) {
-      for (Value* v : nodes[k]->results()) {
-        if (inPlace.count(v)) continue;
-        auto lu = lastUse.find(v);
-        bufferOf[v] = static_cast<int>(plan.size());
-        plan.push_back({v->type().bytes(), k, lu == lastUse.end() ? k : lu->second});
-      }
-      workspaceOf.push_back(-1);
-      if (lowerings[k].workspaceBytes > 0) {
-        workspaceOf.back() = static_cast<int>(plan.size());
-        plan.push_back({lowerings[k].workspaceBytes, k, k});
-      }
-    }
-    rk.arenaBytes = planMemory(plan);
+    std::vector<int64_t> workspace;
+    for (const NodeLowering& l : lowerings) workspace.push_back(l.workspaceBytes);
+    plan = planStepMemory(g, workspace);
+    rk.arenaBytes = plan.arenaBytes;
+    inPlace_.push_back(plan.inPlace);
     return {};
   }
 
-  Status allocateRank(size_t r, const TensorMap& state, const std::vector<PlannedBuffer>& plan,
-                      const llvm::DenseMap<const Value*, int>& bufferOf) {
+  Status allocateRank(size_t r, const TensorMap& state, const StepMemoryPlan& plan) {
     Rank& rk = ranks_[r];
     const Mesh& mesh = rk.graph->mesh();
     CU_TRY(cudaMalloc(&rk.arena, std::max<int64_t>(rk.arenaBytes, 256)), rankPrefix(r), "allocating the ", mib(rk.arenaBytes),
            " activations arena");
     rk.allocations.push_back(rk.arena);
-    for (auto& [v, b] : bufferOf) rk.addr[v] = static_cast<char*>(rk.arena) + plan[b].offset;
+    for (auto& [v, b] : plan.bufferOf) rk.addr[v] = static_cast<char*>(rk.arena) + plan.buffers[b].offset;
     for (Value* v : rk.graph->inputs()) {
       void* p = nullptr;
       CU_TRY(cudaMalloc(&p, std::max<int64_t>(v->type().bytes(), 1)), "allocating input %", v->name());
@@ -591,6 +548,11 @@ class CudaBackend final : public Backend {
       rk.params[p->name()].second = buf;
     }
     for (auto& [v, name] : inPlace_[r]) rk.addr[v] = rk.params[name].second;
+    for (auto& [v, owner] : plan.viewOf) {  // no copy, no buffer of its own
+      void* at = rk.addr.lookup(owner);
+      if (!at) return makeError("cuda backend: internal error: the view ", valueName(v), " aliases a value with no memory");
+      rk.addr[v] = at;
+    }
     return {};
   }
 
@@ -616,9 +578,13 @@ class CudaBackend final : public Backend {
     return s ? s : cat("CUresult ", int(e));
   }
 
+  static char* workspace(const Rank& rk, const StepMemoryPlan& plan, size_t k) {
+    int b = plan.workspaceOf[k];
+    return b >= 0 ? static_cast<char*>(rk.arena) + plan.buffers[b].offset : nullptr;
+  }
+
   Status buildLaunches(size_t r, std::vector<NodeLowering>& lowerings, const std::vector<int>& matmulPlans,
-                       const std::vector<PlannedBuffer>& plan, const std::vector<int>& workspaceOf,
-                       const std::vector<std::pair<const Value*, std::string>>& paramCopies) {
+                       const StepMemoryPlan& plan) {
     Rank& rk = ranks_[r];
     DeviceCtx& d = dev(r);
     CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
@@ -628,7 +594,7 @@ class CudaBackend final : public Backend {
       const Node& n = *nodes[k];
       std::string what = cat(rankPrefix(r), n.opName(), " -> ", valueName(n.result()));
       if (nccl_ && n.has(traits::Collective)) {
-        char* ws = workspaceOf[k] >= 0 ? static_cast<char*>(rk.arena) + plan[workspaceOf[k]].offset : nullptr;
+        char* ws = workspace(rk, plan, k);
         TPC_TRY(ncclLaunches(r, n, ws, rk.segments.back()));
         continue;
       }
@@ -650,10 +616,11 @@ class CudaBackend final : public Backend {
           }
           continue;
         }
+        case NodeExec::View: continue;
         case NodeExec::Kernels: break;
       }
       NodeLowering& nl = lowerings[k];
-      char* ws = workspaceOf[k] >= 0 ? static_cast<char*>(rk.arena) + plan[workspaceOf[k]].offset : nullptr;
+      char* ws = workspace(rk, plan, k);
       if (ws && nl.zeroWorkspace) {
         Launch l;
         l.kind = Launch::Memset;
@@ -703,7 +670,7 @@ class CudaBackend final : public Backend {
         rk.segments.back().push_back(std::move(l));
       }
     }
-    for (const auto& [v, name] : paramCopies) {
+    for (const auto& [v, name] : plan.paramCopies) {
       Launch l;
       l.kind = Launch::Copy;
       l.c = rk.params[name].second;

@@ -2,15 +2,51 @@
 // the generated lowerings (elementwise, movement, constants), by op traits.
 #include "runtime/cuda/lowering.h"
 
+#include "passes/builtin_passes.h"
 #include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/kernels/generated_lowerings.h"
 
 namespace tpc::cuda {
 
+bool isView(const Node& n) {
+  if (!n.has(traits::Movement) || n.numOperands() != 1) return false;
+  const Shape& in = n.operand(0)->shape();
+  switch (n.op()) {
+    case OpKind::Reshape: return true;  // every value is contiguous and row-major
+    case OpKind::Transpose: {
+      const auto& perm = n.getInts("perm");
+      int64_t last = -1;  // the dims of size > 1 must keep their order
+      for (int64_t p : perm) {
+        if (in[p] == 1) continue;
+        if (p < last) return false;
+        last = p;
+      }
+      return true;
+    }
+    case OpKind::Slice: {
+      int64_t axis = n.getInt("axis");
+      if (axis < 0) axis += static_cast<int64_t>(in.size());
+      for (int64_t k = 0; k < axis; ++k)
+        if (in[k] != 1) return false;
+      return n.getInt("start") == 0;
+    }
+    case OpKind::Concat: return true;  // of one operand
+    case OpKind::BroadcastTo: return n.result()->type().numel() == n.operand(0)->type().numel();
+    default: return false;
+  }
+}
+
 NodeExec nodeExec(const Node& n) {
   if (n.op() == OpKind::Matmul) return NodeExec::Matmul;
+  if (isView(n)) return NodeExec::View;
   if (n.has(traits::Collective) && n.graph() && n.graph()->mesh().axisSize(n.getStr("axis")) > 1) return NodeExec::Collective;
   return NodeExec::Kernels;
+}
+
+Status rewriteForCuda(Graph& g) {
+  // Weight gradients as one matmul over all rows: no [B, K, N] intermediate, f32 accumulation over the batch.
+  TPC_TRY(createFoldBatchMatmulSumPass()->run(g));
+  return {};
 }
 
 Result<NodeLowering> lowerNode(const Node& n, const LoweringContext& ctx) {

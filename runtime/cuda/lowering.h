@@ -11,9 +11,18 @@ enum class NodeExec {
   Kernels,     // lowerNode() gives the kernels
   Matmul,      // cuBLASLt (runtime/cuda/cublaslt_matmul.h)
   Collective,  // across ranks (an axis of size > 1): the executor's collective code
+  View,        // the result is operand 0's bytes in the same order (isView): it aliases them, nothing runs
 };
 
+// A movement node whose result is a prefix of its operand's row-major bytes, in the same order: a reshape,
+// a transpose that only moves size-1 dims, a slice from 0 with only size-1 dims before its axis, a concat
+// of one operand, a broadcast_to that only adds size-1 dims.
+bool isView(const Node& n);
+
 NodeExec nodeExec(const Node& n);
+// The graph rewrites the CUDA backend applies to each rank's program before lowering it (passes/ that
+// the CPU reference does not run): fold-batch-matmul-sum.
+Status rewriteForCuda(Graph& g);
 // The kernels of a Kernels node; a collective over an axis of size 1 is lowered as a copy.
 Result<NodeLowering> lowerNode(const Node& n, const LoweringContext& ctx);
 

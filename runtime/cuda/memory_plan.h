@@ -1,10 +1,18 @@
-// The static memory plan of one rank's step: every buffer with a lifetime [first, last] (inclusive node
-// indices) gets an offset in one arena; buffers whose lifetimes overlap never share bytes. Greedy by size,
-// largest first, each at the lowest offset that fits (a first-fit that packs transformer steps tightly).
+// The static memory plan of one rank's step. planMemory: every buffer with a lifetime [first, last]
+// (inclusive node indices) gets an offset in one arena; buffers whose lifetimes overlap never share bytes.
+// Greedy by size, largest first, each at the lowest offset that fits (a first-fit that packs transformer
+// steps tightly). planStepMemory: the buffers of a graph's values, the views that alias them and the
+// outputs written into their parameter's buffer.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "ir/graph.h"
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/DenseMap.h"
 
 namespace tpc::cuda {
 
@@ -16,5 +24,22 @@ struct PlannedBuffer {
 
 // Sets every buffer's offset (aligned to `alignment`); returns the arena size (the planned peak).
 int64_t planMemory(std::vector<PlannedBuffer>& buffers, int64_t alignment = 256);
+
+struct StepMemoryPlan {
+  std::vector<PlannedBuffer> buffers;  // offsets set: node results, workspaces
+  llvm::DenseMap<const Value*, int> bufferOf;  // node results that own an arena buffer
+  std::vector<int> workspaceOf;                // per node (graph order): its workspace buffer, or -1
+  // View results (nodeExec View): the value whose memory they are, never itself a view: a node result
+  // with an arena buffer (kept alive to the views' last use), an in-place output, a parameter or an input.
+  llvm::DenseMap<const Value*, const Value*> viewOf;
+  // Outputs named like a parameter that are written straight into its buffer: an elementwise-like node
+  // (optimizer, elementwise) that no later node reads the old parameter after, directly or through a view.
+  llvm::DenseMap<const Value*, std::string> inPlace;
+  std::vector<std::pair<const Value*, std::string>> paramCopies;  // the other ones: copied at the step's end
+  int64_t arenaBytes = 0;
+};
+
+// `workspaceBytes[k]`: the scratch node k (graph order) needs for the step.
+StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes, int64_t alignment = 256);
 
 }  // namespace tpc::cuda
