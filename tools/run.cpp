@@ -57,11 +57,19 @@ Result<std::string> resolveDataPath(const std::string& prefix) {
                    "Brown corpus, or make a dataset with 'tpc prepare')");
 }
 
-// Training windows from the train split of an indexed dataset.
+// Training windows from the train split of an indexed dataset. With dumpTo(), every window read is also
+// appended to a file (tpc run --dump-batches): seq + 1 int32 tokens per row, little-endian, in the order the
+// trainer reads them, so that another trainer can be fed exactly tpc's batches.
 class DatasetBatches final : public BatchSource {
  public:
   DatasetBatches(IndexedDataset data, DocRange train, uint32_t seq, uint64_t seed)
       : data_(std::move(data)), windows_(data_, train, seq, seed), buf_(seq + 1) {}
+  Status dumpTo(const std::string& path) {
+    dumpPath_ = path;
+    dump_.open(path, std::ios::binary | std::ios::trunc);
+    if (!dump_) return makeError("--dump-batches ", path, ": cannot write the file (does its folder exist and is it writable?)");
+    return {};
+  }
   Status status() const { return windows_.status(); }
   uint64_t windowsPerEpoch() const { return windows_.windowsPerEpoch(); }
   uint64_t position() const { return windows_.position(); }
@@ -70,6 +78,9 @@ class DatasetBatches final : public BatchSource {
   Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
     for (int64_t r = 0; r < rows; ++r) {
       TPC_TRY(windows_.next(buf_.data()));
+      if (dump_.is_open() && !dump_.write(reinterpret_cast<const char*>(buf_.data()),
+                                          static_cast<std::streamsize>(buf_.size() * sizeof(int32_t))).flush())
+        return makeError("--dump-batches ", dumpPath_, ": writing the batches failed (is the disk full?)");
       std::copy(buf_.begin(), buf_.begin() + seq, tokens + r * seq);
       std::copy(buf_.begin() + 1, buf_.end(), targets + r * seq);
     }
@@ -80,6 +91,8 @@ class DatasetBatches final : public BatchSource {
   IndexedDataset data_;
   TokenWindows windows_;
   std::vector<int32_t> buf_;
+  std::string dumpPath_;
+  std::ofstream dump_;
 };
 
 int runRun(std::vector<std::string> args) {
@@ -91,7 +104,12 @@ int runRun(std::vector<std::string> args) {
       .value("metrics-port", "serve the run's figures for Prometheus at http://127.0.0.1:PORT/metrics")
       .value("eval-interval", "steps between evaluations on the validation split; 0: none", "0")
       .value("eval-iters", "batches per evaluation (validation, and test after the last step)", "10")
-      .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)");
+      .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)")
+      .toggle("save-initial", "with --save: also write the initial state, before step 1, as iteration 0 (a comparison "
+                              "aid: another trainer can start from tpc's initial weights)")
+      .value("dump-batches", "write every training window read (seq-length + 1 int32 tokens per row, the rows of "
+                             "step 1, then step 2, ...) to this file: a comparison aid to feed another trainer "
+                             "tpc's batches");
   flags.value("backend", "auto | cpu | cuda", "auto")
       .value("collectives", "CUDA with --tp/--dp: nccl (a GPU per rank) | virtual (all ranks on one GPU) | auto", "auto")
       .value("threads", "CPU backend threads (0: all cores)", "0")
@@ -130,6 +148,10 @@ int runRun(std::vector<std::string> args) {
   if (!evalIters) return cli::fail("run", evalIters.error());
   auto profileStep = flags.getInt("profile-step", 0, int64_t(1) << 40);
   if (!profileStep) return cli::fail("run", profileStep.error());
+  if (flags.on("save-initial") && !flags.has("save"))
+    return cli::fail("run", "--save-initial writes iteration 0 into the --save folder; add --save DIR");
+  if (flags.on("save-initial") && flags.has("load"))
+    return cli::fail("run", "--save-initial writes the initial state of a fresh run; drop it when resuming with --load");
   std::optional<LoadedCheckpoint> checkpoint;
   if (flags.has("load")) {
     auto c = loadCheckpoint(flags.get("load"));
@@ -219,6 +241,8 @@ int runRun(std::vector<std::string> args) {
   }
   DatasetBatches batches(std::move(dataset).value(), splits->train, static_cast<uint32_t>(config.seqLength), config.seed);
   if (Status s = batches.status(); !s.ok()) return cli::fail("run", s.error());
+  if (flags.has("dump-batches"))
+    if (Status s = batches.dumpTo(flags.get("dump-batches")); !s.ok()) return cli::fail("run", s.error());
 
   // Backend and initial state.
   CpuOptions cpu;
@@ -330,23 +354,28 @@ int runRun(std::vector<std::string> args) {
     };
   }
   const std::string saveDir = flags.get("save");
+  auto saveAt = [&](int64_t it) -> Status {
+    CheckpointState cs;
+    cs.iteration = it;
+    cs.dataPosition = batches.position();
+    cs.seed = config.seed;
+    cs.model = path;
+    cs.config = cat("tp=", config.tp, " dp=", config.dp, " sp=", config.sp, " micro=", config.microBatch,
+                    " global=", config.globalBatch, " seq=", config.seqLength, " lr=", config.lr);
+    TPC_ASSIGN(std::string modelBytes, serializeModel(*model, false));
+    TPC_TRY(saveCheckpoint(saveDir, cs, checkpointTensors,
+                           [&](const std::string& n) { return backend->readState(n); }, *keep,
+                           {{"model.fb", modelBytes}}));
+    if (settings.logInterval > 0) std::cout << "saved checkpoint " << saveDir << " iteration " << it << std::endl;
+    return {};
+  };
   if (!saveDir.empty())
     settings.afterStep = [&](int64_t it) -> Status {
       if (it != config.trainIters && (*saveInterval == 0 || it % *saveInterval != 0)) return {};
-      CheckpointState cs;
-      cs.iteration = it;
-      cs.dataPosition = batches.position();
-      cs.seed = config.seed;
-      cs.model = path;
-      cs.config = cat("tp=", config.tp, " dp=", config.dp, " sp=", config.sp, " micro=", config.microBatch,
-                      " global=", config.globalBatch, " seq=", config.seqLength, " lr=", config.lr);
-      TPC_ASSIGN(std::string modelBytes, serializeModel(*model, false));
-      TPC_TRY(saveCheckpoint(saveDir, cs, checkpointTensors,
-                             [&](const std::string& n) { return backend->readState(n); }, *keep,
-                             {{"model.fb", modelBytes}}));
-      if (settings.logInterval > 0) std::cout << "saved checkpoint " << saveDir << " iteration " << it << std::endl;
-      return {};
+      return saveAt(it);
     };
+  if (flags.on("save-initial"))
+    if (Status s = saveAt(0); !s.ok()) return cli::fail("run", s.error());
   settings.onNonFinite = *onNan;
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());

@@ -1,6 +1,9 @@
 // `tpc sample --load DIR --prompt "..."`: text generation from a checkpoint with the model's tokenizer,
-// streaming tokens as they come. Each token runs the GPT forward (built for the current context length,
-// at most the position table) on the CPU reference backend; temperature 0 is greedy decoding.
+// streaming tokens as they come; temperature 0 is greedy decoding. One forward graph of a fixed window
+// [1, T] (T: prompt + new tokens, at most the position table) is built once and run for every token, on
+// the GPU or the CPU: the context sits at the front of the window and the logits of its last position are
+// read; causal attention keeps the padding after it from changing them. `--window grow` is the reference
+// it is tested against: a graph rebuilt for each context length, CPU only.
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -10,8 +13,12 @@
 #include "frontend/tokenizer.h"
 #include "models/gpt.h"
 #include "passes/builtin_passes.h"
+#include "runtime/backend_select.h"
 #include "runtime/checkpoint.h"
 #include "runtime/cpu/cpu_executor.h"
+#ifdef TPC_HAVE_CUDA
+#include "runtime/cuda/cuda_backend.h"
+#endif
 #include "runtime/safetensors.h"
 #include "tools/cli.h"
 
@@ -53,6 +60,9 @@ int runSample(std::vector<std::string> args) {
       .value("top-k", "sample among the K most likely tokens only; 0: all", "0")
       .value("seed", "random seed of the sampler", "1234")
       .value("threads", "CPU threads (0: all cores)", "0")
+      .value("backend", "auto | cpu | cuda (auto: the GPU when there is one)", "auto")
+      .value("window", "fixed: one graph of [1, prompt + max-tokens] run for every token | grow: a graph per "
+                       "context length (the CPU reference fixed is tested against)", "fixed")
       .value("dump-logits", "write the prompt's logits to this safetensors file");
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
@@ -65,6 +75,14 @@ int runSample(std::vector<std::string> args) {
   for (const Status& s : {maxTokens.status(), topK.status(), seed.status(), temperature.status(), threads.status()})
     if (!s.ok()) return cli::fail("sample", s.error());
   if (*temperature < 0) return cli::fail("sample", "--temperature must be >= 0 (0: greedy)");
+  const std::string window = flags.get("window");
+  if (window != "fixed" && window != "grow")
+    return cli::fail("sample", "--window=" + window + " is not a window mode (expected fixed or grow)");
+  auto backendKind = selectBackend(flags.get("backend"));
+  if (!backendKind) return cli::fail("sample", backendKind.error());
+  if (window == "grow" && *backendKind == BackendKind::Cuda && flags.get("backend") == "cuda")
+    return cli::fail("sample", "--window grow runs on the CPU only (a graph per length); use --window fixed with --backend cuda");
+  if (window == "grow") backendKind = BackendKind::Cpu;
 
   auto ck = loadCheckpoint(flags.get("load"));
   if (!ck) return cli::fail("sample", ck.error());
@@ -92,22 +110,74 @@ int runSample(std::vector<std::string> args) {
   if (ids.empty()) ids.push_back((*tokenizer)->eod());
   CpuOptions cpu;
   cpu.threads = static_cast<int>(*threads);
-  // Logits of the last `len` tokens, [len, vocab].
+  // The fixed window: long enough for the prompt and every new token, never longer than the position table.
+  const int64_t fixedLen =
+      std::max<int64_t>(1, std::min<int64_t>(static_cast<int64_t>(ids.size()) + *maxTokens, gpt.positions));
+  std::unique_ptr<Graph> fixedGraph;
+  std::unique_ptr<CpuExecutor> fixedCpu;
+  std::unique_ptr<Backend> fixedGpu;
+  if (window == "fixed") {
+    auto g = logitsGraph(gpt, model->config, fixedLen);
+    if (!g) return cli::fail("sample", g.error());
+    fixedGraph = std::move(*g);
+#ifdef TPC_HAVE_CUDA
+    if (*backendKind == BackendKind::Cuda) {
+      CudaOptions options;
+      options.verbose = false;
+      fixedGpu = createCudaBackend({}, options);
+      TensorMap state;
+      for (size_t k = 0; k < params.size(); ++k) state[fixedGraph->params()[k]->name()] = params[k];
+      if (Status s = fixedGpu->prepare(*fixedGraph, state); !s.ok()) return cli::fail("sample", s.error());
+    }
+#endif
+    if (!fixedGpu) {
+      auto e = CpuExecutor::create(*fixedGraph, cpu);
+      if (!e) return cli::fail("sample", e.error());
+      fixedCpu = std::move(*e);
+    }
+  }
+  int64_t calls = 0;
+  // Logits [len, vocab] of the last `len` context tokens (len <= the window in fixed mode).
   auto forward = [&](int64_t len) -> Result<HostTensor> {
-    TPC_ASSIGN(auto g, logitsGraph(gpt, model->config, len));
-    TPC_ASSIGN(auto exec, CpuExecutor::create(*g, cpu));
-    HostTensor tokens(TensorType(DType::i32, {1, len})), targets(TensorType(DType::i32, {1, len}));
+    if (window == "grow") {
+      TPC_ASSIGN(auto g, logitsGraph(gpt, model->config, len));
+      TPC_ASSIGN(auto exec, CpuExecutor::create(*g, cpu));
+      HostTensor tokens(TensorType(DType::i32, {1, len})), targets(TensorType(DType::i32, {1, len}));
+      std::copy(ids.end() - len, ids.end(), tokens.data<int32_t>());
+      std::vector<const HostTensor*> in;
+      for (const Value* v : g->inputs()) in.push_back(v->name() == "tokens" ? &tokens : &targets);
+      std::vector<const HostTensor*> ps;
+      for (const HostTensor& t : params) ps.push_back(&t);
+      TPC_ASSIGN(auto out, exec->run(in, ps, 0));
+      return out[0];
+    }
+    // The context at the front of the window, padded with the end-of-document id (never read: causal).
+    HostTensor tokens(TensorType(DType::i32, {1, fixedLen})), targets(TensorType(DType::i32, {1, fixedLen}));
+    std::fill(tokens.data<int32_t>(), tokens.data<int32_t>() + fixedLen, (*tokenizer)->eod());
+    std::fill(targets.data<int32_t>(), targets.data<int32_t>() + fixedLen, 0);
     std::copy(ids.end() - len, ids.end(), tokens.data<int32_t>());
-    std::vector<const HostTensor*> in;
-    for (const Value* v : g->inputs()) in.push_back(v->name() == "tokens" ? &tokens : &targets);
-    std::vector<const HostTensor*> ps;
-    for (const HostTensor& t : params) ps.push_back(&t);
-    TPC_ASSIGN(auto out, exec->run(in, ps, 0));
-    return out[0];
+    HostTensor all;
+    if (fixedGpu) {
+      TensorMap in{{"tokens", tokens}, {"targets", targets}};
+      TPC_ASSIGN(TensorMap out, fixedGpu->step(in, ++calls));
+      if (!out.count("logits")) return makeError("sample: the GPU forward returned no logits");
+      all = out["logits"];
+    } else {
+      std::vector<const HostTensor*> in;
+      for (const Value* v : fixedGraph->inputs()) in.push_back(v->name() == "tokens" ? &tokens : &targets);
+      std::vector<const HostTensor*> ps;
+      for (const HostTensor& t : params) ps.push_back(&t);
+      TPC_ASSIGN(auto out, fixedCpu->run(in, ps, 0));
+      all = std::move(out[0]);
+    }
+    all = all.convertTo(DType::f32);
+    HostTensor rows(TensorType(DType::f32, {len, gpt.vocab}));
+    std::copy(all.data<float>(), all.data<float>() + len * gpt.vocab, rows.data<float>());
+    return rows;
   };
 
   if (flags.has("dump-logits")) {
-    int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), gpt.positions);
+    int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), window == "fixed" ? fixedLen : gpt.positions);
     auto logits = forward(len);
     if (!logits) return cli::fail("sample", logits.error());
     SafetensorsFile f;
@@ -123,10 +193,10 @@ int runSample(std::vector<std::string> args) {
   std::mt19937_64 rng(static_cast<uint64_t>(*seed));
   std::cout << flags.get("prompt") << std::flush;
   for (int64_t i = 0; i < *maxTokens; ++i) {
-    int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), gpt.positions);
+    int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), window == "fixed" ? fixedLen : gpt.positions);
     auto logits = forward(len);
     if (!logits) return cli::fail("sample", logits.error());
-    const float* last = logits->data<float>() + (len - 1) * gpt.vocab;
+    const float* last = logits->data<float>() + (len - 1) * gpt.vocab;  // the last real position
     std::vector<int32_t> order(gpt.vocab);
     for (int32_t k = 0; k < gpt.vocab; ++k) order[k] = k;
     int32_t next;

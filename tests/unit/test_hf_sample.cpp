@@ -120,4 +120,24 @@ TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped lo
   CHECK(bad.err.find("--temperature must be >= 0") != std::string::npos);
 }
 
+TEST_CASE("sample: the fixed window (one graph) gives today's greedy output, also past the position table", "[sample][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  std::string base = "sample --threads 2 --backend cpu --temperature 0 --load " + ck + " --prompt 'The jury' ";
+  // 20 new tokens: a window of 28, the context at its front and padding after it for every token but the
+  // last. 70: the context passes tiny's 64 positions, so the window slides over the last 64 tokens.
+  for (const char* n : {"20", "70"}) {
+    auto grow = tpc(base + "--window grow --max-tokens " + n);
+    auto fixed = tpc(base + "--window fixed --max-tokens " + n);
+    INFO("--max-tokens " << n << "\ngrow: " << grow.out << grow.err << "\nfixed: " << fixed.out << fixed.err);
+    REQUIRE(grow.exitCode == 0);
+    REQUIRE(fixed.exitCode == 0);
+    CHECK(fixed.out == grow.out);
+    CHECK(fixed.out.size() > std::string("The jury\n").size());
+  }
+  auto bad = tpc("sample --load " + ck + " --window slide");
+  CHECK(bad.exitCode == 1);
+  CHECK(bad.err == "tpc sample: error: --window=slide is not a window mode (expected fixed or grow)\n");
+}
+
 }  // namespace tpc

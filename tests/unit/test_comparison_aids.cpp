@@ -1,0 +1,112 @@
+// `tpc run --dump-batches FILE` and `--save-initial`: the aids that let another trainer (bench/'s PyTorch peer)
+// read exactly tpc's batches and start from tpc's initial weights. The dump must hold the trainer's windows in
+// order; the iteration-0 checkpoint must be the state a fresh run starts from.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "frontend/data_dir.h"
+#include "frontend/indexed_dataset.h"
+#include "frontend/token_windows.h"
+#include "runtime/checkpoint.h"
+#include "test_support.h"
+
+namespace tpc {
+namespace {
+
+std::string tiny() { return test::binaryPath("models/tiny.fb"); }
+
+std::vector<double> lossesOf(const std::string& jsonl) {
+  std::vector<double> out;
+  std::istringstream in(jsonl);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto k = line.find("\"loss\": ");
+    if (k != std::string::npos) out.push_back(std::stod(line.substr(k + 8)));
+  }
+  return out;
+}
+
+test::CommandResult run(const std::string& args) {
+  auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " --threads 2 --log-interval 1 " + args);
+  INFO("tpc run " << args << "\n" << r.out << r.err);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("tpc run --dump-batches writes the trainer's windows in order", "[run][cli][compare]") {
+  test::TempDir dir;
+  // micro 4, accumulation 2: a step reads 8 rows; 3 steps.
+  auto r = run("--train-iters 3 --micro-batch-size 4 --global-batch-size 8 --seq-length 32 --seed 99 --dump-batches " +
+               dir / "batches.i32");
+  REQUIRE(r.exitCode == 0);
+  std::string bytes = test::readFile(dir / "batches.i32");
+  const size_t rows = 3 * 8, window = 33;
+  REQUIRE(bytes.size() == rows * window * sizeof(int32_t));
+
+  // The same windows, drawn directly from the train split with the run's seed.
+  auto data = IndexedDataset::open(dataDir() + "/brown/brown_byte");
+  REQUIRE(data.ok());
+  auto splits = splitDocuments("949,50,1", data->numDocuments());
+  REQUIRE(splits.ok());
+  TokenWindows windows(*data, splits->train, 32, 99);
+  REQUIRE(windows.status().ok());
+  std::vector<int32_t> expected(rows * window), got(rows * window);
+  for (size_t i = 0; i < rows; ++i) REQUIRE(windows.next(expected.data() + i * window).ok());
+  std::memcpy(got.data(), bytes.data(), bytes.size());
+  CHECK(got == expected);
+  // Not a constant file: the windows differ from each other.
+  CHECK(!std::equal(got.begin(), got.begin() + window, got.begin() + window));
+}
+
+TEST_CASE("tpc run --save-initial: iteration 0 is the state a fresh run starts from", "[run][cli][compare][checkpoint]") {
+  test::TempDir dir;
+  auto fresh = run("--train-iters 3 --save " + dir / "ck" + " --save-initial --log-jsonl " + dir / "fresh.jsonl");
+  REQUIRE(fresh.exitCode == 0);
+  CHECK(fresh.out.find("saved checkpoint " + dir / "ck" + " iteration 0") != std::string::npos);
+  auto ck = loadCheckpoint(dir / "ck/iter_0000000");
+  REQUIRE(ck.ok());
+  CHECK(ck->state.iteration == 0);
+  CHECK(ck->state.dataPosition == 0);
+  // The AdamW moments of iteration 0 are zero; the weights are the (random, not zero) initialization.
+  const HostTensor* m = ck->tensors.find("wte.adam_m");
+  const HostTensor* w = ck->tensors.find("wte");
+  REQUIRE(m);
+  REQUIRE(w);
+  CHECK(w->type().str() == "f32[257,128]");  // the real vocabulary, as every checkpoint stores it
+  CHECK(std::all_of(m->data<float>(), m->data<float>() + m->numel(), [](float x) { return x == 0; }));
+  CHECK(std::any_of(w->data<float>(), w->data<float>() + w->numel(), [](float x) { return x != 0; }));
+
+  // Resumed from iteration 0, the run repeats the fresh run's losses bit for bit.
+  auto resumed = run("--train-iters 3 --load " + dir / "ck/iter_0000000" + " --log-jsonl " + dir / "resumed.jsonl");
+  REQUIRE(resumed.exitCode == 0);
+  auto a = lossesOf(test::readFile(dir / "fresh.jsonl"));
+  auto b = lossesOf(test::readFile(dir / "resumed.jsonl"));
+  REQUIRE(a.size() == 3);
+  CHECK(a == b);
+}
+
+TEST_CASE("tpc run: --dump-batches and --save-initial misuse is one error line, exit 1", "[run][cli][compare]") {
+  test::TempDir dir;
+  struct Case {
+    std::string args, expected;
+  };
+  const Case cases[] = {
+      {"--save-initial", "tpc run: error: --save-initial writes iteration 0 into the --save folder; add --save DIR\n"},
+      {"--save-initial --save " + dir / "a" + " --load " + dir / "a",
+       "tpc run: error: --save-initial writes the initial state of a fresh run; drop it when resuming with --load\n"},
+      {"--dump-batches /nonexistent/folder/b.i32",
+       "tpc run: error: --dump-batches /nonexistent/folder/b.i32: cannot write the file (does its folder exist and is "
+       "it writable?)\n"},
+  };
+  for (const Case& c : cases) {
+    auto r = run("--train-iters 1 " + c.args);
+    CHECK(r.exitCode == 1);
+    CHECK(r.err == c.expected);
+  }
+}
+
+}  // namespace tpc
