@@ -1,5 +1,5 @@
 // Hidden benchmark (`tpc_gpu_tests "[.bench]"`): causal bf16 flash attention, forward and backward, the
-// f32 CUDA-core kernels against the tensor-core ones, timed with CUDA events at the GPT shapes. Prints ms
+// f32 CUDA-core kernels against the tensor-core ones (as shipped, and without the hi+lo split of P), timed with CUDA events at the GPT shapes. Prints ms
 // and TFLOP/s (causal FLOPs: forward 2 B H T^2 Dh, backward 2.5 times that) and how far the two kernel
 // sets' results are apart (max |new - old| / max |old| per result).
 #include <cuda_runtime.h>
@@ -138,11 +138,12 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
     BENCH_CUDA(cudaMalloc(&stepDev, 8));
     BENCH_CUDA(cudaMemset(stepDev, 0, 8));
     const double fwdFlop = 2.0 * s[0] * s[1] * s[2] * s[2] * s[3], bwdFlop = 2.5 * fwdFlop;
-    std::vector<void*> outs[2], lses[2], grads[2];
-    for (int impl = 0; impl < 2; ++impl) {  // 0: CUDA cores, 1: tensor cores
-      const char* name = impl ? "tensor-core" : "cuda-core";
-      auto fl = impl ? cuda::lowerAttentionTensorCore(*fwd.node, ctx) : cuda::lowerAttentionSimt(*fwd.node, ctx);
-      auto bl = impl ? cuda::lowerAttentionGradTensorCore(*bwd.node, ctx) : cuda::lowerAttentionGradSimt(*bwd.node, ctx);
+    std::vector<void*> outs[3], lses[3], grads[3];
+    for (int impl = 0; impl < 3; ++impl) {  // 0: CUDA cores, 1: tensor cores, 2: tensor cores, 16-bit P
+      const char* name = impl == 0 ? "cuda-core" : impl == 1 ? "tensor-core" : "tc-16bit-P";
+      auto fl = impl ? cuda::lowerAttentionTensorCore(*fwd.node, ctx, impl == 1) : cuda::lowerAttentionSimt(*fwd.node, ctx);
+      auto bl = impl ? cuda::lowerAttentionGradTensorCore(*bwd.node, ctx, impl == 1)
+                     : cuda::lowerAttentionGradSimt(*bwd.node, ctx);
       REQUIRE(fl.ok());
       REQUIRE(bl.ok());
       void *o = nullptr, *l = nullptr;
@@ -164,12 +165,15 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
       cudaFree(ws);
     }
     BENCH_CUDA(cudaDeviceSynchronize());
-    std::printf("%-26s new vs old: out %.2e, dq %.2e, dk %.2e, dv %.2e (max |diff| / max |old|)\n",
-                shapeStr(s).c_str(), relDiff(outs[0][0], outs[1][0], n), relDiff(grads[0][0], grads[1][0], n),
-                relDiff(grads[0][1], grads[1][1], n), relDiff(grads[0][2], grads[1][2], n));
-    CHECK(relDiff(outs[0][0], outs[1][0], n) < 2e-2);
-    for (int r = 0; r < 3; ++r) CHECK(relDiff(grads[0][r], grads[1][r], n) < 5e-2);
-    for (int impl = 0; impl < 2; ++impl) {
+    for (int impl = 1; impl < 3; ++impl) {
+      std::printf("%-26s %s vs cuda-core: out %.2e, dq %.2e, dk %.2e, dv %.2e (max |diff| / max |old|)\n",
+                  shapeStr(s).c_str(), impl == 1 ? "tensor-core" : "tc-16bit-P", relDiff(outs[0][0], outs[impl][0], n),
+                  relDiff(grads[0][0], grads[impl][0], n), relDiff(grads[0][1], grads[impl][1], n),
+                  relDiff(grads[0][2], grads[impl][2], n));
+      CHECK(relDiff(outs[0][0], outs[impl][0], n) < 2e-2);
+      for (int r = 0; r < 3; ++r) CHECK(relDiff(grads[0][r], grads[impl][r], n) < 5e-2);
+    }
+    for (int impl = 0; impl < 3; ++impl) {
       cudaFree(outs[impl][0]);
       cudaFree(lses[impl][0]);
       for (void* p : grads[impl]) cudaFree(p);

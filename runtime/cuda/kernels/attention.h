@@ -30,5 +30,8 @@ Result<NodeLowering> lowerAttentionGradSimt(const Node& n, const LoweringContext
 // The tensor-core kernels (only where tensorCoreAttention holds).
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx);
+// splitP false: P and dS rounded to 16 bits once (FlashAttention-2's numerics, fewer mma); for benchmarks.
+Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx, bool splitP);
+Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx, bool splitP);
 
 }  // namespace tpc::cuda

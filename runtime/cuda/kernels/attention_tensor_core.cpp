@@ -24,16 +24,17 @@ constexpr int64_t kRows = 64;  // rows per block (4 warps x 16) and rows per til
 // (FlashAttention-2's numerics, fewer mma) the gradients of the 77-token D128 case are ~1.4e-2 off the
 // CPU backend under the emulator (bf16 P rounding of the large early-row probabilities), over the 1e-2
 // of the kernel tests.
+// (tpc_gpu_tests "[.bench]" times both.)
 constexpr bool kSplitP = true;
 
-std::string tcHead(const AttnShape& a, DType dt) {
+std::string tcHead(const AttnShape& a, DType dt, bool splitP) {
   const bool f16 = dt == DType::f16;
   return attnHead(a, dt) + tensorCorePrelude() +
          cat("#define MMA ", f16 ? "tpc_mma_f16" : "tpc_mma_bf16", "\n#define PACK ",
              f16 ? "tpc_pack_f16" : "tpc_pack_bf16", "\n#define LO16(w) ",
              f16 ? "tpc_f16_to_f32((f16_t)((w) & 0xffffu))" : "__uint_as_float((w) << 16)", "\n#define HI16(w) ",
              f16 ? "tpc_f16_to_f32((f16_t)((w) >> 16))" : "__uint_as_float((w) & 0xffff0000u)",
-             "\n#define SPLIT_P ", kSplitP ? 1 : 0, "\n#define BR ", kRows, "\n#define SD (HD + 8)\n") +
+             "\n#define SPLIT_P ", splitP ? 1 : 0, "\n#define BR ", kRows, "\n#define SD (HD + 8)\n") +
          R"(
 #define LOG2E 1.4426950408889634f
 #define SCALE_LOG2 (SCALE * LOG2E)
@@ -137,11 +138,18 @@ bool tensorCoreAttention(DType dt, const AttnShape& a) {
 }
 
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx) {
+  return lowerAttentionTensorCore(n, ctx, kSplitP);
+}
+Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx) {
+  return lowerAttentionGradTensorCore(n, ctx, kSplitP);
+}
+
+Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx, bool splitP) {
   DType dt = n.operand(0)->dtype();
   TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(0), n.operand(1)));
   KernelSpec k;
   k.entry = "tpc_attention_fwd_tc";
-  k.source = tcHead(a, dt) + R"(
+  k.source = tcHead(a, dt, splitP) + R"(
 extern "C" __global__ void __launch_bounds__(128) tpc_attention_fwd_tc(const q_t* Q, const q_t* K, const q_t* V,
                                                                         q_t* O, float* LSE, u64 seed, const i64* stepp) {
   extern __shared__ float smem[];
@@ -225,10 +233,10 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_fwd_tc(const q_t
 // dout and dk += dS^T q over the query tiles, with S^T = k q^T and dP^T = v dout^T computed transposed so
 // that P^T and dS^T are already A fragments. Kernel 3 (a block per query tile): dq += dS k over the key
 // tiles. dS = P * (dP * mask - Di) * scale, P = exp(scale q k^T - lse).
-Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx) {
+Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx, bool splitP) {
   DType dt = n.operand(1)->dtype();
   TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(1), n.operand(2)));
-  const std::string head = tcHead(a, dt);
+  const std::string head = tcHead(a, dt, splitP);
   NodeLowering out;
   out.workspaceBytes = std::max<int64_t>(a.B * a.H * a.Tq, 1) * 4;
   out.kernels.push_back(attnDiKernel(a, head));
