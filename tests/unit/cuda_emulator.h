@@ -12,6 +12,7 @@
 #include <string>
 
 #include "ir/status.h"
+#include "runtime/cuda/kernels/device_prelude.h"
 
 namespace tpc::test {
 
@@ -36,6 +37,7 @@ struct TpcEmuBlock {
   std::barrier<>* block;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<unsigned long long> slots;
+  std::vector<unsigned> xch;  // 8 words per thread: mma fragments exchanged within a warp
 };
 static TpcEmuBlock* tpc_emu_state;
 static thread_local unsigned tpc_emu_tid;
@@ -92,6 +94,7 @@ extern "C" void tpc_emu_launch(void** args, unsigned gx, unsigned gy, unsigned g
         st.block = &block;
         for (unsigned w = 0; w < (n + 31) / 32; ++w) st.warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - w * 32)));
         st.slots.assign(n, 0);
+        st.xch.assign(size_t(n) * 8, 0);
         tpc_emu_state = &st;
         std::vector<std::thread> threads;
         for (unsigned t = 0; t < n; ++t)
@@ -108,7 +111,55 @@ extern "C" void tpc_emu_launch(void** args, unsigned gx, unsigned gy, unsigned g
 )SHIM";
 }
 
-// The kernel source rewritten for the shim: inline PTX conversions and dynamic shared memory replaced.
+// Host versions of device_prelude.h's tensorCorePrelude(): mma.sync and ldmatrix as exchanges within a warp
+// (every lane publishes its fragment registers or row address, then computes its own outputs), f32 sums.
+inline const char* emulatedTensorCorePrelude() {
+  return R"SHIM(
+struct alignas(16) tpc_u32x4 { u32 x, y, z, w; };
+inline float tpc_emu_half(u32 w, int hi, bool f16) {
+  unsigned short h = (unsigned short)(hi ? w >> 16 : w & 0xffffu);
+  return f16 ? tpc_emu_h2f(h) : tpc_bf16_to_f32(h);
+}
+inline void tpc_emu_mma(float* c, const u32* a, const u32* b, bool f16) {
+  unsigned w = tpc_emu_tid / 32, lane = tpc_emu_tid % 32, g = lane >> 2, t = lane & 3;
+  std::vector<unsigned>& x = tpc_emu_state->xch;
+  for (int i = 0; i < 4; ++i) x[tpc_emu_tid * 8 + i] = a[i];
+  x[tpc_emu_tid * 8 + 4] = b[0];
+  x[tpc_emu_tid * 8 + 5] = b[1];
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  auto at = [&](unsigned src, unsigned reg, unsigned k) {
+    return tpc_emu_half(x[(w * 32 + src) * 8 + reg], k & 1, f16);
+  };
+  for (unsigned e = 0; e < 4; ++e) {
+    unsigned r = g + (e >> 1) * 8, n = 2 * t + (e & 1);
+    float acc = c[e];
+    for (unsigned k = 0; k < 16; ++k)
+      acc += at((r % 8) * 4 + (k % 8) / 2, (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), k) *
+             at(n * 4 + (k % 8) / 2, 4 + (k >= 8 ? 1 : 0), k);
+    c[e] = acc;
+  }
+  tpc_emu_state->warps[w]->arrive_and_wait();
+}
+inline void tpc_mma_bf16(float* c, const u32* a, const u32* b) { tpc_emu_mma(c, a, b, false); }
+inline void tpc_mma_f16(float* c, const u32* a, const u32* b) { tpc_emu_mma(c, a, b, true); }
+inline u32 tpc_pack_bf16(float lo, float hi) { return (u32)tpc_f32_to_bf16(lo) | ((u32)tpc_f32_to_bf16(hi) << 16); }
+inline u32 tpc_pack_f16(float lo, float hi) { return (u32)tpc_emu_f2h(lo) | ((u32)tpc_emu_f2h(hi) << 16); }
+inline void tpc_ldsm_x4_trans(u32* r, const void* row) {
+  unsigned w = tpc_emu_tid / 32, lane = tpc_emu_tid % 32, g = lane >> 2, t = lane & 3;
+  tpc_emu_state->slots[tpc_emu_tid] = (unsigned long long)(uintptr_t)row;
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  for (unsigned i = 0; i < 4; ++i) {
+    const unsigned short* r0 = (const unsigned short*)(uintptr_t)tpc_emu_state->slots[w * 32 + i * 8 + 2 * t];
+    const unsigned short* r1 = (const unsigned short*)(uintptr_t)tpc_emu_state->slots[w * 32 + i * 8 + 2 * t + 1];
+    r[i] = (u32)r0[g] | ((u32)r1[g] << 16);
+  }
+  tpc_emu_state->warps[w]->arrive_and_wait();
+}
+)SHIM";
+}
+
+// The kernel source rewritten for the shim: inline PTX conversions, tensor-core helpers and dynamic shared
+// memory replaced.
 inline std::string emulatedSource(std::string src, const std::string& entry) {
   auto replaceAll = [&](const std::string& from, const std::string& to) {
     for (size_t at = src.find(from); at != std::string::npos; at = src.find(from, at + to.size()))
@@ -119,6 +170,7 @@ inline std::string emulatedSource(std::string src, const std::string& entry) {
   replaceAll("  f16_t h;\n  asm(\"{ cvt.rn.f16.f32 %0, %1; }\" : \"=h\"(h) : \"f\"(f));\n  return h;",
              "  return tpc_emu_f2h(f);");
   replaceAll("extern __shared__ float smem[];", "float* smem = (float*)tpc_emu_smem;");
+  replaceAll(cuda::tensorCorePrelude(), emulatedTensorCorePrelude());
   return std::string(cudaEmulatorShim()) + src + "\n#define TPC_EMU_ENTRY " + entry + "\n" + cudaEmulatorLauncher();
 }
 

@@ -113,6 +113,15 @@ inline std::vector<Case> allCases() {
       {"causal bf16 D64", bf, {2, 2, 128, 64}, {2, 2, 128, 64}, attrs({{"causal", true}})},
       {"full f16 D128 dropout", h, {1, 2, 65, 128}, {1, 2, 65, 128},
        attrs({{"causal", false}, {"dropout", 0.1}, {"key", 3}})},
+      // bf16/f16 with head_dim % 16 == 0 run the tensor-core kernels (attention_tensor_core.cpp).
+      {"tc causal bf16 D64 T1024", bf, {2, 3, 1024, 64}, {2, 3, 1024, 64}, attrs({{"causal", true}})},
+      {"tc causal bf16 D128 T1024", bf, {2, 2, 1024, 128}, {2, 2, 1024, 128}, attrs({{"causal", true}})},
+      {"tc causal bf16 D128 T77", bf, {2, 2, 77, 128}, {2, 2, 77, 128}, attrs({{"causal", true}})},
+      {"tc causal f16 D64 T77 scale", h, {2, 3, 77, 64}, {2, 3, 77, 64}, attrs({{"causal", true}, {"scale", 0.2}})},
+      {"tc causal bf16 D64 T77 dropout sharded heads", bf, {3, 2, 77, 64}, {3, 2, 77, 64},
+       attrs({{"causal", true}, {"dropout", 0.2}, {"key", 5}, {"global_shape", std::vector<int64_t>{4, 6}},
+              {"offsets", std::vector<int64_t>{1, 2}}})},
+      {"tc full bf16 D64 Tq!=Tk", bf, {2, 2, 50, 64}, {2, 2, 90, 64}, attrs({{"causal", false}})},
   };
   for (const A& x : att) {
     TensorType qt(x.dt, x.q), kt(x.dt, x.k);

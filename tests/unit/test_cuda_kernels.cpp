@@ -104,6 +104,29 @@ TEST_CASE("cuda kernels: lowerings refuse what they cannot run", "[cuda]") {
     CHECK(cuda::findFamilyLowering(op) != nullptr);
 }
 
+TEST_CASE("cuda kernels: bf16/f16 attention with head_dim % 16 == 0 takes the tensor-core kernels", "[cuda]") {
+  auto entries = [](DType dt, Shape s, OpKind op) {
+    TensorType t(dt, s), lse(DType::f32, {s[0], s[1], s[2]});
+    std::vector<TensorType> types = op == OpKind::Attention ? std::vector<TensorType>{t, t, t}
+                                                            : std::vector<TensorType>{t, t, t, t, t, lse};
+    OneOp o = oneOp(op, types);
+    auto low = (*cuda::findFamilyLowering(op))(*o.node, sm90());
+    REQUIRE(low.ok());
+    std::string names;
+    for (const KernelSpec& k : low->kernels) names += k.entry + " ";
+    return names;
+  };
+  for (OpKind op : {OpKind::Attention, OpKind::AttentionGrad}) {
+    INFO(opName(op));
+    CHECK(entries(DType::bf16, {2, 12, 1024, 64}, op).find("_tc ") != std::string::npos);
+    CHECK(entries(DType::f16, {1, 2, 77, 128}, op).find("_tc ") != std::string::npos);
+    CHECK(entries(DType::f32, {1, 2, 77, 64}, op).find("_tc") == std::string::npos);
+    CHECK(entries(DType::bf16, {1, 2, 77, 40}, op).find("_tc") == std::string::npos);
+  }
+  CHECK(entries(DType::bf16, {2, 12, 1024, 64}, OpKind::AttentionGrad) ==
+        "tpc_attention_bwd_di tpc_attention_bwd_dkdv_tc tpc_attention_bwd_dq_tc ");
+}
+
 // Hidden, for developers without a GPU: every case run by the CPU emulation of the CUDA execution model
 // (slow: a host compile per kernel, a std::thread per CUDA thread). TPC_EMU_FILTER='a|b' picks cases
 // whose names contain a or b.

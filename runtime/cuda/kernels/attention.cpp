@@ -1,5 +1,5 @@
-// CUDA lowerings of attention and attention_grad as flash kernels: 64 x 64 tiles of queries and keys in
-// shared memory (f32 whatever the storage dtype), an online softmax, never a T x T matrix in memory.
+// CUDA lowerings of attention and attention_grad: which kernel set takes an op (lowerAttention), and the
+// f32 CUDA-core flash kernels: 64 x 64 tiles of queries and keys in shared memory (f32 whatever the storage dtype), an online softmax, never a T x T matrix in memory.
 // Backward recomputes P from lse and is deterministic without atomics: one kernel per key tile
 // accumulates dk and dv over the query tiles, another per query tile accumulates dq over the key tiles.
 // Dropout draws Philox bits on the [B, H, Tq, Tk] index space of the unsharded op (global_shape/offsets
@@ -11,8 +11,8 @@
 // row lives in one half-warp, so its max and sum are four xor shuffles.
 #include <cmath>
 
+#include "runtime/cuda/kernels/attention.h"
 #include "runtime/cuda/kernels/device_prelude.h"
-#include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/kernels/kernel_source.h"
 
 namespace tpc::cuda {
@@ -20,12 +20,9 @@ namespace {
 
 constexpr int64_t kTile = 64;
 
-struct AttnShape {
-  int64_t B, H, Tq, Tk, D, Dp, LD;
-  bool causal;
-  double scale, dropout;
-  int64_t key, Hg, offB, offH;
-};
+uint32_t tilesOf(int64_t t) { return static_cast<uint32_t>((t + kTile - 1) / kTile); }
+
+}  // namespace
 
 Result<AttnShape> attnShape(const Node& n, const Value* q, const Value* k) {
   AttnShape a{};
@@ -105,11 +102,24 @@ __device__ __forceinline__ float half_sum(float v) {
 )";
 }
 
-uint32_t tilesOf(int64_t t) { return static_cast<uint32_t>((t + kTile - 1) / kTile); }
-
-}  // namespace
-
+// Which kernels take which attention: bf16/f16 with head_dim a multiple of 16 (64 and 128 in the GPT
+// presets) run on tensor cores (attention_tensor_core.cpp), causal or not, with or without dropout, any T;
+// f32 inputs and other head dims (<= 128) run the f32 CUDA-core kernels below.
 Result<NodeLowering> lowerAttention(const Node& n, const LoweringContext& ctx) {
+  DType dt = n.operand(0)->dtype();
+  TPC_TRY(checkFloatDType(n, dt, "q, k and v"));
+  TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(0), n.operand(1)));
+  return tensorCoreAttention(dt, a) ? lowerAttentionTensorCore(n, ctx) : lowerAttentionSimt(n, ctx);
+}
+
+Result<NodeLowering> lowerAttentionGrad(const Node& n, const LoweringContext& ctx) {
+  DType dt = n.operand(1)->dtype();
+  TPC_TRY(checkFloatDType(n, dt, "dout, q, k, v and out"));
+  TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(1), n.operand(2)));
+  return tensorCoreAttention(dt, a) ? lowerAttentionGradTensorCore(n, ctx) : lowerAttentionGradSimt(n, ctx);
+}
+
+Result<NodeLowering> lowerAttentionSimt(const Node& n, const LoweringContext& ctx) {
   DType dt = n.operand(0)->dtype();
   TPC_TRY(checkFloatDType(n, dt, "q, k and v"));
   TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(0), n.operand(1)));
@@ -227,21 +237,10 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_fwd(const q_t* Q
   return out;
 }
 
-// Kernel 1: Di = rowsum(dout * out) (a warp per row) into the workspace. Kernel 2 (a block per key tile):
-// dv = sum over queries of (P * mask)^T dout, dk = scale dS^T q. Kernel 3 (a block per query tile):
-// dq = scale dS k. dS = P * (dP * mask - Di), dP = dout v^T, P = exp(scale q k^T - lse).
-Result<NodeLowering> lowerAttentionGrad(const Node& n, const LoweringContext& ctx) {
-  DType dt = n.operand(1)->dtype();
-  TPC_TRY(checkFloatDType(n, dt, "dout, q, k, v and out"));
-  TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(1), n.operand(2)));
-  std::string head = attnHead(a, dt);
-  NodeLowering out;
-  int64_t rows = a.B * a.H * a.Tq;
-  out.workspaceBytes = std::max<int64_t>(rows, 1) * 4;
-  {
-    KernelSpec k;
-    k.entry = "tpc_attention_bwd_di";
-    k.source = head + R"(
+KernelSpec attnDiKernel(const AttnShape& a, const std::string& head) {
+  KernelSpec k;
+  k.entry = "tpc_attention_bwd_di";
+  k.source = head + R"(
 extern "C" __global__ void tpc_attention_bwd_di(const q_t* DO, const q_t* O, float* Di) {
   const int lane = threadIdx.x & 31;
   for (i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < BH * TQ;
@@ -253,11 +252,24 @@ extern "C" __global__ void tpc_attention_bwd_di(const q_t* DO, const q_t* O, flo
   }
 }
 )";
-    k.block.x = 256;
-    k.grid.x = gridFor(rows * 32, 256);
-    k.args = {operandArg(0), operandArg(4), workspaceArg(0)};
-    out.kernels.push_back(std::move(k));
-  }
+  k.block.x = 256;
+  k.grid.x = gridFor(a.B * a.H * a.Tq * 32, 256);
+  k.args = {operandArg(0), operandArg(4), workspaceArg(0)};
+  return k;
+}
+
+// Kernel 1: Di = rowsum(dout * out) (a warp per row) into the workspace. Kernel 2 (a block per key tile):
+// dv = sum over queries of (P * mask)^T dout, dk = scale dS^T q. Kernel 3 (a block per query tile):
+// dq = scale dS k. dS = P * (dP * mask - Di), dP = dout v^T, P = exp(scale q k^T - lse).
+Result<NodeLowering> lowerAttentionGradSimt(const Node& n, const LoweringContext& ctx) {
+  DType dt = n.operand(1)->dtype();
+  TPC_TRY(checkFloatDType(n, dt, "dout, q, k, v and out"));
+  TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(1), n.operand(2)));
+  std::string head = attnHead(a, dt);
+  NodeLowering out;
+  int64_t rows = a.B * a.H * a.Tq;
+  out.workspaceBytes = std::max<int64_t>(rows, 1) * 4;
+  out.kernels.push_back(attnDiKernel(a, head));
   {
     KernelSpec k;
     k.entry = "tpc_attention_bwd_dkdv";

@@ -93,4 +93,42 @@ __device__ __forceinline__ float tpc_block_max(float v, float* smem) {
   return text;
 }
 
+const std::string& tensorCorePrelude() {
+  static const std::string text = R"CUDA(
+// Tensor-core building blocks (sm_80+; tests/unit/cuda_emulator.h swaps this whole block for a host version).
+struct alignas(16) tpc_u32x4 { u32 x, y, z, w; };
+// c += a b on one m16n8k16 tile, f32 accumulators, a row-major 16x16 and b column-major 16x8 16-bit floats.
+__device__ __forceinline__ void tpc_mma_bf16(float* c, const u32* a, const u32* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void tpc_mma_f16(float* c, const u32* a, const u32* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Two floats as one word of 16-bit floats (lo in the low half), rounded to nearest even.
+__device__ __forceinline__ u32 tpc_pack_bf16(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ u32 tpc_pack_f16(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// Four transposed 8x8 tiles of 16-bit values from shared memory: lane l names row l % 8 of tile l / 8.
+__device__ __forceinline__ void tpc_ldsm_x4_trans(u32* r, const void* row) {
+  u32 addr;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+)CUDA";
+  return text;
+}
+
 }  // namespace tpc::cuda

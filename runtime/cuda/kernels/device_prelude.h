@@ -16,4 +16,10 @@ namespace tpc::cuda {
 //   reduce     tpc_warp_sum, tpc_warp_max, tpc_block_sum(v, smem32), tpc_block_max(v, smem32)
 const std::string& devicePrelude();
 
+// Appended after the prelude by tensor-core kernels (sm_80 and later):
+//   tpc_u32x4 (16-byte vector), tpc_mma_bf16 / tpc_mma_f16(float c[4], const u32 a[4], const u32 b[2])
+//   (mma.sync m16n8k16, f32 accumulate), tpc_pack_bf16 / tpc_pack_f16(lo, hi) -> u32,
+//   tpc_ldsm_x4_trans(u32 r[4], const void* shared_row) (ldmatrix .x4 .trans).
+const std::string& tensorCorePrelude();
+
 }  // namespace tpc::cuda

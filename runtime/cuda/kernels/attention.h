@@ -1,0 +1,37 @@
+// Shared by the two flash-attention kernel sets (attention.cpp: f32 on CUDA cores, any dtype;
+// attention_tensor_core.cpp: bf16/f16 on tensor cores): the op's shape and attributes as the kernels
+// see them, the common CUDA C head (constants, Philox dropout mask, tile loads), and each set's lowering.
+#pragma once
+
+#include "runtime/cuda/kernels/family_lowerings.h"
+
+namespace tpc::cuda {
+
+struct AttnShape {
+  int64_t B, H, Tq, Tk, D, Dp, LD;
+  bool causal;
+  double scale, dropout;
+  int64_t key, Hg, offB, offH;
+};
+
+// q, k: the node's query and key operands ([B, H, T, D]); refuses head_dim > 128 and bad shards.
+Result<AttnShape> attnShape(const Node& n, const Value* q, const Value* k);
+// Prelude, q_t accessors for `dt`, the shape as #defines and drop_factor(seed, step, bh, i, j).
+std::string attnHead(const AttnShape& a, DType dt);
+// attention_grad's first kernel: Di = rowsum(dout * out) (f32, a warp per row) into workspace offset 0.
+KernelSpec attnDiKernel(const AttnShape& a, const std::string& head);
+
+// Whether the tensor-core kernels take this op: bf16 or f16 q/k/v with head_dim a multiple of 16.
+bool tensorCoreAttention(DType dt, const AttnShape& a);
+
+// The f32 CUDA-core kernels (every dtype and head_dim <= 128).
+Result<NodeLowering> lowerAttentionSimt(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerAttentionGradSimt(const Node& n, const LoweringContext& ctx);
+// The tensor-core kernels (only where tensorCoreAttention holds).
+Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx);
+// splitP false: P and dS rounded to 16 bits once (FlashAttention-2's numerics, fewer mma); for benchmarks.
+Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx, bool splitP);
+Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx, bool splitP);
+
+}  // namespace tpc::cuda

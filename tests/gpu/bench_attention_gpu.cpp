@@ -1,0 +1,183 @@
+// Hidden benchmark (`tpc_gpu_tests "[.bench]"`): causal bf16 flash attention, forward and backward, the
+// f32 CUDA-core kernels against the tensor-core ones (as shipped, and without the hi+lo split of P), timed with CUDA events at the GPT shapes. Prints ms
+// and TFLOP/s (causal FLOPs: forward 2 B H T^2 Dh, backward 2.5 times that) and how far the two kernel
+// sets' results are apart (max |new - old| / max |old| per result).
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "cuda_kernel_cases.h"
+#include "gpu_test_support.h"
+#include "runtime/cuda/kernels/attention.h"
+#include "runtime/cuda/nvrtc_compiler.h"
+
+using namespace tpc;
+using namespace tpc::test;
+using namespace tpc::test::kernels;
+
+namespace {
+
+#define BENCH_CUDA(expr)                                                   \
+  do {                                                                     \
+    cudaError_t e_ = (expr);                                               \
+    if (e_ != cudaSuccess) FAIL(#expr << ": " << cudaGetErrorString(e_)); \
+  } while (0)
+
+struct Launchable {
+  cudaKernel_t fn;
+  KernelSpec spec;
+};
+
+std::vector<Launchable> load(cuda::NvrtcCompiler& nvrtc, const NodeLowering& low) {
+  std::vector<Launchable> out;
+  for (const KernelSpec& k : low.kernels) {
+    auto cubin = nvrtc.compile(k.source, k.entry);
+    if (!cubin.ok()) FAIL(cubin.error());
+    cudaLibrary_t lib;
+    BENCH_CUDA(cudaLibraryLoadData(&lib, cubin->data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+    cudaKernel_t fn;
+    BENCH_CUDA(cudaLibraryGetKernel(&fn, lib, k.entry.c_str()));
+    if (k.sharedBytes > 48 * 1024)
+      BENCH_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(k.sharedBytes)));
+    out.push_back({fn, k});
+  }
+  return out;
+}
+
+void launchAll(const std::vector<Launchable>& ks, const std::vector<void*>& ops, const std::vector<void*>& res, char* ws,
+               void* step) {
+  for (const Launchable& l : ks) {
+    ArgPack pack(l.spec, ops, res, ws, 4242, step);
+    const KernelSpec& k = l.spec;
+    BENCH_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(l.fn), dim3(k.grid.x, k.grid.y, k.grid.z),
+                                dim3(k.block.x, k.block.y, k.block.z), pack.args.data(), k.sharedBytes, 0));
+  }
+  BENCH_CUDA(cudaGetLastError());
+}
+
+// Milliseconds per run of all of `ks` (2 warm-up runs, then the mean of `iters`).
+double timeMs(const std::vector<Launchable>& ks, const std::vector<void*>& ops, const std::vector<void*>& res, char* ws,
+              void* step, int iters = 10) {
+  for (int i = 0; i < 2; ++i) launchAll(ks, ops, res, ws, step);
+  cudaEvent_t a, b;
+  BENCH_CUDA(cudaEventCreate(&a));
+  BENCH_CUDA(cudaEventCreate(&b));
+  BENCH_CUDA(cudaEventRecord(a));
+  for (int i = 0; i < iters; ++i) launchAll(ks, ops, res, ws, step);
+  BENCH_CUDA(cudaEventRecord(b));
+  BENCH_CUDA(cudaEventSynchronize(b));
+  float ms = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / iters;
+}
+
+void* deviceBf16(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<uint16_t> h(n);
+  for (uint16_t& x : h) {
+    float f = u(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    x = static_cast<uint16_t>(bits >> 16);
+  }
+  void* p = nullptr;
+  BENCH_CUDA(cudaMalloc(&p, n * 2));
+  BENCH_CUDA(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  return p;
+}
+
+// max |a - b| / max |a| of two device bf16 arrays of n values.
+double relDiff(const void* a, const void* b, size_t n) {
+  std::vector<uint16_t> ha(n), hb(n);
+  cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost);
+  auto f = [](uint16_t x) {
+    uint32_t bits = uint32_t(x) << 16;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return double(v);
+  };
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::abs(f(ha[i]) - f(hb[i])));
+    mag = std::max(mag, std::abs(f(ha[i])));
+  }
+  return diff / std::max(mag, 1e-30);
+}
+
+}  // namespace
+
+TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.bench]") {
+  requireGpuOrSkip();
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  cuda::LoweringContext ctx;
+  ctx.smMajor = prop.major;
+  ctx.smMinor = prop.minor;
+  ctx.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+  std::printf("%-26s %-5s %-12s %9s %9s\n", "shape [B,H,T,Dh]", "pass", "kernels", "ms", "TFLOP/s");
+  const int64_t shapes[2][4] = {{16, 12, 1024, 64}, {8, 16, 1024, 128}};
+  for (const auto& d : shapes) {
+    const Shape s = {d[0], d[1], d[2], d[3]};
+    const size_t n = static_cast<size_t>(s[0] * s[1] * s[2] * s[3]), rows = static_cast<size_t>(s[0] * s[1] * s[2]);
+    TensorType t(DType::bf16, s), lse(DType::f32, {s[0], s[1], s[2]});
+    OneOp fwd = oneOp(OpKind::Attention, {t, t, t}, attrs({{"causal", true}}));
+    OneOp bwd = oneOp(OpKind::AttentionGrad, {t, t, t, t, t, lse}, attrs({{"causal", true}}));
+    std::mt19937 rng(11);
+    void *q = deviceBf16(n, rng), *k = deviceBf16(n, rng), *v = deviceBf16(n, rng), *dO = deviceBf16(n, rng);
+    void* stepDev = nullptr;
+    BENCH_CUDA(cudaMalloc(&stepDev, 8));
+    BENCH_CUDA(cudaMemset(stepDev, 0, 8));
+    const double fwdFlop = 2.0 * s[0] * s[1] * s[2] * s[2] * s[3], bwdFlop = 2.5 * fwdFlop;
+    std::vector<void*> outs[3], lses[3], grads[3];
+    for (int impl = 0; impl < 3; ++impl) {  // 0: CUDA cores, 1: tensor cores, 2: tensor cores, 16-bit P
+      const char* name = impl == 0 ? "cuda-core" : impl == 1 ? "tensor-core" : "tc-16bit-P";
+      auto fl = impl ? cuda::lowerAttentionTensorCore(*fwd.node, ctx, impl == 1) : cuda::lowerAttentionSimt(*fwd.node, ctx);
+      auto bl = impl ? cuda::lowerAttentionGradTensorCore(*bwd.node, ctx, impl == 1)
+                     : cuda::lowerAttentionGradSimt(*bwd.node, ctx);
+      REQUIRE(fl.ok());
+      REQUIRE(bl.ok());
+      void *o = nullptr, *l = nullptr;
+      BENCH_CUDA(cudaMalloc(&o, n * 2));
+      BENCH_CUDA(cudaMalloc(&l, rows * 4));
+      outs[impl] = {o};
+      lses[impl] = {l};
+      double ms = timeMs(load(nvrtc, *fl), {q, k, v}, {o, l}, nullptr, stepDev);
+      std::printf("%-26s %-5s %-12s %9.3f %9.1f\n", shapeStr(s).c_str(), "fwd", name, ms, fwdFlop / ms / 1e9);
+      std::vector<void*> g(3);
+      for (void*& p : g) BENCH_CUDA(cudaMalloc(&p, n * 2));
+      grads[impl] = g;
+      char* ws = nullptr;
+      BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&ws), static_cast<size_t>(std::max<int64_t>(bl->workspaceBytes, 1))));
+      // Each backward takes its own forward's out and lse.
+      std::vector<void*> ops = {dO, q, k, v, o, l};
+      ms = timeMs(load(nvrtc, *bl), ops, g, ws, stepDev);
+      std::printf("%-26s %-5s %-12s %9.3f %9.1f\n", shapeStr(s).c_str(), "bwd", name, ms, bwdFlop / ms / 1e9);
+      cudaFree(ws);
+    }
+    BENCH_CUDA(cudaDeviceSynchronize());
+    for (int impl = 1; impl < 3; ++impl) {
+      std::printf("%-26s %s vs cuda-core: out %.2e, dq %.2e, dk %.2e, dv %.2e (max |diff| / max |old|)\n",
+                  shapeStr(s).c_str(), impl == 1 ? "tensor-core" : "tc-16bit-P", relDiff(outs[0][0], outs[impl][0], n),
+                  relDiff(grads[0][0], grads[impl][0], n), relDiff(grads[0][1], grads[impl][1], n),
+                  relDiff(grads[0][2], grads[impl][2], n));
+      CHECK(relDiff(outs[0][0], outs[impl][0], n) < 2e-2);
+      for (int r = 0; r < 3; ++r) CHECK(relDiff(grads[0][r], grads[impl][r], n) < 5e-2);
+    }
+    for (int impl = 0; impl < 3; ++impl) {
+      cudaFree(outs[impl][0]);
+      cudaFree(lses[impl][0]);
+      for (void* p : grads[impl]) cudaFree(p);
+    }
+    for (void* p : {q, k, v, dO, stepDev}) cudaFree(p);
+  }
+}
