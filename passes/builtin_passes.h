@@ -9,7 +9,9 @@ namespace tpc {
 
 std::unique_ptr<Pass> createCSEPass();  // cse.cpp
 std::unique_ptr<Pass> createDCEPass();  // dce.cpp
-std::unique_ptr<Pass> createInferencePass();  // inference.cpp: dropout off, for evaluation and sampling
+std::unique_ptr<Pass> createInferencePass();
+// Groups elementwise chains into fusion groups (fusion_group=N) for the CUDA backend; runs last.
+std::unique_ptr<Pass> createFusePass();  // fusion.cpp  // inference.cpp: dropout off, for evaluation and sampling
 // accum, clip-grad, beta1, beta2, eps, weight-decay, loss: TrainingStepOptions (autodiff.h).
 Result<std::unique_ptr<Pass>> createAutodiffPass(const PassOptions& options);  // autodiff.cpp
 // dtype=bf16|f16: the forward graph computes in that type, parameters stay f32 (before autodiff).
