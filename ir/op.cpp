@@ -74,6 +74,9 @@ std::vector<OpInfo> buildTable() {
   t.push_back(OpInfo{OpKind::Enum, name, nops, nres, static_cast<uint32_t>(tr), parseSpec(name, attrs)});
 #include "ir/ops.def"
 #undef OP
+  // The fuse pass (passes/fusion.cpp) marks the members of one fused kernel with the same fusion_group.
+  for (OpInfo& op : t)
+    if (op.has(Elementwise)) op.attrs.push_back(AttrSpec{"fusion_group", AttrKind::Int, Attr(int64_t(-1))});
   return t;
 }
 

@@ -1,6 +1,7 @@
 // The verifier.
 #include "ir/verifier.h"
 
+#include "ir/fusion_group.h"
 #include "ir/graph.h"
 #include "ir/printer.h"
 #include "ir/shape_rules.h"
@@ -76,6 +77,7 @@ Status verifyGraph(const Graph& g) {
   for (const GraphOutput& o : g.outputs())
     if (!o.value || !defined.count(o.value))
       return Error{diagnostic(g, Loc{}, "return", "returns a value that is not defined in the graph")};
+  if (auto groups = fusionGroups(g); !groups.ok()) return Error{diagnostic(g, Loc{}, "fusion groups", groups.error())};
   return {};
 }
 

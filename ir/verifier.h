@@ -1,5 +1,6 @@
 // The verifier: SSA (every operand defined before its use), op arity and attributes, result types equal
-// to what the op's shape rule infers, placements valid for the graph's mesh, parameter initializers.
+// to what the op's shape rule infers, placements valid for the graph's mesh, parameter initializers, fusion
+// groups that one kernel can run (ir/fusion_group.h).
 #pragma once
 
 #include "ir/status.h"

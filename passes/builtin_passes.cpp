@@ -61,6 +61,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                {}, plain<createSequenceParallelPass>});
   (void)r.add({"sharding-propagate", "gives every value a placement from the per-op rules", {},
                plain<createShardingPropagatePass>});
+  (void)r.add({"fuse",
+               "groups connected elementwise nodes over one shape into fusion groups (fusion_group=N), each one CUDA "
+               "kernel with its intermediates in registers (last, after partition; the CPU backend ignores them)",
+               {}, plain<createFusePass>});
   (void)r.add({"partition", "propagation, then the program of one rank: local shapes and collectives",
                {{"rank", "the rank (row-major over the mesh axes, last fastest); default 0"}}, createPartitionPass});
 }

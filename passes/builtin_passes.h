@@ -14,6 +14,8 @@ std::unique_ptr<Pass> createInferencePass();  // inference.cpp: dropout off, for
 std::unique_ptr<Pass> createFoldVocabPaddingPass();  // fold_vocab_padding.cpp
 // The fold itself (the partition engine runs it too); returns whether anything was folded.
 Result<bool> foldPaddedVocabSlices(Graph& g);
+// Groups elementwise chains into fusion groups (fusion_group=N) for the CUDA backend; runs last.
+std::unique_ptr<Pass> createFusePass();  // fusion.cpp
 // accum, clip-grad, beta1, beta2, eps, weight-decay, loss: TrainingStepOptions (autodiff.h).
 Result<std::unique_ptr<Pass>> createAutodiffPass(const PassOptions& options);  // autodiff.cpp
 // dtype=bf16|f16: the forward graph computes in that type, parameters stay f32 (before autodiff).

@@ -16,6 +16,7 @@
 #include "frontend/indexed_dataset.h"
 #include "frontend/model_file.h"
 #include "frontend/token_windows.h"
+#include "passes/builtin_passes.h"
 #include "passes/pipeline.h"
 #include "passes/sharding/sharding.h"
 #include "runtime/backend_select.h"
@@ -120,6 +121,7 @@ int runRun(std::vector<std::string> args) {
              "60")
       .value("profile-step", "CUDA: time step N launch by launch (CUDA events) and print its GPU time per op; 0: off",
              "0")
+      .toggle("no-fuse", "CUDA backend: one kernel per elementwise op (leave out the fuse pass that ends the pipeline)")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
   cli::declareTrainingFlags(flags);
   cli::declarePipelineFlags(flags);
@@ -196,7 +198,7 @@ int runRun(std::vector<std::string> args) {
   // The training step: forward, backward, clipping, AdamW; then simplified.
   std::unique_ptr<Graph> step = model->forward->clone();
   PassManager pm;
-  const std::string pipeline = standardPipeline(*model, *accum, std::nullopt, *tpPolicy);
+  std::string pipeline = standardPipeline(*model, *accum, std::nullopt, *tpPolicy);
   if (Status s = pm.addPipeline(pipeline); !s.ok()) return cli::fail("run", s.error());
   if (Status s = pm.run(*step); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
   if (config.tp > 1 && step->mesh().axisSize("tp") != config.tp)
@@ -212,6 +214,17 @@ int runRun(std::vector<std::string> args) {
       if (!local) return cli::fail("run", cat(path, ": ", local.error()));
       rankGraphs.push_back(std::move(*local));
     }
+  }
+  // Fusion groups for the CUDA backend, on the program each rank runs (after partition).
+  if (*backendKind == BackendKind::Cuda && !flags.on("no-fuse")) {
+    PassManager fuse;
+    fuse.addPass(createFusePass());
+    std::vector<Graph*> programs;
+    for (auto& r : rankGraphs) programs.push_back(r.get());
+    if (programs.empty()) programs.push_back(step.get());
+    for (Graph* p : programs)
+      if (Status s = fuse.run(*p); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
+    pipeline += rankGraphs.empty() ? ",fuse" : ",partition,fuse";
   }
 
   // Data.

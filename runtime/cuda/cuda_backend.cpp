@@ -21,6 +21,7 @@
 #include "runtime/cuda/nvrtc_compiler.h"
 #include "runtime/cuda/step_profile.h"
 #include "runtime/cuda/kernels/codegen.h"
+#include "runtime/cuda/kernels/generated_lowerings.h"
 #include "runtime/cuda/virtual_collectives.h"
 
 namespace tpc {
@@ -101,6 +102,10 @@ struct Rank {
   int64_t arenaBytes = 0, stateBytes = 0, inputBytes = 0;
   std::vector<std::vector<Launch>> segments;  // split at cross-rank collectives
   std::vector<const Node*> collectives;
+  // Fusion groups (ir/fusion_group.h): each runs as one kernel at its last member; the other members launch
+  // nothing, and values read only inside a group get no buffer.
+  std::vector<FusionGroup> groups;
+  llvm::DenseMap<const Node*, const FusionGroup*> groupOf;
 };
 
 class CudaBackend final : public Backend {
@@ -179,11 +184,22 @@ class CudaBackend final : public Backend {
     std::vector<std::vector<int>> matmulPlans(ranks_.size());
     matmulCalls.assign(ranks_.size(), {});
     for (size_t r = 0; r < ranks_.size(); ++r) {
-      for (Node* n : ranks_[r].graph->nodes()) {
+      Rank& rk = ranks_[r];
+      auto groups = fusionGroups(*rk.graph);
+      if (!groups.ok()) return makeError(rankPrefix(r), groups.error());
+      rk.groups = std::move(groups).value();
+      for (const FusionGroup& fg : rk.groups)
+        for (const Node* m : fg.members) rk.groupOf[m] = &fg;
+      for (Node* n : rk.graph->nodes()) {
         NodeExec how = nodeExec(*n);
         lowerings[r].emplace_back();
         matmulPlans[r].push_back(-1);
-        if (nccl_ && n->has(traits::Collective)) {
+        if (const FusionGroup* fg = rk.groupOf.lookup(n)) {
+          if (fg->members.back() != n) continue;  // the group's kernel runs at its last member
+          auto l = lowerFusionGroup(*fg, ctx_);
+          if (!l.ok()) return makeError(rankPrefix(r), "lowering ", groupName(*fg), ": ", l.error());
+          lowerings[r].back() = std::move(l).value();
+        } else if (nccl_ && n->has(traits::Collective)) {
           lowerings[r].back().workspaceBytes = ncclStagingBytes(*n);
         } else if (how == NodeExec::Kernels) {
           auto l = lowerNode(*n, ctx_);
@@ -357,6 +373,12 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  static std::string groupName(const FusionGroup& fg) {
+    std::string s = cat("fusion_group=", fg.id, " (");
+    for (size_t k = 0; k < fg.members.size(); ++k) s += cat(k ? " " : "", fg.members[k]->opName());
+    return s + ")";
+  }
+
   std::string rankPrefix(size_t r) const { return ranks_.size() > 1 ? cat("rank ", r, ": ") : ""; }
   DeviceCtx& dev(size_t r) { return devs_[nccl_ ? r : 0]; }
   const DeviceCtx& dev(size_t r) const { return devs_[nccl_ ? r : 0]; }
@@ -508,7 +530,7 @@ class CudaBackend final : public Backend {
     for (Value* v : g.inputs()) rk.inputBytes += (v->type().bytes() + 255) / 256 * 256;
     std::vector<int64_t> workspace;
     for (const NodeLowering& l : lowerings) workspace.push_back(l.workspaceBytes);
-    plan = planStepMemory(g, workspace);
+    plan = planStepMemory(g, workspace, rk.groupOf);
     rk.arenaBytes = plan.arenaBytes;
     inPlace_.push_back(plan.inPlace);
     return {};
@@ -593,6 +615,11 @@ class CudaBackend final : public Backend {
     for (size_t k = 0; k < nodes.size(); ++k) {
       const Node& n = *nodes[k];
       std::string what = cat(rankPrefix(r), n.opName(), " -> ", valueName(n.result()));
+      // A fusion group's kernel (at its last member) reads the group's inputs and writes its outputs.
+      const FusionGroup* fg = rk.groupOf.lookup(&n);
+      if (fg) what = cat(rankPrefix(r), groupName(*fg), " -> ", valueName(fg->outputs.front()));
+      llvm::ArrayRef<Value*> operands = fg ? llvm::ArrayRef<Value*>(fg->inputs) : n.operands();
+      llvm::ArrayRef<Value*> results = fg ? llvm::ArrayRef<Value*>(fg->outputs) : n.results();
       if (nccl_ && n.has(traits::Collective)) {
         char* ws = workspace(rk, plan, k);
         TPC_TRY(ncclLaunches(r, n, ws, rk.segments.back()));
@@ -648,12 +675,14 @@ class CudaBackend final : public Backend {
           uint64_t v = 0;
           switch (a.kind) {
             case ArgKind::Operand:
-              if (a.index < 0 || a.index >= n.numOperands()) return makeError("cuda: ", l.what, ": bad operand index ", a.index);
-              v = reinterpret_cast<uint64_t>(rk.addr[n.operand(static_cast<unsigned>(a.index))]);
+              if (a.index < 0 || a.index >= static_cast<int64_t>(operands.size()))
+                return makeError("cuda: ", l.what, ": bad operand index ", a.index);
+              v = reinterpret_cast<uint64_t>(rk.addr[operands[a.index]]);
               break;
             case ArgKind::Result:
-              if (a.index < 0 || a.index >= n.numResults()) return makeError("cuda: ", l.what, ": bad result index ", a.index);
-              v = reinterpret_cast<uint64_t>(rk.addr[n.result(static_cast<unsigned>(a.index))]);
+              if (a.index < 0 || a.index >= static_cast<int64_t>(results.size()))
+                return makeError("cuda: ", l.what, ": bad result index ", a.index);
+              v = reinterpret_cast<uint64_t>(rk.addr[results[a.index]]);
               break;
             case ArgKind::Workspace: v = reinterpret_cast<uint64_t>(ws + a.index); break;
             case ArgKind::Int64: v = static_cast<uint64_t>(a.i); break;
@@ -902,6 +931,8 @@ class CudaBackend final : public Backend {
       rk.params.clear();
       rk.segments.clear();
       rk.collectives.clear();
+      rk.groups.clear();
+      rk.groupOf.clear();
       rk.arenaBytes = rk.stateBytes = rk.inputBytes = 0;
     }
     for (DeviceCtx& d : devs_) {

@@ -39,12 +39,19 @@ int64_t planMemory(std::vector<PlannedBuffer>& buffers, int64_t alignment) {
   return peak;
 }
 
-StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes, int64_t alignment) {
+StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
+                              const llvm::DenseMap<const Node*, const FusionGroup*>& groupOf, int64_t alignment) {
   StepMemoryPlan plan;
   std::vector<Node*> nodes = g.nodeVector();
   const int end = static_cast<int>(nodes.size());
   llvm::DenseMap<const Node*, int> index;
   for (int k = 0; k < end; ++k) index[nodes[k]] = k;
+  // Where each node's work happens: a fusion group's members all run at its last member.
+  std::vector<int> at(nodes.size());
+  for (int k = 0; k < end; ++k) {
+    const FusionGroup* fg = groupOf.lookup(nodes[k]);
+    at[k] = fg ? index[fg->members.back()] : k;
+  }
   // A view's memory is its operand's: follow chains of views to the value that owns the bytes.
   auto root = [&](const Value* v) {
     auto it = plan.viewOf.find(v);
@@ -54,7 +61,7 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
     if (nodeExec(*n) == NodeExec::View) plan.viewOf[n->result()] = root(n->operand(0));
   llvm::DenseMap<const Value*, int> lastUse;  // of the memory: by the value or any view of it
   for (int k = 0; k < end; ++k)
-    for (const Value* v : nodes[k]->operands()) lastUse[root(v)] = k;
+    for (const Value* v : nodes[k]->operands()) lastUse[root(v)] = std::max(lastUse.lookup(root(v)), at[k]);
   // Outputs are read after the last node, before any parameter copy (the old value of a parameter that is
   // also returned as itself, or through a view, must survive the step).
   for (const GraphOutput& o : g.outputs()) lastUse[root(o.value)] = end;
@@ -70,17 +77,18 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
                 (v->def()->has(traits::Optimizer) || v->def()->has(traits::Elementwise));
     if (safe) {
       auto lu = lastUse.find(p);
-      safe = lu == lastUse.end() || lu->second <= index[v->def()];
+      safe = lu == lastUse.end() || lu->second <= at[index[v->def()]];
     }
     if (safe) plan.inPlace[v] = g.outputName(i);
     else plan.paramCopies.push_back({v, g.outputName(i)});
   }
   for (int k = 0; k < end; ++k) {
+    const FusionGroup* fg = groupOf.lookup(nodes[k]);
     for (const Value* v : nodes[k]->results()) {
-      if (plan.inPlace.count(v) || plan.viewOf.count(v)) continue;
+      if (plan.inPlace.count(v) || plan.viewOf.count(v) || (fg && fg->isInternal(v))) continue;
       auto lu = lastUse.find(v);
       plan.bufferOf[v] = static_cast<int>(plan.buffers.size());
-      plan.buffers.push_back({v->type().bytes(), k, lu == lastUse.end() ? k : lu->second});
+      plan.buffers.push_back({v->type().bytes(), at[k], lu == lastUse.end() ? at[k] : std::max(at[k], lu->second)});
     }
     plan.workspaceOf.push_back(-1);
     if (k < static_cast<int>(workspaceBytes.size()) && workspaceBytes[k] > 0) {

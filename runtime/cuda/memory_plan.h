@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "ir/fusion_group.h"
 #include "ir/graph.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/DenseMap.h"
@@ -39,7 +40,11 @@ struct StepMemoryPlan {
   int64_t arenaBytes = 0;
 };
 
-// `workspaceBytes[k]`: the scratch node k (graph order) needs for the step.
-StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes, int64_t alignment = 256);
+// `workspaceBytes[k]`: the scratch node k (graph order) needs for the step. `groupOf`: the fusion group of
+// each member node (ir/fusion_group.h): a group's members all run at its last member, and a value read only
+// inside its group gets no buffer.
+StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
+                              const llvm::DenseMap<const Node*, const FusionGroup*>& groupOf = {},
+                              int64_t alignment = 256);
 
 }  // namespace tpc::cuda

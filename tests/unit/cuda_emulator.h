@@ -46,6 +46,8 @@ static thread_local unsigned tpc_emu_tid;
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 inline void __syncthreads() { tpc_emu_state->block->arrive_and_wait(); }
 template <class T> T __shfl_xor_sync(unsigned, T v, int o) {
   static_assert(sizeof(T) <= 8);

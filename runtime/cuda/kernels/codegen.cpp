@@ -46,6 +46,18 @@ std::string store(DType t, const std::string& p, const std::string& v) {
   }
 }
 
+std::string roundTrip(DType t, const std::string& v) {
+  switch (t) {
+    case DType::bf16: return "tpc_bf16_to_f32(tpc_f32_to_bf16((float)(" + v + ")))";
+    case DType::f16: return "tpc_f16_to_f32(tpc_f32_to_f16((float)(" + v + ")))";
+    case DType::f32: return "(float)(" + v + ")";
+    case DType::f64: return "(double)(" + v + ")";
+    case DType::i32: return "(i64)(i32)(" + v + ")";
+    case DType::boolean: return "(i64)((" + v + ") != 0)";
+    default: return "(i64)(" + v + ")";
+  }
+}
+
 std::string withPrelude(const std::string& body) { return devicePrelude() + body; }
 
 void elementwiseGeometry(KernelSpec& k, int64_t n) {

@@ -16,6 +16,9 @@ std::string ctype(DType t);                 // storage type: float, bf16_t, i32,
 std::string computeType(DType t);           // float (f32/bf16/f16), double (f64), i64 (integers and bool)
 std::string load(DType t, const std::string& ptr);               // value of *ptr in computeType(t)
 std::string store(DType t, const std::string& ptr, const std::string& v);  // statement writing v to *ptr
+// v (in any compute type) as storing it to dtype t and loading it back gives, in computeType(t): how a fused
+// kernel keeps an intermediate in a register with exactly the value an unfused kernel would have stored.
+std::string roundTrip(DType t, const std::string& v);
 
 // The source of one kernel: the device prelude, then `body`.
 std::string withPrelude(const std::string& body);

@@ -9,10 +9,8 @@ namespace tpc::cuda {
 
 using namespace codegen;
 
-namespace {
-
 // The expression of op `n` on x (and y) in compute type C.
-Result<std::string> expr(const Node& n, const std::string& C) {
+Result<std::string> elementwiseExpr(const Node& n, const std::string& C) {
   bool d = C == "double";
   auto fn = [&](const char* name) { return std::string(name) + (d ? "" : "f") + "(x)"; };
   switch (n.op()) {
@@ -41,6 +39,8 @@ Result<std::string> expr(const Node& n, const std::string& C) {
   }
 }
 
+namespace {
+
 const char* kGeluDerivative = R"CUDA(
 __device__ __forceinline__ float gelu_d(float v) {
   float t = tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v));
@@ -50,6 +50,17 @@ __device__ __forceinline__ float gelu_d(float v) {
 
 }  // namespace
 
+const char* geluDerivativeSource() { return kGeluDerivative; }
+
+DType elementwiseComputeDType(const Node& n) {
+  // Compute in the widest type involved (cast: the input's domain, converted on store).
+  DType od = n.result()->dtype(), cd = od;
+  for (Value* v : n.operands())
+    if (v->dtype() == DType::f64 || (isFloat(v->dtype()) && !isFloat(cd) && n.op() != OpKind::Cast)) cd = v->dtype();
+  if (n.op() == OpKind::Cast) cd = n.operand(0)->dtype() == DType::f64 || od == DType::f64 ? DType::f64 : n.operand(0)->dtype();
+  return cd;
+}
+
 Result<NodeLowering> lowerElementwise(const Node& n, const LoweringContext&) {
   const Value* out = n.result();
   const Shape& os = out->shape();
@@ -57,13 +68,8 @@ Result<NodeLowering> lowerElementwise(const Node& n, const LoweringContext&) {
   int64_t numel = out->type().numel();
   DType od = out->dtype();
   bool random = n.op() == OpKind::Dropout && n.getFloat("p") != 0.0;
-  // Compute in the widest type involved (cast: the input's domain, converted on store).
-  DType cd = od;
-  for (Value* v : n.operands())
-    if (v->dtype() == DType::f64 || (isFloat(v->dtype()) && !isFloat(cd) && n.op() != OpKind::Cast)) cd = v->dtype();
-  if (n.op() == OpKind::Cast) cd = n.operand(0)->dtype() == DType::f64 || od == DType::f64 ? DType::f64 : n.operand(0)->dtype();
-  std::string C = computeType(cd);
-  TPC_ASSIGN(std::string e, expr(n, C));
+  std::string C = computeType(elementwiseComputeDType(n));
+  TPC_ASSIGN(std::string e, elementwiseExpr(n, C));
   if (n.op() == OpKind::Dropout && !random) e = "x";
 
   // Signature and per-operand offsets: a contiguous operand of the output's size is indexed by i directly.

@@ -1,0 +1,102 @@
+// The fuse pass: groups connected elementwise nodes over one index space into fusion groups (attribute
+// fusion_group=N on each member, ir/fusion_group.h), which the CUDA backend runs as one kernel keeping the
+// values read only inside the group in registers. Runs last (after partition); the CPU backend ignores it.
+//   %a = add(%mm, %bias); %b = gelu(%a)  =>  both {fusion_group=0}: one kernel, %a never stored
+// Rules, tried in program order on each elementwise node n:
+//   - n joins the groups of its operands' producers whose index space is n's result shape (merging them);
+//   - a group is joined only if no node outside it reads a member's result before n (the fused kernel runs
+//     at its last member, so such a reader would see nothing yet); other producers are left alone;
+//   - a group never spans a non-elementwise op: members are linked only through member-to-member operands.
+// Members are then moved next to the group's last member, so that a printed group reads as one block. A graph
+// that already has fusion groups is left unchanged.
+#include <algorithm>
+#include <map>
+
+#include "ir/fusion_group.h"
+#include "passes/builtin_passes.h"
+#include "llvm/ADT/DenseMap.h"
+
+namespace tpc {
+namespace {
+
+class FusePass final : public Pass {
+ public:
+  std::string_view name() const override { return "fuse"; }
+
+  Result<bool> run(Graph& g) override {
+    bool changed = false;
+    std::vector<Node*> nodes = g.nodeVector();
+    // A graph that already has groups (fused before, or written by hand) is left as it is.
+    for (Node* n : nodes)
+      if (fusionGroupOf(*n) >= 0) return false;
+    llvm::DenseMap<const Node*, size_t> pos;
+    for (size_t k = 0; k < nodes.size(); ++k) pos[nodes[k]] = k;
+    auto users = g.computeUsers();
+    // Group id per elementwise node; groups[id] its members (empty once merged into another).
+    llvm::DenseMap<const Node*, size_t> groupOf;
+    std::vector<std::vector<Node*>> groups;
+    for (Node* n : nodes) {
+      if (!n->has(traits::Elementwise)) continue;
+      std::vector<size_t> joined;
+      for (Value* v : n->operands()) {
+        Node* d = v->def();
+        if (!d || !groupOf.count(d)) continue;
+        size_t id = groupOf[d];
+        if (std::find(joined.begin(), joined.end(), id) != joined.end()) continue;
+        if (d->result()->shape() != n->result()->shape()) continue;  // a broadcast operand: read from memory
+        joined.push_back(id);
+        if (!readersComeLater(groups, joined, n, pos, users)) joined.pop_back();
+      }
+      size_t id = joined.empty() ? groups.size() : joined.front();
+      if (joined.empty()) groups.emplace_back();
+      for (size_t k = 1; k < joined.size(); ++k) {
+        for (Node* m : groups[joined[k]]) groupOf[m] = id;
+        groups[id].insert(groups[id].end(), groups[joined[k]].begin(), groups[joined[k]].end());
+        groups[joined[k]].clear();
+      }
+      groups[id].push_back(n);
+      groupOf[n] = id;
+    }
+    // Number the groups of two or more members by their last member; move members next to it.
+    std::vector<std::vector<Node*>> fused;
+    for (auto& m : groups)
+      if (m.size() >= 2) {
+        std::sort(m.begin(), m.end(), [&](const Node* a, const Node* b) { return pos[a] < pos[b]; });
+        fused.push_back(m);
+      }
+    std::sort(fused.begin(), fused.end(), [&](const auto& a, const auto& b) { return pos[a.back()] < pos[b.back()]; });
+    for (size_t id = 0; id < fused.size(); ++id) {
+      for (Node* m : fused[id]) {
+        m->setAttr("fusion_group", Attr(static_cast<int64_t>(id)));
+        if (m != fused[id].back()) g.move(m, fused[id].back());
+      }
+      changed = true;
+    }
+    return changed;
+  }
+
+ private:
+  // Whether every node outside the union of `ids` (and n) that reads a member's result comes after n.
+  static bool readersComeLater(const std::vector<std::vector<Node*>>& groups, const std::vector<size_t>& ids, const Node* n,
+                               const llvm::DenseMap<const Node*, size_t>& pos,
+                               const llvm::DenseMap<const Value*, llvm::SmallVector<Node*, 4>>& users) {
+    auto inUnion = [&](const Node* u) {
+      if (u == n) return true;
+      for (size_t id : ids)
+        if (std::find(groups[id].begin(), groups[id].end(), u) != groups[id].end()) return true;
+      return false;
+    };
+    size_t at = pos.lookup(n);
+    for (size_t id : ids)
+      for (const Node* m : groups[id])
+        for (const Node* u : users.lookup(m->result()))
+          if (!inUnion(u) && pos.lookup(u) < at) return false;
+    return true;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> createFusePass() { return std::make_unique<FusePass>(); }
+
+}  // namespace tpc
