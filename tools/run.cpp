@@ -100,6 +100,9 @@ int runRun(std::vector<std::string> args) {
                        "non-finite value) | skip (drop its update, log it, go on)", "stop")
       .value("collective-timeout", "seconds a collective waits for the other ranks before the run fails (--tp/--dp/--sp)",
              "60")
+      .value("initial-loss-scale", "--precision fp16: the loss scale to start from", "65536")
+      .value("loss-scale-window", "--precision fp16: finite steps in a row after which the loss scale doubles", "1000")
+      .value("min-loss-scale", "--precision fp16: the run fails when an overflow would halve the scale below this", "1")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
   cli::declareTrainingFlags(flags);
   cli::declarePipelineFlags(flags);
@@ -161,9 +164,33 @@ int runRun(std::vector<std::string> args) {
   if (config.precision == "auto") config.precision = *backendKind == BackendKind::Cuda ? "bf16" : "fp32";
   const std::string precision = config.precision;
 
-  if (config.precision == "fp16")
-    return cli::fail("run", "--precision fp16 needs dynamic loss scaling, which this tpc does not have yet; use "
-                            "--precision bf16 (as fast on Ampere and Hopper GPUs, no loss scale needed)");
+  // fp16: dynamic loss scaling (the scale is an input of the step; trainer.h says what a skipped step does).
+  std::optional<LossScaleSettings> lossScaling;
+  if (precision == "fp16") {
+    LossScaleSettings ls;
+    auto initial = flags.getDouble("initial-loss-scale");
+    if (!initial) return cli::fail("run", initial.error());
+    auto minimum = flags.getDouble("min-loss-scale");
+    if (!minimum) return cli::fail("run", minimum.error());
+    auto window = flags.getInt("loss-scale-window", 1, int64_t(1) << 40);
+    if (!window) return cli::fail("run", window.error());
+    ls.initial = *initial;
+    ls.min = *minimum;
+    ls.window = *window;
+    if (Status s = ls.validate(); !s.ok()) return cli::fail("run", s.error());
+    lossScaling = ls;
+    // An overflowed step must leave the state untouched (backend.h); the CUDA backend updates the
+    // parameters in place inside its CUDA graph and does not gate that update yet.
+    if (*backendKind == BackendKind::Cuda)
+      return cli::fail("run", "--precision fp16 runs on the CPU backend only for now (the CUDA backend cannot yet keep a "
+                              "step's parameters when its gradients overflow); on the GPU use --precision bf16, which "
+                              "needs no loss scale, or --backend cpu");
+  } else {
+    for (const char* f : {"initial-loss-scale", "loss-scale-window", "min-loss-scale"})
+      if (flags.has(f))
+        return cli::fail("run", cat("--", f, " applies to --precision fp16 only (this run is ", precision,
+                                    "); drop it or add --precision fp16"));
+  }
 
   // The training step: forward, backward, clipping, AdamW; then simplified.
   std::unique_ptr<Graph> step = model->forward->clone();
@@ -282,6 +309,10 @@ int runRun(std::vector<std::string> args) {
             << batches.windowsPerEpoch() << " windows per epoch)\n"
             << "  lr " << config.lr << " -> " << config.minLr << " (" << config.decayStyle << ", warmup "
             << config.warmupIters << "), " << config.trainIters << " steps" << std::endl;
+  if (lossScaling)
+    std::cout << "  precision fp16: dynamic loss scale " << lossScaling->initial << " (doubled after "
+              << lossScaling->window << " finite steps, halved on an overflow, minimum " << lossScaling->min << ")"
+              << std::endl;
 
   TrainerSettings settings;
   settings.trainIters = config.trainIters;
@@ -300,7 +331,15 @@ int runRun(std::vector<std::string> args) {
     settings.peakFlops = precision == "fp32" ? 67e12 : 989e12;
     settings.peakName = precision == "fp32" ? "H200 fp32 67 TFLOP/s" : "H200 dense bf16 989 TFLOP/s";
   }
-  if (checkpoint) settings.firstIter = checkpoint->state.iteration + 1;
+  if (checkpoint) {
+    settings.firstIter = checkpoint->state.iteration + 1;
+    settings.start.skippedSteps = checkpoint->state.skippedSteps;
+    if (lossScaling) {  // a checkpoint of an fp16 run carries its scale; another starts at --initial-loss-scale
+      settings.start.lossScale = checkpoint->state.lossScale;
+      settings.start.lossScaleGoodSteps = checkpoint->state.lossScaleGoodSteps;
+    }
+  }
+  settings.lossScaling = lossScaling;
   std::unique_ptr<MetricsServer> metrics;
   if (flags.has("metrics-port")) {
     auto port = flags.getInt("metrics-port", 1, 65535);
@@ -324,10 +363,13 @@ int runRun(std::vector<std::string> args) {
   }
   const std::string saveDir = flags.get("save");
   if (!saveDir.empty())
-    settings.afterStep = [&](int64_t it) -> Status {
+    settings.afterStep = [&](int64_t it, const OptimizerProgress& progress) -> Status {
       if (it != config.trainIters && (*saveInterval == 0 || it % *saveInterval != 0)) return {};
       CheckpointState cs;
       cs.iteration = it;
+      cs.skippedSteps = progress.skippedSteps;
+      cs.lossScale = progress.lossScale;
+      cs.lossScaleGoodSteps = progress.lossScaleGoodSteps;
       cs.dataPosition = batches.position();
       cs.seed = config.seed;
       cs.model = path;
