@@ -179,12 +179,6 @@ int runRun(std::vector<std::string> args) {
     ls.window = *window;
     if (Status s = ls.validate(); !s.ok()) return cli::fail("run", s.error());
     lossScaling = ls;
-    // An overflowed step must leave the state untouched (backend.h); the CUDA backend updates the
-    // parameters in place inside its CUDA graph and does not gate that update yet.
-    if (*backendKind == BackendKind::Cuda)
-      return cli::fail("run", "--precision fp16 runs on the CPU backend only for now (the CUDA backend cannot yet keep a "
-                              "step's parameters when its gradients overflow); on the GPU use --precision bf16, which "
-                              "needs no loss scale, or --backend cpu");
   } else {
     for (const char* f : {"initial-loss-scale", "loss-scale-window", "min-loss-scale"})
       if (flags.has(f))
@@ -329,7 +323,8 @@ int runRun(std::vector<std::string> args) {
     double attention = model->gpt ? 12.0 * static_cast<double>(model->gpt->layers * model->gpt->hidden * config.seqLength) : 0;
     settings.flopsPerToken = 6.0 * static_cast<double>(numParams) + attention;
     settings.peakFlops = precision == "fp32" ? 67e12 : 989e12;
-    settings.peakName = precision == "fp32" ? "H200 fp32 67 TFLOP/s" : "H200 dense bf16 989 TFLOP/s";
+    settings.peakName = precision == "fp32" ? "H200 fp32 67 TFLOP/s"
+                        : precision == "fp16" ? "H200 dense fp16 989 TFLOP/s" : "H200 dense bf16 989 TFLOP/s";
   }
   if (checkpoint) {
     settings.firstIter = checkpoint->state.iteration + 1;

@@ -16,6 +16,12 @@
 #include "runtime/param_init.h"
 #include "runtime/trainer.h"
 #include "test_support.h"
+#ifdef TPC_HAVE_CUDA
+#include <set>
+
+#include "runtime/cuda/lowering.h"
+#include "runtime/cuda/nvrtc_compiler.h"
+#endif
 
 namespace tpc {
 namespace {
@@ -347,5 +353,39 @@ TEST_CASE("tpc run --precision fp16: the loss scale in the logs and the checkpoi
   CHECK(badScale.exitCode == 1);
   CHECK(badScale.err.find("--initial-loss-scale=0.5 must be at least --min-loss-scale=1") != std::string::npos);
 }
+
+#ifdef TPC_HAVE_CUDA
+// No GPU needed: what the CUDA backend would run for an fp16 step with loss scaling (the GPU test in
+// tests/gpu/test_cuda_nonfinite.cpp trains it).
+TEST_CASE("loss scaling: every node of an fp16 training step lowers for CUDA and its kernels compile for sm_90",
+          "[cuda][fp16]") {
+  auto g = stepGraph("mixed-precision(dtype=f16),", ", loss-scale=true");
+  test::TempDir cache;
+  cuda::NvrtcCompiler nvrtc(90, cache.path.string());
+  cuda::LoweringContext ctx;
+  std::set<std::string> sources;
+  std::vector<std::string> failed;
+  int kernels = 0, f16Nodes = 0;
+  for (const Node* n : g->nodes()) {
+    for (const Value* v : n->results()) f16Nodes += v->dtype() == DType::f16;
+    if (cuda::nodeExec(*n) != cuda::NodeExec::Kernels) continue;
+    auto l = cuda::lowerNode(*n, ctx);
+    if (!l.ok()) {
+      failed.push_back(cat(n->opName(), ": ", l.error()));
+      continue;
+    }
+    for (const cuda::KernelSpec& k : l->kernels) {
+      ++kernels;
+      if (!sources.insert(k.source).second) continue;
+      auto cubin = nvrtc.compile(k.source, k.entry);
+      if (!cubin.ok()) failed.push_back(cat(n->opName(), " [", k.entry, "]: ", cubin.error()));
+    }
+  }
+  for (const std::string& f : failed) UNSCOPED_INFO(f);
+  CHECK(failed.empty());
+  CHECK(f16Nodes > 20);
+  WARN("fp16 step: " << g->numNodes() << " nodes, " << kernels << " kernels, " << sources.size() << " distinct sources compiled");
+}
+#endif
 
 }  // namespace tpc
