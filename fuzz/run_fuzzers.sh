@@ -27,10 +27,10 @@ fi
 
 # Per target: the longest input worth trying (the seeds' sizes and some room), and a dictionary.
 declare -A max_len=([fuzz_model_fb]=32768 [fuzz_model_json]=32768 [fuzz_ir_parser]=16384
-                    [fuzz_tokenizer]=4096 [fuzz_indexed_dataset]=4096)
+                    [fuzz_tokenizer]=4096 [fuzz_indexed_dataset]=4096 [fuzz_checkpoint]=8192)
 declare -A dict=([fuzz_model_json]=fuzz/model_json.dict [fuzz_ir_parser]=fuzz/ir.dict
-                 [fuzz_indexed_dataset]=fuzz/indexed_dataset.dict)
-targets=${TPC_FUZZ_TARGETS:-fuzz_model_fb fuzz_model_json fuzz_ir_parser fuzz_tokenizer fuzz_indexed_dataset}
+                 [fuzz_indexed_dataset]=fuzz/indexed_dataset.dict [fuzz_checkpoint]=fuzz/checkpoint.dict)
+targets=${TPC_FUZZ_TARGETS:-fuzz_model_fb fuzz_model_json fuzz_ir_parser fuzz_tokenizer fuzz_indexed_dataset fuzz_checkpoint}
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -38,7 +38,7 @@ llvm::DenseSet<const Value*> ancestorsOf(const Graph& g, Value* root) {
 
 }  // namespace
 
-Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRef<Value*> wrt) {
+Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRef<Value*> wrt, Value* seed) {
   if (!isFloat(loss->dtype()) || loss->type().rank() != 0)
     return makeError("autodiff: the loss must be a float scalar, got ", loss->type().str());
   for (Value* w : wrt)
@@ -71,7 +71,12 @@ Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRe
     TPC_ASSIGN(it->second, b.op(OpKind::Add, {it->second, d}));
     return {};
   };
-  if (varies.count(loss)) {
+  if (varies.count(loss) && seed) {
+    if (seed->dtype() != loss->dtype()) {
+      TPC_ASSIGN(seed, b.op(OpKind::Cast, {seed}, oneAttr("to", Attr(loss->dtype()))));
+    }
+    cot[loss] = seed;
+  } else if (varies.count(loss)) {
     AttrDict one;
     one.set("shape", std::vector<int64_t>{});
     one.set("value", 1.0);
@@ -147,8 +152,17 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
     if (v->name() == "lr" || v->name() == "step")
       return makeError("autodiff: the forward graph already has an input named '", v->name(),
                        "'; the training step adds %lr and %step itself (rename it)");
+  if (o.dynamicLossScale)
+    for (Value* v : inputs)
+      if (v->name() == "loss_scale")
+        return makeError("autodiff: the forward graph already has an input named 'loss_scale'; the training step "
+                         "adds %loss_scale itself (rename it)");
   std::vector<Node*> forward = g.nodeVector();
   g.clearOutputs();
+  // Dynamic loss scaling (fp16): the backward starts from d(loss) = %loss_scale instead of 1, so small
+  // fp16 gradients do not flush to zero; the summed gradients are unscaled before the norm and AdamW. The
+  // scale is an input, so the trainer changes it without recompiling (or recapturing a CUDA graph).
+  Value* lossScale = o.dynamicLossScale ? g.addInput("loss_scale", TensorType(DType::f32, {})) : nullptr;
 
   // Forward + backward, once per micro-batch, accumulating the loss and the gradients.
   Value* lossSum = nullptr;
@@ -163,7 +177,7 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
   };
   if (o.accumSteps == 1) {
     lossSum = loss;
-    TPC_ASSIGN(gradSum, appendGradients(g, loss, params));
+    TPC_ASSIGN(gradSum, appendGradients(g, loss, params, lossScale));
   } else {
     // Inputs get a leading [accumSteps] dim; micro-batch i reads slice i of each and runs a copy of the
     // forward nodes that the loss needs, then its backward, before micro-batch i+1 starts.
@@ -203,7 +217,7 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
       Value* microLoss = map.lookup(loss);
       TPC_ASSERT_GRAPH(g, microLoss != nullptr, "autodiff: micro-batch loss missing");
       TPC_TRY(addInto(lossSum, microLoss));
-      TPC_ASSIGN(std::vector<Value*> grads, appendGradients(g, microLoss, params));
+      TPC_ASSIGN(std::vector<Value*> grads, appendGradients(g, microLoss, params, lossScale));
       for (size_t k = 0; k < params.size(); ++k) TPC_TRY(addInto(gradSum[k], grads[k]));
     }
     // The original forward read the micro-batch shapes; its copies replaced it.
@@ -212,6 +226,23 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
     TPC_ASSIGN(lossSum, make(g, OpKind::Scale, {lossSum}, oneAttr("factor", inv)));
     for (Value*& d : gradSum) {
       TPC_ASSIGN(d, make(g, OpKind::Scale, {d}, oneAttr("factor", inv)));
+    }
+  }
+  if (lossScale && !params.empty()) {
+    // grad *= 1 / loss_scale: an overflowed (inf) or NaN gradient stays non-finite, so grad_norm marks the
+    // step and the backend skips its update (backend.h).
+    AttrDict one;
+    one.set("shape", std::vector<int64_t>{});
+    one.set("value", 1.0);
+    TPC_ASSIGN(Value * unit, make(g, OpKind::Full, {}, std::move(one)));
+    TPC_ASSIGN(Value * inverse, make(g, OpKind::Div, {unit, lossScale}));
+    inverse->setName("inverse_loss_scale");
+    for (Value*& d : gradSum) {
+      Value* s = inverse;
+      if (d->dtype() != DType::f32) {
+        TPC_ASSIGN(s, make(g, OpKind::Cast, {inverse}, oneAttr("to", d->dtype())));
+      }
+      TPC_ASSIGN(d, make(g, OpKind::Mul, {d, s}));
     }
   }
   for (size_t k = 0; k < params.size(); ++k)
@@ -297,6 +328,7 @@ Result<std::unique_ptr<Pass>> createAutodiffPass(const PassOptions& opts) {
   TPC_ASSIGN(o.eps, opts.getFloat("eps", o.eps));
   TPC_ASSIGN(o.weightDecay, opts.getFloat("weight-decay", o.weightDecay));
   o.lossOutput = opts.getString("loss", o.lossOutput);
+  TPC_ASSIGN(o.dynamicLossScale, opts.getBool("loss-scale", o.dynamicLossScale));
   if (o.accumSteps < 1) return makeError("pass 'autodiff': option accum=", o.accumSteps, " must be >= 1");
   if (o.clipGrad < 0) return makeError("pass 'autodiff': option clip-grad=", o.clipGrad, " must be >= 0 (0 disables)");
   std::unique_ptr<Pass> p = std::make_unique<AutodiffPass>(o);

@@ -18,15 +18,17 @@ struct TrainingStepOptions {
   double clipGrad = 1.0;            // global-norm clipping; 0 disables
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weightDecay = 0.1;         // applied to parameters of rank >= 2 not named *.bias
+  bool dynamicLossScale = false;    // fp16: the backward is seeded with input %loss_scale, grads unscaled
 };
 
 // Appends to `g` the backward of scalar `loss` and returns d(loss)/d(v) for each of `wrt` (a zero-filled
-// value for one that `loss` does not depend on).
-Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRef<Value*> wrt);
+// value for one that `loss` does not depend on). `seed`, when given, is the loss's cotangent (a scalar;
+// the loss scale): the results are then seed * d(loss)/d(v).
+Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRef<Value*> wrt, Value* seed = nullptr);
 
 // Rewrites forward graph `g` into the training step:
-//   inputs:  each forward input with a leading [accumSteps] dim when accumSteps > 1, then %lr f32[] and
-//            %step f32[] (1-based, for Adam's bias correction);
+//   inputs:  each forward input with a leading [accumSteps] dim when accumSteps > 1, [%loss_scale f32[]
+//            with dynamicLossScale,] then %lr f32[] and %step f32[] (1-based, for Adam's bias correction);
 //   params:  the forward params, then for each p: "<p>.adam_m" and "<p>.adam_v" (f32, init=zeros);
 //   outputs: "loss" (mean over micro-batches), "grad_norm" (before clipping), then one output per
 //            parameter and moment, named exactly like the parameter it replaces.

@@ -33,7 +33,9 @@ void registerBuiltinPasses(PassRegistry& r) {
                 {"beta2", "AdamW beta2; default 0.95"},
                 {"eps", "AdamW epsilon; default 1e-8"},
                 {"weight-decay", "AdamW decoupled weight decay, for parameters of rank >= 2 not named *.bias; default 0.1"},
-                {"loss", "the forward output to minimize; default loss"}},
+                {"loss", "the forward output to minimize; default loss"},
+                {"loss-scale", "true: dynamic loss scaling (fp16): input %loss_scale seeds the backward, gradients "
+                               "are unscaled before clipping; default false"}},
                createAutodiffPass});
   (void)r.add({"mixed-precision",
                "casts the forward graph's compute to bf16 (or f16) at each use of an f32 value; parameters, AdamW "

@@ -1,6 +1,7 @@
 #include "runtime/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -28,21 +29,23 @@ std::string stateJson(const CheckpointState& s) {
                        {"iteration", s.iteration},
                        {"data_position", int64_t(s.dataPosition)},
                        {"seed", std::to_string(s.seed)},  // a string: JSON numbers lose 64-bit seeds
-                       {"loss_scale", s.lossScale},
+                       {"skipped_steps", s.skippedSteps},
                        {"model", s.model},
                        {"config", s.config}};
+  if (s.lossScale > 0) {
+    o["loss_scale"] = s.lossScale;
+    o["loss_scale_good_steps"] = s.lossScaleGoodSteps;
+  }
   std::string out;
   llvm::raw_string_ostream os(out);
   os << llvm::formatv("{0:2}", llvm::json::Value(std::move(o))) << "\n";
   return os.str();
 }
 
-Result<CheckpointState> parseState(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return makeError(path, ": error: cannot open the checkpoint state (a half-written checkpoint?)");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  auto v = llvm::json::parse(ss.str());
+}  // namespace
+
+Result<CheckpointState> parseCheckpointState(const std::string& text, const std::string& path) {
+  auto v = llvm::json::parse(text);
   if (!v) return makeError(path, ": error: not JSON: ", llvm::toString(v.takeError()));
   const llvm::json::Object* o = v->getAsObject();
   if (!o || o->getString("format") != llvm::StringRef("tpc-checkpoint-1"))
@@ -60,10 +63,31 @@ Result<CheckpointState> parseState(const std::string& path) {
   } catch (...) {
     return makeError(path, ": error: seed '", seed->str(), "' is not a number");
   }
-  s.lossScale = o->getNumber("loss_scale").getValueOr(1.0);
+  // Older checkpoints have no skipped_steps (0) and wrote loss_scale 1 for runs without loss scaling.
+  auto skipped = o->getInteger("skipped_steps");
+  if (skipped && (*skipped < 0 || *skipped > s.iteration))
+    return makeError(path, ": error: skipped_steps ", *skipped, " must be in [0, iteration ", s.iteration, "]");
+  s.skippedSteps = skipped.getValueOr(0);
+  if (auto good = o->getInteger("loss_scale_good_steps")) {
+    auto scale = o->getNumber("loss_scale");
+    if (!scale || !(*scale > 0) || !std::isfinite(*scale) || *good < 0)
+      return makeError(path, ": error: loss_scale must be a positive number and loss_scale_good_steps >= 0");
+    s.lossScale = *scale;
+    s.lossScaleGoodSteps = *good;
+  }
   if (auto m = o->getString("model")) s.model = m->str();
   if (auto c = o->getString("config")) s.config = c->str();
   return s;
+}
+
+namespace {
+
+Result<CheckpointState> parseState(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return makeError(path, ": error: cannot open the checkpoint state (a half-written checkpoint?)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parseCheckpointState(ss.str(), path);
 }
 
 // Whether `part` is the leading rows of `whole` (same rank and dims after the first, fewer rows).

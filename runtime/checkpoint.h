@@ -22,7 +22,9 @@ struct CheckpointState {
   int64_t iteration = 0;      // optimizer steps completed
   uint64_t dataPosition = 0;  // training windows consumed (TokenWindows::position)
   uint64_t seed = 0;          // init, data order and dropout seed of the run
-  double lossScale = 1.0;
+  int64_t skippedSteps = 0;   // non-finite steps dropped (Adam's step is iteration - skippedSteps)
+  double lossScale = 0;       // the dynamic loss scale (fp16); 0: the run had none
+  int64_t lossScaleGoodSteps = 0;  // finite steps since the scale last changed
   std::string model;          // the model file trained, for the reader's information
   std::string config;         // a one-line summary of the run's config (tp, dp, batch, lr, ...)
 };
@@ -45,6 +47,9 @@ struct LoadedCheckpoint {
   CheckpointState state;
   SafetensorsFile tensors;
 };
+
+// The state.json text of a checkpoint, parsed; errors name `path`. (Exposed for the fuzzer.)
+Result<CheckpointState> parseCheckpointState(const std::string& text, const std::string& path);
 
 // Loads the checkpoint DIR's `latest` file names (or DIR itself when it is an iter_N directory).
 Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir);

@@ -87,32 +87,72 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
   const auto start = Clock::now();
   auto lastLog = start;
   int64_t stepsSinceLog = 0;
+  const bool scaling = settings.lossScaling.has_value();
+  if (scaling) {
+    TPC_TRY(settings.lossScaling->validate());
+    if (!findInput(step, "loss_scale"))
+      return makeError("loss scaling needs a training step with input %loss_scale (autodiff(loss-scale=true))");
+  }
+  std::optional<DynamicLossScaler> scaler;
+  if (scaling) scaler.emplace(*settings.lossScaling, settings.start.lossScale, settings.start.lossScaleGoodSteps);
+  OptimizerProgress progress = settings.start;
+  auto currentProgress = [&] {
+    if (scaler) {
+      progress.lossScale = scaler->scale();
+      progress.lossScaleGoodSteps = scaler->goodSteps();
+    }
+    return progress;
+  };
   const int64_t total = settings.trainIters - settings.firstIter + 1;
   for (int64_t it = settings.firstIter; it <= settings.trainIters; ++it) {
     TPC_TRY(data.next(tokens.data<int32_t>(), targets.data<int32_t>(), rows, seq));
     double lr = settings.lr.at(it);
+    const double lossScale = scaler ? scaler->scale() : 0;
     inputs["lr"] = HostTensor::scalarF32(static_cast<float>(lr));
-    inputs["step"] = HostTensor::scalarF32(static_cast<float>(it));
+    // Adam's step counts the updates applied: a skipped step does not advance its bias correction.
+    inputs["step"] = HostTensor::scalarF32(static_cast<float>(it - progress.skippedSteps));
+    if (scaler) inputs["loss_scale"] = HostTensor::scalarF32(static_cast<float>(lossScale));
     TPC_ASSIGN(TensorMap out, backend.step(inputs, it));
     auto lossIt = out.find("loss");
     if (lossIt == out.end()) return makeError("the training step has no 'loss' output");
     double loss = scalarOf(lossIt->second);
     double gradNorm = out.count("grad_norm") ? scalarOf(out["grad_norm"]) : NAN;
-    if (isNonFiniteStep(out)) {
-      if (settings.onNonFinite == OnNonFinite::Stop) return nonFiniteStepError(backend, inputs, it, loss, gradNorm);
+    const bool nonFinite = isNonFiniteStep(out);
+    if (scaler) {
+      Status s = scaler->update(!nonFinite, it);
+      if (!s.ok() && settings.onNonFinite == OnNonFinite::Stop) {
+        // The scale hit its floor: name the first non-finite value as --on-nan stop does.
+        Error e = nonFiniteStepError(backend, inputs, it, loss, gradNorm);
+        return makeError(s.error(), "; ", e.message);
+      }
+      TPC_TRY(s);
+    }
+    if (nonFinite) {
+      if (!scaler && settings.onNonFinite == OnNonFinite::Stop) return nonFiniteStepError(backend, inputs, it, loss, gradNorm);
       report.skippedSteps.push_back(it);
-      if (settings.console)
+      ++progress.skippedSteps;
+      if (settings.console) {
         console << "step " << std::setw(6) << it << "/" << settings.trainIters << " | skipped: loss " << loss
-                << ", grad norm " << gradNorm << " (non-finite; --on-nan skip: parameters and optimizer state kept)"
-                << std::endl;
-      if (jsonl.is_open())
+                << ", grad norm " << gradNorm;
+        if (scaler)
+          console << " (gradient overflow at loss scale " << lossScale << "; scale lowered to " << scaler->scale()
+                  << ", parameters and optimizer state kept)" << std::endl;
+        else
+          console << " (non-finite; --on-nan skip: parameters and optimizer state kept)" << std::endl;
+      }
+      if (jsonl.is_open()) {
         jsonl << "{\"step\": " << it << ", \"skipped\": true, \"loss\": null, \"lr\": " << std::setprecision(9) << lr
-              << ", \"grad_norm\": null}\n" << std::flush;
+              << ", \"grad_norm\": null";
+        if (scaler) jsonl << ", \"loss_scale\": " << scaler->scale();
+        jsonl << "}\n" << std::flush;
+      }
+      if (settings.publish && scaler) settings.publish({{"loss_scale", scaler->scale()}});
       ++stepsSinceLog;
       continue;
     }
     report.losses.push_back(loss);
     if (settings.publish) settings.publish({{"step", double(it)}, {"loss", loss}, {"lr", lr}, {"grad_norm", gradNorm}});
+    if (settings.publish && scaler) settings.publish({{"loss_scale", scaler->scale()}});
     if (settings.evaluate && settings.evalInterval > 0 && (it % settings.evalInterval == 0 || it == settings.trainIters)) {
       auto evalStart = Clock::now();
       TPC_ASSIGN(double valid, settings.evaluate());
@@ -132,7 +172,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         jsonl.flush();
       }
     }
-    if (settings.afterStep) TPC_TRY(settings.afterStep(it));
+    if (settings.afterStep) TPC_TRY(settings.afterStep(it, currentProgress()));
     ++stepsSinceLog;
     bool logNow = settings.logInterval > 0 && (it % settings.logInterval == 0 || it == settings.firstIter ||
                                                it == settings.trainIters);
@@ -163,6 +203,11 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         std::snprintf(m, sizeof m, " | MFU %.1f%% of %s", 100.0 * mfu, settings.peakName.c_str());
         extra += m;
       }
+      if (scaler) {
+        char m[64];
+        std::snprintf(m, sizeof m, " | loss scale %g", scaler->scale());
+        extra += m;
+      }
       if (deviceMemory >= 0) {
         char m[64];
         std::snprintf(m, sizeof m, " | GPU mem %.2f GiB", static_cast<double>(deviceMemory) / (1ull << 30));
@@ -175,6 +220,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       j << std::setprecision(9) << "{\"step\": " << it << ", \"loss\": " << loss << ", \"lr\": " << lr
         << ", \"grad_norm\": " << (std::isfinite(gradNorm) ? gradNorm : -1.0) << ", \"tokens_per_s\": " << tps
         << ", \"elapsed_s\": " << elapsed;
+      if (scaler) j << ", \"loss_scale\": " << scaler->scale();
       if (mfu >= 0) j << ", \"mfu\": " << mfu;
       if (deviceMemory >= 0) j << ", \"gpu_memory_bytes\": " << deviceMemory;
       j << "}";
@@ -185,6 +231,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
   if (report.losses.empty())
     return makeError("every one of the ", total, " steps had a non-finite loss or gradient norm and was skipped "
                      "(lower --lr, raise --lr-warmup-iters, or --on-nan stop to find the first non-finite value)");
+  report.end = currentProgress();
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report.tokensPerSecond = report.seconds > 0 ? static_cast<double>(total * tokensPerStep) / report.seconds : 0;
   return report;

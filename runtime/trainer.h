@@ -5,12 +5,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "ir/graph.h"
 #include "runtime/backend.h"
+#include "runtime/loss_scale.h"
 #include "runtime/lr_schedule.h"
 
 namespace tpc {
@@ -30,6 +32,13 @@ enum class OnNonFinite {
 };
 Result<OnNonFinite> parseOnNonFinite(const std::string& s);  // "stop" | "skip"
 
+// Where the optimizer stands besides the iteration: what a checkpoint keeps and a resumed run restores.
+struct OptimizerProgress {
+  int64_t skippedSteps = 0;  // non-finite steps dropped so far: Adam's step is the iteration minus these
+  double lossScale = 0;      // the dynamic loss scale (0: no loss scaling)
+  int64_t lossScaleGoodSteps = 0;
+};
+
 struct TrainerSettings {
   int64_t trainIters = 100;
   int64_t logInterval = 10;
@@ -48,14 +57,20 @@ struct TrainerSettings {
   // Receives every step's figures (step, loss, lr, grad_norm; tokens_per_s and elapsed_s when logged;
   // valid_loss after an evaluation): the --metrics-port endpoint.
   std::function<void(const std::map<std::string, double>&)> publish;
-  // Called after each step's update, with the iteration just completed (checkpoints hang here).
-  std::function<Status(int64_t iteration)> afterStep;
+  // Called after each step's update, with the iteration just completed and the optimizer's progress after
+  // it (checkpoints hang here).
+  std::function<Status(int64_t iteration, const OptimizerProgress&)> afterStep;
   OnNonFinite onNonFinite = OnNonFinite::Stop;
+  // Dynamic loss scaling (fp16), for a step graph with input %loss_scale: a non-finite step is an overflow,
+  // skipped whatever onNonFinite says, and halves the scale; the run fails when it would go below the minimum.
+  std::optional<LossScaleSettings> lossScaling;
+  OptimizerProgress start;  // a resumed run's (from its checkpoint)
 };
 
 struct TrainReport {
   std::vector<double> losses;          // the loss of every step that was applied
-  std::vector<int64_t> skippedSteps;   // steps dropped as non-finite (OnNonFinite::Skip)
+  std::vector<int64_t> skippedSteps;   // steps dropped as non-finite (OnNonFinite::Skip, or loss-scale overflows)
+  OptimizerProgress end;
   double seconds = 0;
   double tokensPerSecond = 0;
 };

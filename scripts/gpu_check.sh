@@ -90,6 +90,21 @@ for prec in fp32 bf16; do
   row "gpt2.fb $prec ${GPT2_ITERS:-30} steps, micro batch 8 x 1024" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "${g#done: } | $mfu| $mem | $plan | $launches"
 done
 
+# 3b. Where a gpt2 bf16 step goes at micro batch 16 (tpc run --profile-step: GPU time per op), and with
+#     BENCH=1 tpc against PyTorch eager and torch.compile on the same GPT-2 (bench/vs_pytorch.py).
+"$tpc" run "$gpt2" --backend cuda --precision bf16 --train-iters 4 --log-interval 1 --micro-batch-size 16 \
+  --global-batch-size 16 --profile-step 3 > "$out/gpt2_profile.log" 2>&1
+rc=$?
+top="$(grep -A4 -E '^  op +launches' "$out/gpt2_profile.log" | tail -3 | awk '{printf "%s %s ms, ", $1, $3}')"
+row "gpt2.fb bf16 profile, micro batch 16 x 1024" "$([ $rc = 0 ] && echo DONE || echo FAIL)" "$(grep -oE '[0-9]+ launches, [0-9.]+ ms' "$out/gpt2_profile.log" | head -1); ${top%, }"
+if [ "${BENCH:-0}" = 1 ]; then
+  bench="$(pick "$build/bench/vs_pytorch.py" "bench/vs_pytorch.py")"
+  python3 "$bench" --tpc "$tpc" --configs "${BENCH_CONFIGS:-gpt2}" --steps "${BENCH_STEPS:-200}" \
+    --data "${TPC_DATA_DIR:-data}/brown/brown_gpt2" --out "$out/bench" > "$out/bench.log" 2>&1
+  rc=$?
+  row "bench: tpc vs PyTorch (${BENCH_CONFIGS:-gpt2}, ${BENCH_STEPS:-200} steps)" "$([ $rc = 0 ] && echo DONE || echo FAIL)" "table in $out/bench.log"
+fi
+
 # 4. Checkpoints across tp on the GPU (bf16): saved at tp 4 on virtual ranks after 4 steps, loaded at tp 1 and 2;
 #    the 5th step's loss must agree with tp 4's own 5th step within bf16 tolerance.
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/tpc_gpu_check.XXXXXX")"  # checkpoints stay out of OUTDIR
@@ -124,3 +139,4 @@ rm -rf "$scratch"
 echo
 echo "== tpc GPU check ($(cat "$out/gpu.txt" 2>/dev/null | head -1)); logs in $out"
 for r in "${rows[@]}"; do echo "$r"; done
+[ -s "$out/bench.log" ] && { echo; grep -vE '^(\+|step|cuda:)' "$out/bench.log" | tail -40; }

@@ -64,7 +64,7 @@ std::string standardPipeline(const ModelFile& model, int64_t accum, std::optiona
   if (partitionRank && (c.tp > 1 || c.dp > 1 || c.sp)) post += cat(",partition(rank=", *partitionRank, ")");
   return pre + cat("autodiff(loss=", model.lossOutput, ", accum=", accum, ", clip-grad=", formatFloat(c.clipGrad),
              ", beta1=", formatFloat(c.beta1), ", beta2=", formatFloat(c.beta2), ", eps=", formatFloat(c.eps),
-             ", weight-decay=", formatFloat(c.weightDecay), "),cse,dce") +
+             ", weight-decay=", formatFloat(c.weightDecay), c.precision == "fp16" ? ", loss-scale=true" : "", "),cse,dce") +
          ",fold-vocab-padding" +
          (c.recompute == "none" ? std::string() : cat(",recompute(mode=", c.recompute, ")")) + post;
 }

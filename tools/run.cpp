@@ -122,6 +122,9 @@ int runRun(std::vector<std::string> args) {
       .value("profile-step", "CUDA: time step N launch by launch (CUDA events) and print its GPU time per op; 0: off",
              "0")
       .toggle("no-fuse", "CUDA backend: one kernel per elementwise op (leave out the fuse pass that ends the pipeline)")
+      .value("initial-loss-scale", "--precision fp16: the loss scale to start from", "65536")
+      .value("loss-scale-window", "--precision fp16: finite steps in a row after which the loss scale doubles", "1000")
+      .value("min-loss-scale", "--precision fp16: the run fails when an overflow would halve the scale below this", "1")
       .toggle("quiet", "no per-step lines (the summary is still printed)");
   cli::declareTrainingFlags(flags);
   cli::declarePipelineFlags(flags);
@@ -191,9 +194,27 @@ int runRun(std::vector<std::string> args) {
   if (config.precision == "auto") config.precision = *backendKind == BackendKind::Cuda ? "bf16" : "fp32";
   const std::string precision = config.precision;
 
-  if (config.precision == "fp16")
-    return cli::fail("run", "--precision fp16 needs dynamic loss scaling, which this tpc does not have yet; use "
-                            "--precision bf16 (as fast on Ampere and Hopper GPUs, no loss scale needed)");
+  // fp16: dynamic loss scaling (the scale is an input of the step; trainer.h says what a skipped step does).
+  std::optional<LossScaleSettings> lossScaling;
+  if (precision == "fp16") {
+    LossScaleSettings ls;
+    auto initial = flags.getDouble("initial-loss-scale");
+    if (!initial) return cli::fail("run", initial.error());
+    auto minimum = flags.getDouble("min-loss-scale");
+    if (!minimum) return cli::fail("run", minimum.error());
+    auto window = flags.getInt("loss-scale-window", 1, int64_t(1) << 40);
+    if (!window) return cli::fail("run", window.error());
+    ls.initial = *initial;
+    ls.min = *minimum;
+    ls.window = *window;
+    if (Status s = ls.validate(); !s.ok()) return cli::fail("run", s.error());
+    lossScaling = ls;
+  } else {
+    for (const char* f : {"initial-loss-scale", "loss-scale-window", "min-loss-scale"})
+      if (flags.has(f))
+        return cli::fail("run", cat("--", f, " applies to --precision fp16 only (this run is ", precision,
+                                    "); drop it or add --precision fp16"));
+  }
 
   // The training step: forward, backward, clipping, AdamW; then simplified.
   std::unique_ptr<Graph> step = model->forward->clone();
@@ -326,6 +347,10 @@ int runRun(std::vector<std::string> args) {
             << batches.windowsPerEpoch() << " windows per epoch)\n"
             << "  lr " << config.lr << " -> " << config.minLr << " (" << config.decayStyle << ", warmup "
             << config.warmupIters << "), " << config.trainIters << " steps" << std::endl;
+  if (lossScaling)
+    std::cout << "  precision fp16: dynamic loss scale " << lossScaling->initial << " (doubled after "
+              << lossScaling->window << " finite steps, halved on an overflow, minimum " << lossScaling->min << ")"
+              << std::endl;
 
   TrainerSettings settings;
   settings.trainIters = config.trainIters;
@@ -342,9 +367,18 @@ int runRun(std::vector<std::string> args) {
     double attention = model->gpt ? 12.0 * static_cast<double>(model->gpt->layers * model->gpt->hidden * config.seqLength) : 0;
     settings.flopsPerToken = 6.0 * static_cast<double>(numParams) + attention;
     settings.peakFlops = precision == "fp32" ? 67e12 : 989e12;
-    settings.peakName = precision == "fp32" ? "H200 fp32 67 TFLOP/s" : "H200 dense bf16 989 TFLOP/s";
+    settings.peakName = precision == "fp32" ? "H200 fp32 67 TFLOP/s"
+                        : precision == "fp16" ? "H200 dense fp16 989 TFLOP/s" : "H200 dense bf16 989 TFLOP/s";
   }
-  if (checkpoint) settings.firstIter = checkpoint->state.iteration + 1;
+  if (checkpoint) {
+    settings.firstIter = checkpoint->state.iteration + 1;
+    settings.start.skippedSteps = checkpoint->state.skippedSteps;
+    if (lossScaling) {  // a checkpoint of an fp16 run carries its scale; another starts at --initial-loss-scale
+      settings.start.lossScale = checkpoint->state.lossScale;
+      settings.start.lossScaleGoodSteps = checkpoint->state.lossScaleGoodSteps;
+    }
+  }
+  settings.lossScaling = lossScaling;
   std::unique_ptr<MetricsServer> metrics;
   if (flags.has("metrics-port")) {
     auto port = flags.getInt("metrics-port", 1, 65535);
@@ -367,9 +401,12 @@ int runRun(std::vector<std::string> args) {
     };
   }
   const std::string saveDir = flags.get("save");
-  auto saveAt = [&](int64_t it) -> Status {
+  auto saveAt = [&](int64_t it, const OptimizerProgress& progress) -> Status {
     CheckpointState cs;
     cs.iteration = it;
+    cs.skippedSteps = progress.skippedSteps;
+    cs.lossScale = progress.lossScale;
+    cs.lossScaleGoodSteps = progress.lossScaleGoodSteps;
     cs.dataPosition = batches.position();
     cs.seed = config.seed;
     cs.model = path;
@@ -383,12 +420,15 @@ int runRun(std::vector<std::string> args) {
     return {};
   };
   if (!saveDir.empty())
-    settings.afterStep = [&](int64_t it) -> Status {
+    settings.afterStep = [&](int64_t it, const OptimizerProgress& progress) -> Status {
       if (it != config.trainIters && (*saveInterval == 0 || it % *saveInterval != 0)) return {};
-      return saveAt(it);
+      return saveAt(it, progress);
     };
-  if (flags.on("save-initial"))
-    if (Status s = saveAt(0); !s.ok()) return cli::fail("run", s.error());
+  if (flags.on("save-initial")) {
+    OptimizerProgress initial;
+    if (lossScaling) initial.lossScale = lossScaling->initial;
+    if (Status s = saveAt(0, initial); !s.ok()) return cli::fail("run", s.error());
+  }
   settings.onNonFinite = *onNan;
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());

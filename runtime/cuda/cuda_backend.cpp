@@ -13,11 +13,13 @@
 #include <thread>
 #include <unordered_map>
 
+#include "ir/printer.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/cuda/cublaslt_matmul.h"
 #include "runtime/cuda/cuda_libraries.h"
 #include "runtime/cuda/lowering.h"
 #include "runtime/cuda/memory_plan.h"
+#include "runtime/cuda/nonfinite_scan.h"
 #include "runtime/cuda/nvrtc_compiler.h"
 #include "runtime/cuda/step_profile.h"
 #include "runtime/cuda/kernels/codegen.h"
@@ -60,6 +62,8 @@ struct Launch {
   ncclDataType_t ncclType = ncclFloat32;
   ncclRedOp_t redOp = ncclSum;
   std::string what;  // the node, for errors
+  // Checking mode (findFirstNonFinite): (rank, node index) whose results are complete after this launch.
+  std::vector<std::pair<size_t, int>> checks;
 };
 
 // What one GPU holds besides the ranks' buffers: its stream, cuBLASLt, the step word, the loaded kernels,
@@ -106,6 +110,11 @@ struct Rank {
   // nothing, and values read only inside a group get no buffer.
   std::vector<FusionGroup> groups;
   llvm::DenseMap<const Node*, const FusionGroup*> groupOf;
+  std::vector<int> collectiveIndex;  // their node indices
+  // Parameters and optimizer state live in one block, so that one copy keeps them all: `kept` holds the
+  // state as it was before the step, which a non-finite step gets back (backend.h).
+  void* state = nullptr;
+  void* kept = nullptr;
 };
 
 class CudaBackend final : public Backend {
@@ -220,20 +229,20 @@ class CudaBackend final : public Backend {
       int64_t ws = static_cast<int64_t>(devs_[i].matmul->workspaceBytes()), arenas = 0, stateB = 0, inputB = 0;
       for (size_t r = 0; r < ranks_.size(); ++r)
         if (&dev(r) == &devs_[i]) arenas += ranks_[r].arenaBytes, stateB += ranks_[r].stateBytes, inputB += ranks_[r].inputBytes;
-      int64_t needed = ws + arenas + stateB + inputB;
+      int64_t needed = ws + arenas + 2 * stateB + inputB;  // the state and its kept copy
       size_t freeB = 0, totalB = 0;
       CU_TRY(cudaSetDevice(devs_[i].device), "GPU ", devs_[i].device);
       CU_TRY(cudaMemGetInfo(&freeB, &totalB), "memory info");
       if (options_.verbose)
         std::printf("cuda: memory plan on GPU %d (%s): activations arena %s (planned peak%s), parameters and optimizer "
-                    "state %s, batch %s, cuBLASLt workspace %s: %s of %s free\n",
+                    "state %s (and as much kept for non-finite steps), batch %s, cuBLASLt workspace %s: %s of %s free\n",
                     devs_[i].device, deviceName_.c_str(), mib(arenas).c_str(),
                     !nccl_ && ranks_.size() > 1 ? cat(", ", ranks_.size(), " virtual ranks").c_str() : "",
                     mib(stateB).c_str(), mib(inputB).c_str(), mib(ws).c_str(), mib(needed).c_str(),
                     mib(static_cast<int64_t>(freeB)).c_str());
       if (needed > static_cast<int64_t>(freeB) * 97 / 100)
         return makeError("cuda: the training step needs ", mib(needed), " of GPU memory (activations ", mib(arenas),
-                         ", parameters and optimizer state ", mib(stateB), ") but only ", mib(static_cast<int64_t>(freeB)),
+                         ", parameters and optimizer state ", mib(stateB), " and its kept copy) but only ", mib(static_cast<int64_t>(freeB)),
                          " are free on GPU ", devs_[i].device, " (", deviceName_,
                          "); use a smaller --micro-batch-size (or recompute) to lower the activations");
     }
@@ -258,41 +267,14 @@ class CudaBackend final : public Backend {
 
   Result<TensorMap> step(const TensorMap& inputs, int64_t stepIndex) override {
     if (!prepared_) return makeError("cuda backend: step() before a successful prepare()");
-    const Mesh& mesh = ranks_[0].graph->mesh();
-    // Each rank's inputs, sliced and converted on the host.
-    std::vector<std::vector<std::pair<void*, HostTensor>>> copies(ranks_.size());
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      for (Value* v : ranks_[r].graph->inputs()) {
-        auto it = inputs.find(v->name());
-        if (it == inputs.end()) return makeError("cuda backend: missing input %", v->name(), " (", v->type().str(), ")");
-        HostTensor t = it->second;
-        if (!mesh.empty()) {
-          auto local = sliceForRank(t, v->placement(), mesh, static_cast<int64_t>(r));
-          if (!local.ok()) return makeError("cuda backend: input %", v->name(), ": ", local.error());
-          t = std::move(local).value();
-        }
-        if (t.shape() != v->shape())
-          return makeError("cuda backend: input %", v->name(), " must be ", v->type().str(), ", got ", t.type().str());
-        if (t.dtype() != v->dtype()) t = t.convertTo(v->dtype());
-        copies[r].push_back({ranks_[r].addr[v], t});
-      }
-    }
+    TPC_ASSIGN(auto copies, rankInputs(inputs));
     // Per GPU: inputs in, the step word, the replay, and a wait bounded by the collective timeout.
     std::vector<std::string> errors(devs_.size());
     auto runDevice = [&](size_t i) {
       DeviceCtx& d = devs_[i];
       auto fail = [&](const std::string& e) { errors[i] = e; };
       if (cudaSetDevice(d.device) != cudaSuccess) return fail(cat("cuda: cannot use GPU ", d.device));
-      for (size_t r = 0; r < ranks_.size(); ++r) {
-        if (&dev(r) != &d) continue;
-        for (auto& [ptr, t] : copies[r])
-          if (cudaError_t e = cudaMemcpyAsync(ptr, t.raw(), t.bytes(), cudaMemcpyHostToDevice, d.stream); e != cudaSuccess)
-            return fail(cat("cuda: copying the batch to GPU ", d.device, ": ", cudaGetErrorString(e)));
-      }
-      d.stepHost = stepIndex;
-      if (cudaError_t e = cudaMemcpyAsync(d.stepWord, &d.stepHost, sizeof d.stepHost, cudaMemcpyHostToDevice, d.stream);
-          e != cudaSuccess)
-        return fail(cat("cuda: step word: ", cudaGetErrorString(e)));
+      if (Status s = stageStep(d, copies, stepIndex); !s.ok()) return fail(s.error());
       bool profiling = !debug_ && options_.profileStep == stepIndex;
       if (debug_) {
         Status st = enqueueAll(d, true, stepIndex);
@@ -347,7 +329,79 @@ class CudaBackend final : public Backend {
       CU_TRY(cudaMemcpy(t.raw(), ranks_[0].addr[v], t.bytes(), cudaMemcpyDeviceToHost), "reading output %", name);
       result[name] = isFloat(t.dtype()) && t.dtype() != DType::f32 ? t.convertTo(DType::f32) : t;
     }
+    // A non-finite step updated the state in place inside the graph: give back the copy kept before it.
+    if (isNonFiniteStep(result)) TPC_TRY(restoreState());
     return result;
+  }
+
+  // Re-runs the step launch by launch from the current state, checking every input, parameter and node
+  // result of every rank on the device as soon as it is complete; the earliest node position wins, then
+  // the lowest rank (as the CPU backends). The state is given back afterwards.
+  Result<std::optional<NonFiniteValue>> findFirstNonFinite(const TensorMap& inputs, int64_t stepIndex) override {
+    if (!prepared_) return makeError("cuda backend: findFirstNonFinite() before a successful prepare()");
+    TPC_ASSIGN(auto copies, rankInputs(inputs));
+    const size_t R = ranks_.size();
+    std::vector<std::optional<NonFiniteValue>> found(R);
+    std::vector<std::string> errors(devs_.size());
+    // Rank r's value v (node index k, -1 for an input or parameter), unless r already has an earlier one.
+    auto check = [&](size_t r, const Value* v, int64_t k, const char* what) -> Status {
+      if (found[r] && found[r]->index <= k) return {};
+      TPC_ASSIGN(auto bad, firstNonFiniteOnDevice(*v, ranks_[r].addr.lookup(v)));
+      if (!bad) return {};
+      const Graph& g = *ranks_[r].graph;
+      ValueNames names(g);
+      NonFiniteValue nf;
+      nf.value = names(v);
+      nf.node = k < 0 ? std::string(what) : printNode(*v->def(), names);
+      nf.index = k;
+      nf.numNodes = static_cast<int64_t>(g.numNodes());
+      nf.rank = R > 1 ? static_cast<int64_t>(r) : -1;
+      nf.element = bad->element;
+      nf.sample = bad->sample;
+      found[r] = std::move(nf);
+      return {};
+    };
+    auto runDevice = [&](size_t i) {
+      DeviceCtx& d = devs_[i];
+      Status st = [&]() -> Status {
+        CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
+        TPC_TRY(stageStep(d, copies, stepIndex));
+        CU_TRY(cudaStreamSynchronize(d.stream), "checking mode: staging the step");
+        for (size_t r = 0; r < R; ++r) {
+          if (&dev(r) != &d) continue;
+          for (Value* v : ranks_[r].graph->inputs()) TPC_TRY(check(r, v, -1, "input"));
+          for (Value* v : ranks_[r].graph->params()) TPC_TRY(check(r, v, -1, "param"));
+        }
+        std::vector<std::vector<Node*>> nodes(R);
+        for (size_t r = 0; r < R; ++r) nodes[r] = ranks_[r].graph->nodeVector();
+        for (const Launch& l : d.launches) {
+          TPC_TRY(enqueue(d, l));
+          if (l.checks.empty()) continue;
+          CU_TRY(cudaStreamSynchronize(d.stream), "checking mode: ", l.what);
+          for (const auto& [r, k] : l.checks)
+            for (const Value* v : nodes[r][static_cast<size_t>(k)]->results()) TPC_TRY(check(r, v, k, nullptr));
+        }
+        return {};
+      }();
+      if (!st.ok()) errors[i] = st.error();
+    };
+    if (devs_.size() == 1) {
+      runDevice(0);
+    } else {
+      std::vector<std::thread> threads;
+      for (size_t i = 0; i < devs_.size(); ++i) threads.emplace_back(runDevice, i);
+      for (auto& t : threads) t.join();
+    }
+    for (const std::string& e : errors)
+      if (!e.empty()) {
+        if (nccl_) abortCommunicators();
+        return Error{e};
+      }
+    TPC_TRY(restoreState());
+    std::optional<NonFiniteValue> first;
+    for (auto& f : found)
+      if (f && (!first || f->index < first->index)) first = std::move(f);
+    return first;
   }
 
   Result<HostTensor> readState(const std::string& name) const override {
@@ -382,6 +436,65 @@ class CudaBackend final : public Backend {
   std::string rankPrefix(size_t r) const { return ranks_.size() > 1 ? cat("rank ", r, ": ") : ""; }
   DeviceCtx& dev(size_t r) { return devs_[nccl_ ? r : 0]; }
   const DeviceCtx& dev(size_t r) const { return devs_[nccl_ ? r : 0]; }
+
+  using RankCopies = std::vector<std::vector<std::pair<void*, HostTensor>>>;
+
+  // Each rank's inputs, sliced and converted on the host, with the device buffer each goes to.
+  Result<RankCopies> rankInputs(const TensorMap& inputs) {
+    const Mesh& mesh = ranks_[0].graph->mesh();
+    RankCopies copies(ranks_.size());
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      for (Value* v : ranks_[r].graph->inputs()) {
+        auto it = inputs.find(v->name());
+        if (it == inputs.end()) return makeError("cuda backend: missing input %", v->name(), " (", v->type().str(), ")");
+        HostTensor t = it->second;
+        if (!mesh.empty()) {
+          auto local = sliceForRank(t, v->placement(), mesh, static_cast<int64_t>(r));
+          if (!local.ok()) return makeError("cuda backend: input %", v->name(), ": ", local.error());
+          t = std::move(local).value();
+        }
+        if (t.shape() != v->shape())
+          return makeError("cuda backend: input %", v->name(), " must be ", v->type().str(), ", got ", t.type().str());
+        if (t.dtype() != v->dtype()) t = t.convertTo(v->dtype());
+        copies[r].push_back({ranks_[r].addr[v], t});
+      }
+    }
+    return copies;
+  }
+
+  // On d's stream (its device current): keep a copy of its ranks' state (a non-finite step gets it back),
+  // then the batch and the step word.
+  Status stageStep(DeviceCtx& d, RankCopies& copies, int64_t stepIndex) {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      if (&dev(r) != &d) continue;
+      Rank& rk = ranks_[r];
+      if (rk.stateBytes > 0)
+        CU_TRY(cudaMemcpyAsync(rk.kept, rk.state, static_cast<size_t>(rk.stateBytes), cudaMemcpyDeviceToDevice, d.stream),
+               "keeping the state of step ", stepIndex, " on GPU ", d.device);
+      for (auto& [ptr, t] : copies[r])
+        CU_TRY(cudaMemcpyAsync(ptr, t.raw(), t.bytes(), cudaMemcpyHostToDevice, d.stream), "copying the batch to GPU ",
+               d.device);
+    }
+    d.stepHost = stepIndex;
+    CU_TRY(cudaMemcpyAsync(d.stepWord, &d.stepHost, sizeof d.stepHost, cudaMemcpyHostToDevice, d.stream), "step word");
+    return {};
+  }
+
+  // The state as it was before the last step (the copy stageStep kept).
+  Status restoreState() {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      Rank& rk = ranks_[r];
+      if (rk.stateBytes == 0) continue;
+      DeviceCtx& d = dev(r);
+      CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
+      // On the step's stream (non-blocking: the legacy default stream would not order against it), and
+      // finished before the next step stages its own copy.
+      CU_TRY(cudaMemcpyAsync(rk.state, rk.kept, static_cast<size_t>(rk.stateBytes), cudaMemcpyDeviceToDevice, d.stream),
+             rankPrefix(r), "giving back the state kept before a non-finite step");
+      CU_TRY(cudaStreamSynchronize(d.stream), rankPrefix(r), "giving back the state kept before a non-finite step");
+    }
+    return {};
+  }
 
   // NCCL gathers and scatters whole rank-major blocks; along another dim than the first (with something
   // before it) the data goes through a staging buffer, [G, local...], in the node's workspace.
@@ -549,6 +662,13 @@ class CudaBackend final : public Backend {
       rk.allocations.push_back(p);
       rk.addr[v] = p;
     }
+    if (rk.stateBytes > 0) {
+      CU_TRY(cudaMalloc(&rk.state, rk.stateBytes), rankPrefix(r), "allocating ", mib(rk.stateBytes), " of parameters and optimizer state");
+      rk.allocations.push_back(rk.state);
+      CU_TRY(cudaMalloc(&rk.kept, rk.stateBytes), rankPrefix(r), "allocating ", mib(rk.stateBytes), " to keep the state of a step");
+      rk.allocations.push_back(rk.kept);
+    }
+    int64_t stateOffset = 0;
     for (Value* p : rk.graph->params()) {
       auto it = state.find(p->name());
       if (it == state.end())
@@ -562,9 +682,8 @@ class CudaBackend final : public Backend {
       if (t.shape() != p->shape())
         return makeError("cuda backend: parameter %", p->name(), " must be ", p->type().str(), ", got ", t.type().str());
       if (t.dtype() != p->dtype()) t = t.convertTo(p->dtype());
-      void* buf = nullptr;
-      CU_TRY(cudaMalloc(&buf, std::max<int64_t>(t.bytes(), 1)), "allocating parameter %", p->name());
-      rk.allocations.push_back(buf);
+      void* buf = static_cast<char*>(rk.state) + stateOffset;
+      stateOffset += (p->type().bytes() + 255) / 256 * 256;  // as planRank counted stateBytes
       CU_TRY(cudaMemcpy(buf, t.raw(), t.bytes(), cudaMemcpyHostToDevice), "uploading parameter %", p->name());
       rk.addr[p] = buf;
       rk.params[p->name()].second = buf;
@@ -612,8 +731,23 @@ class CudaBackend final : public Backend {
     CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
     std::vector<Node*> nodes = rk.graph->nodeVector();
     rk.segments.emplace_back();
+    // Checking mode: a node's results are complete after its last launch. A node without launches of its
+    // own (a virtual collective, run in assemble(); one lowered to nothing) is checked after the next launch.
+    std::vector<std::pair<size_t, int>> pending;
+    size_t launched = 0;
+    auto attachChecks = [&] {
+      std::vector<Launch>& seg = rk.segments.back();
+      size_t now = 0;
+      for (auto& s : rk.segments) now += s.size();
+      if (now == launched || seg.empty()) return;
+      launched = now;
+      seg.back().checks.insert(seg.back().checks.end(), pending.begin(), pending.end());
+      pending.clear();
+    };
     for (size_t k = 0; k < nodes.size(); ++k) {
       const Node& n = *nodes[k];
+      attachChecks();  // the previous node's
+      pending.push_back({r, static_cast<int>(k)});
       std::string what = cat(rankPrefix(r), n.opName(), " -> ", valueName(n.result()));
       // A fusion group's kernel (at its last member) reads the group's inputs and writes its outputs.
       const FusionGroup* fg = rk.groupOf.lookup(&n);
@@ -627,7 +761,9 @@ class CudaBackend final : public Backend {
       }
       switch (nodeExec(n)) {
         case NodeExec::Collective:
+          pending.pop_back();  // assemble() checks it after the collective's kernels
           rk.collectives.push_back(&n);
+          rk.collectiveIndex.push_back(static_cast<int>(k));
           rk.segments.emplace_back();
           continue;
         case NodeExec::Matmul: {
@@ -699,6 +835,7 @@ class CudaBackend final : public Backend {
         rk.segments.back().push_back(std::move(l));
       }
     }
+    attachChecks();
     for (const auto& [v, name] : plan.paramCopies) {
       Launch l;
       l.kind = Launch::Copy;
@@ -708,6 +845,7 @@ class CudaBackend final : public Backend {
       l.what = cat(rankPrefix(r), "update of %", name);
       rk.segments.back().push_back(l);
     }
+    attachChecks();  // nodes that only the parameter copies follow
     return {};
   }
 
@@ -789,6 +927,8 @@ class CudaBackend final : public Backend {
         devs_[0].launches.push_back(std::move(l));
       }
     }
+    // Checking mode: every rank's result of this collective is complete now.
+    for (size_t r = 0; r < ranks_.size(); ++r) devs_[0].launches.back().checks.push_back({r, ranks_[r].collectiveIndex[s]});
     return {};
   }
 
@@ -933,6 +1073,8 @@ class CudaBackend final : public Backend {
       rk.collectives.clear();
       rk.groups.clear();
       rk.groupOf.clear();
+      rk.collectiveIndex.clear();
+      rk.state = rk.kept = nullptr;
       rk.arenaBytes = rk.stateBytes = rk.inputBytes = 0;
     }
     for (DeviceCtx& d : devs_) {

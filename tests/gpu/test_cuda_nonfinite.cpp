@@ -1,0 +1,224 @@
+// Non-finite steps on the GPU (backend.h, tpc run --on-nan): a step whose loss is NaN leaves the state bit
+// for bit as it was (the CUDA graph updates it in place; the backend gives back the copy it kept), and
+// findFirstNonFinite names the same first non-finite value as the CPU backend, on one rank and on virtual
+// ranks, without changing the state. fp16 with dynamic loss scaling, which relies on that, follows the
+// CPU backend's fp16 run: the same steps overflow and are skipped, the losses agree.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "gpu_test_support.h"
+#include "models/gpt.h"
+#include "passes/pipeline.h"
+#include "passes/sharding/sharding.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/cpu_mesh_backend.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/param_init.h"
+#include "runtime/trainer.h"
+
+namespace tpc {
+namespace {
+
+std::unique_ptr<Graph> stepGraph(int64_t tp, const std::string& pre = "", const std::string& autodiff = "") {
+  GptConfig g;
+  g.layers = 1;
+  g.hidden = 64;
+  g.heads = 4;
+  g.vocab = 100;
+  g.paddedVocab = 256;
+  g.positions = 16;
+  TrainConfig c;
+  c.microBatch = 2;
+  c.globalBatch = 2;
+  c.seqLength = 16;
+  auto m = buildGpt(g, c);
+  REQUIRE(m.ok());
+  std::unique_ptr<Graph> step = std::move(m->forward);
+  PassManager pm;
+  REQUIRE(pm.addPipeline((tp > 1 ? "megatron-tp(tp=" + std::to_string(tp) + ")," : std::string()) + pre +
+                         "autodiff(clip-grad=1.0, weight-decay=0.1" + autodiff + "),cse,dce").ok());
+  Status s = pm.run(*step);
+  INFO((s.ok() ? std::string() : s.error()));
+  REQUIRE(s.ok());
+  if (tp > 1) REQUIRE(propagatePlacements(*step).ok());
+  return step;
+}
+
+std::vector<std::unique_ptr<Graph>> rankGraphs(const Graph& step) {
+  std::vector<std::unique_ptr<Graph>> ranks;
+  for (int64_t r = 0; !step.mesh().empty() && r < step.mesh().numRanks(); ++r) {
+    auto l = partitionForRank(step, r);
+    REQUIRE(l.ok());
+    ranks.push_back(std::move(*l));
+  }
+  return ranks;
+}
+
+TensorMap batch() {
+  std::mt19937 rng(11);
+  TensorMap m;
+  for (const char* name : {"tokens", "targets"}) {
+    HostTensor t(TensorType(DType::i32, {2, 16}));
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
+    m[name] = t;
+  }
+  m["lr"] = HostTensor::scalarF32(1e-2f);
+  m["step"] = HostTensor::scalarF32(1);
+  return m;
+}
+
+std::map<std::string, std::string> snapshot(const Backend& b, const Graph& step) {
+  std::map<std::string, std::string> s;
+  for (const Value* p : step.params()) {
+    auto t = b.readState(p->name());
+    REQUIRE(t.ok());
+    s[p->name()] = std::string(reinterpret_cast<const char*>(t->raw()), t->bytes());
+  }
+  return s;
+}
+
+// Runs one step from `state` on the CPU (reference) and on the GPU, and compares what they say.
+void compare(int64_t tp, const TensorMap& state, bool expectNonFiniteStep) {
+  auto step = stepGraph(tp);
+  CpuOptions o;
+  o.threads = 2;
+  std::unique_ptr<Backend> cpu = tp > 1 ? createCpuMeshBackend(rankGraphs(*step), o) : createCpuBackend(o);
+  CudaOptions co;
+  co.verbose = false;
+  co.collectives = "virtual";
+  std::unique_ptr<Backend> gpu = createCudaBackend(rankGraphs(*step), co);
+  for (Backend* b : {cpu.get(), gpu.get()}) {
+    Status st = b->prepare(*step, state);
+    INFO(b->name() << ": " << (st.ok() ? std::string() : st.error()));
+    REQUIRE(st.ok());
+  }
+  TensorMap in = batch();
+  auto before = snapshot(*gpu, *step);
+  auto outCpu = cpu->step(in, 1);
+  auto outGpu = gpu->step(in, 1);
+  REQUIRE(outCpu.ok());
+  INFO((outGpu.ok() ? std::string() : outGpu.error()));
+  REQUIRE(outGpu.ok());
+  CHECK(isNonFiniteStep(*outCpu) == expectNonFiniteStep);
+  CHECK(isNonFiniteStep(*outGpu) == expectNonFiniteStep);
+  CHECK(snapshot(*gpu, *step) == before);  // the state the step left: exactly the one before it
+
+  auto want = cpu->findFirstNonFinite(in, 1);
+  auto got = gpu->findFirstNonFinite(in, 1);
+  REQUIRE(want.ok());
+  INFO((got.ok() ? std::string() : got.error()));
+  REQUIRE(got.ok());
+  REQUIRE(want->has_value());
+  REQUIRE(got->has_value());
+  INFO("CPU: " << (*want)->describe() << "\nGPU: " << (*got)->describe());
+  CHECK((*got)->value == (*want)->value);
+  CHECK((*got)->node == (*want)->node);
+  CHECK((*got)->index == (*want)->index);
+  CHECK((*got)->numNodes == (*want)->numNodes);
+  CHECK((*got)->rank == (*want)->rank);
+  CHECK((*got)->element == (*want)->element);
+  CHECK(std::isnan((*got)->sample) == std::isnan((*want)->sample));
+  CHECK(snapshot(*gpu, *step) == before);  // checking mode changed nothing either
+
+  // And the GPU goes on training from the kept state: the same step with a finite state would be fine.
+  auto again = gpu->step(in, 1);
+  REQUIRE(again.ok());
+  CHECK(isNonFiniteStep(*again) == expectNonFiniteStep);
+}
+
+TensorMap initialState(const Graph& step) {
+  TensorMap state;
+  for (const Value* p : step.params()) state[p->name()] = initParam(*p, 1);
+  return state;
+}
+
+}  // namespace
+
+TEST_CASE("cuda non-finite: a NaN parameter: the state is kept, checking mode names it as the CPU does", "[gpu][nonfinite]") {
+  test::requireGpuOrSkip();
+  auto step = stepGraph(1);
+  for (int64_t tp : {1, 2}) {
+    INFO("tp " << tp);
+    TensorMap state = initialState(*step);
+    state["h.0.mlp.c_fc.weight"].data<float>()[5] = NAN;
+    compare(tp, state, true);
+  }
+}
+
+TEST_CASE("cuda non-finite: an overflow inside the step is named at the same node as on the CPU", "[gpu][nonfinite]") {
+  test::requireGpuOrSkip();
+  auto step = stepGraph(1);
+  for (int64_t tp : {1, 2}) {
+    INFO("tp " << tp);
+    // Column 0 of both embeddings at 3e38: finite parameters whose sum (the residual stream) is inf.
+    TensorMap state = initialState(*step);
+    for (const char* name : {"wte", "wpe"}) {
+      HostTensor& t = state[name];
+      const int64_t cols = t.shape().back();
+      for (int64_t i = 0; i < t.numel(); i += cols) t.data<float>()[i] = 3e38f;
+    }
+    compare(tp, state, true);
+  }
+}
+
+namespace {
+
+class RandomBatches final : public BatchSource {
+ public:
+  Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
+    for (int64_t i = 0; i < rows * seq; ++i) tokens[i] = targets[i] = static_cast<int32_t>(rng_() % 50);
+    return {};
+  }
+
+ private:
+  std::mt19937 rng_{5};
+};
+
+}  // namespace
+
+TEST_CASE("cuda fp16: dynamic loss scaling skips the same overflowed steps as the CPU and follows its losses", "[gpu][fp16]") {
+  test::requireGpuOrSkip();
+  auto step = stepGraph(1, "mixed-precision(dtype=f16),", ", loss-scale=true");
+  CpuOptions o;
+  o.threads = 2;
+  CudaOptions co;
+  co.verbose = false;
+  std::vector<TrainReport> reports;
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(createCpuBackend(o));
+  backends.push_back(createCudaBackend({}, co));
+  for (auto& b : backends) {
+    Status st = b->prepare(*step, initialState(*step));
+    INFO(b->name() << ": " << (st.ok() ? std::string() : st.error()));
+    REQUIRE(st.ok());
+    TrainerSettings s;
+    s.trainIters = 30;
+    s.logInterval = 0;
+    s.console = false;
+    s.lr.maxLr = s.lr.minLr = 3e-3;
+    s.lr.warmupIters = 0;
+    s.lr.decayIters = 30;
+    s.lossScaling = LossScaleSettings{std::ldexp(1.0, 40), 4, 1};  // overflows until the scale comes down
+    RandomBatches data;
+    std::ostringstream console;
+    auto r = train(*b, *step, data, s, console);
+    INFO(b->name() << ": " << (r.ok() ? std::string() : r.error()));
+    REQUIRE(r.ok());
+    reports.push_back(*r);
+  }
+  const TrainReport &cpu = reports[0], &gpu = reports[1];
+  WARN("fp16 with loss scaling, 30 steps from scale 2^40: CPU skipped " << cpu.skippedSteps.size() << ", GPU skipped "
+       << gpu.skippedSteps.size() << "; final scale CPU " << cpu.end.lossScale << ", GPU " << gpu.end.lossScale
+       << "; last loss CPU " << cpu.losses.back() << ", GPU " << gpu.losses.back());
+  CHECK(cpu.skippedSteps.size() >= 10);
+  // The overflow steps come from fp16 range limits, not rounding: both backends skip the same ones.
+  CHECK(gpu.skippedSteps == cpu.skippedSteps);
+  CHECK(gpu.end.lossScale == cpu.end.lossScale);
+  REQUIRE(gpu.losses.size() == cpu.losses.size());
+  for (size_t i = 0; i < cpu.losses.size(); ++i) CHECK(std::abs(gpu.losses[i] - cpu.losses[i]) <= 2e-2 * cpu.losses[i]);
+}
+
+}  // namespace tpc
