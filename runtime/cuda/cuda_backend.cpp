@@ -643,7 +643,7 @@ class CudaBackend final : public Backend {
     for (Value* v : g.inputs()) rk.inputBytes += (v->type().bytes() + 255) / 256 * 256;
     std::vector<int64_t> workspace;
     for (const NodeLowering& l : lowerings) workspace.push_back(l.workspaceBytes);
-    plan = planStepMemory(g, workspace, rk.groupOf);
+    plan = planStepMemory(g, workspace, &rk.groupOf);
     rk.arenaBytes = plan.arenaBytes;
     inPlace_.push_back(plan.inPlace);
     return {};

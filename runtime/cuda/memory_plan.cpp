@@ -40,7 +40,7 @@ int64_t planMemory(std::vector<PlannedBuffer>& buffers, int64_t alignment) {
 }
 
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
-                              const llvm::DenseMap<const Node*, const FusionGroup*>& groupOf, int64_t alignment) {
+                              const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf, int64_t alignment) {
   StepMemoryPlan plan;
   std::vector<Node*> nodes = g.nodeVector();
   const int end = static_cast<int>(nodes.size());
@@ -49,7 +49,7 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
   // Where each node's work happens: a fusion group's members all run at its last member.
   std::vector<int> at(nodes.size());
   for (int k = 0; k < end; ++k) {
-    const FusionGroup* fg = groupOf.lookup(nodes[k]);
+    const FusionGroup* fg = (groupOf ? groupOf->lookup(nodes[k]) : nullptr);
     at[k] = fg ? index[fg->members.back()] : k;
   }
   // A view's memory is its operand's: follow chains of views to the value that owns the bytes.
@@ -83,7 +83,7 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
     else plan.paramCopies.push_back({v, g.outputName(i)});
   }
   for (int k = 0; k < end; ++k) {
-    const FusionGroup* fg = groupOf.lookup(nodes[k]);
+    const FusionGroup* fg = (groupOf ? groupOf->lookup(nodes[k]) : nullptr);
     for (const Value* v : nodes[k]->results()) {
       if (plan.inPlace.count(v) || plan.viewOf.count(v) || (fg && fg->isInternal(v))) continue;
       auto lu = lastUse.find(v);

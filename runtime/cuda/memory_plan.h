@@ -44,7 +44,7 @@ struct StepMemoryPlan {
 // each member node (ir/fusion_group.h): a group's members all run at its last member, and a value read only
 // inside its group gets no buffer.
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
-                              const llvm::DenseMap<const Node*, const FusionGroup*>& groupOf = {},
+                              const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf = nullptr,
                               int64_t alignment = 256);
 
 }  // namespace tpc::cuda
