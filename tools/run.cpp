@@ -352,7 +352,8 @@ int runRun(std::vector<std::string> args) {
       CudaOptions cuda;
       cuda.seed = config.seed;
       cuda.verbose = false;
-      std::string passes = precision == "bf16" ? "mixed-precision(dtype=bf16)" : "";
+      // cse merges the per-use casts mixed-precision adds (the tied embedding's two).
+      std::string passes = precision == "bf16" ? "mixed-precision(dtype=bf16),cse" : "";
       e = Evaluator::create(*model->forward, model->lossOutput, createCudaBackend({}, cuda), passes, *backend);
     }
 #endif

@@ -4,6 +4,7 @@
 // fit are refused.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <random>
 #include <sstream>
 
@@ -90,6 +91,17 @@ TEST_CASE("eval on a backend: equal to the CPU executor's, parameters copied at 
   REQUIRE(viaBackend.size() == 3);
   CHECK(viaBackend == viaExec);  // the same graph and kernels: bit for bit
   CHECK(viaBackend[2] < viaBackend[0]);  // taken anew each time, so training shows
+
+  // In bf16, as `tpc run` evaluates a bf16 training on the GPU: the same loss to bf16's precision.
+  auto bf16 = Evaluator::create(*m->forward, m->lossOutput, createCpuBackend(co), "mixed-precision(dtype=bf16),cse", *training);
+  INFO((bf16.ok() ? std::string() : bf16.error()));
+  REQUIRE(bf16.ok());
+  FixedBatches a, b;
+  auto low = (*bf16)->meanLoss(*training, a, 2), full = (*onExec)->meanLoss(*training, b, 2);
+  REQUIRE(low.ok());
+  REQUIRE(full.ok());
+  CHECK(*low != *full);  // it did compute in bf16
+  CHECK(std::abs(*low - *full) <= 2e-2 * *full);
 
   // A state write names the tensor and what does not fit.
   auto other = createCpuBackend(co);
