@@ -1,5 +1,6 @@
 // The parts of the Backend contract that every backend shares: judging a step non-finite, describing the
-// first non-finite value, and the answer of a backend that cannot look for it.
+// first non-finite value, the answers of a backend that cannot look for it or replace its state, and
+// copying state between backends through the host.
 #include "runtime/backend.h"
 
 #include <cmath>
@@ -14,6 +15,15 @@ std::string NonFiniteValue::describe() const {
 
 Result<std::optional<NonFiniteValue>> Backend::findFirstNonFinite(const TensorMap&, int64_t) {
   return makeError("backend ", name(), " cannot re-run a step in checking mode to find its first non-finite value");
+}
+
+Status Backend::writeState(const std::string& tensor, const HostTensor&) {
+  return makeError("backend ", name(), " cannot replace its state tensor '", tensor, "'");
+}
+
+Status Backend::copyStateFrom(const Backend& source, const std::string& name) {
+  TPC_ASSIGN(HostTensor t, source.readState(name));
+  return writeState(name, t);
 }
 
 bool isNonFiniteStep(const TensorMap& outputs) {

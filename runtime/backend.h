@@ -59,6 +59,21 @@ class Backend {
   virtual Result<std::optional<NonFiniteValue>> findFirstNonFinite(const TensorMap& inputs, int64_t stepIndex);
   // The current value of a parameter or optimizer-state tensor.
   virtual Result<HostTensor> readState(const std::string& name) const = 0;
+  // Replaces a state tensor with `value` (unsharded, as readState gives it; same element count, converted to
+  // the backend's dtype). A backend that cannot returns an error saying so (the default).
+  virtual Status writeState(const std::string& name, const HostTensor& value);
+  // Replaces state tensor `name` with `source`'s current value of the same name: the evaluator's way to take
+  // the training backend's parameters. The default goes through the host (source.readState, writeState); a
+  // device backend copies device to device where the source exposes the tensor whole (deviceState).
+  virtual Status copyStateFrom(const Backend& source, const std::string& name);
+  // Where a state tensor lives whole in one device buffer (a single-rank accelerator backend), for
+  // copyStateFrom; nullopt where it does not (host memory, or split over ranks).
+  struct DeviceTensor {
+    int device = -1;
+    const void* data = nullptr;
+    TensorType type;
+  };
+  virtual std::optional<DeviceTensor> deviceState(const std::string& /*name*/) const { return std::nullopt; }
   // Device memory this process holds on its accelerator, for the log line; -1 where that means nothing (CPU).
   virtual int64_t deviceMemoryInUse() const { return -1; }
   // Kernel launches (and library calls) per step; -1 where not counted.

@@ -1,10 +1,15 @@
 // Evaluation during training (Megatron's --eval-interval / --eval-iters): the mean loss of the model's
 // forward graph, dropout off, over a fixed run of validation (or test) batches, with the parameters the
-// training backend holds at that moment. Runs on the CPU reference executor with the parameters read
-// unsharded through Backend::readState, so it works under every backend and mesh.
+// training backend holds at that moment. Two ways to run it:
+// - on the CPU reference executor, the parameters read unsharded through Backend::readState (any training
+//   backend and mesh);
+// - on a backend of the training's own kind (the CUDA backend on a GPU), prepared once with the forward
+//   graph, unsharded on one rank, its parameters replaced before each evaluation with
+//   Backend::copyStateFrom (device to device where the training backend allows it).
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "ir/graph.h"
 #include "runtime/backend.h"
@@ -19,13 +24,27 @@ class Evaluator {
   // `lossOutput`); the inference pass is applied to a copy.
   static Result<std::unique_ptr<Evaluator>> create(const Graph& forward, const std::string& lossOutput,
                                                    CpuOptions options);
+  // On `device`, a backend not yet prepared. `passes` (a pipeline, e.g. "mixed-precision(dtype=bf16)"; may
+  // be empty) runs after the inference pass, so evaluation computes in the training's precision. The
+  // parameters start as `training`'s current ones.
+  static Result<std::unique_ptr<Evaluator>> create(const Graph& forward, const std::string& lossOutput,
+                                                   std::unique_ptr<Backend> device, const std::string& passes,
+                                                   const Backend& training);
   // The mean loss over `iters` batches of `data`, with `state`'s current parameters.
   Result<double> meanLoss(const Backend& state, BatchSource& data, int64_t iters);
+  // Where evaluation runs: "cpu executor" or the device backend's name.
+  std::string where() const;
 
  private:
+  static Result<std::unique_ptr<Evaluator>> inferenceGraph(const Graph& forward, const std::string& lossOutput,
+                                                           const std::string& passes);
+  Result<double> deviceMeanLoss(const Backend& state, BatchSource& data, int64_t iters);
+
   std::unique_ptr<Graph> graph_;
   std::unique_ptr<CpuExecutor> exec_;
+  std::unique_ptr<Backend> device_;
   size_t lossIndex_ = 0;
+  int64_t calls_ = 0;
 };
 
 }  // namespace tpc

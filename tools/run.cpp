@@ -391,9 +391,24 @@ int runRun(std::vector<std::string> args) {
   }
   std::unique_ptr<Evaluator> evaluator;
   if (*evalInterval > 0) {
-    auto e = Evaluator::create(*model->forward, model->lossOutput, cpu);
+    Result<std::unique_ptr<Evaluator>> e = makeError("no evaluator");
+#ifdef TPC_HAVE_CUDA
+    // On the GPU the evaluation runs there too: the forward graph unsharded on one GPU, in the training's
+    // precision, its parameters copied from the training backend before each evaluation.
+    if (*backendKind == BackendKind::Cuda) {
+      CudaOptions cuda;
+      cuda.seed = config.seed;
+      cuda.verbose = false;
+      // cse merges the per-use casts mixed-precision adds (the tied embedding's two).
+      std::string passes = precision == "bf16" ? "mixed-precision(dtype=bf16),cse" : "";
+      e = Evaluator::create(*model->forward, model->lossOutput, createCudaBackend({}, cuda), passes, *backend);
+    }
+#endif
+    if (*backendKind != BackendKind::Cuda) e = Evaluator::create(*model->forward, model->lossOutput, cpu);
     if (!e) return cli::fail("run", e.error());
     evaluator = std::move(*e);
+    std::cout << "  eval: every " << *evalInterval << " steps, " << *evalIters << " batches of the validation split, on "
+              << evaluator->where() << std::endl;
     settings.evalInterval = *evalInterval;
     settings.evaluate = [&]() -> Result<double> {
       validBatches->seek(0);  // the same batches every time: comparable numbers

@@ -1,6 +1,8 @@
 // CpuBackend: the state map plus the executor.
 #include "runtime/cpu/cpu_backend.h"
 
+#include <cstring>
+
 namespace tpc {
 
 Status CpuBackend::prepare(const Graph& step, const TensorMap& initialState) {
@@ -67,6 +69,21 @@ Result<HostTensor> CpuBackend::readState(const std::string& name) const {
   auto it = state_.find(name);
   if (it == state_.end()) return makeError("cpu backend: no state tensor named '", name, "'");
   return it->second;
+}
+
+Status CpuBackend::writeState(const std::string& name, const HostTensor& value) {
+  auto it = state_.find(name);
+  if (it == state_.end()) return makeError("cpu backend: no state tensor named '", name, "'");
+  HostTensor& t = it->second;
+  if (value.numel() != t.numel())
+    return makeError("cpu backend: state tensor '", name, "' is ", t.type().str(), ", cannot take ", value.type().str());
+  // Same elements, maybe another shape of them (tp views QKV as [D, 3, D]): keep ours. A new buffer, as
+  // readState hands out tensors that share the old one.
+  HostTensor converted = value.dtype() == t.dtype() ? value : value.convertTo(t.dtype());
+  HostTensor fresh(t.type());
+  std::memcpy(fresh.raw(), converted.raw(), fresh.bytes());
+  t = std::move(fresh);
+  return {};
 }
 
 std::unique_ptr<Backend> createCpuBackend(CpuOptions options) { return std::make_unique<CpuBackend>(std::move(options)); }

@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   Result<TensorMap> step(const TensorMap& inputs, int64_t stepIndex) override;
   Result<std::optional<NonFiniteValue>> findFirstNonFinite(const TensorMap& inputs, int64_t stepIndex) override;
   Result<HostTensor> readState(const std::string& name) const override;
+  Status writeState(const std::string& name, const HostTensor& value) override;
 
  private:
   // Runs the step and returns every output, committing nothing.

@@ -426,6 +426,52 @@ class CudaBackend final : public Backend {
     return global;
   }
 
+  // Each rank's slice of `value`, uploaded into that rank's buffer (as prepare() does with the initial state).
+  Status writeState(const std::string& name, const HostTensor& value) override {
+    if (!prepared_ || !ranks_[0].params.count(name)) return makeError("cuda backend: no state tensor named '", name, "'");
+    const Mesh& mesh = ranks_[0].graph->mesh();
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      auto [p, buf] = ranks_[r].params.at(name);
+      HostTensor t = value;
+      if (!mesh.empty()) {
+        auto local = sliceForRank(t, p->placement(), mesh, static_cast<int64_t>(r));
+        if (!local.ok()) return makeError("cuda backend: state tensor '", name, "': ", local.error());
+        t = std::move(local).value();
+      }
+      // Same elements, maybe another shape of them (tp views QKV as [D, 3, D]).
+      if (t.numel() != p->type().numel())
+        return makeError("cuda backend: state tensor '", name, "' is ", p->type().str(), ", cannot take ", t.type().str());
+      if (t.dtype() != p->dtype()) t = t.convertTo(p->dtype());
+      CU_TRY(cudaSetDevice(dev(r).device), "GPU ", dev(r).device);
+      CU_TRY(cudaMemcpy(buf, t.raw(), t.bytes(), cudaMemcpyHostToDevice), "writing %", name);
+      // From pageable memory the copy may still be in flight on return; our replay runs on another stream.
+      CU_TRY(cudaDeviceSynchronize(), "writing %", name);
+    }
+    return {};
+  }
+
+  std::optional<DeviceTensor> deviceState(const std::string& name) const override {
+    if (!prepared_ || ranks_.size() != 1 || !ranks_[0].params.count(name)) return std::nullopt;
+    auto [p, buf] = ranks_[0].params.at(name);
+    return DeviceTensor{dev(0).device, buf, p->type()};
+  }
+
+  // Device to device when the source holds the tensor whole on our GPU in our dtype (a single-rank training
+  // backend); through the host otherwise. The source's step() has finished (it waits for its replay), and
+  // the copy is on our stream, ahead of our next replay.
+  Status copyStateFrom(const Backend& source, const std::string& name) override {
+    auto from = source.deviceState(name);
+    if (!prepared_ || ranks_.size() != 1 || !from || !ranks_[0].params.count(name))
+      return Backend::copyStateFrom(source, name);
+    auto [p, buf] = ranks_[0].params.at(name);
+    if (from->device != dev(0).device || from->type.dtype != p->dtype() || from->type.numel() != p->type().numel())
+      return Backend::copyStateFrom(source, name);
+    CU_TRY(cudaSetDevice(dev(0).device), "GPU ", dev(0).device);
+    CU_TRY(cudaMemcpyAsync(buf, from->data, static_cast<size_t>(p->type().bytes()), cudaMemcpyDeviceToDevice, dev(0).stream),
+           "copying %", name, " from ", source.name());
+    return {};
+  }
+
  private:
   static std::string groupName(const FusionGroup& fg) {
     std::string s = cat("fusion_group=", fg.id, " (");

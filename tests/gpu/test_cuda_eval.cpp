@@ -1,0 +1,137 @@
+// Evaluation on the GPU (tpc run --eval-interval on the CUDA backend): a tiny GPT trained on the GPU with
+// an evaluation every 2 steps gets, from the evaluator on a second CudaBackend, the validation losses the
+// CPU evaluator computes from the same parameters (1e-4 relative in fp32), single-rank (parameters copied
+// device to device) and tp 2 on virtual ranks (through the host).
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "gpu_test_support.h"
+#include "models/gpt.h"
+#include "passes/pipeline.h"
+#include "passes/sharding/sharding.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/evaluator.h"
+#include "runtime/param_init.h"
+
+namespace tpc {
+namespace {
+
+// The same windows every time it is rebuilt: each evaluation reads the same "validation split".
+class FixedBatches final : public BatchSource {
+ public:
+  Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
+    for (int64_t i = 0; i < rows * seq; ++i) {
+      tokens[i] = static_cast<int32_t>(rng_() % 100);
+      targets[i] = static_cast<int32_t>((tokens[i] * 7 + 3) % 100);  // learnable: the loss falls
+    }
+    return {};
+  }
+
+ private:
+  std::mt19937 rng_{11};
+};
+
+ModelFile tinyGpt() {
+  GptConfig g;
+  g.layers = 2;
+  g.hidden = 64;
+  g.heads = 8;
+  g.vocab = 100;
+  g.paddedVocab = 1024;
+  g.positions = 16;
+  g.hiddenDropout = g.attentionDropout = 0.1;  // training draws dropout; evaluation must not
+  TrainConfig c;
+  c.microBatch = c.globalBatch = 4;
+  c.seqLength = 16;
+  auto m = buildGpt(g, c);
+  REQUIRE(m.ok());
+  return std::move(m).value();
+}
+
+}  // namespace
+
+TEST_CASE("cuda eval: validation losses on the GPU equal the CPU evaluator's on the same parameters", "[gpu][eval]") {
+  test::requireGpuOrSkip();
+  for (int64_t tp : {1, 2}) {
+    ModelFile m = tinyGpt();
+    std::unique_ptr<Graph> step = m.forward->clone();
+    PassManager pm;
+    REQUIRE(pm.addPipeline((tp > 1 ? "megatron-tp(tp=2)," : std::string()) + "autodiff(loss=" + m.lossOutput +
+                           ", clip-grad=1.0),cse,dce").ok());
+    REQUIRE(pm.run(*step).ok());
+    std::vector<std::unique_ptr<Graph>> ranks;
+    if (tp > 1) {
+      REQUIRE(propagatePlacements(*step).ok());
+      for (int64_t r = 0; r < tp; ++r) {
+        auto l = partitionForRank(*step, r);
+        REQUIRE(l.ok());
+        ranks.push_back(std::move(*l));
+      }
+    }
+    CudaOptions o;
+    o.seed = 5;
+    o.verbose = false;
+    o.collectives = "virtual";
+    auto training = createCudaBackend(std::move(ranks), o);
+    TensorMap state;
+    for (const Value* p : step->params()) state[p->name()] = initParam(*p, 3);
+    Status s = training->prepare(*step, state);
+    INFO((s.ok() ? std::string() : s.error()));
+    REQUIRE(s.ok());
+
+    CpuOptions co;
+    co.threads = 4;
+    auto onCpu = Evaluator::create(*m.forward, m.lossOutput, co);
+    REQUIRE(onCpu.ok());
+    CudaOptions eo = o;
+    eo.collectives = "auto";
+    auto onGpu = Evaluator::create(*m.forward, m.lossOutput, createCudaBackend({}, eo), "", *training);
+    INFO((onGpu.ok() ? std::string() : onGpu.error()));
+    REQUIRE(onGpu.ok());
+    CHECK((*onGpu)->where().rfind("cuda (", 0) == 0);  // not the CPU executor
+    CHECK((*onCpu)->where() == "cpu executor");
+
+    std::vector<double> gpu, cpu;
+    double gpuSeconds = 0, cpuSeconds = 0;
+    TrainerSettings t;
+    t.trainIters = 6;
+    t.logInterval = 0;
+    t.lr.maxLr = 3e-3;
+    t.lr.minLr = 3e-4;
+    t.lr.warmupIters = 0;
+    t.lr.decayIters = 6;
+    t.evalInterval = 2;
+    t.evaluate = [&]() -> Result<double> {
+      FixedBatches a, b;
+      auto t0 = std::chrono::steady_clock::now();
+      TPC_ASSIGN(double g, (*onGpu)->meanLoss(*training, a, 3));
+      auto t1 = std::chrono::steady_clock::now();
+      TPC_ASSIGN(double c, (*onCpu)->meanLoss(*training, b, 3));
+      auto t2 = std::chrono::steady_clock::now();
+      gpuSeconds += std::chrono::duration<double>(t1 - t0).count();
+      cpuSeconds += std::chrono::duration<double>(t2 - t1).count();
+      gpu.push_back(g);
+      cpu.push_back(c);
+      return g;
+    };
+    FixedBatches data;
+    std::ostringstream console;
+    auto report = train(*training, *step, data, t, console);
+    INFO(console.str() << (report.ok() ? std::string() : report.error()));
+    REQUIRE(report.ok());
+    REQUIRE(gpu.size() == 3);  // steps 2, 4, 6
+    double worst = 0;
+    for (size_t i = 0; i < gpu.size(); ++i) worst = std::max(worst, std::abs(gpu[i] - cpu[i]) / std::abs(cpu[i]));
+    WARN("tp " << tp << ": valid losses (gpu) " << gpu[0] << ", " << gpu[1] << ", " << gpu[2] << "; worst relative "
+               << "difference from the CPU evaluator " << worst << "; evaluation time gpu " << gpuSeconds << "s, cpu "
+               << cpuSeconds << "s");
+    CHECK(worst <= 1e-4);
+    CHECK(gpu[2] < gpu[0]);  // the parameters are taken anew each time: training shows
+  }
+}
+
+}  // namespace tpc

@@ -1,0 +1,115 @@
+// The evaluator on a backend of its own (how `tpc run` evaluates on the GPU), checked on the CPU with a
+// CpuBackend in the device's place: the same validation losses as the CPU-executor evaluator, bit for bit,
+// with the parameters taken from the training backend anew at each evaluation; state writes that do not
+// fit are refused.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "models/gpt.h"
+#include "passes/pipeline.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/evaluator.h"
+#include "runtime/param_init.h"
+
+namespace tpc {
+namespace {
+
+class FixedBatches final : public BatchSource {
+ public:
+  Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
+    for (int64_t i = 0; i < rows * seq; ++i) {
+      tokens[i] = static_cast<int32_t>(rng_() % 64);
+      targets[i] = static_cast<int32_t>((tokens[i] * 5 + 1) % 64);  // learnable: the loss falls
+    }
+    return {};
+  }
+
+ private:
+  std::mt19937 rng_{11};
+};
+
+}  // namespace
+
+TEST_CASE("eval on a backend: equal to the CPU executor's, parameters copied at each evaluation", "[eval]") {
+  GptConfig g;
+  g.layers = 1;
+  g.hidden = 32;
+  g.heads = 4;
+  g.vocab = 64;
+  g.paddedVocab = 128;
+  g.positions = 8;
+  g.hiddenDropout = g.attentionDropout = 0.1;  // training draws dropout; evaluation must not
+  TrainConfig c;
+  c.microBatch = c.globalBatch = 2;
+  c.seqLength = 8;
+  auto m = buildGpt(g, c);
+  REQUIRE(m.ok());
+  std::unique_ptr<Graph> step = m->forward->clone();
+  PassManager pm;
+  REQUIRE(pm.addPipeline("autodiff(loss=" + m->lossOutput + ", clip-grad=1.0),cse,dce").ok());
+  REQUIRE(pm.run(*step).ok());
+  CpuOptions co;
+  co.threads = 2;
+  auto training = createCpuBackend(co);
+  TensorMap state;
+  for (const Value* p : step->params()) state[p->name()] = initParam(*p, 3);
+  REQUIRE(training->prepare(*step, state).ok());
+
+  auto onExec = Evaluator::create(*m->forward, m->lossOutput, co);
+  REQUIRE(onExec.ok());
+  auto onBackend = Evaluator::create(*m->forward, m->lossOutput, createCpuBackend(co), "", *training);
+  INFO((onBackend.ok() ? std::string() : onBackend.error()));
+  REQUIRE(onBackend.ok());
+  CHECK((*onBackend)->where() == "cpu");
+  CHECK((*onExec)->where() == "cpu executor");
+
+  std::vector<double> viaBackend, viaExec;
+  TrainerSettings t;
+  t.trainIters = 6;
+  t.logInterval = 0;
+  t.lr.maxLr = 1e-2;
+  t.lr.minLr = 1e-3;
+  t.lr.warmupIters = 0;
+  t.lr.decayIters = 6;
+  t.evalInterval = 2;
+  t.evaluate = [&]() -> Result<double> {
+    FixedBatches a, b;
+    TPC_ASSIGN(double x, (*onBackend)->meanLoss(*training, a, 2));
+    TPC_ASSIGN(double y, (*onExec)->meanLoss(*training, b, 2));
+    viaBackend.push_back(x);
+    viaExec.push_back(y);
+    return x;
+  };
+  FixedBatches data;
+  std::ostringstream console;
+  auto report = train(*training, *step, data, t, console);
+  INFO(console.str() << (report.ok() ? std::string() : report.error()));
+  REQUIRE(report.ok());
+  REQUIRE(viaBackend.size() == 3);
+  CHECK(viaBackend == viaExec);  // the same graph and kernels: bit for bit
+  CHECK(viaBackend[2] < viaBackend[0]);  // taken anew each time, so training shows
+
+  // In bf16, as `tpc run` evaluates a bf16 training on the GPU: the same loss to bf16's precision.
+  auto bf16 = Evaluator::create(*m->forward, m->lossOutput, createCpuBackend(co), "mixed-precision(dtype=bf16),cse", *training);
+  INFO((bf16.ok() ? std::string() : bf16.error()));
+  REQUIRE(bf16.ok());
+  FixedBatches a, b;
+  auto low = (*bf16)->meanLoss(*training, a, 2), full = (*onExec)->meanLoss(*training, b, 2);
+  REQUIRE(low.ok());
+  REQUIRE(full.ok());
+  CHECK(*low != *full);  // it did compute in bf16
+  CHECK(std::abs(*low - *full) <= 2e-2 * *full);
+
+  // A state write names the tensor and what does not fit.
+  auto other = createCpuBackend(co);
+  REQUIRE(other->prepare(*step, state).ok());
+  Status wrong = other->writeState("wpe", HostTensor(TensorType(DType::f32, {3})));
+  REQUIRE(!wrong.ok());
+  CHECK(wrong.error().find("'wpe'") != std::string::npos);
+  CHECK(!other->writeState("no_such_tensor", HostTensor(TensorType(DType::f32, {3}))).ok());
+}
+
+}  // namespace tpc
