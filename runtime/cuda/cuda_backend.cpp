@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -304,13 +305,7 @@ class CudaBackend final : public Backend {
         if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     };
-    if (devs_.size() == 1) {
-      runDevice(0);
-    } else {
-      std::vector<std::thread> threads;
-      for (size_t i = 0; i < devs_.size(); ++i) threads.emplace_back(runDevice, i);
-      for (auto& t : threads) t.join();
-    }
+    onEveryDevice(runDevice);
     for (size_t i = 0; i < errors.size(); ++i)
       if (!errors[i].empty()) {
         if (nccl_) abortCommunicators();
@@ -385,13 +380,7 @@ class CudaBackend final : public Backend {
       }();
       if (!st.ok()) errors[i] = st.error();
     };
-    if (devs_.size() == 1) {
-      runDevice(0);
-    } else {
-      std::vector<std::thread> threads;
-      for (size_t i = 0; i < devs_.size(); ++i) threads.emplace_back(runDevice, i);
-      for (auto& t : threads) t.join();
-    }
+    onEveryDevice(runDevice);
     for (const std::string& e : errors)
       if (!e.empty()) {
         if (nccl_) abortCommunicators();
@@ -477,6 +466,16 @@ class CudaBackend final : public Backend {
     std::string s = cat("fusion_group=", fg.id, " (");
     for (size_t k = 0; k < fg.members.size(); ++k) s += cat(k ? " " : "", fg.members[k]->opName());
     return s + ")";
+  }
+
+  // fn(i) for every GPU: inline with one, a thread per GPU with several (NCCL wants each rank's calls on a
+  // thread of its own, all at once).
+  template <typename F>
+  void onEveryDevice(F& fn) {
+    if (devs_.size() == 1) return fn(size_t{0});
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < devs_.size(); ++i) threads.emplace_back(std::ref(fn), i);
+    for (auto& t : threads) t.join();
   }
 
   std::string rankPrefix(size_t r) const { return ranks_.size() > 1 ? cat("rank ", r, ": ") : ""; }
@@ -1092,13 +1091,7 @@ class CudaBackend final : public Backend {
       }();
       if (!st.ok()) errors[i] = st.error();
     };
-    if (devs_.size() == 1) {
-      one(0);
-    } else {
-      std::vector<std::thread> threads;
-      for (size_t i = 0; i < devs_.size(); ++i) threads.emplace_back(one, i);
-      for (auto& t : threads) t.join();
-    }
+    onEveryDevice(one);
     for (auto& e : errors)
       if (!e.empty()) return Error{e};
     return {};
