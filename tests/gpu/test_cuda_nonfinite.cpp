@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <sstream>
 
@@ -90,8 +91,21 @@ void compare(int64_t tp, const TensorMap& state, bool expectNonFiniteStep) {
   co.verbose = false;
   co.collectives = "virtual";
   std::unique_ptr<Backend> gpu = createCudaBackend(rankGraphs(*step), co);
+  // megatron-tp views the fused QKV weight and bias as [D, 3, D] and [3, D]: the bytes of the model's [D, 3D]
+  // and [3D], so the state goes in the step's own shapes.
+  TensorMap local;
+  for (const Value* p : step->params()) {
+    HostTensor t = state.at(p->name());
+    if (t.shape() != p->shape()) {
+      HostTensor viewed(TensorType(t.dtype(), p->shape()));
+      REQUIRE(viewed.bytes() == t.bytes());
+      std::memcpy(viewed.raw(), t.raw(), t.bytes());
+      t = viewed;
+    }
+    local[p->name()] = t;
+  }
   for (Backend* b : {cpu.get(), gpu.get()}) {
-    Status st = b->prepare(*step, state);
+    Status st = b->prepare(*step, local);
     INFO(b->name() << ": " << (st.ok() ? std::string() : st.error()));
     REQUIRE(st.ok());
   }
@@ -117,7 +131,7 @@ void compare(int64_t tp, const TensorMap& state, bool expectNonFiniteStep) {
   CHECK((*got)->value == (*want)->value);
   CHECK((*got)->node == (*want)->node);
   CHECK((*got)->index == (*want)->index);
-  CHECK((*got)->numNodes == (*want)->numNodes);
+  // (numNodes is not compared: the CUDA backend's own rewrites, e.g. fold-batch-matmul-sum, add nodes.)
   CHECK((*got)->rank == (*want)->rank);
   CHECK((*got)->element == (*want)->element);
   CHECK(std::isnan((*got)->sample) == std::isnan((*want)->sample));
