@@ -1,5 +1,7 @@
 #include "runtime/checkpoint.h"
 
+#include <stdexcept>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -58,10 +60,14 @@ Result<CheckpointState> parseCheckpointState(const std::string& text, const std:
     return makeError(path, ": error: iteration, data_position and seed are required");
   s.iteration = *it;
   s.dataPosition = static_cast<uint64_t>(*pos);
+  // Digits only: stoull alone would take "-1" (wrapping to 2^64 - 1) or "12abc".
+  const std::string seedText = seed->str();
+  bool digits = !seedText.empty() && seedText.find_first_not_of("0123456789") == std::string::npos;
   try {
-    s.seed = std::stoull(seed->str());
+    if (!digits) throw std::invalid_argument(seedText);
+    s.seed = std::stoull(seedText);
   } catch (...) {
-    return makeError(path, ": error: seed '", seed->str(), "' is not a number");
+    return makeError(path, ": error: seed '", seedText, "' is not a number (a decimal unsigned 64-bit integer)");
   }
   // Older checkpoints have no skipped_steps (0) and wrote loss_scale 1 for runs without loss scaling.
   auto skipped = o->getInteger("skipped_steps");

@@ -156,4 +156,22 @@ TEST_CASE("checkpoint: bad checkpoints give one error naming the tensor or file,
   fail("--train-iters 2 --load " + ck, "state.json: error: cannot open the checkpoint state");
 }
 
+TEST_CASE("checkpoint: the state's seed must be a decimal unsigned number", "[checkpoint]") {
+  auto state = [](const std::string& seed) {
+    return parseCheckpointState(R"({"format": "tpc-checkpoint-1", "iteration": 3, "data_position": 0, "seed": ")" + seed +
+                                    R"("})",
+                                "s.json");
+  };
+  auto ok = state("18446744073709551615");
+  INFO((ok.ok() ? std::string() : ok.error()));
+  REQUIRE(ok.ok());
+  CHECK(ok->seed == 18446744073709551615ull);
+  for (const char* bad : {"-1", "12abc", "", " 7", "99999999999999999999"}) {
+    INFO(bad);
+    auto r = state(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().find("is not a number") != std::string::npos);
+  }
+}
+
 }  // namespace tpc
