@@ -62,6 +62,7 @@ struct Launch {
   ncclComm_t comm = nullptr;
   ncclDataType_t ncclType = ncclFloat32;
   ncclRedOp_t redOp = ncclSum;
+  std::string op;    // the op it runs for (the step profile's row): "add", "fusion_group=3", "NCCL all_reduce"
   std::string what;  // the node, for errors
   // Checking mode (findFirstNonFinite): (rank, node index) whose results are complete after this launch.
   std::vector<std::pair<size_t, int>> checks;
@@ -608,12 +609,14 @@ class CudaBackend final : public Backend {
   }
 
   // A kernel launch whose first arguments are raw device addresses (the collectives' kernels).
-  Result<Launch> rawKernel(DeviceCtx& d, const KernelSpec& k, const std::vector<uint64_t>& ptrs, const std::string& what) {
+  Result<Launch> rawKernel(DeviceCtx& d, const KernelSpec& k, const std::vector<uint64_t>& ptrs, const std::string& op,
+                           const std::string& what) {
     Launch l;
     l.kind = Launch::Kernel;
     TPC_ASSIGN(l.fn, function(d, k, what));
     l.grid = k.grid;
     l.block = k.block;
+    l.op = op;
     l.what = what;
     for (size_t i = 0; i < k.args.size(); ++i) l.argv.push_back(i < ptrs.size() ? ptrs[i] : static_cast<uint64_t>(k.args[i].i));
     return l;
@@ -628,6 +631,7 @@ class CudaBackend final : public Backend {
     Launch l;
     l.kind = Launch::Nccl;
     l.comm = comms_[r].at(axis);
+    l.op = cat("NCCL ", n.opName());
     l.what = what;
     DType t = n.result()->dtype();
     TPC_ASSIGN(l.ncclType, ncclType(t));
@@ -650,7 +654,8 @@ class CudaBackend final : public Backend {
         int64_t dim = n.getInt("dim") < 0 ? n.getInt("dim") + n.result()->type().rank() : n.getInt("dim");
         for (int64_t q = 0; q < G; ++q) {
           std::vector<uint64_t> ptrs = {reinterpret_cast<uint64_t>(res), reinterpret_cast<uint64_t>(ws + q * inNumel * esize)};
-          auto k = rawKernel(d, virtualAllGatherPiece(t, inShape, outShape, dim, static_cast<int>(q)), ptrs, what + " (unstaging)");
+          auto k = rawKernel(d, virtualAllGatherPiece(t, inShape, outShape, dim, static_cast<int>(q)), ptrs, l.op,
+                             what + " (unstaging)");
           if (!k.ok()) return Error{k.error()};
           out.push_back(std::move(k).value());
         }
@@ -664,7 +669,7 @@ class CudaBackend final : public Backend {
             KernelSpec pack = codegen::stridedCopy(t, outShape, 0, outStrides, q * outShape[dim] * inStrides[dim], inStrides,
                                                    {ArgKind::Int64, 0, 0}, {ArgKind::Int64, 0, 0});
             std::vector<uint64_t> ptrs = {reinterpret_cast<uint64_t>(ws + q * outNumel * esize), reinterpret_cast<uint64_t>(in)};
-            auto k = rawKernel(d, pack, ptrs, what + " (staging)");
+            auto k = rawKernel(d, pack, ptrs, l.op, what + " (staging)");
             if (!k.ok()) return Error{k.error()};
             out.push_back(std::move(k).value());
           }
@@ -794,9 +799,11 @@ class CudaBackend final : public Backend {
       attachChecks();  // the previous node's
       pending.push_back({r, static_cast<int>(k)});
       std::string what = cat(rankPrefix(r), n.opName(), " -> ", valueName(n.result()));
+      std::string op(n.opName());
       // A fusion group's kernel (at its last member) reads the group's inputs and writes its outputs.
       const FusionGroup* fg = rk.groupOf.lookup(&n);
       if (fg) what = cat(rankPrefix(r), groupName(*fg), " -> ", valueName(fg->outputs.front()));
+      if (fg) op = cat("fusion_group=", fg->id);
       llvm::ArrayRef<Value*> operands = fg ? llvm::ArrayRef<Value*>(fg->inputs) : n.operands();
       llvm::ArrayRef<Value*> results = fg ? llvm::ArrayRef<Value*>(fg->outputs) : n.results();
       if (nccl_ && n.has(traits::Collective)) {
@@ -819,6 +826,7 @@ class CudaBackend final : public Backend {
             l.a = static_cast<const char*>(rk.addr[n.operand(0)]) + oa * dtypeSize(n.operand(0)->dtype());
             l.b = static_cast<const char*>(rk.addr[n.operand(1)]) + ob * dtypeSize(n.operand(1)->dtype());
             l.c = static_cast<char*>(rk.addr[n.result()]) + oc * dtypeSize(n.result()->dtype());
+            l.op = op;
             l.what = what;
             rk.segments.back().push_back(l);
           }
@@ -834,6 +842,7 @@ class CudaBackend final : public Backend {
         l.kind = Launch::Memset;
         l.c = ws;
         l.bytes = static_cast<size_t>(nl.workspaceBytes);
+        l.op = op;
         l.what = what;
         rk.segments.back().push_back(l);
       }
@@ -846,6 +855,7 @@ class CudaBackend final : public Backend {
         l.grid = ks.grid;
         l.block = ks.block;
         l.smem = ks.sharedBytes;
+        l.op = op;
         l.what = what + " [" + ks.entry + "]";
         if (ks.sharedBytes > 48 * 1024)
           if (CUresult e = driver_->funcSetAttribute(l.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -887,6 +897,7 @@ class CudaBackend final : public Backend {
       l.c = rk.params[name].second;
       l.a = rk.addr[v];
       l.bytes = static_cast<size_t>(v->type().bytes());
+      l.op = "update";
       l.what = cat(rankPrefix(r), "update of %", name);
       rk.segments.back().push_back(l);
     }
@@ -968,7 +979,7 @@ class CudaBackend final : public Backend {
         return makeError("cuda backend: no virtual-rank lowering for collective ", n0.opName());
       }
       for (auto& [k, ptrs] : ks) {
-        TPC_ASSIGN(Launch l, rawKernel(devs_[0], k, ptrs, what));
+        TPC_ASSIGN(Launch l, rawKernel(devs_[0], k, ptrs, std::string(n0.opName()), what));
         devs_[0].launches.push_back(std::move(l));
       }
     }
@@ -1049,7 +1060,7 @@ class CudaBackend final : public Backend {
       for (size_t i = 0; i < d.launches.size(); ++i) {
         float ms = 0;
         CU_TRY(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]), "reading a profiling event");
-        d.profile.push_back({d.launches[i].what, ms});
+        d.profile.push_back({d.launches[i].op, d.launches[i].what, ms});
       }
       return {};
     }();
