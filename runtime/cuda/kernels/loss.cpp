@@ -12,18 +12,6 @@ namespace tpc::cuda {
 namespace {
 
 const char* kRowStats = R"(
-__device__ __forceinline__ double tpc_block_sum_d(double v, double* smem) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? smem[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 // log(sum exp(x)) over the first C entries of a row, in double (the CPU kernel's logSumExp).
 __device__ double tpc_row_lse(const x_t* x, i64 C, float* red, double* redd) {
   float m = -TPC_INF;

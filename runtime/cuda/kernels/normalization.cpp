@@ -11,22 +11,6 @@
 namespace tpc::cuda {
 namespace {
 
-// Double-precision block sum (fixed order): `smem` holds 32 doubles; every thread gets the result.
-const char* kBlockSumDouble = R"(
-__device__ __forceinline__ double tpc_block_sum_d(double v, double* smem) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? smem[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-)";
-
 NodeLowering single(KernelSpec k) {
   NodeLowering out;
   out.kernels.push_back(std::move(k));
@@ -44,7 +28,7 @@ Result<NodeLowering> lowerLayerNorm(const Node& n, const LoweringContext& ctx) {
   KernelSpec k;
   k.entry = "tpc_layer_norm";
   k.source = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("g", n.operand(1)->dtype()) +
-             accessors("b", n.operand(2)->dtype()) + accessors("y", n.result(0)->dtype()) + kBlockSumDouble +
+             accessors("b", n.operand(2)->dtype()) + accessors("y", n.result(0)->dtype()) +
              cat(R"(
 extern "C" __global__ void tpc_layer_norm(const x_t* X, const g_t* G, const b_t* Bt, y_t* Y) {
   __shared__ double red[32];
@@ -82,7 +66,7 @@ Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ct
   int64_t statBytes = 2 * rows * 8, partBytes = chunks * D * 8;
   std::string head = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("x", n.operand(1)->dtype()) +
                      accessors("g", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
-                     accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) + kBlockSumDouble +
+                     accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) +
                      cat("#define D ", i64Lit(D), "\n#define ROWS ", i64Lit(rows), "\n#define CHUNKS ", i64Lit(chunks),
                          "\n#define RPC ", i64Lit(kRowsPerChunk), "\n");
   NodeLowering out;
@@ -240,8 +224,7 @@ extern "C" __global__ void )" + entry + "(" + params + R"() {
 Result<NodeLowering> lowerSoftmax(const Node& n, const LoweringContext& ctx) {
   TPC_TRY(checkFloatDType(n, n.operand(0)->dtype(), "x"));
   AxisLayout L = layoutOf(n, n.operand(0)->shape());
-  std::string head = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("y", n.result(0)->dtype()) +
-                     kBlockSumDouble;
+  std::string head = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("y", n.result(0)->dtype());
   std::string body = R"(
     float m = -TPC_INF;
     FOR_J m = fmaxf(m, x_ld(X, base + j * stride));
@@ -259,7 +242,7 @@ Result<NodeLowering> lowerSoftmaxGrad(const Node& n, const LoweringContext& ctx)
   TPC_TRY(checkFloatDType(n, n.operand(0)->dtype(), "dy and y"));
   AxisLayout L = layoutOf(n, n.operand(1)->shape());
   std::string head = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("y", n.operand(1)->dtype()) +
-                     accessors("dx", n.result(0)->dtype()) + kBlockSumDouble;
+                     accessors("dx", n.result(0)->dtype());
   std::string body = R"(
     double dot = 0;
     FOR_J dot += (double)dy_ld(DY, base + j * stride) * (double)y_ld(Y, base + j * stride);

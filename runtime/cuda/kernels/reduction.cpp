@@ -12,33 +12,6 @@
 namespace tpc::cuda {
 namespace {
 
-const char* kBlockSumDouble = R"(
-__device__ __forceinline__ double tpc_block_sum_d(double v, double* smem) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? smem[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ double tpc_block_max_d(double v, double* smem) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? smem[lane] : -(double)TPC_INF;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-)";
-
 // A function `name(i64 i)` mapping the row-major index over `sizes` to sum idx[k] * strides[k].
 std::string offsetFn(const std::string& name, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
   std::string s = cat("__device__ __forceinline__ i64 ", name, "(i64 i) {\n  i64 off = 0;\n");
@@ -91,7 +64,7 @@ Result<NodeLowering> lowerReduce(const Node& n, const LoweringContext& ctx) {
   DType od = n.result(0)->dtype();
   std::string store = isFloat(od) ? "o_st(O, o, (float)v);" : "O[o] = (o_t)(i64)v;";
   std::string head = devicePrelude() + accessors("x", dt) + (isFloat(od) ? accessors("o", od) : accessors("o", od)) +
-                     kBlockSumDouble + offsetFn("out_base", keptSize, keptStride) +
+                     offsetFn("out_base", keptSize, keptStride) +
                      offsetFn("red_off", redSize, redStride) +
                      cat("#define NOUT ", i64Lit(nout), "\n#define NRED ", i64Lit(nred), "\n#define INIT ",
                          isMax ? "(-(double)TPC_INF)" : "0.0", "\n#define COMBINE(a, b) ",
@@ -190,7 +163,7 @@ extern "C" __global__ void tpc_reduce_cols_final(const double* part, o_t* O) {
 // of that operand and writes one double partial. Kernel 2: one block sums the partials (fixed order) and
 // writes the sum (sum_squares) or its square root (global_norm).
 Result<NodeLowering> lowerSumSquares(const Node& n, const LoweringContext& ctx) {
-  std::string src = devicePrelude() + kBlockSumDouble;
+  std::string src = devicePrelude();
   std::string params, chain;
   std::vector<KernelArg> args;
   int64_t base = 0;
@@ -231,7 +204,7 @@ Result<NodeLowering> lowerSumSquares(const Node& n, const LoweringContext& ctx) 
   {
     KernelSpec k;
     k.entry = "tpc_sum_squares_final";
-    k.source = devicePrelude() + kBlockSumDouble + cat(R"(
+    k.source = devicePrelude() + cat(R"(
 extern "C" __global__ void tpc_sum_squares_final(const double* part, float* out) {
   __shared__ double red[32];
   double acc = 0;
