@@ -157,6 +157,23 @@ inline std::vector<Case> allCases() {
     cs.push_back(simple(cat("cross_entropy_grad ", lt.str(), " C=", C), OpKind::CrossEntropyGrad,
                         {tt(f, rows), lt, tgt}, a, {{-1, 1}, {-3, 3}, {-1, double(classes - 1)}}));
   }
+  // gpt2's padded vocabulary (bf16, 16-byte loads, the row kept in shared memory), f32 rows of 201 KB (kept:
+  // one block per SM), odd widths (element loads), a row too long to keep in shared memory, logits in a
+  // wide range (the running max is rescaled often).
+  for (auto [dt, rows, V, C, lo, hi] : std::vector<std::tuple<DType, int64_t, int64_t, int64_t, double, double>>{
+           {bf, 64, 50304, 50257, -3, 3},
+           {f, 5, 50304, 50257, -8, 8},
+           {h, 7, 4001, 0, -3, 3},
+           {f, 3, 61000, 60999, -3, 3},
+           {bf, 6, 3000, 2990, -40, 40}}) {
+    int64_t classes = C ? C : V;
+    TensorType lt = tt(dt, {rows, V}), tgt = tt(DType::i32, {rows});
+    AttrDict a = attrs({{"ignore_index", int64_t(-1)}, {"num_classes", C}});
+    cs.push_back(simple(cat("cross_entropy ", lt.str(), " C=", C), OpKind::CrossEntropy, {lt, tgt}, a,
+                        {{lo, hi}, {-1, double(classes - 1)}}));
+    cs.push_back(simple(cat("cross_entropy_grad ", lt.str(), " C=", C), OpKind::CrossEntropyGrad,
+                        {tt(f, {rows}), lt, tgt}, a, {{-1, 1}, {lo, hi}, {-1, double(classes - 1)}}));
+  }
   {
     // This rank holds classes [32, 96) of 120 real ones... and [96, 160) holds 24 real ones then padding.
     for (int64_t start : {int64_t(32), int64_t(96)}) {
