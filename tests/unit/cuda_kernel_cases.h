@@ -138,6 +138,20 @@ inline std::vector<Case> allCases() {
                         {tt(dt, shape), tt(dt, shape), tt(f, {shape.back()})}, attrs({{"eps", 1e-5}})));
   }
   cs.push_back(simple("layer_norm_grad many rows", OpKind::LayerNormGrad, {tt(f, {300, 40}), tt(f, {300, 40}), tt(f, {40})}, {}));
+  // Realistic and odd widths: the warp-per-row kernels with 16-byte pieces (768, 1000), elementwise (771), a
+  // warp summing several rows of dgamma/dbeta (4000 rows), and the block-per-row kernels (2100 odd, 4096).
+  for (auto [dt, gt, shape] : std::vector<std::tuple<DType, DType, Shape>>{{bf, f, {257, 768}},
+                                                                          {h, f, {33, 771}},
+                                                                          {bf, bf, {9, 1000}},
+                                                                          {f, f, {4000, 24}},
+                                                                          {f, f, {6, 2100}},
+                                                                          {bf, f, {5, 4096}}}) {
+    TensorType x = tt(dt, shape), g = tt(gt, {shape.back()});
+    cs.push_back(simple(cat("layer_norm ", x.str(), " gamma ", dtypeName(gt)), OpKind::LayerNorm, {x, g, g},
+                        attrs({{"eps", 1e-5}}), {{-2, 3}, {0.5, 1.5}, {-1, 1}}));
+    cs.push_back(simple(cat("layer_norm_grad ", x.str(), " gamma ", dtypeName(gt)), OpKind::LayerNormGrad, {x, x, g},
+                        attrs({{"eps", 1e-5}}), {{-1, 1}, {-2, 3}, {0.5, 1.5}}));
+  }
   for (auto [dt, shape, axis] : std::vector<std::tuple<DType, Shape, int64_t>>{
            {f, {5, 300}, -1}, {f, {3, 7, 5}, 1}, {bf, {4, 2000}, -1}, {f, {6, 4}, 0}}) {
     cs.push_back(simple(cat("softmax ", tt(dt, shape).str(), " axis ", axis), OpKind::Softmax, {tt(dt, shape)},
