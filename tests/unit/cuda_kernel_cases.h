@@ -233,12 +233,21 @@ inline std::vector<Case> allCases() {
                                    {OpKind::ReduceMean, f, {3000, 4}, {0}, false},
                                    {OpKind::ReduceMax, f, {8, 9, 10}, {1}, false},
                                    {OpKind::ReduceMax, bf, {70, 3}, {0}, true},
-                                   {OpKind::ReduceSum, f, {6, 5}, {}, false}}) {
+                                   {OpKind::ReduceSum, f, {6, 5}, {}, false},
+                                   // bias gradients: leading axes summed, 64 chunks combined by 32 lanes
+                                   {OpKind::ReduceSum, bf, {16, 64, 768}, {0, 1}, false},
+                                   {OpKind::ReduceSum, f, {8, 129, 100}, {0, 1}, false},
+                                   {OpKind::ReduceMax, f, {8, 129, 100}, {0, 1}, false}}) {
     cs.push_back(simple(cat(opName(r.op), " ", tt(r.dt, r.s).str(), " axes ", shapeStr(r.axes), r.keep ? " keepdims" : ""),
                         r.op, {tt(r.dt, r.s)}, attrs({{"axes", r.axes}, {"keepdims", r.keep}}), {{-5, 5}}));
   }
   for (OpKind op : {OpKind::SumSquares, OpKind::GlobalNorm})
     cs.push_back(simple(cat(opName(op), " of 3"), op, {tt(f, {100}), tt(bf, {33, 7}), tt(f, {70000})}, {}));
+  // Many operands of mixed dtypes and sizes (tails shorter than a 16-byte load, tiles over several blocks).
+  cs.push_back(simple("global_norm of 9 mixed", OpKind::GlobalNorm,
+                      {tt(f, {768}), tt(f, {768, 2304}), tt(h, {1001}), tt(bf, {40000}), tt(f, {3}), tt(bf, {7, 9}),
+                       tt(f, {16384}), tt(f, {16385}), tt(h, {64, 50})},
+                      {}));
   // ---- optimizer ----
   for (DType dt : {f, bf}) {
     TensorType p = tt(dt, {1000}), s = tt(f, {});
