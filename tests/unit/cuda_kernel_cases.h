@@ -138,6 +138,20 @@ inline std::vector<Case> allCases() {
                         {tt(dt, shape), tt(dt, shape), tt(f, {shape.back()})}, attrs({{"eps", 1e-5}})));
   }
   cs.push_back(simple("layer_norm_grad many rows", OpKind::LayerNormGrad, {tt(f, {300, 40}), tt(f, {300, 40}), tt(f, {40})}, {}));
+  // Realistic and odd widths: the warp-per-row kernels with 16-byte pieces (768, 1000), elementwise (771), a
+  // warp summing several rows of dgamma/dbeta (4000 rows), and the block-per-row kernels (2100 odd, 4096).
+  for (auto [dt, gt, shape] : std::vector<std::tuple<DType, DType, Shape>>{{bf, f, {257, 768}},
+                                                                          {h, f, {33, 771}},
+                                                                          {bf, bf, {9, 1000}},
+                                                                          {f, f, {4000, 24}},
+                                                                          {f, f, {6, 2100}},
+                                                                          {bf, f, {5, 4096}}}) {
+    TensorType x = tt(dt, shape), g = tt(gt, {shape.back()});
+    cs.push_back(simple(cat("layer_norm ", x.str(), " gamma ", dtypeName(gt)), OpKind::LayerNorm, {x, g, g},
+                        attrs({{"eps", 1e-5}}), {{-2, 3}, {0.5, 1.5}, {-1, 1}}));
+    cs.push_back(simple(cat("layer_norm_grad ", x.str(), " gamma ", dtypeName(gt)), OpKind::LayerNormGrad, {x, x, g},
+                        attrs({{"eps", 1e-5}}), {{-1, 1}, {-2, 3}, {0.5, 1.5}}));
+  }
   for (auto [dt, shape, axis] : std::vector<std::tuple<DType, Shape, int64_t>>{
            {f, {5, 300}, -1}, {f, {3, 7, 5}, 1}, {bf, {4, 2000}, -1}, {f, {6, 4}, 0}}) {
     cs.push_back(simple(cat("softmax ", tt(dt, shape).str(), " axis ", axis), OpKind::Softmax, {tt(dt, shape)},
@@ -156,6 +170,23 @@ inline std::vector<Case> allCases() {
                         {{-3, 3}, {-1, double(classes - 1)}}));
     cs.push_back(simple(cat("cross_entropy_grad ", lt.str(), " C=", C), OpKind::CrossEntropyGrad,
                         {tt(f, rows), lt, tgt}, a, {{-1, 1}, {-3, 3}, {-1, double(classes - 1)}}));
+  }
+  // gpt2's padded vocabulary (bf16, 16-byte loads, the row kept in shared memory), f32 rows of 201 KB (kept:
+  // one block per SM), odd widths (element loads), a row too long to keep in shared memory, logits in a
+  // wide range (the running max is rescaled often).
+  for (auto [dt, rows, V, C, lo, hi] : std::vector<std::tuple<DType, int64_t, int64_t, int64_t, double, double>>{
+           {bf, 64, 50304, 50257, -3, 3},
+           {f, 5, 50304, 50257, -8, 8},
+           {h, 7, 4001, 0, -3, 3},
+           {f, 3, 61000, 60999, -3, 3},
+           {bf, 6, 3000, 2990, -40, 40}}) {
+    int64_t classes = C ? C : V;
+    TensorType lt = tt(dt, {rows, V}), tgt = tt(DType::i32, {rows});
+    AttrDict a = attrs({{"ignore_index", int64_t(-1)}, {"num_classes", C}});
+    cs.push_back(simple(cat("cross_entropy ", lt.str(), " C=", C), OpKind::CrossEntropy, {lt, tgt}, a,
+                        {{lo, hi}, {-1, double(classes - 1)}}));
+    cs.push_back(simple(cat("cross_entropy_grad ", lt.str(), " C=", C), OpKind::CrossEntropyGrad,
+                        {tt(f, {rows}), lt, tgt}, a, {{-1, 1}, {lo, hi}, {-1, double(classes - 1)}}));
   }
   {
     // This rank holds classes [32, 96) of 120 real ones... and [96, 160) holds 24 real ones then padding.
@@ -202,12 +233,21 @@ inline std::vector<Case> allCases() {
                                    {OpKind::ReduceMean, f, {3000, 4}, {0}, false},
                                    {OpKind::ReduceMax, f, {8, 9, 10}, {1}, false},
                                    {OpKind::ReduceMax, bf, {70, 3}, {0}, true},
-                                   {OpKind::ReduceSum, f, {6, 5}, {}, false}}) {
+                                   {OpKind::ReduceSum, f, {6, 5}, {}, false},
+                                   // bias gradients: leading axes summed, 64 chunks combined by 32 lanes
+                                   {OpKind::ReduceSum, bf, {16, 64, 768}, {0, 1}, false},
+                                   {OpKind::ReduceSum, f, {8, 129, 100}, {0, 1}, false},
+                                   {OpKind::ReduceMax, f, {8, 129, 100}, {0, 1}, false}}) {
     cs.push_back(simple(cat(opName(r.op), " ", tt(r.dt, r.s).str(), " axes ", shapeStr(r.axes), r.keep ? " keepdims" : ""),
                         r.op, {tt(r.dt, r.s)}, attrs({{"axes", r.axes}, {"keepdims", r.keep}}), {{-5, 5}}));
   }
   for (OpKind op : {OpKind::SumSquares, OpKind::GlobalNorm})
     cs.push_back(simple(cat(opName(op), " of 3"), op, {tt(f, {100}), tt(bf, {33, 7}), tt(f, {70000})}, {}));
+  // Many operands of mixed dtypes and sizes (tails shorter than a 16-byte load, tiles over several blocks).
+  cs.push_back(simple("global_norm of 9 mixed", OpKind::GlobalNorm,
+                      {tt(f, {768}), tt(f, {768, 2304}), tt(h, {1001}), tt(bf, {40000}), tt(f, {3}), tt(bf, {7, 9}),
+                       tt(f, {16384}), tt(f, {16385}), tt(h, {64, 50})},
+                      {}));
   // ---- optimizer ----
   for (DType dt : {f, bf}) {
     TensorType p = tt(dt, {1000}), s = tt(f, {});
