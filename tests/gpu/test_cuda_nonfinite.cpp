@@ -1,5 +1,5 @@
 // Non-finite steps on the GPU (backend.h, tpc run --on-nan): a step whose loss is NaN leaves the state bit
-// for bit as it was (the CUDA graph updates it in place; the backend gives back the copy it kept), and
+// for bit as it was (the CUDA graph updates it in place, by AdamW kernels gated on the loss and grad_norm), and
 // findFirstNonFinite names the same first non-finite value as the CPU backend, on one rank and on virtual
 // ranks, without changing the state. fp16 with dynamic loss scaling, which relies on that, follows the
 // CPU backend's fp16 run: the same steps overflow and are skipped, the losses agree.

@@ -296,15 +296,18 @@ inline int compareResults(OneOp& o, const std::vector<HostTensor>& got, const st
 }
 
 
-// A kernel's arguments as cudaLaunchKernel takes them: args[i] points at the i-th value.
+// A kernel's arguments as cudaLaunchKernel takes them: args[i] points at the i-th value. `hold`: the hold
+// word; `place`: where a Table argument's addresses go (a device copy on the GPU; default: host memory).
 struct ArgPack {
   std::vector<void*> ptrs, args;
   std::vector<long long> ints;
   std::vector<float> floats;
   std::vector<unsigned long long> seeds;
+  std::vector<std::vector<uint64_t>> tables;
   ArgPack(const KernelSpec& k, const std::vector<void*>& ops, const std::vector<void*>& res, char* ws, uint64_t seed,
-          void* step)
-      : ptrs(k.args.size()), args(k.args.size()), ints(k.args.size()), floats(k.args.size()), seeds(k.args.size()) {
+          void* step, void* hold = nullptr, std::function<void*(const std::vector<uint64_t>&)> place = {})
+      : ptrs(k.args.size()), args(k.args.size()), ints(k.args.size()), floats(k.args.size()), seeds(k.args.size()),
+        tables(k.args.size()) {
     for (size_t a = 0; a < k.args.size(); ++a) {
       const cuda::KernelArg& ka = k.args[a];
       switch (ka.kind) {
@@ -315,6 +318,13 @@ struct ArgPack {
         case ArgKind::Float: floats[a] = static_cast<float>(ka.f); args[a] = &floats[a]; break;
         case ArgKind::Seed: seeds[a] = seed; args[a] = &seeds[a]; break;
         case ArgKind::StepPtr: ptrs[a] = step; args[a] = &ptrs[a]; break;
+        case ArgKind::HoldPtr: ptrs[a] = hold; args[a] = &ptrs[a]; break;
+        case ArgKind::Table:
+          for (const cuda::KernelArg& e : k.tables.at(static_cast<size_t>(ka.index)))
+            tables[a].push_back(reinterpret_cast<uint64_t>(e.kind == ArgKind::Operand ? ops.at(e.index) : res.at(e.index)));
+          ptrs[a] = place ? place(tables[a]) : tables[a].data();
+          args[a] = &ptrs[a];
+          break;
       }
     }
   }
