@@ -24,6 +24,8 @@ Result<std::unique_ptr<Pass>> createMixedPrecisionPass(const PassOptions& option
 Result<std::unique_ptr<Pass>> createRecomputePass(const PassOptions& options);  // recompute.cpp
 // reduce_sum(matmul(a, d, transpose_a), batch axes) => one matmul over the flattened rows (one rank's program).
 std::unique_ptr<Pass> createFoldBatchMatmulSumPass();  // fold_batch_matmul_sum.cpp
+// attention(reshape(slice(transpose(qkv)))) and its gradient => attention_qkv(qkv) (one rank's program).
+std::unique_ptr<Pass> createPackQkvAttentionPass();  // pack_qkv_attention.cpp
 // Sharding (passes/sharding/): policies that annotate, and the engine's propagation / partition.
 Result<std::unique_ptr<Pass>> createMegatronTpPass(const PassOptions& options);    // megatron_tp.cpp
 Result<std::unique_ptr<Pass>> createDataParallelPass(const PassOptions& options);  // data_parallel.cpp

@@ -44,6 +44,8 @@ NodeExec nodeExec(const Node& n) {
 }
 
 Status rewriteForCuda(Graph& g) {
+  // Attention on the QKV projection's layout: no copies of q, k, v, out and their gradients.
+  TPC_TRY(createPackQkvAttentionPass()->run(g));
   // Weight gradients as one matmul over all rows: no [B, K, N] intermediate, f32 accumulation over the batch.
   TPC_TRY(createFoldBatchMatmulSumPass()->run(g));
   return {};

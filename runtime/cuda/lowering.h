@@ -21,7 +21,7 @@ bool isView(const Node& n);
 
 NodeExec nodeExec(const Node& n);
 // The graph rewrites the CUDA backend applies to each rank's program before lowering it (passes/ that
-// the CPU reference does not run): fold-batch-matmul-sum.
+// the CPU reference does not run): pack-qkv-attention, fold-batch-matmul-sum.
 Status rewriteForCuda(Graph& g);
 // The kernels of a Kernels node; a collective over an axis of size 1 is lowered as a copy.
 Result<NodeLowering> lowerNode(const Node& n, const LoweringContext& ctx);

@@ -93,6 +93,25 @@ inline std::function<std::vector<HostTensor>(std::mt19937&)> attentionGradInputs
   };
 }
 
+// attention_qkv's packed operand: [B, T, 3, H, Dh] for perm [2,0,3,1,4] (the GPT builder's), [B, 3, T, H, Dh]
+// for perm [1,0,3,2,4] (megatron-tp's).
+inline Shape packedShape(int64_t B, int64_t T, int64_t H, int64_t D, const std::vector<int64_t>& perm) {
+  return perm[0] == 2 ? Shape{B, T, 3, H, D} : Shape{B, 3, T, H, D};
+}
+
+// attention_qkv_grad's (dout, qkv, out, lse): out and lse from the CPU forward of the same attributes.
+inline std::function<std::vector<HostTensor>(std::mt19937&)> attentionQkvGradInputs(DType dt, Shape qkv, Shape o,
+                                                                                     AttrDict a) {
+  return [=](std::mt19937& rng) {
+    TensorType pt(dt, qkv), ot(dt, o);
+    HostTensor X = uniformT(pt, rng), dO = uniformT(ot, rng);
+    Case fwd{"", OpKind::AttentionQkv, {pt}, a, nullptr};
+    std::vector<HostTensor> r = runCpu(fwd, {X}, 77, 3);
+    HostTensor out = dt == DType::f32 ? r[0] : r[0].convertTo(dt);
+    return std::vector<HostTensor>{dO, X, out, r[1]};
+  };
+}
+
 inline std::vector<Case> allCases() {
   std::vector<Case> cs;
   const DType f = DType::f32, bf = DType::bf16, h = DType::f16;
@@ -129,6 +148,34 @@ inline std::vector<Case> allCases() {
     Case g{cat("attention_grad ", x.name), OpKind::AttentionGrad,
            {qt, qt, kt, kt, qt, tt(f, {x.q[0], x.q[1], x.q[2]})}, x.a, attentionGradInputs(x.dt, x.q, x.k, x.a)};
     cs.push_back(std::move(g));
+  }
+  // ---- attention_qkv: the same kernels on the packed layouts ----
+  struct P {
+    const char* name;
+    DType dt;
+    int64_t B, T, H, D;
+    std::vector<int64_t> perm;
+    AttrDict a;
+  };
+  const std::vector<int64_t> btshd{2, 0, 3, 1, 4}, bsthd{1, 0, 3, 2, 4};
+  std::vector<P> packed = {
+      {"causal D32 [B,T,3,H,Dh]", f, 2, 70, 2, 32, btshd, attrs({{"causal", true}})},
+      {"causal D64 [B,3,T,H,Dh] dropout sharded heads", f, 2, 65, 2, 64, bsthd,
+       attrs({{"causal", true}, {"dropout", 0.25}, {"key", 9}, {"global_shape", std::vector<int64_t>{2, 4}},
+              {"offsets", std::vector<int64_t>{0, 2}}})},
+      {"tc causal bf16 D64 T77 [B,T,3,H,Dh]", bf, 2, 77, 3, 64, btshd, attrs({{"causal", true}})},
+      {"tc causal bf16 D64 T130 [B,3,T,H,Dh] dropout sharded heads", bf, 1, 130, 2, 64, bsthd,
+       attrs({{"causal", true}, {"dropout", 0.2}, {"key", 5}, {"global_shape", std::vector<int64_t>{3, 6}},
+              {"offsets", std::vector<int64_t>{1, 2}}})},
+      {"tc full f16 D128 T65 [B,T,3,H,Dh]", h, 1, 65, 2, 128, btshd, attrs({{"causal", false}, {"scale", 0.2}})},
+  };
+  for (P& x : packed) {
+    x.a.set("perm", x.perm);
+    Shape qkv = packedShape(x.B, x.T, x.H, x.D, x.perm), o{x.B, x.T, x.H, x.D};
+    cs.push_back(simple(cat("attention_qkv ", x.name), OpKind::AttentionQkv, {tt(x.dt, qkv)}, x.a));
+    cs.push_back(Case{cat("attention_qkv_grad ", x.name), OpKind::AttentionQkvGrad,
+                      {tt(x.dt, o), tt(x.dt, qkv), tt(x.dt, o), tt(f, {x.B, x.H, x.T})}, x.a,
+                      attentionQkvGradInputs(x.dt, qkv, o, x.a)});
   }
   // ---- normalization ----
   for (auto [dt, shape] : std::vector<std::pair<DType, Shape>>{{f, {4, 7, 96}}, {bf, {8, 768}}, {f, {3, 1000}}}) {
