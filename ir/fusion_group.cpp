@@ -15,7 +15,10 @@ int64_t fusionGroupOf(const Node& n) {
 }
 
 bool FusionGroup::isInternal(const Value* v) const {
-  if (!v->def() || std::find(members.begin(), members.end(), v->def()) == members.end()) return false;
+  const Node* d = v->def();
+  if (!d || (std::find(members.begin(), members.end(), d) == members.end() &&
+             std::find(absorbed.begin(), absorbed.end(), d) == absorbed.end()))
+    return false;
   return std::find(outputs.begin(), outputs.end(), v) == outputs.end();
 }
 

@@ -15,7 +15,11 @@ struct FusionGroup {
   std::vector<Value*> inputs;   // values read by members and defined outside the group, first use first
   std::vector<Value*> outputs;  // member results that another node or a graph output reads
   Shape shape;                  // the index space
-  bool isInternal(const Value* v) const;  // a member result that is not an output
+  // Nodes outside `members` whose work the group's kernel does too, reading their operands as group inputs
+  // (the multi-tensor AdamW group's gradient casts and clip multiplies, runtime/cuda/adamw_groups.h); they
+  // run at the group's last member and their results are never stored.
+  std::vector<Node*> absorbed;
+  bool isInternal(const Value* v) const;  // a member or absorbed result that is not an output
 };
 
 // The group number of `n` (-1 when it is in none).

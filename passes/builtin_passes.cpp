@@ -55,6 +55,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                "one rank's program: attention (and its gradient) reads q, k, v from the QKV projection's layout and "
                "writes [B, T, H, Dh] (attention_qkv): no transposes, slices, zero-padded concats or adds around it",
                {}, plain<createPackQkvAttentionPass>});
+  (void)r.add({"global-norm-skip-casts",
+               "one rank's program: global_norm reads bf16/f16 gradients instead of their exact f32 casts (same "
+               "norm; the casts left for the clip multiply fold into the CUDA backend's AdamW kernel)",
+               {}, plain<createGlobalNormSkipCastsPass>});
   (void)r.add({"megatron-tp",
                "Megatron tensor parallelism (before autodiff): QKV/fc1 by column (attention by heads), proj/fc2 by row, "
                "the embedding/LM head by vocab",

@@ -1,6 +1,7 @@
 // Grouping the adamw_update nodes of a step (adamw_groups.h).
 #include "runtime/cuda/adamw_groups.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <tuple>
@@ -12,7 +13,55 @@ namespace tpc::cuda {
 
 bool isAdamWGroup(const FusionGroup& g) { return !g.members.empty() && g.members.front()->op() == OpKind::AdamWUpdate; }
 
-size_t adamwGroupGates(const FusionGroup& g) { return g.inputs.size() - 4 * g.members.size() - 2; }
+bool adamwGroupScales(const FusionGroup& g) {
+  return std::any_of(g.absorbed.begin(), g.absorbed.end(), [](const Node* n) { return n->op() == OpKind::Mul; });
+}
+
+size_t adamwGroupGates(const FusionGroup& g) {
+  return g.inputs.size() - 4 * g.members.size() - 2 - (adamwGroupScales(g) ? 1 : 0);
+}
+
+namespace {
+
+// What an adamw_update's kernel reads as its gradient: through mul(x, clip_scale) (f32, the clip multiply) and
+// then cast(y) {to=f32} (an exact widening of a bf16/f16 gradient), when nothing else reads them and no
+// fusion group computes them. The group's kernel then does `float(y) * scale` itself, the same f32 multiply.
+struct GradSource {
+  Value* grad = nullptr;   // what the kernel loads
+  Value* scale = nullptr;  // the clip scale it multiplies by, or null
+  std::vector<Node*> absorbed;
+};
+
+GradSource gradSource(const Graph& g, Node& update, const llvm::DenseMap<const Value*, llvm::SmallVector<Node*, 4>>& users,
+                      const llvm::DenseMap<const Node*, const FusionGroup*>* fused) {
+  GradSource s;
+  s.grad = update.operand(1);
+  auto onlyReader = [&](const Value* v, const Node* reader) {
+    auto u = users.find(v);
+    return !g.isOutput(v) && u != users.end() && u->second.size() == 1 && u->second[0] == reader && v->def() &&
+           !(fused && fused->lookup(v->def())) && fusionGroupOf(*v->def()) < 0;
+  };
+  Node* mul = s.grad->def();
+  if (!mul || mul->op() != OpKind::Mul || s.grad->dtype() != DType::f32 || !onlyReader(s.grad, &update)) return s;
+  for (unsigned k = 0; k < 2; ++k) {
+    Value* sc = mul->operand(k);
+    Value* x = mul->operand(1 - k);
+    if (!sc->def() || sc->def()->op() != OpKind::ClipScale || x->type() != s.grad->type()) continue;
+    s.grad = x;
+    s.scale = sc;
+    s.absorbed.push_back(mul);
+    Node* c = x->def();
+    if (c && c->op() == OpKind::Cast && onlyReader(x, mul) &&
+        (c->operand(0)->dtype() == DType::bf16 || c->operand(0)->dtype() == DType::f16)) {
+      s.grad = c->operand(0);
+      s.absorbed.push_back(c);
+    }
+    break;
+  }
+  return s;
+}
+
+}  // namespace
 
 std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const Node*, const FusionGroup*>* fused) {
   std::vector<Node*> nodes = g.nodeVector();
@@ -31,18 +80,21 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
     for (size_t i = 0; i < g.outputs().size(); ++i)
       if (g.outputName(i) == name) gates.push_back(g.outputs()[i].value);
   auto users = g.computeUsers();
-  using Key = std::tuple<std::vector<DType>, double, double, double, const Value*, const Value*>;
+  using Key = std::tuple<std::vector<DType>, double, double, double, const Value*, const Value*, const Value*>;
   std::map<Key, std::vector<Node*>> buckets;
+  llvm::DenseMap<const Node*, GradSource> sources;
   std::vector<Key> order;
   for (Node* n : nodes) {
     if (n->op() != OpKind::AdamWUpdate) continue;
     bool read = false;
     for (Value* r : n->results()) read |= users.count(r) && !users.find(r)->second.empty();
     if (read) continue;
+    GradSource src = gradSource(g, *n, users, fused);
     std::vector<DType> dtypes;
-    for (unsigned k = 0; k < 4; ++k) dtypes.push_back(n->operand(k)->dtype());
+    for (unsigned k = 0; k < 4; ++k) dtypes.push_back(k == 1 ? src.grad->dtype() : n->operand(k)->dtype());
     for (Value* r : n->results()) dtypes.push_back(r->dtype());
-    Key key{dtypes, n->getFloat("beta1"), n->getFloat("beta2"), n->getFloat("eps"), n->operand(4), n->operand(5)};
+    Key key{dtypes, n->getFloat("beta1"), n->getFloat("beta2"), n->getFloat("eps"), n->operand(4), n->operand(5), src.scale};
+    sources[n] = std::move(src);
     if (!buckets.count(key)) order.push_back(key);
     buckets[key].push_back(n);
   }
@@ -56,14 +108,18 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
       gated &= ready(v) < at && (t == DType::f32 || t == DType::bf16 || t == DType::f16);  // what the kernel reads
     }
     if (!gated) continue;
+    const Value* scale = std::get<6>(key);  // read by the absorbed multiplies, so ready before the group
     FusionGroup fg;
     fg.members = members;
     for (Node* n : members) {
-      for (unsigned k = 0; k < 4; ++k) fg.inputs.push_back(n->operand(k));
+      const GradSource& src = sources[n];
+      for (unsigned k = 0; k < 4; ++k) fg.inputs.push_back(k == 1 ? src.grad : n->operand(k));
       for (Value* r : n->results()) fg.outputs.push_back(r);
+      fg.absorbed.insert(fg.absorbed.end(), src.absorbed.begin(), src.absorbed.end());
     }
     fg.inputs.push_back(members.front()->operand(4));
     fg.inputs.push_back(members.front()->operand(5));
+    if (scale) fg.inputs.push_back(sources[members.front()].scale);
     fg.inputs.insert(fg.inputs.end(), gates.begin(), gates.end());
     groups.push_back(std::move(fg));
   }

@@ -13,9 +13,14 @@ namespace tpc::cuda {
 
 // A group is a FusionGroup, so that the memory plan and the executor treat it as they treat a fusion group
 // (its members run at its last one). Its layout: members in program order; inputs p, g, m, v of each member,
-// then lr, step, then the gates; outputs p', m', v' of each member. The gates are the step's "loss" and
-// "grad_norm" outputs (those it has), the values a step is judged non-finite by (backend.h).
+// then lr, step, then the clip scale when the group scales its gradients, then the gates; outputs p', m', v'
+// of each member. The gates are the step's "loss" and "grad_norm" outputs (those it has), the values a step
+// is judged non-finite by (backend.h). A member's g is what its gradient was computed from when the group
+// absorbs the clip multiply mul(g', clip_scale) and the cast g' = cast(g) {to=f32} of a bf16/f16 g (nothing
+// else reading them): the kernel multiplies float(g) by the scale, the same f32 product, and the f32 copy
+// of every gradient and two launches per parameter are gone.
 bool isAdamWGroup(const FusionGroup& g);
+bool adamwGroupScales(const FusionGroup& g);  // the clip scale is an input (the group absorbed multiplies)
 size_t adamwGroupGates(const FusionGroup& g);
 
 // The groups of `g`: every adamw_update whose gates are computed before the group runs (`fused`: the step's

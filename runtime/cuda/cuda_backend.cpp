@@ -219,8 +219,10 @@ class CudaBackend final : public Backend {
       if (options_.multiTensorAdamW) adamw = adamwGroups(*rk.graph, &rk.groupOf);
       for (FusionGroup& fg : adamw) rk.groups.push_back(std::move(fg));
       rk.groupOf.clear();
-      for (const FusionGroup& fg : rk.groups)
+      for (const FusionGroup& fg : rk.groups) {
         for (const Node* m : fg.members) rk.groupOf[m] = &fg;
+        for (const Node* m : fg.absorbed) rk.groupOf[m] = &fg;  // run inside the group's kernel
+      }
       for (Node* n : rk.graph->nodes()) {
         NodeExec how = nodeExec(*n);
         lowerings[r].emplace_back();
@@ -399,8 +401,12 @@ class CudaBackend final : public Backend {
           TPC_TRY(enqueue(d, l));
           if (l.checks.empty()) continue;
           CU_TRY(cudaStreamSynchronize(d.stream), "checking mode: ", l.what);
-          for (const auto& [r, k] : l.checks)
-            for (const Value* v : nodes[r][static_cast<size_t>(k)]->results()) TPC_TRY(check(r, v, k, nullptr));
+          for (const auto& [r, k] : l.checks) {
+            const Node* n = nodes[r][static_cast<size_t>(k)];
+            const FusionGroup* fg = ranks_[r].groupOf.lookup(n);
+            for (const Value* v : n->results())
+              if (!fg || !fg->isInternal(v) || ranks_[r].addr.count(v)) TPC_TRY(check(r, v, k, nullptr));
+          }
         }
         return {};
       }();

@@ -48,6 +48,8 @@ Status rewriteForCuda(Graph& g) {
   TPC_TRY(createPackQkvAttentionPass()->run(g));
   // Weight gradients as one matmul over all rows: no [B, K, N] intermediate, f32 accumulation over the batch.
   TPC_TRY(createFoldBatchMatmulSumPass()->run(g));
+  // The norm reads bf16 gradients: their f32 casts fold into the AdamW kernel with the clip (adamw_groups.h).
+  TPC_TRY(createGlobalNormSkipCastsPass()->run(g));
   return {};
 }
 

@@ -30,12 +30,18 @@ struct GroupCase {
   std::vector<Node*> nodes;
   FusionGroup group;
   std::vector<HostTensor> inputs;  // one per group input (the group's layout), as the device holds them
+  std::vector<HostTensor> grads;   // clipped: each node's gradient operand, float(g) * scale, as the mul writes it
 };
+
+// The clip scale a clipped case's group reads (what clip_scale would give for a norm of 2.7 and max_norm 1).
+constexpr float kClipScale = 0.37037036f;
 
 // adamw_update nodes on params of dtype `pdt` (grads too; moments f32), one per size, weight decay on every
 // other one, gated by a loss and a grad_norm (graph inputs returned as those outputs) of the given values.
+// `clipped`: each gradient is mul(cast(g: bf16) {to=f32}, clip_scale(grad_norm)), as autodiff writes it under
+// mixed precision, so that the group absorbs the cast and the multiply (params f32 then).
 inline GroupCase makeGroupCase(DType pdt, const std::vector<int64_t>& sizes, std::mt19937& rng, float loss = 2.5f,
-                               float gradNorm = 0.7f) {
+                               float gradNorm = 0.7f, bool clipped = false) {
   GroupCase c;
   c.graph = std::make_unique<Graph>("adamw");
   Graph& g = *c.graph;
@@ -46,10 +52,25 @@ inline GroupCase makeGroupCase(DType pdt, const std::vector<int64_t>& sizes, std
   Value* normV = g.addInput("norm_in", s);
   g.addOutput(lossV, "loss");
   g.addOutput(normV, "grad_norm");
+  Value* scale = nullptr;
+  if (clipped) {
+    pdt = DType::f32;
+    auto cs = g.create(OpKind::ClipScale, {normV}, [] { AttrDict a; a.set("max_norm", 1.0); return a; }());
+    if (!cs.ok()) FAIL(cs.error());
+    scale = (*cs)->result();
+  }
   for (size_t k = 0; k < sizes.size(); ++k) {
     std::string i = std::to_string(k);
     TensorType pt(pdt, {sizes[k]}), ft(DType::f32, {sizes[k]});
-    Value* ops[] = {g.addInput("p" + i, pt), g.addInput("g" + i, pt), g.addInput("m" + i, ft), g.addInput("v" + i, ft), lr, step};
+    Value* grad = g.addInput("g" + i, clipped ? TensorType(DType::bf16, {sizes[k]}) : pt);
+    if (clipped) {
+      auto cast = g.create(OpKind::Cast, {grad}, [] { AttrDict a; a.set("to", DType::f32); return a; }());
+      if (!cast.ok()) FAIL(cast.error());
+      auto mul = g.create(OpKind::Mul, {(*cast)->result(), scale});
+      if (!mul.ok()) FAIL(mul.error());
+      grad = (*mul)->result();
+    }
+    Value* ops[] = {g.addInput("p" + i, pt), grad, g.addInput("m" + i, ft), g.addInput("v" + i, ft), lr, step};
     AttrDict a;
     a.set("beta1", 0.9);
     a.set("beta2", 0.95);
@@ -64,9 +85,12 @@ inline GroupCase makeGroupCase(DType pdt, const std::vector<int64_t>& sizes, std
   REQUIRE(groups.size() == 1);
   REQUIRE(groups[0].members == c.nodes);
   REQUIRE(cuda::adamwGroupGates(groups[0]) == 2);
+  REQUIRE(cuda::adamwGroupScales(groups[0]) == clipped);
+  REQUIRE(groups[0].absorbed.size() == (clipped ? 2 * sizes.size() : 0));
   c.group = std::move(groups[0]);
   for (const Value* v : c.group.inputs) {
-    if (v == lr) c.inputs.push_back(HostTensor::scalarF32(1.5e-3f));
+    if (v == scale) c.inputs.push_back(HostTensor::scalarF32(kClipScale));
+    else if (v == lr) c.inputs.push_back(HostTensor::scalarF32(1.5e-3f));
     else if (v == step) c.inputs.push_back(HostTensor::scalarF32(3));
     else if (v == lossV) c.inputs.push_back(HostTensor::scalarF32(loss));
     else if (v == normV) c.inputs.push_back(HostTensor::scalarF32(gradNorm));
@@ -75,7 +99,18 @@ inline GroupCase makeGroupCase(DType pdt, const std::vector<int64_t>& sizes, std
       c.inputs.push_back(kernels::uniformT(v->type(), rng, moment2 ? 0 : moment1 ? -0.1 : -1, moment2 ? 0.01 : moment1 ? 0.1 : 1));
     }
   }
+  for (size_t k = 0; clipped && k < sizes.size(); ++k) {
+    const HostTensor& raw = c.inputs[4 * k + 1];
+    HostTensor f(TensorType(DType::f32, raw.type().shape));
+    for (int64_t e = 0; e < raw.numel(); ++e) f.data<float>()[e] = static_cast<float>(raw.getAsDouble(e)) * kClipScale;  // an f32 product
+    c.grads.push_back(std::move(f));
+  }
   return c;
+}
+
+// Node k's operand j as the per-tensor kernel and the CPU backend read it (the gradient after the clip).
+inline const HostTensor& nodeOperand(const GroupCase& c, size_t k, size_t j) {
+  return j == 1 && !c.grads.empty() ? c.grads[k] : c.inputs[4 * k + j];
 }
 
 // Bytes of `t` on the device at an offset of `skew` bytes (4: not 16-byte aligned).
@@ -99,7 +134,7 @@ inline std::vector<std::string> perTensor(Device& d, const GroupCase& c) {
     auto low = (*cuda::findFamilyLowering(OpKind::AdamWUpdate))(*c.nodes[k], kernels::sm90());
     REQUIRE(low.ok());
     std::vector<void*> ops, res;
-    for (size_t j = 0; j < 4; ++j) ops.push_back(put(d, c.inputs[4 * k + j], 0));
+    for (size_t j = 0; j < 4; ++j) ops.push_back(put(d, nodeOperand(c, k, j), 0));
     for (size_t j = 0; j < 2; ++j) ops.push_back(put(d, c.inputs[4 * T + j], 0));
     for (const Value* r : c.nodes[k]->results()) {
       HostTensor nan(r->type());
@@ -145,7 +180,8 @@ inline void checkAgainstCpu(const GroupCase& c, const std::vector<std::string>& 
     std::vector<TensorType> types;
     for (const Value* v : n.operands()) types.push_back(v->type());
     kernels::Case cs{"adamw_update", OpKind::AdamWUpdate, types, n.attrs(), nullptr};
-    std::vector<HostTensor> in(c.inputs.begin() + 4 * k, c.inputs.begin() + 4 * k + 4);
+    std::vector<HostTensor> in;
+    for (size_t j = 0; j < 4; ++j) in.push_back(nodeOperand(c, k, j));
     in.push_back(c.inputs[4 * T]);
     in.push_back(c.inputs[4 * T + 1]);
     std::vector<HostTensor> want = kernels::runCpu(cs, in, 0, 0);
@@ -166,12 +202,13 @@ inline void checkAgainstCpu(const GroupCase& c, const std::vector<std::string>& 
 inline int checkAdamWGroups(Device& d, const std::vector<int64_t>& base, int random, int64_t maxRandom) {
   int compared = 0;
   std::mt19937 rng(2024);
-  for (DType pdt : {DType::f32, DType::bf16}) {
+  for (auto [pdt, clipped] : {std::pair{DType::f32, false}, {DType::bf16, false}, {DType::f32, true}}) {
     std::vector<int64_t> sizes = base;
     for (int k = 0; k < random; ++k) sizes.push_back(1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(maxRandom)));
     std::shuffle(sizes.begin(), sizes.end(), rng);
-    INFO(dtypeName(pdt) << " params, sizes " << shapeStr(sizes));
-    GroupCase c = makeGroupCase(pdt, sizes, rng);
+    INFO(dtypeName(pdt) << " params" << (clipped ? ", bf16 gradients cast and clipped inside the group" : "")
+                        << ", sizes " << shapeStr(sizes));
+    GroupCase c = makeGroupCase(pdt, sizes, rng, 2.5f, 0.7f, clipped);
     std::vector<std::string> want = perTensor(d, c);
     for (bool inPlace : {false, true})
       for (size_t skew : {size_t{0}, size_t{4}}) {
@@ -189,7 +226,7 @@ inline int checkAdamWGroups(Device& d, const std::vector<int64_t>& base, int ran
     for (auto [loss, norm, hold] : {std::tuple<float, float, int>{NAN, 0.7f, 0}, {2.5f, INFINITY, 0}, {2.5f, 0.7f, 1}}) {
       INFO("loss " << loss << ", grad_norm " << norm << ", hold " << hold);
       std::mt19937 again(7);
-      GroupCase g = makeGroupCase(pdt, sizes, again, loss, norm);
+      GroupCase g = makeGroupCase(pdt, sizes, again, loss, norm, clipped);
       for (bool inPlace : {false, true}) {
         std::vector<std::string> got = multiTensor(d, g, inPlace, 0, hold);
         for (size_t i = 0; i < got.size(); ++i) {

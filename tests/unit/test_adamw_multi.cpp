@@ -16,6 +16,7 @@
 #include "runtime/cuda/lowering.h"
 #include "runtime/cuda/memory_plan.h"
 #include "runtime/cuda/nvrtc_compiler.h"
+#include "gpt_step_support.h"
 #include "test_support.h"
 
 using namespace tpc;
@@ -23,29 +24,13 @@ using namespace tpc::test;
 
 namespace {
 
-std::unique_ptr<Graph> gptStep(int64_t tp) {
-  GptConfig g;
-  g.layers = 2;
-  g.hidden = 32;
-  g.heads = 2;
-  g.vocab = 64;
-  g.paddedVocab = 128;
-  g.positions = 8;
-  TrainConfig c;
-  c.microBatch = 2;
-  c.globalBatch = 2;
-  c.seqLength = 8;
-  auto m = buildGpt(g, c);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> step = std::move(m->forward);
-  PassManager pm;
-  REQUIRE(pm.addPipeline((tp > 1 ? "megatron-tp(tp=" + std::to_string(tp) + ")," : std::string()) +
-                         "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce,fuse").ok());
-  Status s = pm.run(*step);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  if (tp > 1) REQUIRE(propagatePlacements(*step).ok());
-  return step;
+// One rank's program of a 2-layer GPT step (rank 1 when sharded), fused as the real pipeline does it.
+std::unique_ptr<Graph> rankStep(int64_t tp, bool bf16) {
+  auto step = gptStep(smallGpt(), 2, megatronTp(tp) + (bf16 ? "mixed-precision(dtype=bf16)," : "") + kTrainPasses);
+  std::unique_ptr<Graph> g = tp > 1 ? std::move(rankGraphs(*step)[1]) : std::move(step);
+  auto fused = createFusePass()->run(*g);
+  REQUIRE(fused.ok());
+  return g;
 }
 
 // Host memory as the device; kernels compiled by the host compiler (cuda_emulator.h), once per source.
@@ -76,38 +61,66 @@ struct EmulatedDevice final : adamw::Device {
 }  // namespace
 
 TEST_CASE("adamw groups: a GPT step's updates are one gated group that writes every parameter in place", "[cuda][adamw]") {
-  for (int64_t tp : {1, 2}) {
-    INFO("tp " << tp);
-    auto step = gptStep(tp);
-    std::unique_ptr<Graph> g = tp > 1 ? std::move(partitionForRank(*step, 1)).value() : step->clone();
+  for (auto [tp, bf16] : {std::pair<int64_t, bool>{1, false}, {2, false}, {1, true}, {2, true}}) {
+    INFO("tp " << tp << (bf16 ? ", bf16" : ", f32"));
+    std::unique_ptr<Graph> g = rankStep(tp, bf16);
     REQUIRE(cuda::rewriteForCuda(*g).ok());
     auto fused = fusionGroups(*g);
+    INFO((fused.ok() ? std::string() : fused.error()));
     REQUIRE(fused.ok());
     std::vector<FusionGroup> groups = std::move(fused).value();
     llvm::DenseMap<const Node*, const FusionGroup*> groupOf;
     for (const FusionGroup& fg : groups)
       for (const Node* m : fg.members) groupOf[m] = &fg;
     std::vector<FusionGroup> adamw = cuda::adamwGroups(*g, &groupOf);
-    REQUIRE(adamw.size() == 1);
-    int updates = 0;
+    // Under bf16 the gradients the kernels read are bf16 (the casts absorbed) or f32 (where the backward
+    // wrote f32, e.g. the embedding gradients on one rank): a group for each dtype there is.
+    REQUIRE(!adamw.empty());
+    REQUIRE(adamw.size() <= (bf16 ? 2u : 1u));
+    if (adamw.size() == 2) CHECK(adamw[0].inputs[1]->dtype() != adamw[1].inputs[1]->dtype());
+    int updates = 0, members = 0, muls = 0, casts = 0, bf16Grads = 0;
     for (const Node* n : g->nodes()) updates += n->op() == OpKind::AdamWUpdate;
-    CHECK(static_cast<int>(adamw[0].members.size()) == updates);
     CHECK(updates == 2 * 12 + 4);  // 12 tensors a layer, the embeddings, the final layer norm
-    REQUIRE(cuda::adamwGroupGates(adamw[0]) == 2);
-    const size_t T = adamw[0].members.size();
     std::map<std::string, const Value*> outputs;
     for (size_t i = 0; i < g->outputs().size(); ++i) outputs[g->outputName(i)] = g->outputs()[i].value;
-    CHECK(adamw[0].inputs[4 * T + 2] == outputs.at("loss"));
-    CHECK(adamw[0].inputs[4 * T + 3] == outputs.at("grad_norm"));
-    groups.push_back(adamw[0]);
+    for (const FusionGroup& a : adamw) {
+      const size_t T = a.members.size();
+      members += static_cast<int>(T);
+      REQUIRE(cuda::adamwGroupGates(a) == 2);
+      // The clip multiplies (and under bf16 the f32 casts of the bf16 gradients) run inside the group.
+      REQUIRE(cuda::adamwGroupScales(a));
+      CHECK(a.inputs[4 * T + 2]->def()->op() == OpKind::ClipScale);
+      CHECK(a.inputs[4 * T + 3] == outputs.at("loss"));
+      CHECK(a.inputs[4 * T + 4] == outputs.at("grad_norm"));
+      for (const Node* n : a.absorbed) {
+        muls += n->op() == OpKind::Mul;
+        casts += n->op() == OpKind::Cast;
+      }
+      for (size_t k = 0; k < T; ++k) bf16Grads += a.inputs[4 * k + 1]->dtype() == DType::bf16;
+    }
+    CHECK(members == updates);
+    CHECK(muls == updates);
+    CHECK(casts == bf16Grads);
+    if (!bf16) CHECK(bf16Grads == 0);
+    if (bf16 && tp == 1) CHECK(bf16Grads > updates / 2);  // (under tp, gradients all-reduced in f32 stay f32)
+    // global-norm-skip-casts: the norm reads the bf16 gradients themselves.
+    for (const Node* n : g->nodes())
+      if (n->op() == OpKind::GlobalNorm)
+        for (const Value* v : n->operands()) CHECK((v->def() == nullptr || v->def()->op() != OpKind::Cast));
+    for (FusionGroup& a : adamw) groups.push_back(a);
     groupOf.clear();
-    for (const FusionGroup& fg : groups)
+    for (const FusionGroup& fg : groups) {
       for (const Node* m : fg.members) groupOf[m] = &fg;
+      for (const Node* m : fg.absorbed) groupOf[m] = &fg;
+    }
     // Every output that replaces a parameter is written into it by the group: nothing for the backend to keep.
     cuda::StepMemoryPlan plan = cuda::planStepMemory(*g, {}, &groupOf);
     CHECK(plan.paramCopies.empty());
     CHECK(static_cast<int>(plan.inPlace.size()) == 3 * updates);
-    for (const auto& [v, name] : plan.inPlace) CHECK(groupOf.lookup(v->def()) == &groups.back());
+    for (const auto& [v, name] : plan.inPlace) CHECK(cuda::isAdamWGroup(*groupOf.lookup(v->def())));
+    // Nothing a group absorbed is stored.
+    for (const FusionGroup& fg : groups)
+      for (const Node* a : fg.absorbed) CHECK(!plan.bufferOf.count(a->result()));
   }
 }
 

@@ -106,20 +106,26 @@ std::string floatL(double v) { return floatLit(v); }
 // the state is left as it was, and a result that is not written in place gets the old value.
 Result<NodeLowering> lowerAdamWGroup(const FusionGroup& g, const LoweringContext& ctx) {
   constexpr int64_t kChunk = 4096;
-  if (!isAdamWGroup(g) || g.inputs.size() < 4 * g.members.size() + 2 || g.outputs.size() != 3 * g.members.size())
+  const bool scales = adamwGroupScales(g);
+  const size_t fixedInputs = 4 * g.members.size() + 2 + (scales ? 1 : 0);
+  if (!isAdamWGroup(g) || g.inputs.size() < fixedInputs || g.outputs.size() != 3 * g.members.size())
     return makeError("adamw group: not a group of adamw_update nodes in adamw_groups.h's layout");
   const Node& n0 = *g.members.front();
   const char* names[] = {"p", "g", "m", "v", "po", "mo", "vo"};
+  // A member's types: p, g, m, v as the group reads them (g may be the bf16 source of an absorbed cast), results.
+  auto typeOf = [&](size_t member, unsigned k) {
+    return k < 4 ? g.inputs[4 * member + k]->dtype() : g.members[member]->result(k - 4)->dtype();
+  };
   std::string src = devicePrelude();
   for (unsigned k = 0; k < 7; ++k) {
-    DType t = k < 4 ? n0.operand(k)->dtype() : n0.result(k - 4)->dtype();
+    DType t = typeOf(0, k);
     TPC_TRY(checkFloatDType(n0, t, "param, grad, m and v"));
     src += accessors(names[k], t) + quadAccessors(names[k], t);
   }
   const size_t gates = adamwGroupGates(g);
   std::string gateParams, gateTest;
   for (size_t k = 0; k < gates; ++k) {
-    const Value* v = g.inputs[4 * g.members.size() + 2 + k];
+    const Value* v = g.inputs[fixedInputs + k];
     TPC_TRY(checkFloatDType(n0, v->dtype(), "the loss and grad_norm it is gated by"));
     src += accessors(cat("gate", k), v->dtype());
     gateParams += cat(", const gate", k, "_t* gate", k);
@@ -127,12 +133,10 @@ Result<NodeLowering> lowerAdamWGroup(const FusionGroup& g, const LoweringContext
   }
   std::vector<int64_t> first{0}, numel;
   std::vector<double> wd;
-  for (const Node* n : g.members) {
-    for (unsigned k = 0; k < 7; ++k) {
-      DType t = k < 4 ? n->operand(k)->dtype() : n->result(k - 4)->dtype();
-      DType t0 = k < 4 ? n0.operand(k)->dtype() : n0.result(k - 4)->dtype();
-      if (t != t0) return makeError("adamw group: members of different dtypes");
-    }
+  for (size_t j = 0; j < g.members.size(); ++j) {
+    const Node* n = g.members[j];
+    for (unsigned k = 0; k < 7; ++k)
+      if (typeOf(j, k) != typeOf(0, k)) return makeError("adamw group: members of different dtypes");
     numel.push_back(n->operand(0)->type().numel());
     first.push_back(first.back() + (numel.back() + kChunk - 1) / kChunk);
     wd.push_back(n->getFloat("weight_decay"));
@@ -148,14 +152,15 @@ __device__ const i64 tpc_numel[NT] = {)", list(numel, i64L), R"(};
 __device__ const float tpc_wd[NT] = {)", list(wd, floatL), R"(};
 __device__ __forceinline__ bool tpc_finite(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
 extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, const float* step, const int* hold)",
-             gateParams, R"() {
-  __shared__ float sc[3];
+             scales ? ", const float* gscale" : "", gateParams, R"() {
+  __shared__ float sc[4];
   __shared__ int skip, tensor;
   if (threadIdx.x == 0) {
     double t = (double)step[0];
     sc[0] = (float)(1.0 - pow()", doubleLit(b1), R"(, t));
     sc[1] = (float)(1.0 - pow()", doubleLit(b2), R"(, t));
     sc[2] = lr[0];
+    sc[3] = )", scales ? "gscale[0]" : "1.f", R"(;
     skip = hold[0] != 0)", gateTest, R"(;
     int lo = 0, hi = NT - 1;  // the last tensor whose first chunk is at or before this block's
     while (lo < hi) {
@@ -185,6 +190,8 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
     return;
   }
   const float c1 = sc[0], c2 = sc[1], rate = sc[2];
+  // The absorbed clip multiply: the same f32 product the mul kernel wrote (__fmul_rn: never fused into an fma).
+#define GS(x) )", scales ? "__fmul_rn((x), sc[3])" : "(x)", R"(
   const float b1 = )", floatLit(b1), ", omb1 = ", floatLit(1 - b1), ", b2 = ", floatLit(b2), ", omb2 = ", floatLit(1 - b2),
              ", eps = ", floatLit(n0.getFloat("eps")), R"(, wd = tpc_wd[k];
   i64 tail = begin;
@@ -196,7 +203,7 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
       m_ld4(M, i, m);
       v_ld4(V, i, v);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) tpc_adamw(p[j], g[j], m[j], v[j], po[j], c1, c2, rate, b1, omb1, b2, omb2, eps, wd);
+      for (int j = 0; j < 4; ++j) tpc_adamw(p[j], GS(g[j]), m[j], v[j], po[j], c1, c2, rate, b1, omb1, b2, omb2, eps, wd);
       po_st4(PO, i, po);
       mo_st4(MO, i, m);
       vo_st4(VO, i, v);
@@ -205,7 +212,7 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
   }
   for (i64 i = tail + threadIdx.x; i < end; i += blockDim.x) {
     float m = m_ld(M, i), v = v_ld(V, i), po;
-    tpc_adamw(p_ld(P, i), g_ld(G, i), m, v, po, c1, c2, rate, b1, omb1, b2, omb2, eps, wd);
+    tpc_adamw(p_ld(P, i), GS(g_ld(G, i)), m, v, po, c1, c2, rate, b1, omb1, b2, omb2, eps, wd);
     po_st(PO, i, po);
     mo_st(MO, i, m);
     vo_st(VO, i, v);
@@ -226,7 +233,8 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
   k.args.push_back(operandArg(4 * T));
   k.args.push_back(operandArg(4 * T + 1));
   k.args.push_back(KernelArg{ArgKind::HoldPtr});
-  for (size_t j = 0; j < gates; ++j) k.args.push_back(operandArg(4 * T + 2 + static_cast<int64_t>(j)));
+  if (scales) k.args.push_back(operandArg(4 * T + 2));
+  for (size_t j = 0; j < gates; ++j) k.args.push_back(operandArg(static_cast<int64_t>(fixedInputs + j)));
   NodeLowering out;
   out.kernels.push_back(std::move(k));
   return out;
