@@ -1,6 +1,7 @@
 // Factories of tpc's own passes; each pass's class stays private to its file (STYLE.md: MLIR layout).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "passes/pass.h"
@@ -24,6 +25,9 @@ Result<std::unique_ptr<Pass>> createMixedPrecisionPass(const PassOptions& option
 Result<std::unique_ptr<Pass>> createRecomputePass(const PassOptions& options);  // recompute.cpp
 // reduce_sum(matmul(a, d, transpose_a), batch axes) => one matmul over the flattened rows (one rank's program).
 std::unique_ptr<Pass> createFoldBatchMatmulSumPass();  // fold_batch_matmul_sum.cpp
+// Bias, gelu, their gradients and residual adds around a matmul => matmul_epilogue nodes (one rank's program,
+// after fuse). `canRun` may refuse a candidate node (the CUDA backend asks cuBLASLt); empty: all are taken.
+std::unique_ptr<Pass> createFoldMatmulEpiloguesPass(std::function<bool(const Node&)> canRun = {});  // fold_matmul_epilogues.cpp
 // Sharding (passes/sharding/): policies that annotate, and the engine's propagation / partition.
 Result<std::unique_ptr<Pass>> createMegatronTpPass(const PassOptions& options);    // megatron_tp.cpp
 Result<std::unique_ptr<Pass>> createDataParallelPass(const PassOptions& options);  // data_parallel.cpp
