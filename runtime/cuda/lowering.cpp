@@ -37,15 +37,17 @@ bool isView(const Node& n) {
 }
 
 NodeExec nodeExec(const Node& n) {
-  if (n.op() == OpKind::Matmul) return NodeExec::Matmul;
+  if (n.op() == OpKind::Matmul || n.op() == OpKind::MatmulEpilogue) return NodeExec::Matmul;
   if (isView(n)) return NodeExec::View;
   if (n.has(traits::Collective) && n.graph() && n.graph()->mesh().axisSize(n.getStr("axis")) > 1) return NodeExec::Collective;
   return NodeExec::Kernels;
 }
 
-Status rewriteForCuda(Graph& g) {
+Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue) {
   // Weight gradients as one matmul over all rows: no [B, K, N] intermediate, f32 accumulation over the batch.
   TPC_TRY(createFoldBatchMatmulSumPass()->run(g));
+  // Bias, gelu, residual adds and bias gradients into cuBLASLt epilogues, where cuBLASLt has an algorithm.
+  if (canRunEpilogue) TPC_TRY(createFoldMatmulEpiloguesPass(canRunEpilogue)->run(g));
   return {};
 }
 
