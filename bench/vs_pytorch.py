@@ -124,7 +124,7 @@ def tpc_runs(a, cfg_name, d, spec, flags):
             fail(f"{d}/tpc_{key}.log: no 'prepared in' line from the CUDA backend (is {a.tpc} built with -DTPC_CUDA=ON?)")
         r[key] = {"compiled": int(m.group(1)), "nvrtc_s": float(m.group(2)), "cached": int(m.group(3)),
                   "prepare_s": float(m.group(4))}
-    m = re.search(r"activations arena ([\d.]+) MiB.*?state ([\d.]+) MiB(?: \(and as much kept for non-finite steps\))?, batch ([\d.]+) MiB, cuBLASLt workspace ([\d.]+) MiB",
+    m = re.search(r"activations arena ([\d.]+) MiB.*?state ([\d.]+) MiB(?: \((?:and as much|and [\d.]+ MiB of it) kept for non-finite steps\))?, batch ([\d.]+) MiB, cuBLASLt workspace ([\d.]+) MiB",
                   cold)
     if not m:
         fail(f"{d}/tpc_cold.log: no memory plan line")

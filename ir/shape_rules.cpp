@@ -263,6 +263,23 @@ Result<Types> inferAttentionGrad(const Ctx& c) {
   if (c.in[5] != lseType(c.in[1])) return c.err("lse must be ", lseType(c.in[1]).str(), ", got ", c.in[5].str());
   return Types{c.in[1], c.in[2], c.in[3]};
 }
+Result<Types> inferAttentionQkv(const Ctx& c) {
+  TPC_TRY(c.needRank(0, 5, "qkv"));
+  TPC_TRY(c.needFloat(0, "qkv"));
+  auto p = packedQkv(c.in[0].shape, c.ints("perm"));
+  if (!p) return c.err(p.error());
+  if (c.f("scale") < 0) return c.err("scale must be >= 0 (0 means 1/sqrt(head_dim))");
+  TPC_TRY(c.needProb("dropout"));
+  return Types{TensorType(c.in[0].dtype, {p->B, p->T, p->H, p->D}), TensorType(DType::f32, {p->B, p->H, p->T})};
+}
+Result<Types> inferAttentionQkvGrad(const Ctx& c) {
+  std::vector<TensorType> qkv{c.in[1]};
+  TPC_ASSIGN(Types fwd, inferAttentionQkv(Ctx{OpKind::AttentionQkv, qkv, c.attrs, c.mesh}));
+  if (c.in[0] != fwd[0]) return c.err("dout must be ", fwd[0].str(), ", got ", c.in[0].str());
+  if (c.in[2] != fwd[0]) return c.err("out must be ", fwd[0].str(), ", got ", c.in[2].str());
+  if (c.in[3] != fwd[1]) return c.err("lse must be ", fwd[1].str(), ", got ", c.in[3].str());
+  return Types{c.in[1]};
+}
 Result<Types> inferEmbedding(const Ctx& c) {
   TPC_TRY(c.needRank(0, 2, "table ([vocab, dim])"));
   TPC_TRY(c.needFloat(0, "table"));
@@ -486,6 +503,23 @@ Result<std::vector<TensorType>> inferTypes(OpKind op, llvm::ArrayRef<TensorType>
                                            const Mesh& mesh) {
   Ctx c{op, operands, attrs, mesh};
   return kRules[static_cast<size_t>(op)](c);
+}
+
+Result<PackedQkv> packedQkv(llvm::ArrayRef<int64_t> qkvShape, llvm::ArrayRef<int64_t> perm) {
+  std::vector<int64_t> sorted(perm.begin(), perm.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (qkvShape.size() != 5 || sorted != std::vector<int64_t>{0, 1, 2, 3, 4} || perm[4] != 4)
+    return makeError("perm ", shapeStr(perm), " must permute the 5 dims of qkv ", shapeStr(qkvShape),
+                     " to [3, batch, heads, seq, head_dim] (head_dim last)");
+  if (qkvShape[perm[0]] != 3)
+    return makeError("qkv ", shapeStr(qkvShape), " must have 3 (q, k, v) at dim ", perm[0]);
+  int64_t stride[5], acc = 1;
+  for (int k = 4; k >= 0; --k) {
+    stride[k] = acc;
+    acc *= qkvShape[k];
+  }
+  return PackedQkv{qkvShape[perm[1]], qkvShape[perm[2]], qkvShape[perm[3]], qkvShape[4],
+                   stride[perm[0]],   stride[perm[1]],   stride[perm[2]],   stride[perm[3]]};
 }
 
 }  // namespace tpc

@@ -25,4 +25,13 @@ Result<Shape> broadcastShapes(llvm::ArrayRef<int64_t> a, llvm::ArrayRef<int64_t>
 // Normalizes a possibly negative axis against rank, or errors.
 Result<int64_t> normalizeAxis(int64_t axis, int64_t rank);
 
+// attention_qkv's packed operand: qkv transposed by `perm` is [3, B, H, T, Dh]. The sizes, and the
+// row-major element strides of qkv's dims in that order (which: q, k or v; batch; head; token); Dh is last.
+struct PackedQkv {
+  int64_t B, H, T, D;
+  int64_t sWhich, sBatch, sHead, sToken;
+};
+// Errors when perm is not a permutation of 5 dims ending in 4, or qkv's dim perm[0] is not 3.
+Result<PackedQkv> packedQkv(llvm::ArrayRef<int64_t> qkvShape, llvm::ArrayRef<int64_t> perm);
+
 }  // namespace tpc

@@ -94,6 +94,11 @@ Result<ModelFile> buildGpt(const GptConfig& gptIn, const TrainConfig& config) {
   return m;
 }
 
+Shape gptStoredShape(const GptConfig& gpt, const std::string& name, Shape shape) {
+  if (name == "wte" && !shape.empty()) shape[0] = gpt.vocab;
+  return shape;
+}
+
 std::vector<std::string> gptPresetNames() {
   std::vector<std::string> names;
   for (const auto& [name, text] : kEmbedded) names.emplace_back(name);

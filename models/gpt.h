@@ -15,6 +15,11 @@ namespace tpc {
 // Errors (bad hyperparameters) name the field.
 Result<ModelFile> buildGpt(const GptConfig& gpt, const TrainConfig& config);
 
+// The layout GPT parameter `name` (graph shape `shape`) is stored in, in checkpoints and Hugging Face files:
+// its own, except the embedding wte, stored with the real vocabulary's rows only (its padding rows depend on
+// the run, e.g. --tp), as Hugging Face does.
+Shape gptStoredShape(const GptConfig& gpt, const std::string& name, Shape shape);
+
 // The presets shipped in models/presets/*.json (embedded at build time), by name.
 std::vector<std::string> gptPresetNames();
 Result<ModelPreset> gptPreset(const std::string& name);

@@ -51,6 +51,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                "one rank's program: reduce_sum(matmul(a, d) {transpose_a}) over the batch axes becomes one matmul of "
                "a and d flattened to [rows, K] and [rows, N] (weight gradients without a [B, K, N] intermediate)",
                {}, plain<createFoldBatchMatmulSumPass>});
+  (void)r.add({"pack-qkv-attention",
+               "one rank's program: attention (and its gradient) reads q, k, v from the QKV projection's layout and "
+               "writes [B, T, H, Dh] (attention_qkv): no transposes, slices, zero-padded concats or adds around it",
+               {}, plain<createPackQkvAttentionPass>});
   (void)r.add({"fold-matmul-epilogues",
                "one rank's program: bias adds (with a residual add), gelu, gelu_grad and bias sums around a matmul "
                "become matmul_epilogue nodes, each one cuBLASLt call with an epilogue (the CUDA backend runs it)",

@@ -15,7 +15,7 @@ class InferencePass final : public Pass {
         g.replaceAllUsesWith(n->result(), n->operand(0));
         g.erase(n);
         changed = true;
-      } else if ((n->op() == OpKind::Attention || n->op() == OpKind::AttentionGrad) && n->getFloat("dropout") != 0) {
+      } else if (n->has(traits::Contraction | traits::Random) && n->getFloat("dropout") != 0) {
         n->setAttr("dropout", Attr(0.0));
         changed = true;
       }

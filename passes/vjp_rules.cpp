@@ -241,6 +241,13 @@ R vjpAttention(VjpBuilder& b, const VjpArgs& a) {
   return Grads{n->result(0), n->result(1), n->result(2)};
 }
 R vjpAttentionGrad(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "second derivatives are not supported"); }
+// (out, lse) = attention_qkv(qkv)  =>  dqkv = attention_qkv_grad(dout, qkv, out, lse), same attributes
+R vjpAttentionQkv(VjpBuilder& b, const VjpArgs& a) {
+  if (a.dys[1]) return noGradient(a, "a gradient through its lse result is not supported");
+  TPC_ASSIGN(Node * n, b.node(OpKind::AttentionQkvGrad, {a.dys[0], a.x(0), a.y(0), a.y(1)}, a.node.attrs()));
+  return Grads{n->result(0)};
+}
+R vjpAttentionQkvGrad(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "second derivatives are not supported"); }
 // y = table[ids]  =>  dtable = embedding_grad(dy, ids) {vocab = table rows, same vocab_start} (a scatter-add)
 R vjpEmbedding(VjpBuilder& b, const VjpArgs& a) {
   TPC_ASSIGN(Value * d, b.op(OpKind::EmbeddingGrad, {a.dy(), a.x(1)},

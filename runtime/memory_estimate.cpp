@@ -1,9 +1,10 @@
+// estimateMemory: the live bytes of planStepMemory's buffers, node by node.
 #include "runtime/memory_estimate.h"
 
 #include <cstdio>
-#include <map>
-#include <set>
 #include <vector>
+
+#include "runtime/memory_plan.h"
 
 namespace tpc {
 
@@ -11,31 +12,20 @@ MemoryEstimate estimateMemory(const Graph& g) {
   MemoryEstimate m;
   for (const Value* p : g.params()) m.stateBytes += p->type().bytes();
   for (const Value* v : g.inputs()) m.inputBytes += v->type().bytes();
-  std::vector<const Node*> order;
-  std::map<const Value*, size_t> lastUse;
-  for (const Node* n : g.nodes()) {
-    for (const Value* o : n->operands()) lastUse[o] = order.size();
-    order.push_back(n);
+  // The buffers and lifetimes of the CUDA backend's plan, without its views, fusion or workspaces; their
+  // bytes summed node by node (no arena packing).
+  StepMemoryPlan plan = planStepMemory(g, {}, nullptr, [](const Node&) { return false; });
+  std::vector<Node*> nodes = g.nodeVector();
+  std::vector<int64_t> startAt(nodes.size() + 1, 0), endAfter(nodes.size() + 1, 0);
+  for (const PlannedBuffer& b : plan.buffers) {
+    startAt[b.first] += b.bytes;
+    endAfter[b.last] += b.bytes;
   }
-  for (const auto& o : g.outputs()) lastUse[o.value] = order.size();  // outputs live to the end
-  // Outputs named like a parameter are written into its buffer (the runtime updates state in place).
-  std::set<std::string> paramNames;
-  for (const Value* p : g.params()) paramNames.insert(p->name());
-  std::set<const Value*> inPlace;
-  for (size_t i = 0; i < g.outputs().size(); ++i)
-    if (paramNames.count(g.outputName(i))) inPlace.insert(g.outputs()[i].value);
-  // Bytes freed after each node, then a sweep.
-  std::vector<int64_t> freedAfter(order.size() + 1, 0);
   int64_t live = 0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    for (const Value* r : order[i]->results()) {
-      int64_t b = inPlace.count(r) ? 0 : r->type().bytes();
-      live += b;
-      auto it = lastUse.find(r);
-      freedAfter[it == lastUse.end() ? i : it->second] += b;  // an unread result dies at once
-    }
-    if (live > m.peakActivationBytes) m.peakActivationBytes = live, m.peakAt = order[i];
-    live -= freedAfter[i];
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    live += startAt[i];
+    if (live > m.peakActivationBytes) m.peakActivationBytes = live, m.peakAt = nodes[i];
+    live -= endAfter[i];
   }
   return m;
 }

@@ -1,6 +1,7 @@
 // The memory a step graph needs when every value lives from the node that makes it to its last reader
-// (how both backends free buffers): parameters and optimizer state (persistent; their new values are
-// written in place), inputs, and the peak of the activations alive at once. `tpc dump --memory` prints it for a config, before anything runs.
+// (how both backends free buffers; the lifetimes of runtime/memory_plan.h): parameters and optimizer state
+// (persistent; their new values are written in place where that is safe), inputs, and the peak of the
+// activations alive at once. `tpc dump --memory` prints it for a config, before anything runs.
 #pragma once
 
 #include <cstdint>

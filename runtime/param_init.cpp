@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
+#include <thread>
+#include <vector>
 
 #include "ir/assert.h"
 
@@ -34,21 +37,47 @@ double uniform01(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5)
 HostTensor initParam(const Value& v, uint64_t seed, bool fp64) {
   TensorType t = v.type();
   if (isFloat(t.dtype)) t.dtype = fp64 ? DType::f64 : DType::f32;
-  HostTensor out(t);
+  HostTensor out(t);  // zero-filled
   const InitSpec& init = v.init();
-  uint64_t key = splitmix64(seed ^ hashName(v.name()));
-  auto draw = [&](int64_t i) -> double {
-    if (init.kind == "zeros" || init.empty()) return 0.0;
-    if (init.kind == "ones") return 1.0;
-    if (init.kind == "const") return init.args[0];
-    uint64_t a = splitmix64(key + 2 * static_cast<uint64_t>(i)), b = splitmix64(key + 2 * static_cast<uint64_t>(i) + 1);
-    if (init.kind == "uniform") return init.args[0] + (init.args[1] - init.args[0]) * uniform01(a);
-    TPC_ASSERT(init.kind == "normal", "unknown initializer " + init.kind);
-    // Box-Muller.
-    double r = std::sqrt(-2.0 * std::log(uniform01(a))), th = 2.0 * M_PI * uniform01(b);
-    return init.args[0] * r * std::cos(th);
+  const int64_t n = out.numel();
+  if (init.kind == "zeros" || init.empty() || n == 0) return out;
+  if (init.kind == "ones" || init.kind == "const") {
+    double c = init.kind == "ones" ? 1.0 : init.args[0];
+    if (t.dtype == DType::f32) std::fill_n(out.data<float>(), n, static_cast<float>(c));
+    else
+      for (int64_t i = 0; i < n; ++i) out.setFromDouble(i, c);
+    return out;
+  }
+  TPC_ASSERT(init.kind == "uniform" || init.kind == "normal", "unknown initializer " + init.kind);
+  const bool normal = init.kind == "normal";
+  const double a0 = init.args[0], a1 = init.args.size() > 1 ? init.args[1] : 0.0;
+  const uint64_t key = splitmix64(seed ^ hashName(v.name()));
+  // Element i's value depends on (seed, name, i) alone, so chunks can be drawn on several threads and
+  // give the same tensor as one thread (gpt2-xl's 1.6B parameters took a minute on one).
+  auto drawRange = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      uint64_t a = splitmix64(key + 2 * static_cast<uint64_t>(i));
+      double x;
+      if (!normal) {
+        x = a0 + (a1 - a0) * uniform01(a);
+      } else {  // Box-Muller
+        uint64_t b = splitmix64(key + 2 * static_cast<uint64_t>(i) + 1);
+        x = a0 * std::sqrt(-2.0 * std::log(uniform01(a))) * std::cos(2.0 * M_PI * uniform01(b));
+      }
+      if (t.dtype == DType::f32) out.data<float>()[i] = static_cast<float>(x);
+      else out.setFromDouble(i, x);
+    }
   };
-  for (int64_t i = 0, n = out.numel(); i < n; ++i) out.setFromDouble(i, draw(i));
+  const int64_t perThread = int64_t{1} << 20;
+  int64_t threads = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), (n + perThread - 1) / perThread);
+  if (threads <= 1) {
+    drawRange(0, n);
+    return out;
+  }
+  std::vector<std::thread> pool;
+  int64_t chunk = (n + threads - 1) / threads;
+  for (int64_t k = 0; k < threads; ++k) pool.emplace_back(drawRange, k * chunk, std::min(n, (k + 1) * chunk));
+  for (std::thread& th : pool) th.join();
   return out;
 }
 

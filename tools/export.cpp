@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "frontend/model_file.h"
+#include "models/gpt.h"
 #include "runtime/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/hf_gpt2.h"
@@ -28,8 +29,7 @@ int runExport(std::vector<std::string> args) {
   std::map<std::string, HostTensor> params;
   int64_t count = 0;
   for (const Value* p : model->forward->params()) {
-    Shape layout = p->shape();
-    if (p->name() == "wte") layout[0] = model->gpt->vocab;
+    Shape layout = gptStoredShape(*model->gpt, p->name(), p->shape());
     auto t = checkpointTensor(*ck, p->name(), layout, TensorType(DType::f32, layout));
     if (!t) return cli::fail("export", t.error());
     count += t->numel();

@@ -43,8 +43,7 @@ int runImport(std::vector<std::string> args) {
   std::vector<CheckpointTensor> layout;
   int64_t count = 0;
   for (const Value* p : model->forward->params()) {
-    Shape shape = p->shape();
-    if (p->name() == "wte") shape[0] = gpt.vocab;
+    Shape shape = gptStoredShape(gpt, p->name(), p->shape());
     auto it = tensors.find(p->name());
     if (it == tensors.end())
       return cli::fail("import", cat(stPath, ": error: tensor ", hfNameOf(p->name()), " is missing"));

@@ -16,6 +16,7 @@
 #include "frontend/indexed_dataset.h"
 #include "frontend/model_file.h"
 #include "frontend/token_windows.h"
+#include "models/gpt.h"
 #include "passes/builtin_passes.h"
 #include "passes/pipeline.h"
 #include "passes/sharding/sharding.h"
@@ -318,8 +319,7 @@ int runRun(std::vector<std::string> args) {
     for (const char* suffix : {".adam_m", ".adam_v"})
       if (llvm::StringRef(base).endswith(suffix)) base.resize(base.size() - std::strlen(suffix));
     Shape shape = layout.count(base) ? layout[base] : p->shape();
-    // The embedding is stored with the real vocabulary (its padding depends on --tp), as Hugging Face does.
-    if (model->gpt && base == "wte" && !shape.empty()) shape[0] = model->gpt->vocab;
+    if (model->gpt) shape = gptStoredShape(*model->gpt, base, shape);
     checkpointTensors.push_back({p->name(), shape});
     bool moment = base != p->name();
     if (!checkpoint || (moment && flags.on("finetune"))) {

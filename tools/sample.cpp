@@ -98,8 +98,7 @@ int runSample(std::vector<std::string> args) {
   if (!first) return cli::fail("sample", first.error());
   std::vector<HostTensor> params;
   for (const Value* p : (*first)->params()) {
-    Shape layout = p->shape();
-    if (p->name() == "wte") layout[0] = gpt.vocab;
+    Shape layout = gptStoredShape(gpt, p->name(), p->shape());
     auto t = checkpointTensor(*ck, p->name(), layout, p->type());
     if (!t) return cli::fail("sample", t.error());
     params.push_back(std::move(*t));

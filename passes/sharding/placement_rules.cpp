@@ -272,6 +272,9 @@ Cands loss(const Node& n, llvm::ArrayRef<AP> in) {
 
 Cands contraction(const Node& n, llvm::ArrayRef<AP> in) {
   if (n.op() == OpKind::Matmul) return matmul(n, in);
+  // attention_qkv(_grad): built by the CUDA backend on one rank's program, after partition; a global graph
+  // that holds one runs it replicated.
+  if (n.op() == OpKind::AttentionQkv || n.op() == OpKind::AttentionQkvGrad) return {};
   // attention(q, k, v) and its grad: batch and head dims split; T and Dh whole.
   Cands c;
   for (const AP& p : in)

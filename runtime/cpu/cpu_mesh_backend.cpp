@@ -60,7 +60,8 @@ class CpuMeshBackend final : public Backend {
   }
 
   std::string name() const override {
-    return cat(options_.fp64 ? "cpu-fp64" : "cpu", ranks_.empty() ? "" : " " + mesh().str());
+    // The mesh itself is the step graph's, printed beside the backend by `tpc run`.
+    return cat(options_.fp64 ? "cpu-fp64" : "cpu", ranks_.empty() ? "" : cat(" (", ranks_.size(), " ranks)"));
   }
 
   Status prepare(const Graph&, const TensorMap& initialState) override {

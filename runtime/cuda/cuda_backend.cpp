@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "ir/printer.h"
+#include "runtime/cuda/adamw_groups.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/cuda/cublaslt_matmul.h"
 #include "runtime/cuda/cuda_libraries.h"
@@ -24,6 +25,7 @@
 #include "runtime/cuda/nvrtc_compiler.h"
 #include "runtime/cuda/step_profile.h"
 #include "runtime/cuda/kernels/codegen.h"
+#include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/kernels/generated_lowerings.h"
 #include "runtime/cuda/virtual_collectives.h"
 
@@ -63,6 +65,7 @@ struct Launch {
   ncclComm_t comm = nullptr;
   ncclDataType_t ncclType = ncclFloat32;
   ncclRedOp_t redOp = ncclSum;
+  std::string op;    // the op it runs for (the step profile's row): "add", "fusion_group=3", "NCCL all_reduce"
   std::string what;  // the node, for errors
   // Checking mode (findFirstNonFinite): (rank, node index) whose results are complete after this launch.
   std::vector<std::pair<size_t, int>> checks;
@@ -77,6 +80,8 @@ struct DeviceCtx {
   void* matmulWorkspace = nullptr;
   void* stepWord = nullptr;
   int64_t stepHost = 0;
+  void* holdWord = nullptr;  // nonzero: the gated AdamW kernels leave the state alone (checking mode)
+  int32_t holdHost = 0;
   std::unordered_map<std::string, CUfunction> functions;
   std::vector<Launch> launches;
   cudaGraph_t graph = nullptr;
@@ -113,10 +118,17 @@ struct Rank {
   std::vector<FusionGroup> groups;
   llvm::DenseMap<const Node*, const FusionGroup*> groupOf;
   std::vector<int> collectiveIndex;  // their node indices
-  // Parameters and optimizer state live in one block, so that one copy keeps them all: `kept` holds the
-  // state as it was before the step, which a non-finite step gets back (backend.h).
+  // Parameters and optimizer state live in one block. The multi-tensor AdamW kernels (adamw_groups.h) leave
+  // it alone on a non-finite step; a parameter updated otherwise (by an ungated node) is copied aside
+  // before each step into `kept`, and a non-finite step gets it back (backend.h).
   void* state = nullptr;
   void* kept = nullptr;
+  int64_t keptBytes = 0;
+  struct Kept {
+    std::string name;
+    int64_t offset = 0, bytes = 0;  // in `kept`
+  };
+  std::vector<Kept> keptParams;
 };
 
 class CudaBackend final : public Backend {
@@ -182,6 +194,8 @@ class CudaBackend final : public Backend {
       TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20));
       CU_TRY(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "stream");
       CU_TRY(cudaMalloc(&d.stepWord, sizeof(int64_t)), "step word");
+      CU_TRY(cudaMalloc(&d.holdWord, sizeof(int32_t)), "hold word");
+      CU_TRY(cudaMemset(d.holdWord, 0, sizeof(int32_t)), "hold word");
       CU_TRY(cudaEventCreate(&d.replayStart), "event");
       CU_TRY(cudaEventCreate(&d.replayEnd), "event");
       CU_TRY(cudaMalloc(&d.matmulWorkspace, d.matmul->workspaceBytes()), "cuBLASLt workspace");
@@ -204,13 +218,20 @@ class CudaBackend final : public Backend {
       rk.groups = std::move(groups).value();
       for (const FusionGroup& fg : rk.groups)
         for (const Node* m : fg.members) rk.groupOf[m] = &fg;
+      // The AdamW updates as multi-tensor kernels, gated on the step's loss and grad_norm (adamw_groups.h).
+      std::vector<FusionGroup> adamw;
+      if (options_.multiTensorAdamW) adamw = adamwGroups(*rk.graph, &rk.groupOf);
+      for (FusionGroup& fg : adamw) rk.groups.push_back(std::move(fg));
+      rk.groupOf.clear();
+      for (const FusionGroup& fg : rk.groups)
+        for (const Node* m : fg.members) rk.groupOf[m] = &fg;
       for (Node* n : rk.graph->nodes()) {
         NodeExec how = nodeExec(*n);
         lowerings[r].emplace_back();
         matmulPlans[r].push_back(-1);
         if (const FusionGroup* fg = rk.groupOf.lookup(n)) {
           if (fg->members.back() != n) continue;  // the group's kernel runs at its last member
-          auto l = lowerFusionGroup(*fg, ctx_);
+          auto l = isAdamWGroup(*fg) ? lowerAdamWGroup(*fg, ctx_) : lowerFusionGroup(*fg, ctx_);
           if (!l.ok()) return makeError(rankPrefix(r), "lowering ", groupName(*fg), ": ", l.error());
           lowerings[r].back() = std::move(l).value();
         } else if (nccl_ && n->has(traits::Collective)) {
@@ -231,23 +252,27 @@ class CudaBackend final : public Backend {
     for (size_t r = 0; r < ranks_.size(); ++r)
       TPC_TRY(planRank(r, lowerings[r], plans[r]));
     for (size_t i = 0; i < devs_.size(); ++i) {
-      int64_t ws = static_cast<int64_t>(devs_[i].matmul->workspaceBytes()), arenas = 0, stateB = 0, inputB = 0;
+      int64_t ws = static_cast<int64_t>(devs_[i].matmul->workspaceBytes()), arenas = 0, stateB = 0, inputB = 0, keptB = 0;
       for (size_t r = 0; r < ranks_.size(); ++r)
-        if (&dev(r) == &devs_[i]) arenas += ranks_[r].arenaBytes, stateB += ranks_[r].stateBytes, inputB += ranks_[r].inputBytes;
-      int64_t needed = ws + arenas + 2 * stateB + inputB;  // the state and its kept copy
+        if (&dev(r) == &devs_[i])
+          arenas += ranks_[r].arenaBytes, stateB += ranks_[r].stateBytes, inputB += ranks_[r].inputBytes,
+              keptB += ranks_[r].keptBytes;
+      int64_t needed = ws + arenas + stateB + keptB + inputB;
       size_t freeB = 0, totalB = 0;
       CU_TRY(cudaSetDevice(devs_[i].device), "GPU ", devs_[i].device);
       CU_TRY(cudaMemGetInfo(&freeB, &totalB), "memory info");
       if (options_.verbose)
         std::printf("cuda: memory plan on GPU %d (%s): activations arena %s (planned peak%s), parameters and optimizer "
-                    "state %s (and as much kept for non-finite steps), batch %s, cuBLASLt workspace %s: %s of %s free\n",
+                    "state %s%s, batch %s, cuBLASLt workspace %s: %s of %s free\n",
                     devs_[i].device, deviceName_.c_str(), mib(arenas).c_str(),
                     !nccl_ && ranks_.size() > 1 ? cat(", ", ranks_.size(), " virtual ranks").c_str() : "",
-                    mib(stateB).c_str(), mib(inputB).c_str(), mib(ws).c_str(), mib(needed).c_str(),
+                    mib(stateB).c_str(), keptB ? cat(" (and ", mib(keptB), " of it kept for non-finite steps)").c_str() : "",
+                    mib(inputB).c_str(), mib(ws).c_str(), mib(needed).c_str(),
                     mib(static_cast<int64_t>(freeB)).c_str());
       if (needed > static_cast<int64_t>(freeB) * 97 / 100)
         return makeError("cuda: the training step needs ", mib(needed), " of GPU memory (activations ", mib(arenas),
-                         ", parameters and optimizer state ", mib(stateB), " and its kept copy) but only ", mib(static_cast<int64_t>(freeB)),
+                         ", parameters and optimizer state ", mib(stateB), keptB ? cat(" and ", mib(keptB), " of it kept") : "",
+                         ") but only ", mib(static_cast<int64_t>(freeB)),
                          " are free on GPU ", devs_[i].device, " (", deviceName_,
                          "); use a smaller --micro-batch-size (or recompute) to lower the activations");
     }
@@ -328,14 +353,15 @@ class CudaBackend final : public Backend {
       CU_TRY(cudaMemcpy(t.raw(), ranks_[0].addr[v], t.bytes(), cudaMemcpyDeviceToHost), "reading output %", name);
       result[name] = isFloat(t.dtype()) && t.dtype() != DType::f32 ? t.convertTo(DType::f32) : t;
     }
-    // A non-finite step updated the state in place inside the graph: give back the copy kept before it.
+    // A non-finite step: the AdamW kernels left the state alone; what ungated nodes updated comes back.
     if (isNonFiniteStep(result)) TPC_TRY(restoreState());
     return result;
   }
 
   // Re-runs the step launch by launch from the current state, checking every input, parameter and node
   // result of every rank on the device as soon as it is complete; the earliest node position wins, then
-  // the lowest rank (as the CPU backends). The state is given back afterwards.
+  // the lowest rank (as the CPU backends). The hold word keeps the AdamW kernels off the state; what
+  // ungated nodes update is given back afterwards.
   Result<std::optional<NonFiniteValue>> findFirstNonFinite(const TensorMap& inputs, int64_t stepIndex) override {
     if (!prepared_) return makeError("cuda backend: findFirstNonFinite() before a successful prepare()");
     TPC_ASSIGN(auto copies, rankInputs(inputs));
@@ -364,7 +390,7 @@ class CudaBackend final : public Backend {
       DeviceCtx& d = devs_[i];
       Status st = [&]() -> Status {
         CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
-        TPC_TRY(stageStep(d, copies, stepIndex));
+        TPC_TRY(stageStep(d, copies, stepIndex, true));
         CU_TRY(cudaStreamSynchronize(d.stream), "checking mode: staging the step");
         for (size_t r = 0; r < R; ++r) {
           if (&dev(r) != &d) continue;
@@ -467,6 +493,7 @@ class CudaBackend final : public Backend {
 
  private:
   static std::string groupName(const FusionGroup& fg) {
+    if (isAdamWGroup(fg)) return cat("adamw_update x", fg.members.size(), " (one multi-tensor kernel)");
     std::string s = cat("fusion_group=", fg.id, " (");
     for (size_t k = 0; k < fg.members.size(); ++k) s += cat(k ? " " : "", fg.members[k]->opName());
     return s + ")";
@@ -511,35 +538,40 @@ class CudaBackend final : public Backend {
     return copies;
   }
 
-  // On d's stream (its device current): keep a copy of its ranks' state (a non-finite step gets it back),
-  // then the batch and the step word.
-  Status stageStep(DeviceCtx& d, RankCopies& copies, int64_t stepIndex) {
+  // On d's stream (its device current): keep a copy of the parameters its ranks' ungated nodes update (a
+  // non-finite step gets them back), then the batch, the step word and the hold word (`hold`: checking mode).
+  Status stageStep(DeviceCtx& d, RankCopies& copies, int64_t stepIndex, bool hold = false) {
     for (size_t r = 0; r < ranks_.size(); ++r) {
       if (&dev(r) != &d) continue;
       Rank& rk = ranks_[r];
-      if (rk.stateBytes > 0)
-        CU_TRY(cudaMemcpyAsync(rk.kept, rk.state, static_cast<size_t>(rk.stateBytes), cudaMemcpyDeviceToDevice, d.stream),
-               "keeping the state of step ", stepIndex, " on GPU ", d.device);
+      for (const Rank::Kept& k : rk.keptParams)
+        CU_TRY(cudaMemcpyAsync(static_cast<char*>(rk.kept) + k.offset, rk.params[k.name].second, static_cast<size_t>(k.bytes),
+                               cudaMemcpyDeviceToDevice, d.stream),
+               "keeping %", k.name, " of step ", stepIndex, " on GPU ", d.device);
       for (auto& [ptr, t] : copies[r])
         CU_TRY(cudaMemcpyAsync(ptr, t.raw(), t.bytes(), cudaMemcpyHostToDevice, d.stream), "copying the batch to GPU ",
                d.device);
     }
     d.stepHost = stepIndex;
     CU_TRY(cudaMemcpyAsync(d.stepWord, &d.stepHost, sizeof d.stepHost, cudaMemcpyHostToDevice, d.stream), "step word");
+    d.holdHost = hold ? 1 : 0;
+    CU_TRY(cudaMemcpyAsync(d.holdWord, &d.holdHost, sizeof d.holdHost, cudaMemcpyHostToDevice, d.stream), "hold word");
     return {};
   }
 
-  // The state as it was before the last step (the copy stageStep kept).
+  // The parameters ungated nodes update, as they were before the last step (the copies stageStep kept).
   Status restoreState() {
     for (size_t r = 0; r < ranks_.size(); ++r) {
       Rank& rk = ranks_[r];
-      if (rk.stateBytes == 0) continue;
+      if (rk.keptParams.empty()) continue;
       DeviceCtx& d = dev(r);
       CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
       // On the step's stream (non-blocking: the legacy default stream would not order against it), and
       // finished before the next step stages its own copy.
-      CU_TRY(cudaMemcpyAsync(rk.state, rk.kept, static_cast<size_t>(rk.stateBytes), cudaMemcpyDeviceToDevice, d.stream),
-             rankPrefix(r), "giving back the state kept before a non-finite step");
+      for (const Rank::Kept& k : rk.keptParams)
+        CU_TRY(cudaMemcpyAsync(rk.params[k.name].second, static_cast<char*>(rk.kept) + k.offset, static_cast<size_t>(k.bytes),
+                               cudaMemcpyDeviceToDevice, d.stream),
+               rankPrefix(r), "giving back %", k.name, " kept before a non-finite step");
       CU_TRY(cudaStreamSynchronize(d.stream), rankPrefix(r), "giving back the state kept before a non-finite step");
     }
     return {};
@@ -612,12 +644,14 @@ class CudaBackend final : public Backend {
   }
 
   // A kernel launch whose first arguments are raw device addresses (the collectives' kernels).
-  Result<Launch> rawKernel(DeviceCtx& d, const KernelSpec& k, const std::vector<uint64_t>& ptrs, const std::string& what) {
+  Result<Launch> rawKernel(DeviceCtx& d, const KernelSpec& k, const std::vector<uint64_t>& ptrs, const std::string& op,
+                           const std::string& what) {
     Launch l;
     l.kind = Launch::Kernel;
     TPC_ASSIGN(l.fn, function(d, k, what));
     l.grid = k.grid;
     l.block = k.block;
+    l.op = op;
     l.what = what;
     for (size_t i = 0; i < k.args.size(); ++i) l.argv.push_back(i < ptrs.size() ? ptrs[i] : static_cast<uint64_t>(k.args[i].i));
     return l;
@@ -632,6 +666,7 @@ class CudaBackend final : public Backend {
     Launch l;
     l.kind = Launch::Nccl;
     l.comm = comms_[r].at(axis);
+    l.op = cat("NCCL ", n.opName());
     l.what = what;
     DType t = n.result()->dtype();
     TPC_ASSIGN(l.ncclType, ncclType(t));
@@ -654,7 +689,8 @@ class CudaBackend final : public Backend {
         int64_t dim = n.getInt("dim") < 0 ? n.getInt("dim") + n.result()->type().rank() : n.getInt("dim");
         for (int64_t q = 0; q < G; ++q) {
           std::vector<uint64_t> ptrs = {reinterpret_cast<uint64_t>(res), reinterpret_cast<uint64_t>(ws + q * inNumel * esize)};
-          auto k = rawKernel(d, virtualAllGatherPiece(t, inShape, outShape, dim, static_cast<int>(q)), ptrs, what + " (unstaging)");
+          auto k = rawKernel(d, virtualAllGatherPiece(t, inShape, outShape, dim, static_cast<int>(q)), ptrs, l.op,
+                             what + " (unstaging)");
           if (!k.ok()) return Error{k.error()};
           out.push_back(std::move(k).value());
         }
@@ -668,7 +704,7 @@ class CudaBackend final : public Backend {
             KernelSpec pack = codegen::stridedCopy(t, outShape, 0, outStrides, q * outShape[dim] * inStrides[dim], inStrides,
                                                    {ArgKind::Int64, 0, 0}, {ArgKind::Int64, 0, 0});
             std::vector<uint64_t> ptrs = {reinterpret_cast<uint64_t>(ws + q * outNumel * esize), reinterpret_cast<uint64_t>(in)};
-            auto k = rawKernel(d, pack, ptrs, what + " (staging)");
+            auto k = rawKernel(d, pack, ptrs, l.op, what + " (staging)");
             if (!k.ok()) return Error{k.error()};
             out.push_back(std::move(k).value());
           }
@@ -694,6 +730,17 @@ class CudaBackend final : public Backend {
     for (const NodeLowering& l : lowerings) workspace.push_back(l.workspaceBytes);
     plan = planStepMemory(g, workspace, &rk.groupOf);
     rk.arenaBytes = plan.arenaBytes;
+    // Parameters an output replaces that no gated AdamW kernel writes: kept aside for non-finite steps.
+    for (size_t i = 0; i < g.outputs().size(); ++i) {
+      auto it = rk.params.find(g.outputName(i));
+      if (it == rk.params.end()) continue;
+      const Value *v = g.outputs()[i].value, *p = it->second.first, *root = plan.viewOf.lookup(v);
+      if (v == p || root == p) continue;  // the parameter itself: nothing changes it
+      const FusionGroup* fg = v->def() ? rk.groupOf.lookup(v->def()) : nullptr;
+      if (fg && isAdamWGroup(*fg)) continue;
+      rk.keptParams.push_back({p->name(), rk.keptBytes, p->type().bytes()});
+      rk.keptBytes += (p->type().bytes() + 255) / 256 * 256;
+    }
     inPlace_.push_back(plan.inPlace);
     return {};
   }
@@ -714,7 +761,9 @@ class CudaBackend final : public Backend {
     if (rk.stateBytes > 0) {
       CU_TRY(cudaMalloc(&rk.state, rk.stateBytes), rankPrefix(r), "allocating ", mib(rk.stateBytes), " of parameters and optimizer state");
       rk.allocations.push_back(rk.state);
-      CU_TRY(cudaMalloc(&rk.kept, rk.stateBytes), rankPrefix(r), "allocating ", mib(rk.stateBytes), " to keep the state of a step");
+    }
+    if (rk.keptBytes > 0) {
+      CU_TRY(cudaMalloc(&rk.kept, rk.keptBytes), rankPrefix(r), "allocating ", mib(rk.keptBytes), " to keep the state of a step");
       rk.allocations.push_back(rk.kept);
     }
     int64_t stateOffset = 0;
@@ -793,14 +842,26 @@ class CudaBackend final : public Backend {
       seg.back().checks.insert(seg.back().checks.end(), pending.begin(), pending.end());
       pending.clear();
     };
+    // An AdamW group's members are checked after its kernel (other nodes' launches may come in between).
+    std::map<const FusionGroup*, std::vector<std::pair<size_t, int>>> adamwMembers;
     for (size_t k = 0; k < nodes.size(); ++k) {
       const Node& n = *nodes[k];
       attachChecks();  // the previous node's
       pending.push_back({r, static_cast<int>(k)});
       std::string what = cat(rankPrefix(r), n.opName(), " -> ", valueName(n.result()));
+      std::string op(n.opName());
       // A fusion group's kernel (at its last member) reads the group's inputs and writes its outputs.
       const FusionGroup* fg = rk.groupOf.lookup(&n);
+      if (fg && isAdamWGroup(*fg)) {
+        if (fg->members.back() != &n) {
+          adamwMembers[fg].push_back(pending.back());
+          pending.pop_back();
+          continue;
+        }
+        pending.insert(pending.begin(), adamwMembers[fg].begin(), adamwMembers[fg].end());
+      }
       if (fg) what = cat(rankPrefix(r), groupName(*fg), " -> ", valueName(fg->outputs.front()));
+      if (fg) op = cat("fusion_group=", fg->id);
       llvm::ArrayRef<Value*> operands = fg ? llvm::ArrayRef<Value*>(fg->inputs) : n.operands();
       llvm::ArrayRef<Value*> results = fg ? llvm::ArrayRef<Value*>(fg->outputs) : n.results();
       if (nccl_ && n.has(traits::Collective)) {
@@ -825,6 +886,7 @@ class CudaBackend final : public Backend {
             l.c = static_cast<char*>(rk.addr[n.result()]) + oc * dtypeSize(n.result()->dtype());
             auto [bias, aux, residual] = epilogueValues(n);
             l.epi = {bias ? rk.addr[bias] : nullptr, aux ? rk.addr[aux] : nullptr, residual ? rk.addr[residual] : nullptr};
+            l.op = op;
             l.what = what;
             rk.segments.back().push_back(l);
           }
@@ -840,6 +902,7 @@ class CudaBackend final : public Backend {
         l.kind = Launch::Memset;
         l.c = ws;
         l.bytes = static_cast<size_t>(nl.workspaceBytes);
+        l.op = op;
         l.what = what;
         rk.segments.back().push_back(l);
       }
@@ -852,6 +915,7 @@ class CudaBackend final : public Backend {
         l.grid = ks.grid;
         l.block = ks.block;
         l.smem = ks.sharedBytes;
+        l.op = op;
         l.what = what + " [" + ks.entry + "]";
         if (ks.sharedBytes > 48 * 1024)
           if (CUresult e = driver_->funcSetAttribute(l.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -880,6 +944,26 @@ class CudaBackend final : public Backend {
             }
             case ArgKind::Seed: v = options_.seed; break;
             case ArgKind::StepPtr: v = reinterpret_cast<uint64_t>(d.stepWord); break;
+            case ArgKind::HoldPtr: v = reinterpret_cast<uint64_t>(d.holdWord); break;
+            case ArgKind::Table: {
+              if (a.index < 0 || a.index >= static_cast<int64_t>(ks.tables.size()))
+                return makeError("cuda: ", l.what, ": bad address table ", a.index);
+              std::vector<uint64_t> addresses;
+              for (const KernelArg& e : ks.tables[a.index]) {
+                bool operand = e.kind == ArgKind::Operand;
+                if ((!operand && e.kind != ArgKind::Result) || e.index < 0 ||
+                    e.index >= static_cast<int64_t>(operand ? operands.size() : results.size()))
+                  return makeError("cuda: ", l.what, ": bad address table entry ", e.index);
+                addresses.push_back(reinterpret_cast<uint64_t>(rk.addr[operand ? operands[e.index] : results[e.index]]));
+              }
+              void* t = nullptr;
+              CU_TRY(cudaMalloc(&t, std::max<size_t>(addresses.size(), 1) * sizeof(uint64_t)), l.what, " (its address table)");
+              rk.allocations.push_back(t);
+              CU_TRY(cudaMemcpy(t, addresses.data(), addresses.size() * sizeof(uint64_t), cudaMemcpyHostToDevice), l.what,
+                     " (its address table)");
+              v = reinterpret_cast<uint64_t>(t);
+              break;
+            }
           }
           l.argv.push_back(v);
         }
@@ -893,6 +977,7 @@ class CudaBackend final : public Backend {
       l.c = rk.params[name].second;
       l.a = rk.addr[v];
       l.bytes = static_cast<size_t>(v->type().bytes());
+      l.op = "update";
       l.what = cat(rankPrefix(r), "update of %", name);
       rk.segments.back().push_back(l);
     }
@@ -974,7 +1059,7 @@ class CudaBackend final : public Backend {
         return makeError("cuda backend: no virtual-rank lowering for collective ", n0.opName());
       }
       for (auto& [k, ptrs] : ks) {
-        TPC_ASSIGN(Launch l, rawKernel(devs_[0], k, ptrs, what));
+        TPC_ASSIGN(Launch l, rawKernel(devs_[0], k, ptrs, std::string(n0.opName()), what));
         devs_[0].launches.push_back(std::move(l));
       }
     }
@@ -1055,7 +1140,7 @@ class CudaBackend final : public Backend {
       for (size_t i = 0; i < d.launches.size(); ++i) {
         float ms = 0;
         CU_TRY(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]), "reading a profiling event");
-        d.profile.push_back({d.launches[i].what, ms});
+        d.profile.push_back({d.launches[i].op, d.launches[i].what, ms});
       }
       return {};
     }();
@@ -1120,13 +1205,15 @@ class CudaBackend final : public Backend {
       rk.groupOf.clear();
       rk.collectiveIndex.clear();
       rk.state = rk.kept = nullptr;
-      rk.arenaBytes = rk.stateBytes = rk.inputBytes = 0;
+      rk.keptParams.clear();
+      rk.arenaBytes = rk.stateBytes = rk.inputBytes = rk.keptBytes = 0;
     }
     for (DeviceCtx& d : devs_) {
       cudaSetDevice(d.device);
       if (d.exec) cudaGraphExecDestroy(d.exec);
       if (d.graph) cudaGraphDestroy(d.graph);
       if (d.stepWord) cudaFree(d.stepWord);
+      if (d.holdWord) cudaFree(d.holdWord);
       if (d.replayStart) cudaEventDestroy(d.replayStart);
       if (d.replayEnd) cudaEventDestroy(d.replayEnd);
       if (d.matmulWorkspace) cudaFree(d.matmulWorkspace);

@@ -27,6 +27,9 @@ struct CudaOptions {
   // two launches, and its GPU time per op is printed (runtime/cuda/step_profile.h). The step's results are
   // the same as without profiling.
   int64_t profileStep = 0;
+  // The AdamW updates as multi-tensor kernels gated on non-finite steps (adamw_groups.h); false: one kernel
+  // per adamw_update and a copy of the state they update kept aside each step (tests compare the two).
+  bool multiTensorAdamW = true;
   // Fold bias adds, gelu, residual adds and bias gradients into the matmuls as cuBLASLt epilogues where
   // cuBLASLt has an algorithm for them (fold-matmul-epilogues); false keeps the unfused ops (comparisons).
   bool matmulEpilogues = true;

@@ -22,11 +22,14 @@ enum class ArgKind {
   Float,      // float by value (`f`)
   Seed,       // unsigned long long: the run's dropout seed
   StepPtr,    // const long long*: device word holding the current step (changes per CUDA-graph replay)
+  HoldPtr,    // const int*: device word, nonzero while the step must leave the state alone (checking mode)
+  Table,      // const unsigned long long*: a device array, written once at prepare, of the addresses of
+              // KernelSpec::tables[index] (Operand and Result entries): a multi-tensor kernel's tensors
 };
 
 struct KernelArg {
   ArgKind kind;
-  int64_t index = 0;  // Operand/Result: which; Workspace: byte offset
+  int64_t index = 0;  // Operand/Result: which; Workspace: byte offset; Table: which of KernelSpec::tables
   int64_t i = 0;
   double f = 0;
 };
@@ -41,6 +44,7 @@ struct KernelSpec {
   Dim3 grid, block;
   uint32_t sharedBytes = 0;  // dynamic shared memory
   std::vector<KernelArg> args;
+  std::vector<std::vector<KernelArg>> tables;  // the entries of the Table arguments
 };
 
 struct NodeLowering {

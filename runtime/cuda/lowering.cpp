@@ -44,6 +44,12 @@ NodeExec nodeExec(const Node& n) {
 }
 
 Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue) {
+  // Attention on the QKV projection's layout: no copies of q, k, v, out and their gradients. First: it
+  // matches the transposes, slices and zero-padded concat sums between the QKV projection and attention,
+  // which no later rewrite touches, and takes the projection's output (add or matmul_epilogue) as it is;
+  // running it before the fold leaves the fold dqkv's bias sum and weight gradient as plain reduce_sum and
+  // matmul, read from attention_qkv_grad's result, so both rewrites fire (test_rewrite_for_cuda.cpp).
+  TPC_TRY(createPackQkvAttentionPass()->run(g));
   // Weight gradients as one matmul over all rows: no [B, K, N] intermediate, f32 accumulation over the batch.
   TPC_TRY(createFoldBatchMatmulSumPass()->run(g));
   // Bias, gelu, residual adds and bias gradients into cuBLASLt epilogues, where cuBLASLt has an algorithm.

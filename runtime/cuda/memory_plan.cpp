@@ -1,103 +1,14 @@
-// planMemory: largest first, lowest fitting offset among the already placed buffers that overlap in time.
-// planStepMemory: lifetimes from the graph's uses (a view's uses count for the value it aliases).
+// planStepMemory with the views of the CUDA lowering (memory_plan.h).
 #include "runtime/cuda/memory_plan.h"
-
-#include <algorithm>
-#include <map>
-#include <numeric>
 
 #include "runtime/cuda/lowering.h"
 
 namespace tpc::cuda {
 
-int64_t planMemory(std::vector<PlannedBuffer>& buffers, int64_t alignment) {
-  std::vector<size_t> order(buffers.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return buffers[a].bytes > buffers[b].bytes; });
-  auto align = [&](int64_t v) { return (v + alignment - 1) / alignment * alignment; };
-  std::vector<size_t> placed;
-  int64_t peak = 0;
-  std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of overlapping placed buffers
-  for (size_t i : order) {
-    PlannedBuffer& b = buffers[i];
-    int64_t size = align(std::max<int64_t>(b.bytes, 1));
-    busy.clear();
-    for (size_t j : placed) {
-      const PlannedBuffer& o = buffers[j];
-      if (o.first <= b.last && b.first <= o.last) busy.push_back({o.offset, o.offset + align(std::max<int64_t>(o.bytes, 1))});
-    }
-    std::sort(busy.begin(), busy.end());
-    int64_t at = 0;
-    for (auto [s, e] : busy) {
-      if (at + size <= s) break;
-      at = std::max(at, e);
-    }
-    b.offset = at;
-    peak = std::max(peak, at + size);
-    placed.push_back(i);
-  }
-  return peak;
-}
-
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf, int64_t alignment) {
-  StepMemoryPlan plan;
-  std::vector<Node*> nodes = g.nodeVector();
-  const int end = static_cast<int>(nodes.size());
-  llvm::DenseMap<const Node*, int> index;
-  for (int k = 0; k < end; ++k) index[nodes[k]] = k;
-  // Where each node's work happens: a fusion group's members all run at its last member.
-  std::vector<int> at(nodes.size());
-  for (int k = 0; k < end; ++k) {
-    const FusionGroup* fg = (groupOf ? groupOf->lookup(nodes[k]) : nullptr);
-    at[k] = fg ? index[fg->members.back()] : k;
-  }
-  // A view's memory is its operand's: follow chains of views to the value that owns the bytes.
-  auto root = [&](const Value* v) {
-    auto it = plan.viewOf.find(v);
-    return it == plan.viewOf.end() ? v : it->second;
-  };
-  for (Node* n : nodes)
-    if (nodeExec(*n) == NodeExec::View) plan.viewOf[n->result()] = root(n->operand(0));
-  llvm::DenseMap<const Value*, int> lastUse;  // of the memory: by the value or any view of it
-  for (int k = 0; k < end; ++k)
-    for (const Value* v : nodes[k]->operands()) lastUse[root(v)] = std::max(lastUse.lookup(root(v)), at[k]);
-  // Outputs are read after the last node, before any parameter copy (the old value of a parameter that is
-  // also returned as itself, or through a view, must survive the step).
-  for (const GraphOutput& o : g.outputs()) lastUse[root(o.value)] = end;
-  std::map<std::string, const Value*> params;
-  for (const Value* p : g.params()) params[p->name()] = p;
-  for (size_t i = 0; i < g.outputs().size(); ++i) {
-    auto it = params.find(g.outputName(i));
-    if (it == params.end()) continue;
-    const Value *v = g.outputs()[i].value, *p = it->second;
-    if (root(v) == p) continue;  // the parameter itself, or a view of it: nothing to write
-    // The node may read the old parameter only at the same element it writes: elementwise-like ops do.
-    bool safe = !plan.viewOf.count(v) && v->def() && !plan.inPlace.count(v) &&
-                (v->def()->has(traits::Optimizer) || v->def()->has(traits::Elementwise));
-    if (safe) {
-      auto lu = lastUse.find(p);
-      safe = lu == lastUse.end() || lu->second <= at[index[v->def()]];
-    }
-    if (safe) plan.inPlace[v] = g.outputName(i);
-    else plan.paramCopies.push_back({v, g.outputName(i)});
-  }
-  for (int k = 0; k < end; ++k) {
-    const FusionGroup* fg = (groupOf ? groupOf->lookup(nodes[k]) : nullptr);
-    for (const Value* v : nodes[k]->results()) {
-      if (plan.inPlace.count(v) || plan.viewOf.count(v) || (fg && fg->isInternal(v))) continue;
-      auto lu = lastUse.find(v);
-      plan.bufferOf[v] = static_cast<int>(plan.buffers.size());
-      plan.buffers.push_back({v->type().bytes(), at[k], lu == lastUse.end() ? at[k] : std::max(at[k], lu->second)});
-    }
-    plan.workspaceOf.push_back(-1);
-    if (k < static_cast<int>(workspaceBytes.size()) && workspaceBytes[k] > 0) {
-      plan.workspaceOf.back() = static_cast<int>(plan.buffers.size());
-      plan.buffers.push_back({workspaceBytes[k], k, k});
-    }
-  }
-  plan.arenaBytes = planMemory(plan.buffers, alignment);
-  return plan;
+  return tpc::planStepMemory(g, workspaceBytes, groupOf, [](const Node& n) { return nodeExec(n) == NodeExec::View; },
+                             alignment);
 }
 
 }  // namespace tpc::cuda

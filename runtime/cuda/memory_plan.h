@@ -1,48 +1,15 @@
-// The static memory plan of one rank's step. planMemory: every buffer with a lifetime [first, last]
-// (inclusive node indices) gets an offset in one arena; buffers whose lifetimes overlap never share bytes.
-// Greedy by size, largest first, each at the lowest offset that fits (a first-fit that packs transformer
-// steps tightly). planStepMemory: the buffers of a graph's values, the views that alias them and the
-// outputs written into their parameter's buffer.
+// The CUDA backend's memory plan: runtime/memory_plan.h with the CUDA lowering's views (nodeExec View)
+// aliasing their operand's buffer.
 #pragma once
 
-#include <cstdint>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include "ir/fusion_group.h"
-#include "ir/graph.h"
-#include "llvm/ADT/ArrayRef.h"
-#include "llvm/ADT/DenseMap.h"
+#include "runtime/memory_plan.h"
 
 namespace tpc::cuda {
 
-struct PlannedBuffer {
-  int64_t bytes = 0;
-  int first = 0, last = 0;  // inclusive
-  int64_t offset = -1;      // set by planMemory
-};
+using tpc::PlannedBuffer;
+using tpc::planMemory;
+using tpc::StepMemoryPlan;
 
-// Sets every buffer's offset (aligned to `alignment`); returns the arena size (the planned peak).
-int64_t planMemory(std::vector<PlannedBuffer>& buffers, int64_t alignment = 256);
-
-struct StepMemoryPlan {
-  std::vector<PlannedBuffer> buffers;  // offsets set: node results, workspaces
-  llvm::DenseMap<const Value*, int> bufferOf;  // node results that own an arena buffer
-  std::vector<int> workspaceOf;                // per node (graph order): its workspace buffer, or -1
-  // View results (nodeExec View): the value whose memory they are, never itself a view: a node result
-  // with an arena buffer (kept alive to the views' last use), an in-place output, a parameter or an input.
-  llvm::DenseMap<const Value*, const Value*> viewOf;
-  // Outputs named like a parameter that are written straight into its buffer: an elementwise-like node
-  // (optimizer, elementwise) that no later node reads the old parameter after, directly or through a view.
-  llvm::DenseMap<const Value*, std::string> inPlace;
-  std::vector<std::pair<const Value*, std::string>> paramCopies;  // the other ones: copied at the step's end
-  int64_t arenaBytes = 0;
-};
-
-// `workspaceBytes[k]`: the scratch node k (graph order) needs for the step. `groupOf`: the fusion group of
-// each member node (ir/fusion_group.h): a group's members all run at its last member, and a value read only
-// inside its group gets no buffer.
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf = nullptr,
                               int64_t alignment = 256);

@@ -8,19 +8,6 @@
 
 namespace tpc::cuda {
 
-std::string launchOp(const std::string& what) {
-  std::string s = what;
-  if (s.rfind("rank ", 0) == 0) {
-    size_t colon = s.find(": ");
-    if (colon != std::string::npos) s = s.substr(colon + 2);
-  }
-  if (s.rfind("NCCL ", 0) == 0) {  // "NCCL all_reduce over tp -> %x": keep the collective's name
-    size_t end = s.find(' ', 5);
-    return s.substr(0, end);
-  }
-  return s.substr(0, s.find(' '));
-}
-
 std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t step, double replayMs, int top) {
   struct Row {
     int64_t count = 0;
@@ -29,7 +16,7 @@ std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t 
   std::map<std::string, Row> rows;
   double total = 0;
   for (const TimedLaunch& l : launches) {
-    Row& r = rows[launchOp(l.what)];
+    Row& r = rows[l.op];
     ++r.count;
     r.ms += l.ms;
     total += l.ms;

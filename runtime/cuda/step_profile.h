@@ -9,12 +9,10 @@
 namespace tpc::cuda {
 
 struct TimedLaunch {
+  std::string op;    // the row it is summed in: the node's op, "fusion_group=N", "NCCL all_reduce", ...
   std::string what;  // the executor's description: "[rank R: ]op -> %value [kernel entry]" or "NCCL op ..."
   double ms = 0;
 };
-
-// The op a launch belongs to: the first word of `what` after any "rank R: " prefix.
-std::string launchOp(const std::string& what);
 
 // The table: per op launches, ms and share of the total, slowest first; then the `top` slowest launches.
 // `replayMs`: the same step as a CUDA graph replay (0: unknown), printed beside the summed time.

@@ -9,10 +9,8 @@
 #include <random>
 #include <sstream>
 
+#include "gpt_step_support.h"
 #include "gpu_test_support.h"
-#include "models/gpt.h"
-#include "passes/pipeline.h"
-#include "passes/sharding/sharding.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/evaluator.h"
 #include "runtime/param_init.h"
@@ -21,35 +19,16 @@ namespace tpc {
 namespace {
 
 // The same windows every time it is rebuilt: each evaluation reads the same "validation split".
-class FixedBatches final : public BatchSource {
- public:
-  Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
-    for (int64_t i = 0; i < rows * seq; ++i) {
-      tokens[i] = static_cast<int32_t>(rng_() % 100);
-      targets[i] = static_cast<int32_t>((tokens[i] * 7 + 3) % 100);  // learnable: the loss falls
-    }
-    return {};
-  }
-
- private:
-  std::mt19937 rng_{11};
+struct FixedBatches : test::LearnableBatches {
+  FixedBatches() : LearnableBatches(100, 11, 7, 3) {}
 };
 
 ModelFile tinyGpt() {
-  GptConfig g;
-  g.layers = 2;
-  g.hidden = 64;
+  GptConfig g = test::smallGpt();
   g.heads = 8;
-  g.vocab = 100;
   g.paddedVocab = 1024;
-  g.positions = 16;
   g.hiddenDropout = g.attentionDropout = 0.1;  // training draws dropout; evaluation must not
-  TrainConfig c;
-  c.microBatch = c.globalBatch = 4;
-  c.seqLength = 16;
-  auto m = buildGpt(g, c);
-  REQUIRE(m.ok());
-  return std::move(m).value();
+  return test::gptModel(g, 4);
 }
 
 }  // namespace
@@ -59,19 +38,8 @@ TEST_CASE("cuda eval: validation losses on the GPU equal the CPU evaluator's on 
   for (int64_t tp : {1, 2}) {
     ModelFile m = tinyGpt();
     std::unique_ptr<Graph> step = m.forward->clone();
-    PassManager pm;
-    REQUIRE(pm.addPipeline((tp > 1 ? "megatron-tp(tp=2)," : std::string()) + "autodiff(loss=" + m.lossOutput +
-                           ", clip-grad=1.0),cse,dce").ok());
-    REQUIRE(pm.run(*step).ok());
-    std::vector<std::unique_ptr<Graph>> ranks;
-    if (tp > 1) {
-      REQUIRE(propagatePlacements(*step).ok());
-      for (int64_t r = 0; r < tp; ++r) {
-        auto l = partitionForRank(*step, r);
-        REQUIRE(l.ok());
-        ranks.push_back(std::move(*l));
-      }
-    }
+    test::runPasses(*step, test::megatronTp(tp) + "autodiff(loss=" + m.lossOutput + ", clip-grad=1.0),cse,dce");
+    std::vector<std::unique_ptr<Graph>> ranks = test::rankGraphs(*step);
     CudaOptions o;
     o.seed = 5;
     o.verbose = false;

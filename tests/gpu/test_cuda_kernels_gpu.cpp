@@ -7,10 +7,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 
 #include "cuda_kernel_cases.h"
 #include "gpu_test_support.h"
+#include "ir/shape_rules.h"
 #include "runtime/cuda/nvrtc_compiler.h"
 
 using namespace tpc;
@@ -107,4 +109,106 @@ TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5 a
     for (size_t r = 0; r < got.size(); ++r) CHECK(std::memcmp(got[r].raw(), again[r].raw(), got[r].bytes()) == 0);
   }
   CHECK(compared > 60);
+}
+
+namespace {
+
+// Copies rows (b, h, t) of Dh elements from src to dst at the given element offsets.
+template <class SrcAt, class DstAt>
+void copyRows(const HostTensor& src, HostTensor& dst, int64_t B, int64_t H, int64_t T, int64_t D, SrcAt srcAt,
+              DstAt dstAt) {
+  const size_t es = static_cast<size_t>(dtypeSize(src.dtype()));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(dst.raw() + dstAt(b, h, t) * es, src.raw() + srcAt(b, h, t) * es, static_cast<size_t>(D) * es);
+}
+
+void checkClose(const HostTensor& got, const HostTensor& want, double tol) {
+  std::vector<double> g = values(got), w = values(want);
+  REQUIRE(g.size() == w.size());
+  double rms = 0;
+  for (double v : w) rms += v * v;
+  rms = std::sqrt(rms / std::max<size_t>(w.size(), 1));
+  int bad = 0;
+  for (size_t i = 0; i < g.size(); ++i) bad += !(std::abs(g[i] - w[i]) <= tol * (std::abs(w[i]) + rms));
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+// attention_qkv runs attention's kernels with the packed layout's strides: on the GPU it gives what attention
+// gives on q, k, v sliced out of the same tensor (out, lse and the gradients), dropout mask included.
+TEST_CASE("cuda kernels: attention_qkv and its gradient equal attention on the unpacked q, k, v", "[gpu]") {
+  requireGpuOrSkip();
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  struct P {
+    const char* name;
+    DType dt;
+    int64_t B, T, H, D;
+    std::vector<int64_t> perm;
+    AttrDict a;
+  };
+  const DType f = DType::f32, bf = DType::bf16;
+  std::vector<P> cases = {
+      {"f32 D64 [B,T,3,H,Dh] dropout", f, 2, 200, 3, 64, {2, 0, 3, 1, 4},
+       attrs({{"causal", true}, {"dropout", 0.1}, {"key", 4}})},
+      {"bf16 gpt2 [B,T,3,H,Dh]", bf, 2, 1024, 12, 64, {2, 0, 3, 1, 4}, attrs({{"causal", true}})},
+      {"bf16 D128 [B,3,T,H,Dh] dropout sharded heads", bf, 2, 300, 4, 128, {1, 0, 3, 2, 4},
+       attrs({{"causal", true}, {"dropout", 0.1}, {"key", 2}, {"global_shape", std::vector<int64_t>{2, 8}},
+              {"offsets", std::vector<int64_t>{0, 4}}})},
+  };
+  for (const P& x : cases) {
+    INFO(x.name);
+    const double tol = x.dt == f ? 1e-5 : 1e-2;
+    AttrDict ap = x.a;
+    ap.set("perm", x.perm);
+    const Shape qkvShape = packedShape(x.B, x.T, x.H, x.D, x.perm);
+    auto p = packedQkv(qkvShape, x.perm);
+    REQUIRE(p.ok());
+    const TensorType xt(x.dt, qkvShape), ht(x.dt, {x.B, x.H, x.T, x.D}), tt_(x.dt, {x.B, x.T, x.H, x.D}),
+        lt(f, {x.B, x.H, x.T});
+    auto packedAt = [&](int which) {
+      return [&, which](int64_t b, int64_t h, int64_t t) {
+        return which * p->sWhich + b * p->sBatch + h * p->sHead + t * p->sToken;
+      };
+    };
+    auto headsAt = [&](int64_t b, int64_t h, int64_t t) { return ((b * x.H + h) * x.T + t) * x.D; };
+    auto tokensAt = [&](int64_t b, int64_t h, int64_t t) { return ((b * x.T + t) * x.H + h) * x.D; };
+    std::mt19937 rng(std::hash<std::string>{}(x.name) & 0xffffffff);
+    HostTensor X = uniformT(xt, rng), dOt = uniformT(tt_, rng);
+    std::vector<HostTensor> qkv;
+    for (int which = 0; which < 3; ++which) {
+      HostTensor t(ht);
+      copyRows(X, t, x.B, x.H, x.T, x.D, packedAt(which), headsAt);
+      qkv.push_back(t);
+    }
+    HostTensor dOh(ht);
+    copyRows(dOt, dOh, x.B, x.H, x.T, x.D, tokensAt, headsAt);
+    const uint64_t seed = 99;
+    const int64_t step = 5;
+    auto run = [&](OpKind op, std::vector<TensorType> types, const AttrDict& a, const std::vector<HostTensor>& in) {
+      OneOp o = oneOp(op, types, a);
+      auto low = (*cuda::findFamilyLowering(op))(*o.node, sm90());
+      REQUIRE(low.ok());
+      return runGpu(nvrtc, o, *low, in, seed, step);
+    };
+    std::vector<HostTensor> fwd = run(OpKind::Attention, {ht, ht, ht}, x.a, qkv);
+    std::vector<HostTensor> pfwd = run(OpKind::AttentionQkv, {xt}, ap, {X});
+    HostTensor oHeads(ht);
+    copyRows(pfwd[0], oHeads, x.B, x.H, x.T, x.D, tokensAt, headsAt);
+    checkClose(oHeads, fwd[0], tol);
+    checkClose(pfwd[1], fwd[1], 1e-5);
+    std::vector<HostTensor> grad =
+        run(OpKind::AttentionGrad, {ht, ht, ht, ht, ht, lt}, x.a, {dOh, qkv[0], qkv[1], qkv[2], fwd[0], fwd[1]});
+    std::vector<HostTensor> pgrad = run(OpKind::AttentionQkvGrad, {tt_, xt, tt_, lt}, ap, {dOt, X, pfwd[0], pfwd[1]});
+    for (int which = 0; which < 3; ++which) {
+      INFO("d" << "qkv"[which]);
+      HostTensor d(ht);
+      copyRows(pgrad[0], d, x.B, x.H, x.T, x.D, packedAt(which), headsAt);
+      checkClose(d, grad[static_cast<size_t>(which)], tol);
+    }
+  }
 }

@@ -1,5 +1,5 @@
 // Non-finite steps on the GPU (backend.h, tpc run --on-nan): a step whose loss is NaN leaves the state bit
-// for bit as it was (the CUDA graph updates it in place; the backend gives back the copy it kept), and
+// for bit as it was (the CUDA graph updates it in place, by AdamW kernels gated on the loss and grad_norm), and
 // findFirstNonFinite names the same first non-finite value as the CPU backend, on one rank and on virtual
 // ranks, without changing the state. fp16 with dynamic loss scaling, which relies on that, follows the
 // CPU backend's fp16 run: the same steps overflow and are skipped, the losses agree.
@@ -10,10 +10,8 @@
 #include <random>
 #include <sstream>
 
+#include "gpt_step_support.h"
 #include "gpu_test_support.h"
-#include "models/gpt.h"
-#include "passes/pipeline.h"
-#include "passes/sharding/sharding.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/cuda/cuda_backend.h"
@@ -24,73 +22,27 @@ namespace tpc {
 namespace {
 
 std::unique_ptr<Graph> stepGraph(int64_t tp, const std::string& pre = "", const std::string& autodiff = "") {
-  GptConfig g;
+  GptConfig g = test::smallGpt();
   g.layers = 1;
-  g.hidden = 64;
-  g.heads = 4;
-  g.vocab = 100;
-  g.paddedVocab = 256;
-  g.positions = 16;
-  TrainConfig c;
-  c.microBatch = 2;
-  c.globalBatch = 2;
-  c.seqLength = 16;
-  auto m = buildGpt(g, c);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> step = std::move(m->forward);
-  PassManager pm;
-  REQUIRE(pm.addPipeline((tp > 1 ? "megatron-tp(tp=" + std::to_string(tp) + ")," : std::string()) + pre +
-                         "autodiff(clip-grad=1.0, weight-decay=0.1" + autodiff + "),cse,dce").ok());
-  Status s = pm.run(*step);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  if (tp > 1) REQUIRE(propagatePlacements(*step).ok());
-  return step;
-}
-
-std::vector<std::unique_ptr<Graph>> rankGraphs(const Graph& step) {
-  std::vector<std::unique_ptr<Graph>> ranks;
-  for (int64_t r = 0; !step.mesh().empty() && r < step.mesh().numRanks(); ++r) {
-    auto l = partitionForRank(step, r);
-    REQUIRE(l.ok());
-    ranks.push_back(std::move(*l));
-  }
-  return ranks;
+  return test::gptStep(g, 2, test::megatronTp(tp) + pre + "autodiff(clip-grad=1.0, weight-decay=0.1" + autodiff + "),cse,dce");
 }
 
 TensorMap batch() {
   std::mt19937 rng(11);
-  TensorMap m;
-  for (const char* name : {"tokens", "targets"}) {
-    HostTensor t(TensorType(DType::i32, {2, 16}));
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
-    m[name] = t;
-  }
-  m["lr"] = HostTensor::scalarF32(1e-2f);
-  m["step"] = HostTensor::scalarF32(1);
-  return m;
+  return test::gptBatch(rng, {2, 16}, 100, 1e-2f, 1);
 }
 
-std::map<std::string, std::string> snapshot(const Backend& b, const Graph& step) {
-  std::map<std::string, std::string> s;
-  for (const Value* p : step.params()) {
-    auto t = b.readState(p->name());
-    REQUIRE(t.ok());
-    s[p->name()] = std::string(reinterpret_cast<const char*>(t->raw()), t->bytes());
-  }
-  return s;
-}
 
 // Runs one step from `state` on the CPU (reference) and on the GPU, and compares what they say.
 void compare(int64_t tp, const TensorMap& state, bool expectNonFiniteStep) {
   auto step = stepGraph(tp);
   CpuOptions o;
   o.threads = 2;
-  std::unique_ptr<Backend> cpu = tp > 1 ? createCpuMeshBackend(rankGraphs(*step), o) : createCpuBackend(o);
+  std::unique_ptr<Backend> cpu = tp > 1 ? createCpuMeshBackend(test::rankGraphs(*step), o) : createCpuBackend(o);
   CudaOptions co;
   co.verbose = false;
   co.collectives = "virtual";
-  std::unique_ptr<Backend> gpu = createCudaBackend(rankGraphs(*step), co);
+  std::unique_ptr<Backend> gpu = createCudaBackend(test::rankGraphs(*step), co);
   // megatron-tp views the fused QKV weight and bias as [D, 3, D] and [3, D]: the bytes of the model's [D, 3D]
   // and [3D], so the state goes in the step's own shapes.
   TensorMap local;
@@ -110,7 +62,7 @@ void compare(int64_t tp, const TensorMap& state, bool expectNonFiniteStep) {
     REQUIRE(st.ok());
   }
   TensorMap in = batch();
-  auto before = snapshot(*gpu, *step);
+  auto before = test::stateBytes(*gpu, *step);
   auto outCpu = cpu->step(in, 1);
   auto outGpu = gpu->step(in, 1);
   REQUIRE(outCpu.ok());
@@ -118,7 +70,7 @@ void compare(int64_t tp, const TensorMap& state, bool expectNonFiniteStep) {
   REQUIRE(outGpu.ok());
   CHECK(isNonFiniteStep(*outCpu) == expectNonFiniteStep);
   CHECK(isNonFiniteStep(*outGpu) == expectNonFiniteStep);
-  CHECK(snapshot(*gpu, *step) == before);  // the state the step left: exactly the one before it
+  CHECK(test::stateBytes(*gpu, *step) == before);  // the state the step left: exactly the one before it
 
   auto want = cpu->findFirstNonFinite(in, 1);
   auto got = gpu->findFirstNonFinite(in, 1);
@@ -135,7 +87,7 @@ void compare(int64_t tp, const TensorMap& state, bool expectNonFiniteStep) {
   CHECK((*got)->rank == (*want)->rank);
   CHECK((*got)->element == (*want)->element);
   CHECK(std::isnan((*got)->sample) == std::isnan((*want)->sample));
-  CHECK(snapshot(*gpu, *step) == before);  // checking mode changed nothing either
+  CHECK(test::stateBytes(*gpu, *step) == before);  // checking mode changed nothing either
 
   // And the GPU goes on training from the kept state: the same step with a finite state would be fine.
   auto again = gpu->step(in, 1);
@@ -180,15 +132,8 @@ TEST_CASE("cuda non-finite: an overflow inside the step is named at the same nod
 
 namespace {
 
-class RandomBatches final : public BatchSource {
- public:
-  Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
-    for (int64_t i = 0; i < rows * seq; ++i) tokens[i] = targets[i] = static_cast<int32_t>(rng_() % 50);
-    return {};
-  }
-
- private:
-  std::mt19937 rng_{5};
+struct RandomBatches : test::LearnableBatches {
+  RandomBatches() : LearnableBatches(50, 5) {}
 };
 
 }  // namespace

@@ -5,42 +5,19 @@
 #include <cmath>
 #include <random>
 
+#include "gpt_step_support.h"
 #include "gpu_test_support.h"
-#include "models/gpt.h"
-#include "passes/pipeline.h"
-#include "passes/sharding/sharding.h"
-#include "runtime/cpu/cpu_backend.h"
 #include "runtime/cuda/cuda_backend.h"
-#include "runtime/param_init.h"
 
 namespace tpc {
 namespace {
 
 std::unique_ptr<Graph> gptStep(int64_t tp, bool dropout) {
-  GptConfig g;
-  g.layers = 2;
-  g.hidden = 64;
+  GptConfig g = test::smallGpt();
   g.heads = 8;
-  g.vocab = 100;
   g.paddedVocab = 1024;
-  g.positions = 16;
   g.hiddenDropout = g.attentionDropout = dropout ? 0.1 : 0.0;
-  TrainConfig c;
-  c.microBatch = 4;
-  c.globalBatch = 4;
-  c.seqLength = 16;
-  auto m = buildGpt(g, c);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> step = std::move(m->forward);
-  PassManager pm;
-  std::string passes = (tp > 1 ? "megatron-tp(tp=" + std::to_string(tp) + ")," : std::string()) +
-                       "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce";
-  REQUIRE(pm.addPipeline(passes).ok());
-  Status s = pm.run(*step);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  if (!step->mesh().empty()) REQUIRE(propagatePlacements(*step).ok());
-  return step;
+  return test::gptStep(g, 4, test::megatronTp(tp) + test::kTrainPasses);
 }
 
 struct Trace {
@@ -49,27 +26,10 @@ struct Trace {
 };
 
 Trace train(const Graph& g, std::unique_ptr<Backend> backend, int64_t steps) {
-  TensorMap state;
-  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 1);
-  Status st = backend->prepare(g, state);
-  INFO((st.ok() ? std::string() : st.error()));
-  REQUIRE(st.ok());
+  test::prepareInitialState(*backend, g, 1);
   std::mt19937 rng(7);
   Trace t;
-  for (int64_t s = 0; s < steps; ++s) {
-    TensorMap m;
-    for (const char* name : {"tokens", "targets"}) {
-      HostTensor x(TensorType(DType::i32, {4, 16}));
-      for (int64_t i = 0; i < x.numel(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
-      m[name] = x;
-    }
-    m["lr"] = HostTensor::scalarF32(1e-3f);
-    m["step"] = HostTensor::scalarF32(static_cast<float>(s + 1));
-    auto out = backend->step(m, s + 1);
-    INFO("step " << s << ": " << (out.ok() ? std::string() : out.error()));
-    REQUIRE(out.ok());
-    t.losses.push_back(out->at("loss").data<float>()[0]);
-  }
+  t.losses = test::trainLosses(*backend, rng, steps);
   for (const Value* p : g.params()) {
     auto x = backend->readState(p->name());
     REQUIRE(x.ok());
@@ -79,17 +39,10 @@ Trace train(const Graph& g, std::unique_ptr<Backend> backend, int64_t steps) {
 }
 
 std::unique_ptr<Backend> gpuBackend(const Graph& g) {
-  std::vector<std::unique_ptr<Graph>> ranks;
-  if (!g.mesh().empty())
-    for (int64_t r = 0; r < g.mesh().numRanks(); ++r) {
-      auto l = partitionForRank(g, r);
-      REQUIRE(l.ok());
-      ranks.push_back(std::move(*l));
-    }
   CudaOptions o;
   o.seed = 99;
   o.verbose = false;
-  return createCudaBackend(std::move(ranks), o);
+  return createCudaBackend(test::rankGraphs(g), o);
 }
 
 double worstLossErr(const Trace& a, const Trace& b) {

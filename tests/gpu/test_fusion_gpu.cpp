@@ -8,7 +8,6 @@
 #include "fusion_test_support.h"
 #include "gpu_test_support.h"
 #include "runtime/cuda/cuda_backend.h"
-#include "runtime/param_init.h"
 
 namespace tpc {
 namespace {
@@ -23,27 +22,10 @@ Run train10(const Graph& g) {
   o.seed = 99;
   o.verbose = false;
   auto backend = createCudaBackend({}, o);
-  TensorMap state;
-  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 1);
-  Status st = backend->prepare(g, state);
-  INFO((st.ok() ? std::string() : st.error()));
-  REQUIRE(st.ok());
+  test::prepareInitialState(*backend, g, 1);
   std::mt19937 rng(7);
   Run run;
-  for (int64_t s = 0; s < 10; ++s) {
-    TensorMap m;
-    for (const char* name : {"tokens", "targets"}) {
-      HostTensor x(TensorType(DType::i32, {4, 16}));
-      for (int64_t i = 0; i < x.numel(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
-      m[name] = x;
-    }
-    m["lr"] = HostTensor::scalarF32(1e-3f);
-    m["step"] = HostTensor::scalarF32(static_cast<float>(s + 1));
-    auto out = backend->step(m, s + 1);
-    INFO("step " << s << ": " << (out.ok() ? std::string() : out.error()));
-    REQUIRE(out.ok());
-    run.losses.push_back(out->at("loss").data<float>()[0]);
-  }
+  run.losses = test::trainLosses(*backend, rng, 10);
   run.launches = backend->launchesPerStep();
   return run;
 }

@@ -45,6 +45,7 @@ static thread_local unsigned tpc_emu_tid;
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
+#define __constant__
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 struct alignas(16) uint4 { unsigned x, y, z, w; };

@@ -93,6 +93,25 @@ inline std::function<std::vector<HostTensor>(std::mt19937&)> attentionGradInputs
   };
 }
 
+// attention_qkv's packed operand: [B, T, 3, H, Dh] for perm [2,0,3,1,4] (the GPT builder's), [B, 3, T, H, Dh]
+// for perm [1,0,3,2,4] (megatron-tp's).
+inline Shape packedShape(int64_t B, int64_t T, int64_t H, int64_t D, const std::vector<int64_t>& perm) {
+  return perm[0] == 2 ? Shape{B, T, 3, H, D} : Shape{B, 3, T, H, D};
+}
+
+// attention_qkv_grad's (dout, qkv, out, lse): out and lse from the CPU forward of the same attributes.
+inline std::function<std::vector<HostTensor>(std::mt19937&)> attentionQkvGradInputs(DType dt, Shape qkv, Shape o,
+                                                                                     AttrDict a) {
+  return [=](std::mt19937& rng) {
+    TensorType pt(dt, qkv), ot(dt, o);
+    HostTensor X = uniformT(pt, rng), dO = uniformT(ot, rng);
+    Case fwd{"", OpKind::AttentionQkv, {pt}, a, nullptr};
+    std::vector<HostTensor> r = runCpu(fwd, {X}, 77, 3);
+    HostTensor out = dt == DType::f32 ? r[0] : r[0].convertTo(dt);
+    return std::vector<HostTensor>{dO, X, out, r[1]};
+  };
+}
+
 inline std::vector<Case> allCases() {
   std::vector<Case> cs;
   const DType f = DType::f32, bf = DType::bf16, h = DType::f16;
@@ -130,6 +149,34 @@ inline std::vector<Case> allCases() {
            {qt, qt, kt, kt, qt, tt(f, {x.q[0], x.q[1], x.q[2]})}, x.a, attentionGradInputs(x.dt, x.q, x.k, x.a)};
     cs.push_back(std::move(g));
   }
+  // ---- attention_qkv: the same kernels on the packed layouts ----
+  struct P {
+    const char* name;
+    DType dt;
+    int64_t B, T, H, D;
+    std::vector<int64_t> perm;
+    AttrDict a;
+  };
+  const std::vector<int64_t> btshd{2, 0, 3, 1, 4}, bsthd{1, 0, 3, 2, 4};
+  std::vector<P> packed = {
+      {"causal D32 [B,T,3,H,Dh]", f, 2, 70, 2, 32, btshd, attrs({{"causal", true}})},
+      {"causal D64 [B,3,T,H,Dh] dropout sharded heads", f, 2, 65, 2, 64, bsthd,
+       attrs({{"causal", true}, {"dropout", 0.25}, {"key", 9}, {"global_shape", std::vector<int64_t>{2, 4}},
+              {"offsets", std::vector<int64_t>{0, 2}}})},
+      {"tc causal bf16 D64 T77 [B,T,3,H,Dh]", bf, 2, 77, 3, 64, btshd, attrs({{"causal", true}})},
+      {"tc causal bf16 D64 T130 [B,3,T,H,Dh] dropout sharded heads", bf, 1, 130, 2, 64, bsthd,
+       attrs({{"causal", true}, {"dropout", 0.2}, {"key", 5}, {"global_shape", std::vector<int64_t>{3, 6}},
+              {"offsets", std::vector<int64_t>{1, 2}}})},
+      {"tc full f16 D128 T65 [B,T,3,H,Dh]", h, 1, 65, 2, 128, btshd, attrs({{"causal", false}, {"scale", 0.2}})},
+  };
+  for (P& x : packed) {
+    x.a.set("perm", x.perm);
+    Shape qkv = packedShape(x.B, x.T, x.H, x.D, x.perm), o{x.B, x.T, x.H, x.D};
+    cs.push_back(simple(cat("attention_qkv ", x.name), OpKind::AttentionQkv, {tt(x.dt, qkv)}, x.a));
+    cs.push_back(Case{cat("attention_qkv_grad ", x.name), OpKind::AttentionQkvGrad,
+                      {tt(x.dt, o), tt(x.dt, qkv), tt(x.dt, o), tt(f, {x.B, x.H, x.T})}, x.a,
+                      attentionQkvGradInputs(x.dt, qkv, o, x.a)});
+  }
   // ---- normalization ----
   for (auto [dt, shape] : std::vector<std::pair<DType, Shape>>{{f, {4, 7, 96}}, {bf, {8, 768}}, {f, {3, 1000}}}) {
     cs.push_back(simple(cat("layer_norm ", tt(dt, shape).str()), OpKind::LayerNorm,
@@ -138,6 +185,20 @@ inline std::vector<Case> allCases() {
                         {tt(dt, shape), tt(dt, shape), tt(f, {shape.back()})}, attrs({{"eps", 1e-5}})));
   }
   cs.push_back(simple("layer_norm_grad many rows", OpKind::LayerNormGrad, {tt(f, {300, 40}), tt(f, {300, 40}), tt(f, {40})}, {}));
+  // Realistic and odd widths: the warp-per-row kernels with 16-byte pieces (768, 1000), elementwise (771), a
+  // warp summing several rows of dgamma/dbeta (4000 rows), and the block-per-row kernels (2100 odd, 4096).
+  for (auto [dt, gt, shape] : std::vector<std::tuple<DType, DType, Shape>>{{bf, f, {257, 768}},
+                                                                          {h, f, {33, 771}},
+                                                                          {bf, bf, {9, 1000}},
+                                                                          {f, f, {4000, 24}},
+                                                                          {f, f, {6, 2100}},
+                                                                          {bf, f, {5, 4096}}}) {
+    TensorType x = tt(dt, shape), g = tt(gt, {shape.back()});
+    cs.push_back(simple(cat("layer_norm ", x.str(), " gamma ", dtypeName(gt)), OpKind::LayerNorm, {x, g, g},
+                        attrs({{"eps", 1e-5}}), {{-2, 3}, {0.5, 1.5}, {-1, 1}}));
+    cs.push_back(simple(cat("layer_norm_grad ", x.str(), " gamma ", dtypeName(gt)), OpKind::LayerNormGrad, {x, x, g},
+                        attrs({{"eps", 1e-5}}), {{-1, 1}, {-2, 3}, {0.5, 1.5}}));
+  }
   for (auto [dt, shape, axis] : std::vector<std::tuple<DType, Shape, int64_t>>{
            {f, {5, 300}, -1}, {f, {3, 7, 5}, 1}, {bf, {4, 2000}, -1}, {f, {6, 4}, 0}}) {
     cs.push_back(simple(cat("softmax ", tt(dt, shape).str(), " axis ", axis), OpKind::Softmax, {tt(dt, shape)},
@@ -156,6 +217,23 @@ inline std::vector<Case> allCases() {
                         {{-3, 3}, {-1, double(classes - 1)}}));
     cs.push_back(simple(cat("cross_entropy_grad ", lt.str(), " C=", C), OpKind::CrossEntropyGrad,
                         {tt(f, rows), lt, tgt}, a, {{-1, 1}, {-3, 3}, {-1, double(classes - 1)}}));
+  }
+  // gpt2's padded vocabulary (bf16, 16-byte loads, the row kept in shared memory), f32 rows of 201 KB (kept:
+  // one block per SM), odd widths (element loads), a row too long to keep in shared memory, logits in a
+  // wide range (the running max is rescaled often).
+  for (auto [dt, rows, V, C, lo, hi] : std::vector<std::tuple<DType, int64_t, int64_t, int64_t, double, double>>{
+           {bf, 64, 50304, 50257, -3, 3},
+           {f, 5, 50304, 50257, -8, 8},
+           {h, 7, 4001, 0, -3, 3},
+           {f, 3, 61000, 60999, -3, 3},
+           {bf, 6, 3000, 2990, -40, 40}}) {
+    int64_t classes = C ? C : V;
+    TensorType lt = tt(dt, {rows, V}), tgt = tt(DType::i32, {rows});
+    AttrDict a = attrs({{"ignore_index", int64_t(-1)}, {"num_classes", C}});
+    cs.push_back(simple(cat("cross_entropy ", lt.str(), " C=", C), OpKind::CrossEntropy, {lt, tgt}, a,
+                        {{lo, hi}, {-1, double(classes - 1)}}));
+    cs.push_back(simple(cat("cross_entropy_grad ", lt.str(), " C=", C), OpKind::CrossEntropyGrad,
+                        {tt(f, {rows}), lt, tgt}, a, {{-1, 1}, {lo, hi}, {-1, double(classes - 1)}}));
   }
   {
     // This rank holds classes [32, 96) of 120 real ones... and [96, 160) holds 24 real ones then padding.
@@ -202,12 +280,21 @@ inline std::vector<Case> allCases() {
                                    {OpKind::ReduceMean, f, {3000, 4}, {0}, false},
                                    {OpKind::ReduceMax, f, {8, 9, 10}, {1}, false},
                                    {OpKind::ReduceMax, bf, {70, 3}, {0}, true},
-                                   {OpKind::ReduceSum, f, {6, 5}, {}, false}}) {
+                                   {OpKind::ReduceSum, f, {6, 5}, {}, false},
+                                   // bias gradients: leading axes summed, 64 chunks combined by 32 lanes
+                                   {OpKind::ReduceSum, bf, {16, 64, 768}, {0, 1}, false},
+                                   {OpKind::ReduceSum, f, {8, 129, 100}, {0, 1}, false},
+                                   {OpKind::ReduceMax, f, {8, 129, 100}, {0, 1}, false}}) {
     cs.push_back(simple(cat(opName(r.op), " ", tt(r.dt, r.s).str(), " axes ", shapeStr(r.axes), r.keep ? " keepdims" : ""),
                         r.op, {tt(r.dt, r.s)}, attrs({{"axes", r.axes}, {"keepdims", r.keep}}), {{-5, 5}}));
   }
   for (OpKind op : {OpKind::SumSquares, OpKind::GlobalNorm})
     cs.push_back(simple(cat(opName(op), " of 3"), op, {tt(f, {100}), tt(bf, {33, 7}), tt(f, {70000})}, {}));
+  // Many operands of mixed dtypes and sizes (tails shorter than a 16-byte load, tiles over several blocks).
+  cs.push_back(simple("global_norm of 9 mixed", OpKind::GlobalNorm,
+                      {tt(f, {768}), tt(f, {768, 2304}), tt(h, {1001}), tt(bf, {40000}), tt(f, {3}), tt(bf, {7, 9}),
+                       tt(f, {16384}), tt(f, {16385}), tt(h, {64, 50})},
+                      {}));
   // ---- optimizer ----
   for (DType dt : {f, bf}) {
     TensorType p = tt(dt, {1000}), s = tt(f, {});
@@ -256,15 +343,18 @@ inline int compareResults(OneOp& o, const std::vector<HostTensor>& got, const st
 }
 
 
-// A kernel's arguments as cudaLaunchKernel takes them: args[i] points at the i-th value.
+// A kernel's arguments as cudaLaunchKernel takes them: args[i] points at the i-th value. `hold`: the hold
+// word; `place`: where a Table argument's addresses go (a device copy on the GPU; default: host memory).
 struct ArgPack {
   std::vector<void*> ptrs, args;
   std::vector<long long> ints;
   std::vector<float> floats;
   std::vector<unsigned long long> seeds;
+  std::vector<std::vector<uint64_t>> tables;
   ArgPack(const KernelSpec& k, const std::vector<void*>& ops, const std::vector<void*>& res, char* ws, uint64_t seed,
-          void* step)
-      : ptrs(k.args.size()), args(k.args.size()), ints(k.args.size()), floats(k.args.size()), seeds(k.args.size()) {
+          void* step, void* hold = nullptr, std::function<void*(const std::vector<uint64_t>&)> place = {})
+      : ptrs(k.args.size()), args(k.args.size()), ints(k.args.size()), floats(k.args.size()), seeds(k.args.size()),
+        tables(k.args.size()) {
     for (size_t a = 0; a < k.args.size(); ++a) {
       const cuda::KernelArg& ka = k.args[a];
       switch (ka.kind) {
@@ -275,6 +365,13 @@ struct ArgPack {
         case ArgKind::Float: floats[a] = static_cast<float>(ka.f); args[a] = &floats[a]; break;
         case ArgKind::Seed: seeds[a] = seed; args[a] = &seeds[a]; break;
         case ArgKind::StepPtr: ptrs[a] = step; args[a] = &ptrs[a]; break;
+        case ArgKind::HoldPtr: ptrs[a] = hold; args[a] = &ptrs[a]; break;
+        case ArgKind::Table:
+          for (const cuda::KernelArg& e : k.tables.at(static_cast<size_t>(ka.index)))
+            tables[a].push_back(reinterpret_cast<uint64_t>(e.kind == ArgKind::Operand ? ops.at(e.index) : res.at(e.index)));
+          ptrs[a] = place ? place(tables[a]) : tables[a].data();
+          args[a] = &ptrs[a];
+          break;
       }
     }
   }

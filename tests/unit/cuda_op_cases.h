@@ -119,6 +119,11 @@ inline std::vector<OpCase> cudaOpCases() {
   c.push_back({"[2,2,16,8]", OpKind::AttentionGrad,
                {in("dout", f32({2, 2, 16, 8})), in("q", f32({2, 2, 16, 8})), in("k", f32({2, 2, 16, 8})),
                 in("v", f32({2, 2, 16, 8})), in("out", f32({2, 2, 16, 8})), in("lse", f32({2, 2, 16}), 2, 3)}, {}, {}});
+  c.push_back({"[2,16,3,2,8]", OpKind::AttentionQkv, {in("qkv", f32({2, 16, 3, 2, 8}))}, {}, {}});
+  c.push_back({"[2,16,3,2,8]", OpKind::AttentionQkvGrad,
+               {in("dout", f32({2, 16, 2, 8})), in("qkv", f32({2, 16, 3, 2, 8})), in("out", f32({2, 16, 2, 8})),
+                in("lse", f32({2, 2, 16}), 2, 3)}, {}, {}});
+  for (size_t k = c.size() - 2; k < c.size(); ++k) c[k].attrs.set("perm", std::vector<int64_t>{2, 0, 3, 1, 4});
   c.push_back({"[50,16]", OpKind::Embedding, {in("table", f32({50, 16})), ids("ids", {4, 5}, 50)}, {}, {}});
   c.push_back({"[4,5,16]", OpKind::EmbeddingGrad, {in("dy", f32({4, 5, 16})), ids("ids", {4, 5}, 50)}, {}, {}});
   c.back().attrs.set("vocab", int64_t(50));

@@ -6,38 +6,18 @@
 
 #include <set>
 
+#include "gpt_step_support.h"
 #include "ir/fusion_group.h"
-#include "models/gpt.h"
-#include "passes/builtin_passes.h"
-#include "passes/pipeline.h"
 
 namespace tpc::test {
 
 // A 2-layer GPT's training step (batch 4 x 16), in fp32 or with bf16 compute; fused with the fuse pass.
 inline std::unique_ptr<Graph> fusionGptStep(bool bf16, bool dropout, bool fuse) {
-  GptConfig g;
-  g.layers = 2;
-  g.hidden = 64;
+  GptConfig g = smallGpt();
   g.heads = 8;
-  g.vocab = 100;
   g.paddedVocab = 128;
-  g.positions = 16;
   g.hiddenDropout = g.attentionDropout = dropout ? 0.1 : 0.0;
-  TrainConfig c;
-  c.microBatch = 4;
-  c.globalBatch = 4;
-  c.seqLength = 16;
-  auto m = buildGpt(g, c);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> step = std::move(m->forward);
-  PassManager pm;
-  std::string passes = std::string(bf16 ? "mixed-precision(dtype=bf16)," : "") + "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce" +
-                       (fuse ? ",fuse" : "");
-  REQUIRE(pm.addPipeline(passes).ok());
-  Status s = pm.run(*step);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  return step;
+  return gptStep(g, 4, std::string(bf16 ? "mixed-precision(dtype=bf16)," : "") + kTrainPasses + (fuse ? ",fuse" : ""));
 }
 
 // Every member is elementwise with the group's shape; members are connected through member-to-member operands;

@@ -16,24 +16,6 @@ namespace {
 
 std::string tiny() { return test::binaryPath("models/tiny.fb"); }
 
-// Losses by step from a JSONL log.
-std::vector<double> lossesOf(const std::string& jsonl) {
-  std::vector<double> out;
-  std::istringstream in(jsonl);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto k = line.find("\"loss\": ");
-    if (k != std::string::npos) out.push_back(std::stod(line.substr(k + 8)));
-  }
-  return out;
-}
-
-test::CommandResult run(const std::string& args) {
-  auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " --threads 2 --log-interval 1 " + args);
-  INFO("tpc run " << args << "\n" << r.out << r.err);
-  return r;
-}
-
 }  // namespace
 
 TEST_CASE("safetensors: round trip, and the reader refuses what a crafted file lies about", "[checkpoint]") {
@@ -75,30 +57,30 @@ TEST_CASE("safetensors: round trip, and the reader refuses what a crafted file l
 
 TEST_CASE("checkpoint: a resumed run is bit-identical to an uninterrupted one", "[checkpoint][run][cli]") {
   test::TempDir dir;
-  auto full = run("--train-iters 6 --log-jsonl " + dir.path.string() + "/full.jsonl");
+  auto full = test::runTiny("--train-iters 6 --log-jsonl " + dir.path.string() + "/full.jsonl");
   REQUIRE(full.exitCode == 0);
-  auto first = run("--train-iters 3 --save " + dir.path.string() + "/ck --log-jsonl " + dir.path.string() + "/part.jsonl");
+  auto first = test::runTiny("--train-iters 3 --save " + dir.path.string() + "/ck --log-jsonl " + dir.path.string() + "/part.jsonl");
   REQUIRE(first.exitCode == 0);
   CHECK(std::filesystem::exists(dir.path.string() + "/ck/iter_0000003/model.safetensors"));
   CHECK(test::readFile(dir.path.string() + "/ck/latest_checkpointed_iteration.txt") == "3\n");
-  auto second = run("--train-iters 6 --load " + dir.path.string() + "/ck --log-jsonl " + dir.path.string() + "/part.jsonl");
+  auto second = test::runTiny("--train-iters 6 --load " + dir.path.string() + "/ck --log-jsonl " + dir.path.string() + "/part.jsonl");
   REQUIRE(second.exitCode == 0);
   CHECK(second.out.find("resuming from " + dir.path.string() + "/ck/iter_0000003 (iteration 3)") != std::string::npos);
-  auto a = lossesOf(test::readFile(dir.path.string() + "/full.jsonl"));
-  auto b = lossesOf(test::readFile(dir.path.string() + "/part.jsonl"));
+  auto a = test::jsonlField(test::readFile(dir.path.string() + "/full.jsonl"), "loss");
+  auto b = test::jsonlField(test::readFile(dir.path.string() + "/part.jsonl"), "loss");
   REQUIRE(a.size() == 6);
   CHECK(a == b);  // the JSONL keeps 9 digits: bit-identical floats print identically
 }
 
 TEST_CASE("checkpoint: saved at tp 4, loaded at tp 1 and tp 2, the next step's loss agrees", "[checkpoint][sharding]") {
   test::TempDir dir;
-  REQUIRE(run("--tp 4 --train-iters 3 --save-interval 3 --keep 1 --save " + dir.path.string() + "/ck").exitCode == 0);
+  REQUIRE(test::runTiny("--tp 4 --train-iters 3 --save-interval 3 --keep 1 --save " + dir.path.string() + "/ck").exitCode == 0);
   std::vector<double> next;
   for (const char* tp : {"4", "2", "1"}) {
     std::string log = dir.path.string() + "/tp" + tp + ".jsonl";
-    auto r = run(std::string("--tp ") + tp + " --train-iters 4 --load " + dir.path.string() + "/ck --log-jsonl " + log);
+    auto r = test::runTiny(std::string("--tp ") + tp + " --train-iters 4 --load " + dir.path.string() + "/ck --log-jsonl " + log);
     REQUIRE(r.exitCode == 0);
-    auto l = lossesOf(test::readFile(log));
+    auto l = test::jsonlField(test::readFile(log), "loss");
     REQUIRE(l.size() == 1);
     next.push_back(l[0]);
   }
@@ -119,7 +101,7 @@ TEST_CASE("checkpoint: a save killed halfway leaves the previous checkpoint as t
   auto loaded = loadCheckpoint(ck);
   REQUIRE(loaded.ok());
   CHECK(loaded->state.iteration == 2);
-  auto resumed = run("--train-iters 3 --load " + ck + " --save " + ck);
+  auto resumed = test::runTiny("--train-iters 3 --load " + ck + " --save " + ck);
   CHECK(resumed.exitCode == 0);
   CHECK(!std::filesystem::exists(ck + "/.tmp.iter_0000004"));  // swept by the next save
   CHECK(std::filesystem::exists(ck + "/iter_0000003/state.json"));
@@ -128,9 +110,9 @@ TEST_CASE("checkpoint: a save killed halfway leaves the previous checkpoint as t
 TEST_CASE("checkpoint: bad checkpoints give one error naming the tensor or file, exit 1", "[checkpoint][cli]") {
   test::TempDir dir;
   std::string ck = dir.path.string() + "/ck";
-  REQUIRE(run("--train-iters 1 --save " + ck).exitCode == 0);
+  REQUIRE(test::runTiny("--train-iters 1 --save " + ck).exitCode == 0);
   auto fail = [&](const std::string& args, const std::string& expected) {
-    auto r = run(args);
+    auto r = test::runTiny(args);
     INFO(r.err);
     CHECK(r.exitCode == 1);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);

@@ -14,34 +14,12 @@
 #include "test_support.h"
 
 namespace tpc {
-namespace {
-
-std::string tiny() { return test::binaryPath("models/tiny.fb"); }
-
-std::vector<double> lossesOf(const std::string& jsonl) {
-  std::vector<double> out;
-  std::istringstream in(jsonl);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto k = line.find("\"loss\": ");
-    if (k != std::string::npos) out.push_back(std::stod(line.substr(k + 8)));
-  }
-  return out;
-}
-
-test::CommandResult run(const std::string& args) {
-  auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " --threads 2 --log-interval 1 " + args);
-  INFO("tpc run " << args << "\n" << r.out << r.err);
-  return r;
-}
-
-}  // namespace
 
 TEST_CASE("tpc run --dump-batches writes the trainer's windows in order", "[run][cli][compare]") {
   test::TempDir dir;
   // micro 4, accumulation 2: a step reads 8 rows; 3 steps.
-  auto r = run("--train-iters 3 --micro-batch-size 4 --global-batch-size 8 --seq-length 32 --seed 99 --dump-batches " +
-               dir / "batches.i32");
+  auto r = test::runTiny("--train-iters 3 --micro-batch-size 4 --global-batch-size 8 --seq-length 32 --seed 99 --dump-batches " +
+                         dir / "batches.i32");
   REQUIRE(r.exitCode == 0);
   std::string bytes = test::readFile(dir / "batches.i32");
   const size_t rows = 3 * 8, window = 33;
@@ -64,7 +42,7 @@ TEST_CASE("tpc run --dump-batches writes the trainer's windows in order", "[run]
 
 TEST_CASE("tpc run --save-initial: iteration 0 is the state a fresh run starts from", "[run][cli][compare][checkpoint]") {
   test::TempDir dir;
-  auto fresh = run("--train-iters 3 --save " + dir / "ck" + " --save-initial --log-jsonl " + dir / "fresh.jsonl");
+  auto fresh = test::runTiny("--train-iters 3 --save " + dir / "ck" + " --save-initial --log-jsonl " + dir / "fresh.jsonl");
   REQUIRE(fresh.exitCode == 0);
   CHECK(fresh.out.find("saved checkpoint " + dir / "ck" + " iteration 0") != std::string::npos);
   auto ck = loadCheckpoint(dir / "ck/iter_0000000");
@@ -81,10 +59,10 @@ TEST_CASE("tpc run --save-initial: iteration 0 is the state a fresh run starts f
   CHECK(std::any_of(w->data<float>(), w->data<float>() + w->numel(), [](float x) { return x != 0; }));
 
   // Resumed from iteration 0, the run repeats the fresh run's losses bit for bit.
-  auto resumed = run("--train-iters 3 --load " + dir / "ck/iter_0000000" + " --log-jsonl " + dir / "resumed.jsonl");
+  auto resumed = test::runTiny("--train-iters 3 --load " + dir / "ck/iter_0000000" + " --log-jsonl " + dir / "resumed.jsonl");
   REQUIRE(resumed.exitCode == 0);
-  auto a = lossesOf(test::readFile(dir / "fresh.jsonl"));
-  auto b = lossesOf(test::readFile(dir / "resumed.jsonl"));
+  auto a = test::jsonlField(test::readFile(dir / "fresh.jsonl"), "loss");
+  auto b = test::jsonlField(test::readFile(dir / "resumed.jsonl"), "loss");
   REQUIRE(a.size() == 3);
   CHECK(a == b);
 }
@@ -103,7 +81,7 @@ TEST_CASE("tpc run: --dump-batches and --save-initial misuse is one error line, 
        "it writable?)\n"},
   };
   for (const Case& c : cases) {
-    auto r = run("--train-iters 1 " + c.args);
+    auto r = test::runTiny("--train-iters 1 " + c.args);
     CHECK(r.exitCode == 1);
     CHECK(r.err == c.expected);
   }

@@ -424,7 +424,7 @@ TEST_CASE("cpu mesh backend: a hand-partitioned tp=2 MLP matches the unsharded o
     REQUIRE(single->prepare(*ref, state).ok());
     auto mesh = createCpuMeshBackend(copies(kMlpTp2, 2), o);
     REQUIRE(mesh->prepare(*ref, state).ok());
-    CHECK(mesh->name() == (fp64 ? "cpu-fp64 mesh(tp=2)" : "cpu mesh(tp=2)"));
+    CHECK(mesh->name() == (fp64 ? "cpu-fp64 (2 ranks)" : "cpu (2 ranks)"));
     for (int step = 0; step < 2; ++step) {  // the second step sees the updated w1
       auto a = single->step(inputs, step);
       auto b = mesh->step(inputs, step);

@@ -127,6 +127,44 @@ TEST_CASE("cuda kernels: bf16/f16 attention with head_dim % 16 == 0 takes the te
         "tpc_attention_bwd_di tpc_attention_bwd_dkdv_tc tpc_attention_bwd_dq_tc ");
 }
 
+TEST_CASE("cuda kernels: attention_qkv lowers to attention's kernels with the packed layout's strides", "[cuda]") {
+  // gpt2: qkv bf16[2, 1024, 3, 12, 64], out [2, 1024, 12, 64].
+  TensorType qkv(DType::bf16, {2, 1024, 3, 12, 64}), o(DType::bf16, {2, 1024, 12, 64}), lse(DType::f32, {2, 12, 1024});
+  AttrDict perm;
+  perm.set("perm", std::vector<int64_t>{2, 0, 3, 1, 4});
+  OneOp fwd = oneOp(OpKind::AttentionQkv, {qkv}, perm);
+  OneOp bwd = oneOp(OpKind::AttentionQkvGrad, {o, qkv, o, lse}, perm);
+  auto f = (*cuda::findFamilyLowering(OpKind::AttentionQkv))(*fwd.node, sm90());
+  auto b = (*cuda::findFamilyLowering(OpKind::AttentionQkvGrad))(*bwd.node, sm90());
+  REQUIRE(f.ok());
+  REQUIRE(b.ok());
+  REQUIRE(f->kernels.size() == 1);
+  REQUIRE(b->kernels.size() == 3);
+  CHECK(f->kernels[0].entry == "tpc_attention_fwd_tc");
+  CHECK(b->kernels[1].entry == "tpc_attention_bwd_dkdv_tc");
+  CHECK(b->kernels[2].entry == "tpc_attention_bwd_dq_tc");
+  // q, k, v: element (b, h, t) at which * 768 + b * 2359296 + h * 64 + t * 2304; out [B, T, H, Dh].
+  const std::string& src = f->kernels[0].source;
+  CHECK(src.find("#define K_BASE(bh) (768ll + ((bh) / NH) * 2359296ll + ((bh) % NH) * 64ll)") != std::string::npos);
+  CHECK(src.find("#define V_BASE(bh) (1536ll + ") != std::string::npos);
+  CHECK(src.find("#define Q_ST 2304ll") != std::string::npos);
+  CHECK(src.find("#define O_BASE(bh) (0ll + ((bh) / NH) * 786432ll + ((bh) % NH) * 64ll)") != std::string::npos);
+  CHECK(src.find("#define O_ST 768ll") != std::string::npos);
+  // Every tensor of the packed ops is one operand or result: q, k, v the qkv operand; dq, dk, dv the result.
+  for (const cuda::KernelArg& a : f->kernels[0].args)
+    if (a.kind == ArgKind::Operand) CHECK(a.index == 0);
+  for (const cuda::KernelArg& a : b->kernels[1].args)
+    if (a.kind == ArgKind::Result) CHECK(a.index == 0);
+  // attention's own strides: contiguous [B, H, T, Dh].
+  TensorType t(DType::bf16, {2, 12, 1024, 64});
+  OneOp plain = oneOp(OpKind::Attention, {t, t, t});
+  auto p = (*cuda::findFamilyLowering(OpKind::Attention))(*plain.node, sm90());
+  REQUIRE(p.ok());
+  CHECK(p->kernels[0].source.find("#define K_BASE(bh) (0ll + ((bh) / NH) * 786432ll + ((bh) % NH) * 65536ll)") !=
+        std::string::npos);
+  CHECK(p->kernels[0].source.find("#define K_ST 64ll") != std::string::npos);
+}
+
 // Hidden, for developers without a GPU: every case run by the CPU emulation of the CUDA execution model
 // (slow: a host compile per kernel, a std::thread per CUDA thread). TPC_EMU_FILTER='a|b' picks cases
 // whose names contain a or b.

@@ -10,21 +10,6 @@
 #include "test_support.h"
 
 namespace tpc {
-namespace {
-
-// Values of `key` in a JSONL log, in order.
-std::vector<double> field(const std::string& jsonl, const std::string& key) {
-  std::vector<double> out;
-  std::istringstream in(jsonl);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto k = line.find("\"" + key + "\": ");
-    if (k != std::string::npos) out.push_back(std::stod(line.substr(k + key.size() + 4)));
-  }
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("eval: validation loss and perplexity every N steps, test loss at the end, equal under tp", "[eval][cli]") {
   test::TempDir dir;
@@ -39,12 +24,13 @@ TEST_CASE("eval: validation loss and perplexity every N steps, test loss at the 
     CHECK(r.out.find("eval at step 2 | valid loss ") != std::string::npos);
     CHECK(r.out.find("test loss ") != std::string::npos);
     std::string jsonl = test::readFile(log);
-    auto v = field(jsonl, "valid_loss"), ppl = field(jsonl, "valid_ppl"), test = field(jsonl, "test_loss");
+    auto v = test::jsonlField(jsonl, "valid_loss"), ppl = test::jsonlField(jsonl, "valid_ppl");
+    auto testLoss = test::jsonlField(jsonl, "test_loss");
     REQUIRE(v.size() == 2);  // steps 2 and 4
     REQUIRE(ppl.size() == 2);
     CHECK(std::abs(ppl[1] - std::exp(v[1])) <= 1e-6 * ppl[1]);
     CHECK(v[1] < v[0]);  // training helps on held-out text
-    CHECK(test.size() == 1);
+    CHECK(testLoss.size() == 1);
     valid.push_back(v);
   }
   for (size_t i = 0; i < valid[0].size(); ++i) CHECK(std::abs(valid[1][i] - valid[0][i]) <= 1e-5 * valid[0][i]);

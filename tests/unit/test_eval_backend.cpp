@@ -8,49 +8,29 @@
 #include <random>
 #include <sstream>
 
-#include "models/gpt.h"
-#include "passes/pipeline.h"
-#include "runtime/cpu/cpu_backend.h"
+#include "gpt_step_support.h"
 #include "runtime/evaluator.h"
-#include "runtime/param_init.h"
 
 namespace tpc {
 namespace {
 
-class FixedBatches final : public BatchSource {
- public:
-  Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
-    for (int64_t i = 0; i < rows * seq; ++i) {
-      tokens[i] = static_cast<int32_t>(rng_() % 64);
-      targets[i] = static_cast<int32_t>((tokens[i] * 5 + 1) % 64);  // learnable: the loss falls
-    }
-    return {};
-  }
-
- private:
-  std::mt19937 rng_{11};
+struct FixedBatches : test::LearnableBatches {
+  FixedBatches() : LearnableBatches(64, 11, 5, 1) {}
 };
 
 }  // namespace
 
 TEST_CASE("eval on a backend: equal to the CPU executor's, parameters copied at each evaluation", "[eval]") {
-  GptConfig g;
+  GptConfig g = test::smallGpt();
   g.layers = 1;
   g.hidden = 32;
-  g.heads = 4;
   g.vocab = 64;
   g.paddedVocab = 128;
   g.positions = 8;
   g.hiddenDropout = g.attentionDropout = 0.1;  // training draws dropout; evaluation must not
-  TrainConfig c;
-  c.microBatch = c.globalBatch = 2;
-  c.seqLength = 8;
-  auto m = buildGpt(g, c);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> step = m->forward->clone();
-  PassManager pm;
-  REQUIRE(pm.addPipeline("autodiff(loss=" + m->lossOutput + ", clip-grad=1.0),cse,dce").ok());
-  REQUIRE(pm.run(*step).ok());
+  auto m = test::gptModel(g, 2);
+  std::unique_ptr<Graph> step = m.forward->clone();
+  test::runPasses(*step, "autodiff(loss=" + m.lossOutput + ", clip-grad=1.0),cse,dce");
   CpuOptions co;
   co.threads = 2;
   auto training = createCpuBackend(co);
@@ -58,9 +38,9 @@ TEST_CASE("eval on a backend: equal to the CPU executor's, parameters copied at 
   for (const Value* p : step->params()) state[p->name()] = initParam(*p, 3);
   REQUIRE(training->prepare(*step, state).ok());
 
-  auto onExec = Evaluator::create(*m->forward, m->lossOutput, co);
+  auto onExec = Evaluator::create(*m.forward, m.lossOutput, co);
   REQUIRE(onExec.ok());
-  auto onBackend = Evaluator::create(*m->forward, m->lossOutput, createCpuBackend(co), "", *training);
+  auto onBackend = Evaluator::create(*m.forward, m.lossOutput, createCpuBackend(co), "", *training);
   INFO((onBackend.ok() ? std::string() : onBackend.error()));
   REQUIRE(onBackend.ok());
   CHECK((*onBackend)->where() == "cpu");
@@ -93,7 +73,7 @@ TEST_CASE("eval on a backend: equal to the CPU executor's, parameters copied at 
   CHECK(viaBackend[2] < viaBackend[0]);  // taken anew each time, so training shows
 
   // In bf16, as `tpc run` evaluates a bf16 training on the GPU: the same loss to bf16's precision.
-  auto bf16 = Evaluator::create(*m->forward, m->lossOutput, createCpuBackend(co), "mixed-precision(dtype=bf16),cse", *training);
+  auto bf16 = Evaluator::create(*m.forward, m.lossOutput, createCpuBackend(co), "mixed-precision(dtype=bf16),cse", *training);
   INFO((bf16.ok() ? std::string() : bf16.error()));
   REQUIRE(bf16.ok());
   FixedBatches a, b;

@@ -6,40 +6,18 @@
 #include <cmath>
 #include <random>
 
-#include "models/gpt.h"
-#include "passes/builtin_passes.h"
-#include "passes/pipeline.h"
-#include "passes/sharding/sharding.h"
-#include "runtime/cpu/cpu_backend.h"
-#include "runtime/cpu/cpu_mesh_backend.h"
-#include "runtime/param_init.h"
+#include "gpt_step_support.h"
 
 namespace tpc {
 namespace {
 
 std::unique_ptr<Graph> gptStep(const std::string& pre, const std::string& post = "") {
-  GptConfig gc;
-  gc.layers = 2;
+  GptConfig gc = test::smallGpt();
   gc.hidden = 32;
   gc.heads = 2;
   gc.vocab = 60;
-  gc.paddedVocab = 256;
   gc.positions = 8;
-  TrainConfig tc;
-  tc.microBatch = 4;
-  tc.globalBatch = 4;
-  tc.seqLength = 8;
-  auto m = buildGpt(gc, tc);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> g = std::move(m->forward);
-  PassManager pm;
-  Status s = pm.addPipeline(pre + "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce" + post);
-  REQUIRE(s.ok());
-  s = pm.run(*g);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  if (!g->mesh().empty()) REQUIRE(propagatePlacements(*g).ok());
-  return g;
+  return test::gptStep(gc, 4, pre + test::kTrainPasses + post);
 }
 
 // reduce_sum nodes that read a matmul's result.
@@ -65,23 +43,11 @@ TensorMap twoSteps(std::vector<std::unique_ptr<Graph>> ranks, const Graph& globa
   CpuOptions o;
   o.threads = 2;
   std::unique_ptr<Backend> backend = ranks.empty() ? createCpuBackend(o) : createCpuMeshBackend(std::move(ranks), o);
-  TensorMap state;
-  for (const Value* p : global.params()) state[p->name()] = initParam(*p, 7);
-  Status st = backend->prepare(global, state);
-  INFO((st.ok() ? std::string() : st.error()));
-  REQUIRE(st.ok());
+  test::prepareInitialState(*backend, global, 7);
   std::mt19937 rng(5);
   TensorMap out;
   for (int64_t s = 0; s < 2; ++s) {
-    TensorMap in;
-    HostTensor tokens(TensorType(DType::i32, {4, 8})), targets(TensorType(DType::i32, {4, 8}));
-    for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % 60);
-    for (int64_t i = 0; i < targets.numel(); ++i) targets.data<int32_t>()[i] = static_cast<int32_t>(rng() % 60);
-    in["tokens"] = tokens;
-    in["targets"] = targets;
-    in["lr"] = HostTensor::scalarF32(1e-2f);
-    in["step"] = HostTensor::scalarF32(static_cast<float>(s + 1));
-    auto r = backend->step(in, s);
+    auto r = backend->step(test::gptBatch(rng, {4, 8}, 60, 1e-2f, s + 1), s);
     INFO((r.ok() ? std::string() : r.error()));
     REQUIRE(r.ok());
     out = *r;

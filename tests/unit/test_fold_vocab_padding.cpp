@@ -5,34 +5,18 @@
 
 #include <random>
 
-#include "models/gpt.h"
-#include "passes/pipeline.h"
-#include "runtime/cpu/cpu_backend.h"
-#include "runtime/param_init.h"
+#include "gpt_step_support.h"
 
 namespace tpc {
 namespace {
 
 std::unique_ptr<Graph> trainingStep(bool fold) {
-  GptConfig gc;
-  gc.layers = 2;
+  GptConfig gc = test::smallGpt();
   gc.hidden = 32;
   gc.heads = 2;
-  gc.vocab = 100;
   gc.paddedVocab = 128;
   gc.positions = 8;
-  TrainConfig tc;
-  tc.microBatch = tc.globalBatch = 2;
-  tc.seqLength = 8;
-  auto m = buildGpt(gc, tc);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> g = std::move(m->forward);
-  PassManager pm;
-  REQUIRE(pm.addPipeline(std::string("autodiff,cse,dce") + (fold ? ",fold-vocab-padding" : "")).ok());
-  Status s = pm.run(*g);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  return g;
+  return test::gptStep(gc, 2, std::string("autodiff,cse,dce") + (fold ? ",fold-vocab-padding" : ""));
 }
 
 // The nodes that copy logits-sized data on the class dim: slices and concats of a [.., 100|128] value.
@@ -46,25 +30,12 @@ int logitsCopies(const Graph& g) {
 std::vector<float> losses(const Graph& g) {
   CpuOptions o;
   o.threads = 1;
-  auto b = createCpuBackend(o);
-  TensorMap state;
-  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 3);
-  REQUIRE(b->prepare(g, state).ok());
+  auto b = test::preparedCpuBackend(g, o, 3);
   std::mt19937 rng(7);
+  test::TrainBatches batches;
+  batches.shape = {2, 8};
   std::vector<float> out;
-  for (int64_t s = 0; s < 3; ++s) {
-    TensorMap in;
-    for (const char* name : {"tokens", "targets"}) {
-      HostTensor t(TensorType(DType::i32, Shape{2, 8}));
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
-      in[name] = t;
-    }
-    in["lr"] = HostTensor::scalarF32(1e-3f);
-    in["step"] = HostTensor::scalarF32(float(s + 1));
-    auto r = b->step(in, s + 1);
-    REQUIRE(r.ok());
-    out.push_back(r->at("loss").data<float>()[0]);
-  }
+  for (double loss : test::trainLosses(*b, rng, 3, batches)) out.push_back(static_cast<float>(loss));
   return out;
 }
 

@@ -39,26 +39,9 @@ std::vector<double> cpuLosses(const Graph& g, int steps) {
   CpuOptions o;
   o.threads = 2;
   o.seed = 5;
-  auto backend = createCpuBackend(o);
-  TensorMap state;
-  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 3);
-  REQUIRE(backend->prepare(g, state).ok());
+  auto backend = test::preparedCpuBackend(g, o, 3);
   std::mt19937 rng(11);
-  std::vector<double> losses;
-  for (int s = 0; s < steps; ++s) {
-    TensorMap m;
-    for (const char* name : {"tokens", "targets"}) {
-      HostTensor x(TensorType(DType::i32, {4, 16}));
-      for (int64_t i = 0; i < x.numel(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
-      m[name] = x;
-    }
-    m["lr"] = HostTensor::scalarF32(1e-3f);
-    m["step"] = HostTensor::scalarF32(static_cast<float>(s + 1));
-    auto out = backend->step(m, s + 1);
-    REQUIRE(out.ok());
-    losses.push_back(out->at("loss").data<float>()[0]);
-  }
-  return losses;
+  return test::trainLosses(*backend, rng, steps);
 }
 
 }  // namespace

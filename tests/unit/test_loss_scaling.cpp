@@ -9,11 +9,8 @@
 #include <random>
 #include <sstream>
 
-#include "models/gpt.h"
-#include "passes/pipeline.h"
+#include "gpt_step_support.h"
 #include "runtime/checkpoint.h"
-#include "runtime/cpu/cpu_backend.h"
-#include "runtime/param_init.h"
 #include "runtime/trainer.h"
 #include "test_support.h"
 #ifdef TPC_HAVE_CUDA
@@ -28,52 +25,18 @@ namespace {
 
 // A 2-layer GPT training step; `pre` runs before autodiff, `autodiffOptions` are appended to its own.
 std::unique_ptr<Graph> stepGraph(const std::string& pre, const std::string& autodiffOptions) {
-  GptConfig gc;
-  gc.layers = 2;
-  gc.hidden = 64;
-  gc.heads = 4;
-  gc.vocab = 100;
-  gc.paddedVocab = 256;
-  gc.positions = 16;
-  TrainConfig tc;
-  tc.microBatch = 4;
-  tc.globalBatch = 4;
-  tc.seqLength = 16;
-  auto m = buildGpt(gc, tc);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> g = std::move(m->forward);
-  PassManager pm;
-  Status s = pm.addPipeline(pre + "autodiff(clip-grad=1.0, weight-decay=0.1" + autodiffOptions + "),cse,dce");
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  s = pm.run(*g);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  return g;
+  return test::gptStep(test::smallGpt(), 4, pre + "autodiff(clip-grad=1.0, weight-decay=0.1" + autodiffOptions + "),cse,dce");
 }
 
 std::unique_ptr<Backend> prepared(const Graph& g) {
   CpuOptions o;
   o.threads = 2;
-  auto b = createCpuBackend(o);
-  TensorMap state;
-  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 1);
-  Status st = b->prepare(g, state);
-  INFO((st.ok() ? std::string() : st.error()));
-  REQUIRE(st.ok());
-  return b;
+  return test::preparedCpuBackend(g, o, 1);
 }
 
 // Learnable batches: predict the token itself.
-class EchoBatches final : public BatchSource {
- public:
-  Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
-    for (int64_t i = 0; i < rows * seq; ++i) tokens[i] = targets[i] = static_cast<int32_t>(rng_() % 20);
-    return {};
-  }
-
- private:
-  std::mt19937 rng_{3};
+struct EchoBatches : test::LearnableBatches {
+  EchoBatches() : LearnableBatches(20, 3) {}
 };
 
 // Records what the trainer gives every step (Adam's step, the loss scale), whether the step was
@@ -130,33 +93,17 @@ Result<TrainReport> trainOn(Backend& b, const Graph& g, TrainerSettings s, std::
   return r;
 }
 
-std::string stateBytes(const Backend& b, const Graph& g) {
-  std::string all;
-  for (const Value* p : g.params()) {
-    auto t = b.readState(p->name());
-    REQUIRE(t.ok());
-    all.append(reinterpret_cast<const char*>(t->raw()), t->bytes());
-  }
-  return all;
-}
-
-test::CommandResult tpcRun(const std::string& args) {
-  auto r = test::runCommand(test::tpcBinary() + " run " + test::binaryPath("models/tiny.fb") +
-                            " --threads 2 --log-interval 1 " + args);
-  INFO("tpc run " << args << "\n" << r.out << r.err);
-  return r;
-}
-
-// The values of "key": NUMBER on each line of a JSONL log that has it.
-std::vector<double> field(const std::string& jsonl, const std::string& key) {
-  std::vector<double> out;
-  std::istringstream in(jsonl);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto k = line.find("\"" + key + "\": ");
-    if (k != std::string::npos) out.push_back(std::stod(line.substr(k + key.size() + 4)));
-  }
-  return out;
+// EchoBatches' first batch as a step's inputs (lr 3e-3, step 1).
+TensorMap firstBatch() {
+  EchoBatches data;
+  TensorMap in;
+  HostTensor tokens(TensorType(DType::i32, {4, 16})), targets(TensorType(DType::i32, {4, 16}));
+  REQUIRE(data.next(tokens.data<int32_t>(), targets.data<int32_t>(), 4, 16).ok());
+  in["tokens"] = tokens;
+  in["targets"] = targets;
+  in["lr"] = HostTensor::scalarF32(3e-3f);
+  in["step"] = HostTensor::scalarF32(1);
+  return in;
 }
 
 }  // namespace
@@ -169,14 +116,7 @@ TEST_CASE("loss scaling: the scale seeds the backward and the gradients come bac
   CHECK(hasInput);
   auto a = prepared(*plain);
   auto b = prepared(*scaled);
-  EchoBatches data;
-  TensorMap in;
-  HostTensor tokens(TensorType(DType::i32, {4, 16})), targets(TensorType(DType::i32, {4, 16}));
-  REQUIRE(data.next(tokens.data<int32_t>(), targets.data<int32_t>(), 4, 16).ok());
-  in["tokens"] = tokens;
-  in["targets"] = targets;
-  in["lr"] = HostTensor::scalarF32(3e-3f);
-  in["step"] = HostTensor::scalarF32(1);
+  TensorMap in = firstBatch();
   auto outA = a->step(in, 1);
   in["loss_scale"] = HostTensor::scalarF32(1024);  // a power of two: in fp32 scaling and unscaling are exact
   auto outB = b->step(in, 1);
@@ -229,26 +169,19 @@ TEST_CASE("loss scaling: an overflow skips the step with the state untouched and
   auto g = stepGraph("mixed-precision(dtype=f16),", ", loss-scale=true");
   SECTION("one step at an overflowing scale leaves parameters and moments bit-identical") {
     auto b = prepared(*g);
-    EchoBatches data;
-    TensorMap in;
-    HostTensor tokens(TensorType(DType::i32, {4, 16})), targets(TensorType(DType::i32, {4, 16}));
-    REQUIRE(data.next(tokens.data<int32_t>(), targets.data<int32_t>(), 4, 16).ok());
-    in["tokens"] = tokens;
-    in["targets"] = targets;
-    in["lr"] = HostTensor::scalarF32(3e-3f);
-    in["step"] = HostTensor::scalarF32(1);
+    TensorMap in = firstBatch();
     in["loss_scale"] = HostTensor::scalarF32(std::ldexp(1.0f, 40));  // dlogits ~ 2^40 / 64 overflow fp16
-    std::string before = stateBytes(*b, *g);
+    auto before = test::stateBytes(*b, *g);
     auto out = b->step(in, 1);
     REQUIRE(out.ok());
     CHECK(std::isfinite(out->at("loss").getAsDouble(0)));  // the forward is fine: only the gradients overflow
     CHECK(!std::isfinite(out->at("grad_norm").getAsDouble(0)));
-    CHECK(stateBytes(*b, *g) == before);
+    CHECK(test::stateBytes(*b, *g) == before);
     in["loss_scale"] = HostTensor::scalarF32(1024);
     out = b->step(in, 1);
     REQUIRE(out.ok());
     CHECK(std::isfinite(out->at("grad_norm").getAsDouble(0)));
-    CHECK(stateBytes(*b, *g) != before);
+    CHECK(test::stateBytes(*b, *g) != before);
   }
   SECTION("the trainer skips overflowed steps, halves and doubles the scale, and Adam counts applied updates only") {
     RecordingBackend b(prepared(*g), *g);
@@ -325,11 +258,11 @@ TEST_CASE("tpc run --precision fp16: the loss scale in the logs and the checkpoi
   test::TempDir dir;
   const std::string d = dir.path.string();
   const std::string fp16 = "--precision fp16 --initial-loss-scale 1024 --loss-scale-window 2 ";
-  auto full = tpcRun(fp16 + "--train-iters 5 --log-jsonl " + d + "/full.jsonl");
+  auto full = test::runTiny(fp16 + "--train-iters 5 --log-jsonl " + d + "/full.jsonl");
   REQUIRE(full.exitCode == 0);
   CHECK(full.out.find("precision fp16: dynamic loss scale 1024 (doubled after 2 finite steps") != std::string::npos);
   CHECK(full.out.find("| loss scale 2048") != std::string::npos);
-  auto first = tpcRun(fp16 + "--train-iters 3 --save " + d + "/ck --log-jsonl " + d + "/part.jsonl");
+  auto first = test::runTiny(fp16 + "--train-iters 3 --save " + d + "/ck --log-jsonl " + d + "/part.jsonl");
   REQUIRE(first.exitCode == 0);
   auto state = parseCheckpointState(test::readFile(d + "/ck/iter_0000003/state.json"), "state.json");
   REQUIRE(state.ok());
@@ -337,19 +270,19 @@ TEST_CASE("tpc run --precision fp16: the loss scale in the logs and the checkpoi
   CHECK(state->lossScaleGoodSteps == 1);
   CHECK(state->skippedSteps == 0);
   // Resumed with another --initial-loss-scale: the checkpoint's scale wins.
-  auto second = tpcRun("--precision fp16 --initial-loss-scale 8 --loss-scale-window 2 --train-iters 5 --load " + d +
-                       "/ck --log-jsonl " + d + "/part.jsonl");
+  auto second = test::runTiny("--precision fp16 --initial-loss-scale 8 --loss-scale-window 2 --train-iters 5 --load " +
+                              d + "/ck --log-jsonl " + d + "/part.jsonl");
   REQUIRE(second.exitCode == 0);
   std::string a = test::readFile(d + "/full.jsonl"), b = test::readFile(d + "/part.jsonl");
-  CHECK(field(a, "loss_scale") == std::vector<double>{1024, 2048, 2048, 4096, 4096});
-  CHECK(field(b, "loss_scale") == field(a, "loss_scale"));
-  CHECK(field(b, "loss") == field(a, "loss"));  // and the resumed losses are bit-identical
-  REQUIRE(field(a, "loss").size() == 5);
+  CHECK(test::jsonlField(a, "loss_scale") == std::vector<double>{1024, 2048, 2048, 4096, 4096});
+  CHECK(test::jsonlField(b, "loss_scale") == test::jsonlField(a, "loss_scale"));
+  CHECK(test::jsonlField(b, "loss") == test::jsonlField(a, "loss"));  // and the resumed losses are bit-identical
+  REQUIRE(test::jsonlField(a, "loss").size() == 5);
 
-  auto bf16Flag = tpcRun("--precision bf16 --loss-scale-window 10 --train-iters 1");
+  auto bf16Flag = test::runTiny("--precision bf16 --loss-scale-window 10 --train-iters 1");
   CHECK(bf16Flag.exitCode == 1);
   CHECK(bf16Flag.err.find("--loss-scale-window applies to --precision fp16 only") != std::string::npos);
-  auto badScale = tpcRun("--precision fp16 --initial-loss-scale 0.5 --train-iters 1");
+  auto badScale = test::runTiny("--precision fp16 --initial-loss-scale 0.5 --train-iters 1");
   CHECK(badScale.exitCode == 1);
   CHECK(badScale.err.find("--initial-loss-scale=0.5 must be at least --min-loss-scale=1") != std::string::npos);
 }

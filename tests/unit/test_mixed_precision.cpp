@@ -5,81 +5,27 @@
 #include <cmath>
 #include <random>
 
-#include "models/gpt.h"
-#include "passes/pipeline.h"
-#include "passes/sharding/sharding.h"
-#include "runtime/cpu/cpu_backend.h"
-#include "runtime/cpu/cpu_mesh_backend.h"
-#include "runtime/param_init.h"
+#include "gpt_step_support.h"
 
 namespace tpc {
 namespace {
 
 std::unique_ptr<Graph> trainingStep(const std::string& pre, int64_t tp = 1) {
-  GptConfig gc;
-  gc.layers = 2;
-  gc.hidden = 64;
-  gc.heads = 4;
-  gc.vocab = 100;
-  gc.paddedVocab = 256;
-  gc.positions = 16;
-  TrainConfig tc;
-  tc.microBatch = 4;
-  tc.globalBatch = 4;
-  tc.seqLength = 16;
-  auto m = buildGpt(gc, tc);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> g = std::move(m->forward);
-  std::string passes = (tp > 1 ? "megatron-tp(tp=" + std::to_string(tp) + ")," : std::string()) + pre +
-                       "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce";
-  PassManager pm;
-  Status s = pm.addPipeline(passes);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  s = pm.run(*g);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  if (tp > 1) REQUIRE(propagatePlacements(*g).ok());
-  return g;
+  return test::gptStep(test::smallGpt(), 4, test::megatronTp(tp) + pre + test::kTrainPasses);
 }
 
+// Learnable batches (the targets are the tokens).
 std::vector<double> trainLosses(const Graph& g, int64_t steps) {
   CpuOptions o;
   o.threads = 2;
-  std::unique_ptr<Backend> backend;
-  if (g.mesh().empty()) {
-    backend = createCpuBackend(o);
-  } else {
-    std::vector<std::unique_ptr<Graph>> ranks;
-    for (int64_t r = 0; r < g.mesh().numRanks(); ++r) {
-      auto l = partitionForRank(g, r);
-      REQUIRE(l.ok());
-      ranks.push_back(std::move(*l));
-    }
-    backend = createCpuMeshBackend(std::move(ranks), o);
-  }
-  TensorMap state;
-  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 1);
-  Status st = backend->prepare(g, state);
-  INFO((st.ok() ? std::string() : st.error()));
-  REQUIRE(st.ok());
+  auto backend = test::preparedCpuBackend(g, o, 1);
   std::mt19937 rng(3);
-  std::vector<double> losses;
-  for (int64_t s = 0; s < steps; ++s) {
-    TensorMap in;
-    HostTensor tokens(TensorType(DType::i32, {4, 16}));
-    for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % 20);
-    HostTensor targets = tokens.clone();  // learnable: predict the same token
-    in["tokens"] = tokens;
-    in["targets"] = targets;
-    in["lr"] = HostTensor::scalarF32(3e-3f);
-    in["step"] = HostTensor::scalarF32(static_cast<float>(s + 1));
-    auto out = backend->step(in, s);
-    INFO((out.ok() ? std::string() : out.error()));
-    REQUIRE(out.ok());
-    losses.push_back(out->at("loss").data<float>()[0]);
-  }
-  return losses;
+  test::TrainBatches batches;
+  batches.vocab = 20;
+  batches.echo = true;
+  batches.lr = 3e-3f;
+  batches.firstStepIndex = 0;
+  return test::trainLosses(*backend, rng, steps, batches);
 }
 
 }  // namespace

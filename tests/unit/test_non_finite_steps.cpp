@@ -9,14 +9,9 @@
 #include <random>
 #include <sstream>
 
+#include "gpt_step_support.h"
 #include "ir/printer.h"
-#include "models/gpt.h"
-#include "passes/pipeline.h"
-#include "passes/sharding/sharding.h"
-#include "runtime/cpu/cpu_backend.h"
-#include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/cpu/test_faults.h"
-#include "runtime/param_init.h"
 #include "runtime/trainer.h"
 
 namespace tpc {
@@ -24,78 +19,27 @@ namespace {
 
 // A 1-layer GPT training step (autodiff + clipping + AdamW), annotated for tp when tp > 1.
 std::unique_ptr<Graph> stepGraph(int64_t tp) {
-  GptConfig g;
+  GptConfig g = test::smallGpt();
   g.layers = 1;
   g.hidden = 32;
   g.heads = 2;
   g.vocab = 64;
-  g.paddedVocab = 256;
   g.positions = 8;
-  TrainConfig c;
-  c.microBatch = 2;
-  c.globalBatch = 2;
-  c.seqLength = 8;
-  auto m = buildGpt(g, c);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> step = std::move(m->forward);
-  PassManager pm;
-  std::string passes = (tp > 1 ? "megatron-tp(tp=" + std::to_string(tp) + ")," : std::string()) +
-                       "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce";
-  REQUIRE(pm.addPipeline(passes).ok());
-  Status st = pm.run(*step);
-  INFO((st.ok() ? std::string() : st.error()));
-  REQUIRE(st.ok());
-  if (tp > 1) REQUIRE(propagatePlacements(*step).ok());
-  return step;
+  return test::gptStep(g, 2, test::megatronTp(tp) + test::kTrainPasses);
 }
 
 std::unique_ptr<Backend> makeBackend(const Graph& step, CpuFaults faults) {
   CpuOptions o;
   o.threads = 1;
   o.faults = std::move(faults);
-  std::unique_ptr<Backend> b;
-  if (step.mesh().empty()) {
-    b = createCpuBackend(o);
-  } else {
-    std::vector<std::unique_ptr<Graph>> ranks;
-    for (int64_t r = 0; r < step.mesh().numRanks(); ++r) {
-      auto l = partitionForRank(step, r);
-      REQUIRE(l.ok());
-      ranks.push_back(std::move(*l));
-    }
-    b = createCpuMeshBackend(std::move(ranks), o);
-  }
-  TensorMap state;
-  for (const Value* p : step.params()) state[p->name()] = initParam(*p, 3);
-  Status st = b->prepare(step, state);
-  INFO((st.ok() ? std::string() : st.error()));
-  REQUIRE(st.ok());
-  return b;
+  return test::preparedCpuBackend(step, o, 3);
 }
 
 TensorMap batch(int64_t stepIndex) {
   std::mt19937 rng(static_cast<unsigned>(stepIndex));
-  TensorMap m;
-  for (const char* name : {"tokens", "targets"}) {
-    HostTensor t(TensorType(DType::i32, {2, 8}));
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % 64);
-    m[name] = t;
-  }
-  m["lr"] = HostTensor::scalarF32(1e-2f);
-  m["step"] = HostTensor::scalarF32(static_cast<float>(stepIndex));
-  return m;
+  return test::gptBatch(rng, {2, 8}, 64, 1e-2f, stepIndex);
 }
 
-// Every state tensor (parameters and Adam moments), as bytes.
-std::map<std::string, std::string> snapshot(const Backend& b, const Graph& step) {
-  std::map<std::string, std::string> s;
-  for (const Value* p : step.params()) {
-    auto t = b.readState(p->name());
-    REQUIRE(t.ok());
-    s[p->name()] = std::string(reinterpret_cast<const char*>(t->raw()), t->bytes());
-  }
-  return s;
-}
 
 // The first matmul of the forward pass: its result is where the test puts the NaN.
 std::pair<std::string, int64_t> firstMatmul(const Graph& g) {
@@ -119,11 +63,11 @@ TEST_CASE("non-finite step: the state is kept and checking mode names the inject
   faults.nanValue = value;
   auto b = makeBackend(*step, faults);
 
-  auto before = snapshot(*b, *step);
+  auto before = test::stateBytes(*b, *step);
   auto out1 = b->step(batch(1), 1);
   REQUIRE(out1.ok());
   CHECK(finiteScalar(*out1, "loss"));
-  auto after1 = snapshot(*b, *step);
+  auto after1 = test::stateBytes(*b, *step);
   CHECK(after1 != before);  // a finite step updates the state
   auto clean = b->findFirstNonFinite(batch(1), 1);
   REQUIRE(clean.ok());
@@ -133,7 +77,7 @@ TEST_CASE("non-finite step: the state is kept and checking mode names the inject
   REQUIRE(out2.ok());
   CHECK(!finiteScalar(*out2, "loss"));
   CHECK(isNonFiniteStep(*out2));
-  CHECK(snapshot(*b, *step) == after1);  // parameters and Adam moments untouched, bit for bit
+  CHECK(test::stateBytes(*b, *step) == after1);  // parameters and Adam moments untouched, bit for bit
 
   auto first = b->findFirstNonFinite(batch(2), 2);
   REQUIRE(first.ok());
@@ -146,12 +90,12 @@ TEST_CASE("non-finite step: the state is kept and checking mode names the inject
   CHECK(std::isnan(f.sample));
   CHECK(f.node.rfind(value + " = matmul(", 0) == 0);
   CHECK(f.describe().find("(node " + std::to_string(index + 1) + " of ") != std::string::npos);
-  CHECK(snapshot(*b, *step) == after1);  // checking mode commits nothing either
+  CHECK(test::stateBytes(*b, *step) == after1);  // checking mode commits nothing either
 
   auto out3 = b->step(batch(3), 3);
   REQUIRE(out3.ok());
   CHECK(finiteScalar(*out3, "loss"));
-  CHECK(snapshot(*b, *step) != after1);
+  CHECK(test::stateBytes(*b, *step) != after1);
 }
 
 TEST_CASE("non-finite step: a mesh keeps every rank's state and names the rank", "[cpu][nonfinite][mesh]") {
@@ -163,12 +107,12 @@ TEST_CASE("non-finite step: a mesh keeps every rank's state and names the rank",
   faults.nanValue = grad;
   auto b = makeBackend(*step, faults);
   REQUIRE(b->step(batch(1), 1).ok());
-  auto after1 = snapshot(*b, *step);
+  auto after1 = test::stateBytes(*b, *step);
   auto out2 = b->step(batch(2), 2);
   REQUIRE(out2.ok());
   CHECK(finiteScalar(*out2, "loss"));  // the forward pass is clean, the gradient is not
   CHECK(!finiteScalar(*out2, "grad_norm"));
-  CHECK(snapshot(*b, *step) == after1);
+  CHECK(test::stateBytes(*b, *step) == after1);
   auto first = b->findFirstNonFinite(batch(2), 2);
   REQUIRE(first.ok());
   REQUIRE(first->has_value());

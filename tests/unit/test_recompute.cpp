@@ -4,13 +4,8 @@
 
 #include <random>
 
-#include "models/gpt.h"
-#include "passes/pipeline.h"
-#include "passes/sharding/sharding.h"
-#include "runtime/cpu/cpu_backend.h"
-#include "runtime/cpu/cpu_mesh_backend.h"
+#include "gpt_step_support.h"
 #include "runtime/memory_estimate.h"
-#include "runtime/param_init.h"
 #include "test_support.h"
 
 namespace tpc {
@@ -18,65 +13,27 @@ namespace {
 
 std::unique_ptr<Graph> step(const std::string& recompute, int64_t accum, int64_t tp = 1, int64_t batch = 2,
                             int64_t seq = 16) {
-  GptConfig gc;
+  GptConfig gc = test::smallGpt();
   gc.layers = 3;
-  gc.hidden = 64;
-  gc.heads = 4;
-  gc.vocab = 100;
-  gc.paddedVocab = 256;
   gc.positions = seq;
   gc.hiddenDropout = gc.attentionDropout = 0.1;
-  TrainConfig tc;
-  tc.microBatch = batch;
-  tc.globalBatch = batch * accum;
-  tc.seqLength = seq;
-  auto m = buildGpt(gc, tc);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> g = std::move(m->forward);
-  std::string passes = (tp > 1 ? "megatron-tp(tp=" + std::to_string(tp) + ")," : std::string()) +
-                       "autodiff(accum=" + std::to_string(accum) + "),cse,dce" +
-                       (recompute.empty() ? "" : ",recompute(mode=" + recompute + ")");
-  PassManager pm;
-  Status s = pm.addPipeline(passes);
-  REQUIRE(s.ok());
-  s = pm.run(*g);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  if (tp > 1) REQUIRE(propagatePlacements(*g).ok());
-  return g;
+  return test::gptStep(gc, batch,
+                       test::megatronTp(tp) + "autodiff(accum=" + std::to_string(accum) + "),cse,dce" +
+                           (recompute.empty() ? "" : ",recompute(mode=" + recompute + ")"),
+                       accum);
 }
 
 // Losses of 3 steps and the final parameters, all as raw floats.
 std::vector<float> trace(const Graph& g, int64_t accum) {
   CpuOptions o;
   o.threads = 2;
-  std::unique_ptr<Backend> b;
-  if (g.mesh().empty()) {
-    b = createCpuBackend(o);
-  } else {
-    std::vector<std::unique_ptr<Graph>> ranks;
-    for (int64_t r = 0; r < g.mesh().numRanks(); ++r) ranks.push_back(std::move(*partitionForRank(g, r)));
-    b = createCpuMeshBackend(std::move(ranks), o);
-  }
-  TensorMap state;
-  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 5);
-  REQUIRE(b->prepare(g, state).ok());
+  auto b = test::preparedCpuBackend(g, o, 5);
   std::mt19937 rng(11);
+  test::TrainBatches batches;
+  batches.shape = accum > 1 ? Shape{accum, 2, 16} : Shape{2, 16};
+  batches.firstStepIndex = 0;
   std::vector<float> out;
-  for (int64_t s = 0; s < 3; ++s) {
-    TensorMap in;
-    for (const char* name : {"tokens", "targets"}) {
-      HostTensor t(TensorType(DType::i32, accum > 1 ? Shape{accum, 2, 16} : Shape{2, 16}));
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
-      in[name] = t;
-    }
-    in["lr"] = HostTensor::scalarF32(1e-3f);
-    in["step"] = HostTensor::scalarF32(float(s + 1));
-    auto r = b->step(in, s);
-    INFO((r.ok() ? std::string() : r.error()));
-    REQUIRE(r.ok());
-    out.push_back(r->at("loss").data<float>()[0]);
-  }
+  for (double loss : test::trainLosses(*b, rng, 3, batches)) out.push_back(static_cast<float>(loss));
   for (const Value* p : g.params()) {
     auto t = b->readState(p->name());
     REQUIRE(t.ok());

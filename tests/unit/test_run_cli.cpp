@@ -10,6 +10,13 @@ namespace {
 
 std::string tiny() { return test::binaryPath("models/tiny.fb"); }
 
+// The "| loss X.XXXX" of every step line of `tpc run`'s output, joined.
+std::string printedLosses(const std::string& out) {
+  std::string s;
+  for (size_t p = out.find("| loss "); p != std::string::npos; p = out.find("| loss ", p + 1)) s += out.substr(p, 14) + ";";
+  return s;
+}
+
 TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
   struct Case {
     std::string args, expected;
@@ -70,11 +77,6 @@ TEST_CASE("tpc run: the same seed gives the same losses", "[run][cli]") {
 }
 
 TEST_CASE("tpc run: dp 2 x tp 2 accepts a global batch of micro x dp and trains like one rank", "[run][cli]") {
-  auto losses = [](const std::string& out) {
-    std::string s;
-    for (size_t p = out.find("| loss "); p != std::string::npos; p = out.find("| loss ", p + 1)) s += out.substr(p, 14) + ";";
-    return s;
-  };
   const std::string common = " --train-iters 2 --log-interval 1 --seed 3";
   auto one = test::runCommand(test::tpcBinary() + " run " + tiny() + " --micro-batch-size 8 --global-batch-size 8" + common);
   INFO(one.out << one.err);
@@ -92,17 +94,12 @@ TEST_CASE("tpc run: dp 2 x tp 2 accepts a global batch of micro x dp and trains 
     REQUIRE(r.exitCode == 0);
     CHECK(r.out.find("mesh(dp=2, tp=2)") != std::string::npos);
     CHECK(r.out.find(c.batchLine) != std::string::npos);
-    CHECK(losses(r.out).size() > 20);
-    CHECK(losses(r.out) == losses(one.out));  // the printed 4 decimals of the loss at both steps
+    CHECK(printedLosses(r.out).size() > 20);
+    CHECK(printedLosses(r.out) == printedLosses(one.out));  // the printed 4 decimals of the loss at both steps
   }
 }
 
 TEST_CASE("tpc run/dump --use-distributed-optimizer: ZeRO-1 over dp trains like one rank", "[run][cli][zero1]") {
-  auto losses = [](const std::string& out) {
-    std::string s;
-    for (size_t p = out.find("| loss "); p != std::string::npos; p = out.find("| loss ", p + 1)) s += out.substr(p, 14) + ";";
-    return s;
-  };
   const std::string common = " --train-iters 2 --log-interval 1 --seed 3";
   auto one = test::runCommand(test::tpcBinary() + " run " + tiny() + " --micro-batch-size 8 --global-batch-size 8" + common);
   REQUIRE(one.exitCode == 0);
@@ -112,8 +109,8 @@ TEST_CASE("tpc run/dump --use-distributed-optimizer: ZeRO-1 over dp trains like 
                               " --use-distributed-optimizer --global-batch-size 8" + common);
     INFO(mesh << "\n" << r.out << r.err);
     REQUIRE(r.exitCode == 0);
-    CHECK(losses(r.out).size() > 20);
-    CHECK(losses(r.out) == losses(one.out));
+    CHECK(printedLosses(r.out).size() > 20);
+    CHECK(printedLosses(r.out) == printedLosses(one.out));
   }
   // The dump's summary shows the reduce_scatter/all_gather pairs and the halved optimizer state.
   auto zero = test::runCommand(test::tpcBinary() + " dump " + tiny() +

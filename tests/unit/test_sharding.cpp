@@ -5,34 +5,21 @@
 
 #include <map>
 
-#include "models/gpt.h"
-#include "passes/pipeline.h"
-#include "passes/sharding/sharding.h"
+#include "gpt_step_support.h"
 
 namespace tpc {
 namespace {
 
 GptConfig gpt(int64_t layers) {
-  GptConfig g;
+  GptConfig g = test::smallGpt();
   g.layers = layers;
-  g.hidden = 64;
   g.heads = 8;
-  g.vocab = 100;
   g.paddedVocab = 1024;
-  g.positions = 16;
   return g;
 }
 
-TrainConfig train4x16() {
-  TrainConfig c;
-  c.microBatch = 4;
-  c.globalBatch = 4;
-  c.seqLength = 16;
-  return c;
-}
-
 Result<std::unique_ptr<Graph>> sharded(int64_t layers, const std::string& pre, const std::string& post, int64_t rank) {
-  TPC_ASSIGN(ModelFile m, buildGpt(gpt(layers), train4x16()));
+  ModelFile m = test::gptModel(gpt(layers), 4);
   std::unique_ptr<Graph> g = std::move(m.forward);
   PassManager pm;
   TPC_TRY(pm.addPipeline(pre + "autodiff,cse,dce" + post));
@@ -112,13 +99,9 @@ TEST_CASE("sharding: megatron tp=2 has Megatron's all_reduces and local shapes",
 
 TEST_CASE("sharding: megatron-tp's [3, D] view of c_attn.bias is still a bias (no weight decay)", "[sharding]") {
   // The tp step must train the same model as one rank, where c_attn.bias is [3D] and never decayed.
-  auto m = buildGpt(gpt(1), train4x16());
-  REQUIRE(m.ok());
-  PassManager pm;
-  REQUIRE(pm.addPipeline("megatron-tp(tp=2),autodiff(weight-decay=0.1)").ok());
-  REQUIRE(pm.run(*m->forward).ok());
+  auto step = test::gptStep(gpt(1), 4, "megatron-tp(tp=2),autodiff(weight-decay=0.1)");
   int checked = 0;
-  for (const Node* n : m->forward->nodes()) {
+  for (const Node* n : step->nodes()) {
     if (n->op() != OpKind::AdamWUpdate) continue;
     const std::string& name = n->operand(0)->name();
     if (name == "h.0.attn.c_attn.bias") {

@@ -9,12 +9,7 @@
 #include <map>
 #include <random>
 
-#include "models/gpt.h"
-#include "passes/pipeline.h"
-#include "passes/sharding/sharding.h"
-#include "runtime/cpu/cpu_backend.h"
-#include "runtime/cpu/cpu_mesh_backend.h"
-#include "runtime/param_init.h"
+#include "gpt_step_support.h"
 
 namespace tpc {
 namespace {
@@ -25,27 +20,13 @@ struct Setup {
 };
 
 GptConfig smallGpt(bool dropout) {
-  GptConfig g;
-  g.layers = 2;
-  g.hidden = 64;
+  GptConfig g = test::smallGpt();
   g.heads = 8;
-  g.vocab = 100;
   g.paddedVocab = 1024;  // a multiple of 128 x 8: every tp of the test splits it
-  g.positions = 16;
   g.hiddenDropout = dropout ? 0.1 : 0.0;
   g.attentionDropout = dropout ? 0.1 : 0.0;
   return g;
 }
-
-TrainConfig smallTrain() {
-  TrainConfig c;
-  c.microBatch = 4;
-  c.globalBatch = 4;
-  c.seqLength = 16;
-  return c;
-}
-
-std::string trainingPasses() { return "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce"; }
 
 struct Trace {
   std::vector<double> losses, norms;
@@ -60,17 +41,7 @@ std::vector<double> asDoubles(const HostTensor& t) {
 std::vector<TensorMap> batches(int64_t steps) {
   std::mt19937 rng(7);
   std::vector<TensorMap> out;
-  for (int64_t s = 0; s < steps; ++s) {
-    TensorMap m;
-    for (const char* name : {"tokens", "targets"}) {
-      HostTensor t(TensorType(DType::i32, {4, 16}));
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
-      m[name] = t;
-    }
-    m["lr"] = HostTensor::scalarF32(1e-3f);
-    m["step"] = HostTensor::scalarF32(static_cast<float>(s + 1));
-    out.push_back(m);
-  }
+  for (int64_t s = 0; s < steps; ++s) out.push_back(test::gptBatch(rng, {4, 16}, 100, 1e-3f, s + 1));
   return out;
 }
 
@@ -81,24 +52,7 @@ Trace train(const Graph& g, int64_t steps, uint64_t seed, bool fp64 = false, flo
   o.fp64 = fp64;
   o.threads = 2;
   o.seed = seed;
-  std::unique_ptr<Backend> backend;
-  if (g.mesh().empty()) {
-    backend = createCpuBackend(o);
-  } else {
-    std::vector<std::unique_ptr<Graph>> ranks;
-    for (int64_t r = 0; r < g.mesh().numRanks(); ++r) {
-      auto l = partitionForRank(g, r);
-      INFO((l.ok() ? std::string() : l.error()));
-      REQUIRE(l.ok());
-      ranks.push_back(std::move(*l));
-    }
-    backend = createCpuMeshBackend(std::move(ranks), o);
-  }
-  TensorMap state;
-  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 1);
-  Status st = backend->prepare(g, state);
-  INFO((st.ok() ? std::string() : st.error()));
-  REQUIRE(st.ok());
+  auto backend = test::preparedCpuBackend(g, o, 1);
   Trace trace;
   auto data = batches(steps);
   for (auto& b : data) b["lr"] = HostTensor::scalarF32(lr);
@@ -119,27 +73,12 @@ Trace train(const Graph& g, int64_t steps, uint64_t seed, bool fp64 = false, flo
 }
 
 std::unique_ptr<Graph> stepGraph(const Setup& s) {
-  auto m = buildGpt(smallGpt(s.dropout), smallTrain());
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> g = std::move(m->forward);
   std::string passes;
   if (s.tp > 1 || s.sp) passes += "megatron-tp(tp=" + std::to_string(s.tp) + "),";
   if (s.sp) passes += "sequence-parallel,";
-  passes += trainingPasses();
+  passes += test::kTrainPasses;
   if (s.dp > 1) passes += ",data-parallel(dp=" + std::to_string(s.dp) + (s.zero1 ? ", zero1=true" : "") + ")";
-  PassManager pm;
-  Status st = pm.addPipeline(passes);
-  INFO((st.ok() ? std::string() : st.error()));
-  REQUIRE(st.ok());
-  st = pm.run(*g);
-  INFO((st.ok() ? std::string() : st.error()));
-  REQUIRE(st.ok());
-  if (!g->mesh().empty()) {
-    st = propagatePlacements(*g);
-    INFO((st.ok() ? std::string() : st.error()));
-    REQUIRE(st.ok());
-  }
-  return g;
+  return test::gptStep(smallGpt(s.dropout), 4, passes);
 }
 
 // Per tensor: max |a - b| / max |b| (max-norm relative) and ||a - b||_2 / ||b||_2 (norm-wise relative).

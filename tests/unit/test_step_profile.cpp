@@ -12,11 +12,10 @@ namespace {
 using namespace cuda;
 
 TEST_CASE("step profile: launches are summed per op, slowest op first, with shares and the slowest launches", "[cuda][profile]") {
-  CHECK(launchOp("add -> %12 [tpc_add_0123]") == "add");
-  CHECK(launchOp("rank 3: attention_grad -> %dq [tpc_flash_bwd]") == "attention_grad");
-  CHECK(launchOp("NCCL all_reduce over tp -> %x") == "NCCL all_reduce");
-  CHECK(launchOp("rank 1: NCCL reduce_scatter over dp -> %g") == "NCCL reduce_scatter");
-  std::vector<TimedLaunch> l = {{"add -> %1 [k]", 1.0}, {"matmul -> %2", 6.0}, {"add -> %3 [k]", 2.0}, {"gelu -> %4 [g]", 1.0}};
+  std::vector<TimedLaunch> l = {{"add", "add -> %1 [k]", 1.0},
+                                {"matmul", "matmul -> %2", 6.0},
+                                {"add", "rank 1: add -> %3 [k]", 2.0},
+                                {"gelu", "gelu -> %4 [g]", 1.0}};
   std::string t = formatStepProfile(l, 7, 12.5, 2);
   INFO(t);
   CHECK(t.find("profile of step 7: 4 launches, 10.00 ms") != std::string::npos);

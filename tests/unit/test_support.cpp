@@ -17,6 +17,21 @@ std::string readFile(const std::string& path) {
   return ss.str();
 }
 
+CommandResult runTiny(const std::string& args) {
+  return runCommand(tpcBinary() + " run " + binaryPath("models/tiny.fb") + " --threads 2 --log-interval 1 " + args);
+}
+
+std::vector<double> jsonlField(const std::string& jsonl, const std::string& key) {
+  std::vector<double> out;
+  std::istringstream in(jsonl);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto k = line.find("\"" + key + "\": ");
+    if (k != std::string::npos) out.push_back(std::stod(line.substr(k + key.size() + 4)));
+  }
+  return out;
+}
+
 CommandResult runCommand(const std::string& commandLine, const std::string& stdinText) {
   char outName[] = "/tmp/tpc_test_outXXXXXX", errName[] = "/tmp/tpc_test_errXXXXXX", inName[] = "/tmp/tpc_test_inXXXXXX";
   int fo = mkstemp(outName), fe = mkstemp(errName), fi = mkstemp(inName);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace tpc::test {
 
@@ -22,6 +23,10 @@ struct CommandResult {
 CommandResult runCommand(const std::string& commandLine, const std::string& stdinText = "");
 // Reads a whole file ("" if it cannot be read).
 std::string readFile(const std::string& path);
+// `tpc run` on models/tiny.fb with 2 threads, logging every step, and `args`.
+CommandResult runTiny(const std::string& args);
+// The values of "key": NUMBER on each line of a JSONL log (`tpc run --log-jsonl`) that has it, in order.
+std::vector<double> jsonlField(const std::string& jsonl, const std::string& key);
 
 inline void writeFile(const std::string& path, const std::string& content) {
   std::ofstream(path, std::ios::binary) << content;

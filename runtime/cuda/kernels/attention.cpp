@@ -12,6 +12,8 @@
 #include <cmath>
 
 #include "runtime/cuda/kernels/attention.h"
+
+#include "ir/shape_rules.h"
 #include "runtime/cuda/kernels/device_prelude.h"
 #include "runtime/cuda/kernels/kernel_source.h"
 
@@ -24,13 +26,68 @@ uint32_t tilesOf(int64_t t) { return static_cast<uint32_t>((t + kTile - 1) / kTi
 
 }  // namespace
 
-Result<AttnShape> attnShape(const Node& n, const Value* q, const Value* k) {
+bool isAttentionBackward(const Node& n) {
+  return n.op() == OpKind::AttentionGrad || n.op() == OpKind::AttentionQkvGrad;
+}
+
+Result<AttnShape> attnShape(const Node& n) {
   AttnShape a{};
-  a.B = q->shape()[0];
-  a.H = q->shape()[1];
-  a.Tq = q->shape()[2];
-  a.Tk = k->shape()[2];
-  a.D = q->shape()[3];
+  const bool bwd = isAttentionBackward(n);
+  if (n.op() == OpKind::AttentionQkv || n.op() == OpKind::AttentionQkvGrad) {
+    const Value* qkv = n.operand(bwd ? 1 : 0);
+    auto p = packedQkv(qkv->shape(), n.getInts("perm"));
+    if (!p) return makeError(n.opName(), ": ", p.error());
+    a.B = p->B;
+    a.H = p->H;
+    a.Tq = a.Tk = p->T;
+    a.D = p->D;
+    a.dt = qkv->dtype();
+    a.q = {operandArg(bwd ? 1 : 0), 0, p->sBatch, p->sHead, p->sToken};
+    a.k = a.q;
+    a.k.off = p->sWhich;
+    a.v = a.q;
+    a.v.off = 2 * p->sWhich;
+    const AttnRows tokenMajor{operandArg(0), 0, a.Tq * a.H * a.D, a.D, a.H * a.D};  // [B, T, H, Dh]
+    a.o = tokenMajor;
+    if (bwd) {
+      a.dout = tokenMajor;
+      a.o.arg = operandArg(2);
+      a.lse = operandArg(3);
+      a.dq = a.q;
+      a.dk = a.k;
+      a.dv = a.v;
+      a.dq.arg = a.dk.arg = a.dv.arg = resultArg(0);
+    } else {
+      a.o.arg = resultArg(0);
+      a.lse = resultArg(1);
+    }
+  } else {
+    const Value *q = n.operand(bwd ? 1 : 0), *k = n.operand(bwd ? 2 : 1);
+    a.B = q->shape()[0];
+    a.H = q->shape()[1];
+    a.Tq = q->shape()[2];
+    a.Tk = k->shape()[2];
+    a.D = q->shape()[3];
+    a.dt = q->dtype();
+    auto rows = [&](KernelArg arg, int64_t t) { return AttnRows{arg, 0, a.H * t * a.D, t * a.D, a.D}; };
+    if (bwd) {
+      a.dout = rows(operandArg(0), a.Tq);
+      a.q = rows(operandArg(1), a.Tq);
+      a.k = rows(operandArg(2), a.Tk);
+      a.v = rows(operandArg(3), a.Tk);
+      a.o = rows(operandArg(4), a.Tq);
+      a.lse = operandArg(5);
+      a.dq = rows(resultArg(0), a.Tq);
+      a.dk = rows(resultArg(1), a.Tk);
+      a.dv = rows(resultArg(2), a.Tk);
+    } else {
+      a.q = rows(operandArg(0), a.Tq);
+      a.k = rows(operandArg(1), a.Tk);
+      a.v = rows(operandArg(2), a.Tk);
+      a.o = rows(resultArg(0), a.Tq);
+      a.lse = resultArg(1);
+    }
+  }
   if (a.D > 128) return makeError(n.opName(), ": the CUDA flash kernel takes head_dim <= 128, got ", a.D);
   a.Dp = (a.D + 15) / 16 * 16;
   a.LD = a.Dp + 1;
@@ -57,6 +114,14 @@ Result<AttnShape> attnShape(const Node& n, const Value* q, const Value* k) {
   return a;
 }
 
+namespace {
+// X_BASE(bh): element offset of row 0 of head bh of tensor X; X_ST: its token stride.
+std::string rowDefines(const char* x, const AttnRows& r) {
+  return cat("#define ", x, "_BASE(bh) (", i64Lit(r.off), " + ((bh) / NH) * ", i64Lit(r.sb), " + ((bh) % NH) * ",
+             i64Lit(r.sh), ")\n#define ", x, "_ST ", i64Lit(r.st), "\n");
+}
+}  // namespace
+
 // Constants and helpers shared by the three kernels.
 std::string attnHead(const AttnShape& a, DType dt) {
   return devicePrelude() + accessors("q", dt) +
@@ -67,14 +132,16 @@ std::string attnHead(const AttnShape& a, DType dt) {
              "\n#define DROP_P ", floatLit(a.dropout), "\n#define DROP_SCALE ",
              floatLit(a.dropout > 0 ? 1.0 / (1.0 - a.dropout) : 1.0), "\n#define KEY ", a.key, "u\n#define HG ",
              i64Lit(a.Hg), "\n#define OFFB ", i64Lit(a.offB), "\n#define OFFH ", i64Lit(a.offH), "\n") +
+         rowDefines("Q", a.q) + rowDefines("K", a.k) + rowDefines("V", a.v) + rowDefines("O", a.o) +
+         rowDefines("DO", a.dout) + rowDefines("DQ", a.dq) + rowDefines("DK", a.dk) + rowDefines("DV", a.dv) +
          R"(
-// rows [r0, r0 + BT) of a [rows, HD] matrix starting at row `base` into dst[BT][LD]; rows >= nrows and
+// rows [r0, r0 + BT) of a matrix whose row g starts at src + g * st into dst[BT][LD]; rows >= nrows and
 // columns >= HD are zero.
-__device__ __forceinline__ void load_tile(float* dst, const q_t* src, i64 base, i64 r0, i64 nrows) {
+__device__ __forceinline__ void load_tile(float* dst, const q_t* src, i64 st, i64 r0, i64 nrows) {
   for (int e = threadIdx.x; e < BT * DP; e += blockDim.x) {
     int r = e / DP, d = e - r * DP;
     i64 g = r0 + r;
-    dst[r * LD + d] = (g < nrows && d < HD) ? q_ld(src, (base + g) * HD + d) : 0.f;
+    dst[r * LD + d] = (g < nrows && d < HD) ? q_ld(src, g * st + d) : 0.f;
   }
 }
 // Dropout multiplier of probability (bh, i, j): 0 or 1/(1-p).
@@ -108,21 +175,21 @@ __device__ __forceinline__ float half_sum(float v) {
 Result<NodeLowering> lowerAttention(const Node& n, const LoweringContext& ctx) {
   DType dt = n.operand(0)->dtype();
   TPC_TRY(checkFloatDType(n, dt, "q, k and v"));
-  TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(0), n.operand(1)));
+  TPC_ASSIGN(AttnShape a, attnShape(n));
   return tensorCoreAttention(dt, a) ? lowerAttentionTensorCore(n, ctx) : lowerAttentionSimt(n, ctx);
 }
 
 Result<NodeLowering> lowerAttentionGrad(const Node& n, const LoweringContext& ctx) {
   DType dt = n.operand(1)->dtype();
   TPC_TRY(checkFloatDType(n, dt, "dout, q, k, v and out"));
-  TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(1), n.operand(2)));
+  TPC_ASSIGN(AttnShape a, attnShape(n));
   return tensorCoreAttention(dt, a) ? lowerAttentionGradTensorCore(n, ctx) : lowerAttentionGradSimt(n, ctx);
 }
 
 Result<NodeLowering> lowerAttentionSimt(const Node& n, const LoweringContext& ctx) {
   DType dt = n.operand(0)->dtype();
   TPC_TRY(checkFloatDType(n, dt, "q, k and v"));
-  TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(0), n.operand(1)));
+  TPC_ASSIGN(AttnShape a, attnShape(n));
   KernelSpec k;
   k.entry = "tpc_attention_fwd";
   k.source = attnHead(a, dt) + R"(
@@ -139,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_fwd(const q_t* Q
   if (bh >= BH) return;
   const i64 q0 = (ntiles - 1 - (i64)(blockIdx.x % ntiles)) * BT;  // the longest causal rows first
   const i64 step = DROPOUT ? *stepp : 0;
-  load_tile(Qs, Q, bh * TQ, q0, TQ);
+  load_tile(Qs, Q + Q_BASE(bh), Q_ST, q0, TQ);
   float m[4], l[4], acc[4][NJ];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -151,8 +218,8 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_fwd(const q_t* Q
   const i64 kend = CAUSAL ? min((i64)TK, q0 + BT) : (i64)TK;
   for (i64 k0 = 0; k0 < kend; k0 += BT) {
     __syncthreads();
-    load_tile(Ks, K, bh * TK, k0, TK);
-    load_tile(Vs, V, bh * TK, k0, TK);
+    load_tile(Ks, K + K_BASE(bh), K_ST, k0, TK);
+    load_tile(Vs, V + V_BASE(bh), V_ST, k0, TK);
     __syncthreads();
     float s[4][4];
 #pragma unroll
@@ -219,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_fwd(const q_t* Q
 #pragma unroll
     for (int jj = 0; jj < NJ; ++jj) {
       int d = tx + 16 * jj;
-      if (d < HD) q_st(O, (bh * TQ + qi) * HD + d, acc[i][jj] * inv);
+      if (d < HD) q_st(O, O_BASE(bh) + qi * O_ST + d, acc[i][jj] * inv);
     }
     if (tx == 0) LSE[bh * TQ + qi] = l[i] > 0.f ? m[i] + logf(l[i]) : -TPC_INF;
   }
@@ -231,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_fwd(const q_t* Q
   if (k.sharedBytes > ctx.maxSharedBytes)
     return makeError("attention: the flash kernel needs ", k.sharedBytes, " bytes of shared memory, the GPU has ",
                      ctx.maxSharedBytes);
-  k.args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0), resultArg(1), seedArg(), stepArg()};
+  k.args = {a.q.arg, a.k.arg, a.v.arg, a.o.arg, a.lse, seedArg(), stepArg()};
   NodeLowering out;
   out.kernels.push_back(std::move(k));
   return out;
@@ -246,7 +313,9 @@ extern "C" __global__ void tpc_attention_bwd_di(const q_t* DO, const q_t* O, flo
   for (i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < BH * TQ;
        row += ((i64)gridDim.x * blockDim.x) >> 5) {
     float s = 0.f;
-    for (int d = lane; d < HD; d += 32) s += q_ld(DO, row * HD + d) * q_ld(O, row * HD + d);
+    const i64 bh = row / TQ, i = row - bh * TQ;
+    const q_t *g = DO + DO_BASE(bh) + i * DO_ST, *o = O + O_BASE(bh) + i * O_ST;
+    for (int d = lane; d < HD; d += 32) s += q_ld(g, d) * q_ld(o, d);
     s = tpc_warp_sum(s);
     if (lane == 0) Di[row] = s;
   }
@@ -254,7 +323,7 @@ extern "C" __global__ void tpc_attention_bwd_di(const q_t* DO, const q_t* O, flo
 )";
   k.block.x = 256;
   k.grid.x = gridFor(a.B * a.H * a.Tq * 32, 256);
-  k.args = {operandArg(0), operandArg(4), workspaceArg(0)};
+  k.args = {a.dout.arg, a.o.arg, workspaceArg(0)};
   return k;
 }
 
@@ -264,7 +333,7 @@ extern "C" __global__ void tpc_attention_bwd_di(const q_t* DO, const q_t* O, flo
 Result<NodeLowering> lowerAttentionGradSimt(const Node& n, const LoweringContext& ctx) {
   DType dt = n.operand(1)->dtype();
   TPC_TRY(checkFloatDType(n, dt, "dout, q, k, v and out"));
-  TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(1), n.operand(2)));
+  TPC_ASSIGN(AttnShape a, attnShape(n));
   std::string head = attnHead(a, dt);
   NodeLowering out;
   int64_t rows = a.B * a.H * a.Tq;
@@ -291,8 +360,8 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dkdv(const q
   if (bh >= BH) return;
   const i64 k0 = (i64)(blockIdx.x % nkt) * BT;
   const i64 step = DROPOUT ? *stepp : 0;
-  load_tile(Ks, K, bh * TK, k0, TK);
-  load_tile(Vs, V, bh * TK, k0, TK);
+  load_tile(Ks, K + K_BASE(bh), K_ST, k0, TK);
+  load_tile(Vs, V + V_BASE(bh), V_ST, k0, TK);
   float dk[4][NJ], dv[4][NJ];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -300,8 +369,8 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dkdv(const q
     for (int jj = 0; jj < NJ; ++jj) dk[i][jj] = dv[i][jj] = 0.f;
   for (i64 q0 = CAUSAL ? k0 : 0; q0 < TQ; q0 += BT) {
     __syncthreads();
-    load_tile(Qs, Q, bh * TQ, q0, TQ);
-    load_tile(Gs, DO, bh * TQ, q0, TQ);
+    load_tile(Qs, Q + Q_BASE(bh), Q_ST, q0, TQ);
+    load_tile(Gs, DO + DO_BASE(bh), DO_ST, q0, TQ);
     if (threadIdx.x < BT) {
       i64 g = q0 + threadIdx.x;
       Ls[threadIdx.x] = g < TQ ? LSE[bh * TQ + g] : 0.f;
@@ -359,8 +428,8 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dkdv(const q
     for (int jj = 0; jj < NJ; ++jj) {
       int d = tx + 16 * jj;
       if (d < HD) {
-        q_st(DK, (bh * TK + kg) * HD + d, dk[i][jj]);
-        q_st(DV, (bh * TK + kg) * HD + d, dv[i][jj]);
+        q_st(DK, DK_BASE(bh) + kg * DK_ST + d, dk[i][jj]);
+        q_st(DV, DV_BASE(bh) + kg * DV_ST + d, dv[i][jj]);
       }
     }
   }
@@ -369,8 +438,8 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dkdv(const q
     k.block.x = 256;
     k.grid.x = std::max<uint32_t>(1, static_cast<uint32_t>(a.B * a.H) * tilesOf(a.Tk));
     k.sharedBytes = static_cast<uint32_t>((4 * kTile * a.LD + 2 * kTile * (kTile + 1) + 2 * kTile) * 4);
-    k.args = {operandArg(0), operandArg(1), operandArg(2), operandArg(3), operandArg(5), workspaceArg(0),
-              resultArg(1),  resultArg(2),  seedArg(),     stepArg()};
+    k.args = {a.dout.arg, a.q.arg,  a.k.arg,   a.v.arg,   a.lse,
+              workspaceArg(0), a.dk.arg, a.dv.arg, seedArg(), stepArg()};
     out.kernels.push_back(std::move(k));
   }
   {
@@ -393,8 +462,8 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dq(const q_t
   if (bh >= BH) return;
   const i64 q0 = (ntiles - 1 - (i64)(blockIdx.x % ntiles)) * BT;
   const i64 step = DROPOUT ? *stepp : 0;
-  load_tile(Qs, Q, bh * TQ, q0, TQ);
-  load_tile(Gs, DO, bh * TQ, q0, TQ);
+  load_tile(Qs, Q + Q_BASE(bh), Q_ST, q0, TQ);
+  load_tile(Gs, DO + DO_BASE(bh), DO_ST, q0, TQ);
   if (threadIdx.x < BT) {
     i64 g = q0 + threadIdx.x;
     Ls[threadIdx.x] = g < TQ ? LSE[bh * TQ + g] : 0.f;
@@ -408,8 +477,8 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dq(const q_t
   const i64 kend = CAUSAL ? min((i64)TK, q0 + BT) : (i64)TK;
   for (i64 k0 = 0; k0 < kend; k0 += BT) {
     __syncthreads();
-    load_tile(Ks, K, bh * TK, k0, TK);
-    load_tile(Vs, V, bh * TK, k0, TK);
+    load_tile(Ks, K + K_BASE(bh), K_ST, k0, TK);
+    load_tile(Vs, V + V_BASE(bh), V_ST, k0, TK);
     __syncthreads();
     float s[4][4], dp[4][4];  // rows: queries ty + 16 i; columns: keys tx + 16 j
 #pragma unroll
@@ -460,7 +529,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dq(const q_t
 #pragma unroll
     for (int jj = 0; jj < NJ; ++jj) {
       int d = tx + 16 * jj;
-      if (d < HD) q_st(DQ, (bh * TQ + qg) * HD + d, dq[i][jj]);
+      if (d < HD) q_st(DQ, DQ_BASE(bh) + qg * DQ_ST + d, dq[i][jj]);
     }
   }
 }
@@ -468,8 +537,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dq(const q_t
     k.block.x = 256;
     k.grid.x = std::max<uint32_t>(1, static_cast<uint32_t>(a.B * a.H) * tilesOf(a.Tq));
     k.sharedBytes = static_cast<uint32_t>((4 * kTile * a.LD + kTile * (kTile + 1) + 2 * kTile) * 4);
-    k.args = {operandArg(0), operandArg(1), operandArg(2), operandArg(3), operandArg(5), workspaceArg(0),
-              resultArg(0),  seedArg(),     stepArg()};
+    k.args = {a.dout.arg, a.q.arg, a.k.arg, a.v.arg, a.lse, workspaceArg(0), a.dq.arg, seedArg(), stepArg()};
     out.kernels.push_back(std::move(k));
   }
   for (const KernelSpec& k : out.kernels)

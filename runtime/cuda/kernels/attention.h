@@ -7,22 +7,38 @@
 
 namespace tpc::cuda {
 
+// Where the rows of one [B, H, T, Dh] tensor are: row (b, h, t) starts at element off + b sb + h sh + t st of
+// the kernel argument `arg`, its Dh elements contiguous. attention's tensors are contiguous [B, H, T, Dh];
+// attention_qkv's q, k, v (and dq, dk, dv) are views of one packed tensor, its out and dout [B, T, H, Dh].
+struct AttnRows {
+  KernelArg arg;
+  int64_t off, sb, sh, st;
+};
+
 struct AttnShape {
   int64_t B, H, Tq, Tk, D, Dp, LD;
   bool causal;
   double scale, dropout;
   int64_t key, Hg, offB, offH;
+  DType dt;  // of q, k, v
+  AttnRows q, k, v, o, dout, dq, dk, dv;
+  KernelArg lse;  // f32 [B, H, Tq], contiguous (as is the workspace's Di)
 };
 
-// q, k: the node's query and key operands ([B, H, T, D]); refuses head_dim > 128 and bad shards.
-Result<AttnShape> attnShape(const Node& n, const Value* q, const Value* k);
-// Prelude, q_t accessors for `dt`, the shape as #defines and drop_factor(seed, step, bh, i, j).
+// attention, attention_grad, attention_qkv or attention_qkv_grad: its shape, attributes and where each tensor
+// is; refuses head_dim > 128 and bad shards.
+Result<AttnShape> attnShape(const Node& n);
+// Prelude, q_t accessors for `dt`, the shape and row layouts as #defines (X_BASE(bh): the element offset of
+// row 0 of head bh of tensor X, X_ST: its token stride) and drop_factor(seed, step, bh, i, j).
 std::string attnHead(const AttnShape& a, DType dt);
 // attention_grad's first kernel: Di = rowsum(dout * out) (f32, a warp per row) into workspace offset 0.
 KernelSpec attnDiKernel(const AttnShape& a, const std::string& head);
 
 // Whether the tensor-core kernels take this op: bf16 or f16 q/k/v with head_dim a multiple of 16.
 bool tensorCoreAttention(DType dt, const AttnShape& a);
+
+// Whether `n` is attention_grad or attention_qkv_grad.
+bool isAttentionBackward(const Node& n);
 
 // The f32 CUDA-core kernels (every dtype and head_dim <= 128).
 Result<NodeLowering> lowerAttentionSimt(const Node& n, const LoweringContext& ctx);

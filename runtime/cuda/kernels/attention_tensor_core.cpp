@@ -10,7 +10,8 @@
 // dk, dv over the query tiles; one per query tile accumulates dq over the key tiles, both recomputing P
 // from lse. Dropout multiplies P by the same Philox mask as attention.cpp (drop_factor, keyed by the
 // unsharded [B, H, Tq, Tk] index), so results match the CPU backend. Global rows are read as 16-byte
-// vectors: buffers are 256-byte aligned (memory_plan.h) and a row is head_dim * 2 bytes, a multiple of 32.
+// vectors: buffers are 256-byte aligned (memory_plan.h) and every row offset and stride (attention_qkv's packed
+// layouts too) is a multiple of head_dim elements, head_dim * 2 bytes being a multiple of 32.
 #include "runtime/cuda/kernels/attention.h"
 #include "runtime/cuda/kernels/device_prelude.h"
 #include "runtime/cuda/kernels/kernel_source.h"
@@ -39,12 +40,12 @@ std::string tcHead(const AttnShape& a, DType dt, bool splitP) {
 #define LOG2E 1.4426950408889634f
 #define SCALE_LOG2 (SCALE * LOG2E)
 #define NDT (HD / 8)
-// Rows [r0, r0 + BR) of a [rows, HD] matrix starting at row `base` into dst[BR][SD]; rows >= nrows are zero.
-__device__ __forceinline__ void tc_load_tile(q_t* dst, const q_t* src, i64 base, i64 r0, i64 nrows) {
+// Rows [r0, r0 + BR) of a matrix whose row g starts at src + g * st into dst[BR][SD]; rows >= nrows are zero.
+__device__ __forceinline__ void tc_load_tile(q_t* dst, const q_t* src, i64 st, i64 r0, i64 nrows) {
   for (int e = threadIdx.x; e < BR * (HD / 8); e += blockDim.x) {
     const int r = e / (HD / 8), c = (e - r * (HD / 8)) * 8;
     tpc_u32x4 v = {0u, 0u, 0u, 0u};
-    if (r0 + r < nrows) v = *(const tpc_u32x4*)(src + (base + r0 + r) * HD + c);
+    if (r0 + r < nrows) v = *(const tpc_u32x4*)(src + (r0 + r) * st + c);
     *(tpc_u32x4*)(dst + r * SD + c) = v;
   }
 }
@@ -103,14 +104,14 @@ __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
-// Rows row[0], row[1] of a [rows, HD] output from acc in mma_pv's layout, times scale[h].
-__device__ __forceinline__ void store_rows(q_t* out, i64 base, const i64* row, i64 nrows, float (*acc)[4],
+// Rows row[0], row[1] (row g at out + g * st) from acc in mma_pv's layout, times scale[h].
+__device__ __forceinline__ void store_rows(q_t* out, i64 st, const i64* row, i64 nrows, float (*acc)[4],
                                            const float* scale) {
   const int t = threadIdx.x & 3;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (row[h] >= nrows) continue;
-    u32* o = (u32*)(out + (base + row[h]) * HD + 2 * t);
+    u32* o = (u32*)(out + row[h] * st + 2 * t);
 #pragma unroll
     for (int jj = 0; jj < NDT; ++jj) o[4 * jj] = PACK(acc[jj][2 * h] * scale[h], acc[jj][2 * h + 1] * scale[h]);
   }
@@ -146,7 +147,7 @@ Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringC
 
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx, bool splitP) {
   DType dt = n.operand(0)->dtype();
-  TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(0), n.operand(1)));
+  TPC_ASSIGN(AttnShape a, attnShape(n));
   KernelSpec k;
   k.entry = "tpc_attention_fwd_tc";
   k.source = tcHead(a, dt, splitP) + R"(
@@ -163,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_fwd_tc(const q_t
   const i64 q0 = (ntiles - 1 - (i64)(blockIdx.x % ntiles)) * BR;  // the longest causal rows first
   const i64 step = DROPOUT ? *stepp : 0;
   const i64 row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-  tc_load_tile(Qs, Q, bh * TQ, q0, TQ);
+  tc_load_tile(Qs, Q + Q_BASE(bh), Q_ST, q0, TQ);
   const q_t* Qw = Qs + 16 * warp * SD;
   float acc[NDT][4], m[2] = {-TPC_INF, -TPC_INF}, l[2] = {0.f, 0.f};  // m: running max of scale log2(e) s
 #pragma unroll
@@ -171,8 +172,8 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_fwd_tc(const q_t
   const i64 kend = CAUSAL ? min((i64)TK, q0 + BR) : (i64)TK;
   for (i64 k0 = 0; k0 < kend; k0 += BR) {
     __syncthreads();
-    tc_load_tile(Ks, K, bh * TK, k0, TK);
-    tc_load_tile(Vs, V, bh * TK, k0, TK);
+    tc_load_tile(Ks, K + K_BASE(bh), K_ST, k0, TK);
+    tc_load_tile(Vs, V + V_BASE(bh), V_ST, k0, TK);
     __syncthreads();
     float s[8][4];
     mma_abt(s, Qw, Ks);
@@ -213,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_fwd_tc(const q_t
     mma_pv(acc, s, Vs);
   }
   const float inv[2] = {l[0] > 0.f ? 1.f / l[0] : 0.f, l[1] > 0.f ? 1.f / l[1] : 0.f};
-  store_rows(O, bh * TQ, row, TQ, acc, inv);
+  store_rows(O + O_BASE(bh), O_ST, row, TQ, acc, inv);
 #pragma unroll
   for (int h = 0; h < 2; ++h)
     if (t == 0 && row[h] < TQ) LSE[bh * TQ + row[h]] = l[h] > 0.f ? (m[h] + log2f(l[h])) * (1.f / LOG2E) : -TPC_INF;
@@ -222,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_fwd_tc(const q_t
   k.block.x = 128;
   k.grid.x = blocksFor(a, a.Tq);
   k.sharedBytes = tileBytes(a, 3);
-  k.args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0), resultArg(1), seedArg(), stepArg()};
+  k.args = {a.q.arg, a.k.arg, a.v.arg, a.o.arg, a.lse, seedArg(), stepArg()};
   NodeLowering out;
   out.kernels.push_back(std::move(k));
   TPC_TRY(checkShared("attention", out, ctx));
@@ -235,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_fwd_tc(const q_t
 // tiles. dS = P * (dP * mask - Di) * scale, P = exp(scale q k^T - lse).
 Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx, bool splitP) {
   DType dt = n.operand(1)->dtype();
-  TPC_ASSIGN(AttnShape a, attnShape(n, n.operand(1), n.operand(2)));
+  TPC_ASSIGN(AttnShape a, attnShape(n));
   const std::string head = tcHead(a, dt, splitP);
   NodeLowering out;
   out.workspaceBytes = std::max<int64_t>(a.B * a.H * a.Tq, 1) * 4;
@@ -260,8 +261,8 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dkdv_tc(cons
   const i64 k0 = (i64)(blockIdx.x % nkt) * BR;
   const i64 step = DROPOUT ? *stepp : 0;
   const i64 key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
-  tc_load_tile(Ks, K, bh * TK, k0, TK);
-  tc_load_tile(Vs, V, bh * TK, k0, TK);
+  tc_load_tile(Ks, K + K_BASE(bh), K_ST, k0, TK);
+  tc_load_tile(Vs, V + V_BASE(bh), V_ST, k0, TK);
   const q_t* Kw = Ks + 16 * warp * SD;
   const q_t* Vw = Vs + 16 * warp * SD;
   float dk[NDT][4], dv[NDT][4];
@@ -271,8 +272,8 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dkdv_tc(cons
     for (int e = 0; e < 4; ++e) dk[jj][e] = dv[jj][e] = 0.f;
   for (i64 q0 = CAUSAL ? k0 / BR * BR : 0; q0 < TQ; q0 += BR) {
     __syncthreads();
-    tc_load_tile(Qs, Q, bh * TQ, q0, TQ);
-    tc_load_tile(Gs, DO, bh * TQ, q0, TQ);
+    tc_load_tile(Qs, Q + Q_BASE(bh), Q_ST, q0, TQ);
+    tc_load_tile(Gs, DO + DO_BASE(bh), DO_ST, q0, TQ);
     if (threadIdx.x < BR) {
       const i64 qg = q0 + threadIdx.x;
       Ls[threadIdx.x] = qg < TQ ? LSE[bh * TQ + qg] * LOG2E : 0.f;
@@ -298,15 +299,15 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dkdv_tc(cons
     mma_pv(dk, dst, Qs);
   }
   const float one[2] = {1.f, 1.f};
-  store_rows(DK, bh * TK, key, TK, dk, one);
-  store_rows(DV, bh * TK, key, TK, dv, one);
+  store_rows(DK + DK_BASE(bh), DK_ST, key, TK, dk, one);
+  store_rows(DV + DV_BASE(bh), DV_ST, key, TK, dv, one);
 }
 )";
     k.block.x = 128;
     k.grid.x = blocksFor(a, a.Tk);
     k.sharedBytes = tileBytes(a, 4) + 2 * kRows * 4;
-    k.args = {operandArg(0), operandArg(1), operandArg(2), operandArg(3), operandArg(5), workspaceArg(0),
-              resultArg(1),  resultArg(2),  seedArg(),     stepArg()};
+    k.args = {a.dout.arg, a.q.arg,  a.k.arg,   a.v.arg,   a.lse,
+              workspaceArg(0), a.dk.arg, a.dv.arg, seedArg(), stepArg()};
     out.kernels.push_back(std::move(k));
   }
   {
@@ -333,8 +334,8 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dq_tc(const 
     lse[h] = row[h] < TQ ? LSE[bh * TQ + row[h]] * LOG2E : 0.f;
     dd[h] = row[h] < TQ ? Di[bh * TQ + row[h]] : 0.f;
   }
-  tc_load_tile(Qs, Q, bh * TQ, q0, TQ);
-  tc_load_tile(Gs, DO, bh * TQ, q0, TQ);
+  tc_load_tile(Qs, Q + Q_BASE(bh), Q_ST, q0, TQ);
+  tc_load_tile(Gs, DO + DO_BASE(bh), DO_ST, q0, TQ);
   const q_t* Qw = Qs + 16 * warp * SD;
   const q_t* Gw = Gs + 16 * warp * SD;
   float dq[NDT][4];
@@ -343,8 +344,8 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dq_tc(const 
   const i64 kend = CAUSAL ? min((i64)TK, q0 + BR) : (i64)TK;
   for (i64 k0 = 0; k0 < kend; k0 += BR) {
     __syncthreads();
-    tc_load_tile(Ks, K, bh * TK, k0, TK);
-    tc_load_tile(Vs, V, bh * TK, k0, TK);
+    tc_load_tile(Ks, K + K_BASE(bh), K_ST, k0, TK);
+    tc_load_tile(Vs, V + V_BASE(bh), V_ST, k0, TK);
     __syncthreads();
     float s[8][4], dp[8][4];
     mma_abt(s, Qw, Ks);
@@ -362,14 +363,13 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dq_tc(const 
     mma_pv(dq, s, Ks);
   }
   const float one[2] = {1.f, 1.f};
-  store_rows(DQ, bh * TQ, row, TQ, dq, one);
+  store_rows(DQ + DQ_BASE(bh), DQ_ST, row, TQ, dq, one);
 }
 )";
     k.block.x = 128;
     k.grid.x = blocksFor(a, a.Tq);
     k.sharedBytes = tileBytes(a, 4);
-    k.args = {operandArg(0), operandArg(1), operandArg(2), operandArg(3), operandArg(5), workspaceArg(0),
-              resultArg(0),  seedArg(),     stepArg()};
+    k.args = {a.dout.arg, a.q.arg, a.k.arg, a.v.arg, a.lse, workspaceArg(0), a.dq.arg, seedArg(), stepArg()};
     out.kernels.push_back(std::move(k));
   }
   TPC_TRY(checkShared("attention_grad", out, ctx));

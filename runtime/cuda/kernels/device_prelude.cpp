@@ -89,6 +89,47 @@ __device__ __forceinline__ float tpc_block_max(float v, float* smem) {
   v = lane < nwarps ? smem[lane] : -TPC_INF;
   return tpc_warp_max(v);
 }
+// The same in double; `smem` holds 32 doubles.
+__device__ __forceinline__ double tpc_block_sum_d(double v, double* smem) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? smem[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double tpc_block_max_d(double v, double* smem) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? smem[lane] : -(double)TPC_INF;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Column sums of a [P, n] matrix of partial sums (T float or double), in a fixed order: a block of
+// 32 x blockDim.y threads (blockDim.y <= 32) owns columns col0 + threadIdx.x; row lane
+// threadIdx.y sums rows y, y + blockDim.y, ...; the lanes are then added in order. `smem` holds 32 x 33
+// doubles. Thread (x, 0) returns the sum of its column (others return garbage). Every thread must call it.
+template <class T>
+__device__ __forceinline__ double tpc_column_sum(const T* part, i64 P, i64 n, i64 col, double* smem) {
+  double acc = 0;
+  if (col < n)
+    for (i64 p = threadIdx.y; p < P; p += blockDim.y) acc += (double)part[p * n + col];
+  smem[threadIdx.y * 33 + threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0)
+    for (unsigned l = 1; l < blockDim.y; ++l) acc += smem[l * 33 + threadIdx.x];
+  __syncthreads();
+  return acc;
+}
 )CUDA";
   return text;
 }

@@ -13,7 +13,10 @@ namespace tpc::cuda {
 //   loads      float tpc_ld(const float*), tpc_ld(const bf16_t*) (as bf16), tpc_ld_f16(const f16_t*)
 //   stores     tpc_st(float*, float), tpc_st_bf16(bf16_t*, float), tpc_st_f16(f16_t*, float)
 //   philox     tpc_uniform(seed, step, key, index), tpc_dropout_keep(seed, step, key, index, p)
-//   reduce     tpc_warp_sum, tpc_warp_max, tpc_block_sum(v, smem32), tpc_block_max(v, smem32)
+//   reduce     tpc_warp_sum, tpc_warp_max, tpc_block_sum(v, smem32), tpc_block_max(v, smem32), their double
+//              versions tpc_block_sum_d / tpc_block_max_d (smem: 32 doubles), and
+//              tpc_column_sum(part, P, n, col, smem32x33): the fixed-order column sums of a [P, n] matrix
+//              of partial sums by a 32 x blockDim.y block (the second stage of two-stage column reductions)
 const std::string& devicePrelude();
 
 // Appended after the prelude by tensor-core kernels (sm_80 and later):

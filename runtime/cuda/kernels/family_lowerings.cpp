@@ -15,6 +15,8 @@ const FamilyLowering* findFamilyLowering(OpKind op) {
   switch (op) {
     case OpKind::Attention: return &attention;
     case OpKind::AttentionGrad: return &attentionGrad;
+    case OpKind::AttentionQkv: return &attention;
+    case OpKind::AttentionQkvGrad: return &attentionGrad;
     case OpKind::LayerNorm: return &layerNorm;
     case OpKind::LayerNormGrad: return &layerNormGrad;
     case OpKind::Softmax: return &softmax;

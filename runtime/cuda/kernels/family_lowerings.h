@@ -3,6 +3,7 @@
 // asks findFamilyLowering(op) first and falls back to its own codegen (elementwise, movement, matmul).
 #pragma once
 
+#include "ir/fusion_group.h"
 #include "ir/graph.h"
 #include "ir/op.h"
 #include "ir/status.h"
@@ -34,6 +35,8 @@ Result<NodeLowering> lowerEmbeddingGrad(const Node& n, const LoweringContext& ct
 Result<NodeLowering> lowerReduce(const Node& n, const LoweringContext& ctx);          // reduction.cpp (sum, mean, max)
 Result<NodeLowering> lowerSumSquares(const Node& n, const LoweringContext& ctx);      // reduction.cpp (sum_squares, global_norm)
 Result<NodeLowering> lowerAdamWUpdate(const Node& n, const LoweringContext& ctx);     // optimizer.cpp
+// A group of adamw_update nodes as one multi-tensor kernel (runtime/cuda/adamw_groups.h: its layout and gates).
+Result<NodeLowering> lowerAdamWGroup(const FusionGroup& g, const LoweringContext& ctx);
 Result<NodeLowering> lowerClipScale(const Node& n, const LoweringContext& ctx);
 
 }  // namespace tpc::cuda

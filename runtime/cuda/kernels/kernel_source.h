@@ -18,6 +18,12 @@ namespace tpc::cuda {
 //   i64   name_ld(const name_t* p, i64 i);         integer dtypes (i32, i64)
 std::string accessors(const std::string& name, DType t);
 
+// Eight consecutive elements of a float buffer as floats through 16-byte memory operations (two for f32,
+// one for bf16/f16); p + i must be 16-byte aligned (buffers are 256-aligned: i a multiple of 8 will do):
+//   void name_ld8(const name_t* p, i64 i, float* v);   void name_st8(name_t* p, i64 i, const float* v);
+// Needs accessors(name, t) before it.
+std::string vectorAccessors(const std::string& name, DType t);
+
 // Kernels here take f32, bf16 and f16 floats and i32/i64 ids; anything else is refused with the op's name.
 Status checkFloatDType(const Node& n, DType t, const char* what);
 Status checkIdDType(const Node& n, DType t, const char* what);

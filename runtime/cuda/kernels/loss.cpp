@@ -1,7 +1,10 @@
-// CUDA lowerings of cross_entropy (+grad) and the vocab-parallel loss pieces. A block reduces one row of
-// logits (max, then sum of exp in double); the per-position pieces are a thread per row. A target outside
-// the classes that is not ignore_index gives a NaN loss and NaN gradient row (the CPU backend reports it;
-// a kernel cannot, and the trainer stops on a NaN loss).
+// CUDA lowerings of cross_entropy (+grad) and the vocab-parallel loss pieces. cross_entropy(_grad): a block
+// of 512 threads per row reads the row once with 16-byte loads, keeping an online (max, sum of exp) in f32
+// (base 2: y = x log2(e), rescaled when the max grows), combined over the block; the grad keeps the row it
+// read in shared memory (when it fits) and writes dlogits from there: one read and one write of the logits.
+// The vocab-parallel pieces are a block per row (double sums) or a thread per row. A target outside the
+// classes that is not ignore_index gives a NaN loss and NaN gradient row (the CPU backend reports it; a
+// kernel cannot, and the trainer stops on a NaN loss).
 #include <algorithm>
 
 #include "runtime/cuda/kernels/device_prelude.h"
@@ -11,28 +14,79 @@
 namespace tpc::cuda {
 namespace {
 
-const char* kRowStats = R"(
-__device__ __forceinline__ double tpc_block_sum_d(double v, double* smem) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? smem[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+// Threads per row. The kernels ask for two blocks per SM (__launch_bounds__(NT, 2): at most 64 registers), so
+// that two rows share an SM: with bf16 gpt2 logits the kept row is 100 KB of shared memory per block.
+constexpr uint32_t kRowThreads = 512;
+
+// The row pass shared by cross_entropy and its grad. Needs V (row length), C (classes), U (elements per
+// load: 8, or 1 when V % 8 != 0), NT (threads), x_t accessors. tpc_row_lse2 returns log2(sum_j<C 2^(x_j log2 e)),
+// the same in every thread; `keep` (or null) receives the row's raw elements for a second pass.
+const char* kRowLse = R"(
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+__device__ __forceinline__ void tpc_ldu(const x_t* p, i64 i, float* v) {
+#if U == 8
+  x_ld8(p, i, v);
+#else
+  v[0] = x_ld(p, i);
+#endif
 }
-// log(sum exp(x)) over the first C entries of a row, in double (the CPU kernel's logSumExp).
-__device__ double tpc_row_lse(const x_t* x, i64 C, float* red, double* redd) {
-  float m = -TPC_INF;
-  for (i64 j = threadIdx.x; j < C; j += blockDim.x) m = fmaxf(m, x_ld(x, j));
-  m = tpc_block_max(m, red);
-  double s = 0;
-  for (i64 j = threadIdx.x; j < C; j += blockDim.x) s += exp((double)x_ld(x, j) - (double)m);
-  s = tpc_block_sum_d(s, redd);
-  return (double)m + log(s);
+__device__ __forceinline__ void tpc_copyu(x_t* dst, const x_t* src) {
+#if U == 8
+#pragma unroll
+  for (int w = 0; w < (int)(8 * sizeof(x_t) / 16); ++w) reinterpret_cast<uint4*>(dst)[w] = reinterpret_cast<const uint4*>(src)[w];
+#else
+  *dst = *src;
+#endif
+}
+// (m, s) += (mo, so): two partial (max, sum of 2^(y - max)); an empty side has max -inf.
+__device__ __forceinline__ void tpc_lse_merge(float& m, float& s, float mo, float so) {
+  float mn = fmaxf(m, mo);
+  if (mn == -TPC_INF) return;
+  s = (m == -TPC_INF ? 0.f : s * exp2f(m - mn)) + (mo == -TPC_INF ? 0.f : so * exp2f(mo - mn));
+  m = mn;
+}
+__device__ float tpc_row_lse2(const x_t* x, x_t* keep, float* red) {
+  float m = -TPC_INF, s = 0.f;
+#pragma unroll 4
+  for (i64 j = (i64)threadIdx.x * U; j < V; j += (i64)NT * U) {
+    float v[U];
+    if (keep) {
+      tpc_copyu(keep + j, x + j);
+      tpc_ldu(keep, j, v);
+    } else {
+      tpc_ldu(x, j, v);
+    }
+    float vm = -TPC_INF;
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      v[k] = j + k < C ? v[k] * LOG2E : -TPC_INF;
+      vm = fmaxf(vm, v[k]);
+    }
+    if (vm > m) {
+      s = m == -TPC_INF ? 0.f : s * exp2f(m - vm);
+      m = vm;
+    }
+    if (m != -TPC_INF) {
+      float vs = 0.f;
+#pragma unroll
+      for (int k = 0; k < U; ++k) vs += exp2f(v[k] - m);
+      s += vs;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float mo = __shfl_xor_sync(0xffffffffu, m, o), so = __shfl_xor_sync(0xffffffffu, s, o);
+    tpc_lse_merge(m, s, mo, so);
+  }
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) { red[warp] = m; red[32 + warp] = s; }
+  __syncthreads();
+  m = -TPC_INF;
+  s = 0.f;
+  for (int w = 0; w < NT / 32; ++w) tpc_lse_merge(m, s, red[w], red[32 + w]);  // same order in every thread
+  return m + log2f(s);
 }
 )";
 
@@ -61,6 +115,13 @@ KernelSpec rowKernel(const std::string& entry, std::string source, int64_t V, in
   return k;
 }
 
+// The row-pass constants and helpers for logits of dtype `xt` with V columns and C classes.
+std::string rowPassHead(DType xt, int64_t V, int64_t C) {
+  return vectorAccessors("x", xt) + cat("#define V ", i64Lit(V), "\n#define C ", i64Lit(C), "\n#define U ",
+                                        V % 8 == 0 ? 8 : 1, "\n#define NT ", kRowThreads, "\n") +
+         kRowLse;
+}
+
 }  // namespace
 
 Result<NodeLowering> lowerCrossEntropy(const Node& n, const LoweringContext& ctx) {
@@ -69,53 +130,85 @@ Result<NodeLowering> lowerCrossEntropy(const Node& n, const LoweringContext& ctx
   auto [V, rows] = rowsOf(n.operand(0));
   int64_t C = n.getInt("num_classes") > 0 ? std::min(n.getInt("num_classes"), V) : V;
   std::string src = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("t", n.operand(1)->dtype()) +
-                    accessors("l", n.result(0)->dtype()) + kRowStats + cat(R"(
-extern "C" __global__ void tpc_cross_entropy(const x_t* X, const t_t* T, l_t* L) {
-  __shared__ float red[32];
-  __shared__ double redd[32];
+                    accessors("l", n.result(0)->dtype()) + rowPassHead(n.operand(0)->dtype(), V, C) + cat(R"(
+extern "C" __global__ void __launch_bounds__(NT, 2) tpc_cross_entropy(const x_t* X, const t_t* T, l_t* L) {
+  __shared__ float red[64];
   for (i64 row = blockIdx.x; row < )", i64Lit(rows), R"(; row += gridDim.x) {
     i64 t = t_ld(T, row);
     if (t == )", i64Lit(n.getInt("ignore_index")), R"() { if (threadIdx.x == 0) l_st(L, row, 0.f); continue; }
-    const x_t* x = X + row * )", i64Lit(V), R"(;
-    double lse = tpc_row_lse(x, )", i64Lit(C), R"(, red, redd);
-    if (threadIdx.x == 0)
-      l_st(L, row, t >= 0 && t < )", i64Lit(C), R"( ? (float)(lse - (double)x_ld(x, t)) : __int_as_float(0x7fc00000));
+    const x_t* x = X + row * V;
+    float lse2 = tpc_row_lse2(x, (x_t*)0, red);
+    if (threadIdx.x == 0) l_st(L, row, t >= 0 && t < C ? lse2 * LN2 - x_ld(x, t) : __int_as_float(0x7fc00000));
   }
 }
 )");
-  return single(rowKernel("tpc_cross_entropy", std::move(src), V, rows, {operandArg(0), operandArg(1), resultArg(0)}));
+  KernelSpec k = rowKernel("tpc_cross_entropy", std::move(src), V, rows, {operandArg(0), operandArg(1), resultArg(0)});
+  k.block.x = kRowThreads;
+  return single(std::move(k));
 }
 
-// dlogits = dloss * (softmax - onehot(target)) on the classes, 0 on padding and on ignored rows.
+// dlogits = dloss * (softmax - onehot(target)) on the classes, 0 on padding and on ignored rows. The row
+// read for the statistics stays in shared memory (raw, V elements) when it fits, else it is read again.
 Result<NodeLowering> lowerCrossEntropyGrad(const Node& n, const LoweringContext& ctx) {
   TPC_TRY(checkFloatDType(n, n.operand(0)->dtype(), "dloss"));
   TPC_TRY(checkFloatDType(n, n.operand(1)->dtype(), "logits"));
   TPC_TRY(checkIdDType(n, n.operand(2)->dtype(), "targets"));
+  DType xt = n.operand(1)->dtype();
   auto [V, rows] = rowsOf(n.operand(1));
   int64_t C = n.getInt("num_classes") > 0 ? std::min(n.getInt("num_classes"), V) : V;
-  std::string src = devicePrelude() + accessors("dl", n.operand(0)->dtype()) + accessors("x", n.operand(1)->dtype()) +
-                    accessors("t", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) + kRowStats +
-                    cat("#define V ", i64Lit(V), "\n#define C ", i64Lit(C), R"(
-extern "C" __global__ void tpc_cross_entropy_grad(const dl_t* DL, const x_t* X, const t_t* T, dx_t* DX) {
-  __shared__ float red[32];
-  __shared__ double redd[32];
+  int64_t rowBytes = (V * dtypeSize(xt) + 15) / 16 * 16;
+  bool cache = rowBytes <= ctx.maxSharedBytes - 1024;
+  std::string src = devicePrelude() + accessors("dl", n.operand(0)->dtype()) + accessors("x", xt) +
+                    accessors("t", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
+                    vectorAccessors("dx", n.result(0)->dtype()) + rowPassHead(xt, V, C) +
+                    cat("#define CACHE ", cache ? 1 : 0, R"(
+__device__ __forceinline__ void tpc_stu(dx_t* p, i64 i, const float* v) {
+#if U == 8
+  dx_st8(p, i, v);
+#else
+  dx_st(p, i, v[0]);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(NT, 2) tpc_cross_entropy_grad(const dl_t* DL, const x_t* X, const t_t* T, dx_t* DX) {
+  __shared__ float red[64];
+#if CACHE
+  extern __shared__ float smem[];
+  x_t* keep = (x_t*)smem;  // each thread reads back only the elements it stored: no barrier needed
+#else
+  x_t* keep = (x_t*)0;
+#endif
   for (i64 row = blockIdx.x; row < )", i64Lit(rows), R"(; row += gridDim.x) {
     i64 t = t_ld(T, row);
     dx_t* d = DX + row * V;
     if (t == )", i64Lit(n.getInt("ignore_index")), R"() {
-      for (i64 j = threadIdx.x; j < V; j += blockDim.x) dx_st(d, j, 0.f);
+      float z[U];
+#pragma unroll
+      for (int k = 0; k < U; ++k) z[k] = 0.f;
+      for (i64 j = (i64)threadIdx.x * U; j < V; j += (i64)NT * U) tpc_stu(d, j, z);
       continue;
     }
     const x_t* x = X + row * V;
-    double lse = tpc_row_lse(x, C, red, redd), g = (double)dl_ld(DL, row);
-    if (t < 0 || t >= C) g = __longlong_as_double(0x7ff8000000000000ll);
-    for (i64 j = threadIdx.x; j < V; j += blockDim.x)
-      dx_st(d, j, j < C ? (float)(g * (exp((double)x_ld(x, j) - lse) - (j == t ? 1.0 : 0.0))) : 0.f);
+    const float lse2 = tpc_row_lse2(x, keep, red);
+    float g = dl_ld(DL, row);
+    if (t < 0 || t >= C) g = __int_as_float(0x7fc00000);
+    const x_t* src = keep ? (const x_t*)keep : x;
+#pragma unroll 4
+    for (i64 j = (i64)threadIdx.x * U; j < V; j += (i64)NT * U) {
+      float v[U];
+      tpc_ldu(src, j, v);
+#pragma unroll
+      for (int k = 0; k < U; ++k)
+        v[k] = j + k < C ? g * (exp2f(fmaf(v[k], LOG2E, -lse2)) - (j + k == t ? 1.f : 0.f)) : 0.f;
+      tpc_stu(d, j, v);
+    }
   }
 }
 )");
-  return single(rowKernel("tpc_cross_entropy_grad", std::move(src), V, rows,
-                          {operandArg(0), operandArg(1), operandArg(2), resultArg(0)}));
+  KernelSpec k = rowKernel("tpc_cross_entropy_grad", std::move(src), V, rows,
+                           {operandArg(0), operandArg(1), operandArg(2), resultArg(0)});
+  k.block.x = kRowThreads;
+  if (cache) k.sharedBytes = static_cast<uint32_t>(rowBytes);
+  return single(std::move(k));
 }
 
 // ---- vocab-parallel pieces: this rank holds classes [vocab_start, vocab_start + Vl) of the logits ----
@@ -148,7 +241,7 @@ Result<NodeLowering> lowerVocabSumExp(const Node& n, const LoweringContext& ctx)
   TPC_TRY(checkFloatDType(n, n.operand(1)->dtype(), "gmax"));
   auto [Vl, rows] = rowsOf(n.operand(0));
   std::string src = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("m", n.operand(1)->dtype()) +
-                    accessors("o", n.result(0)->dtype()) + kRowStats + cat(R"(
+                    accessors("o", n.result(0)->dtype()) + cat(R"(
 extern "C" __global__ void tpc_vocab_sum_exp(const x_t* X, const m_t* M, o_t* O) {
   __shared__ double redd[32];
   for (i64 row = blockIdx.x; row < )", i64Lit(rows), R"(; row += gridDim.x) {

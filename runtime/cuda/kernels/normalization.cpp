@@ -1,6 +1,7 @@
-// CUDA lowerings of layer_norm (+grad) and softmax (+grad). A row (the normalized dim) is reduced by one
-// block; statistics are f32 whatever the storage dtype. layer_norm_grad's dgamma/dbeta are column sums
-// over rows done in two passes (fixed row chunks, then the chunks in order): deterministic, no atomics.
+// CUDA lowerings of layer_norm (+grad) and softmax (+grad). layer_norm(_grad) with rows of up to 2048
+// elements: a warp per row holding the row in registers (16-byte loads), f32 statistics; the grad's warp
+// also sums dgamma/dbeta over its fixed run of rows, and a second kernel adds the warps' partial sums in
+// order (deterministic, no atomics). Longer rows (and softmax): a block per row, double statistics.
 #include <algorithm>
 
 #include "ir/shape_rules.h"
@@ -11,26 +12,62 @@
 namespace tpc::cuda {
 namespace {
 
-// Double-precision block sum (fixed order): `smem` holds 32 doubles; every thread gets the result.
-const char* kBlockSumDouble = R"(
-__device__ __forceinline__ double tpc_block_sum_d(double v, double* smem) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? smem[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-)";
-
 NodeLowering single(KernelSpec k) {
   NodeLowering out;
   out.kernels.push_back(std::move(k));
   return out;
+}
+
+}  // namespace
+
+namespace {
+
+// Warp-per-row layout: lane l holds the U-element pieces (l + 32 i) U, i < NV, of its row.
+struct WarpRows {
+  int64_t D, rows, U, NV;
+  bool fits() const { return NV * U <= 64; }
+};
+WarpRows warpRowsOf(int64_t D, int64_t rows) {
+  int64_t U = D % 8 == 0 ? 8 : 1;
+  return {D, rows, U, D ? (D + 32 * U - 1) / (32 * U) : 1};
+}
+constexpr int64_t kWarpsPerBlock = 4;
+
+// Row helpers for the warp-per-row kernels: tpc_rowld(name) loads a piece, rowst stores one; the
+// statistics of a row held as v[NV][U] (zeros past D).
+std::string warpRowHead(const WarpRows& w, const std::vector<std::pair<std::string, DType>>& loads,
+                        const std::string& storeName, double eps) {
+  std::string s = cat("#define D ", i64Lit(w.D), "\n#define ROWS ", i64Lit(w.rows), "\n#define U ", w.U, "\n#define NV ",
+                      w.NV, "\n#define WPB ", kWarpsPerBlock, "\n#define EPS ", floatLit(eps), "\n");
+  auto fn = [&](const std::string& name, bool store) {
+    if (store)
+      return cat("__device__ __forceinline__ void ", name, "_stu(", name, "_t* p, i64 i, const float* v) {\n#if U == 8\n  ",
+                 name, "_st8(p, i, v);\n#else\n  ", name, "_st(p, i, v[0]);\n#endif\n}\n");
+    return cat("__device__ __forceinline__ void ", name, "_ldu(const ", name, "_t* p, i64 i, float* v) {\n#if U == 8\n  ",
+               name, "_ld8(p, i, v);\n#else\n  v[0] = ", name, "_ld(p, i);\n#endif\n}\n");
+  };
+  for (auto& [name, t] : loads) s += vectorAccessors(name, t) + fn(name, false);
+  return s + fn(storeName, true) + R"(
+#define FOR_PIECES for (int i = 0; i < NV; ++i) if ((i64)(lane + 32 * i) * U < D)
+#define PIECE ((i64)(lane + 32 * i) * U)
+// Mean and 1/sqrt(biased variance + eps) of a row held by a warp (two passes over the registers).
+__device__ __forceinline__ void tpc_row_stats(float (*v)[U], int lane, float& mean, float& rstd) {
+  float s = 0.f;
+#pragma unroll
+  FOR_PIECES {
+#pragma unroll
+    for (int k = 0; k < U; ++k) s += v[i][k];
+  }
+  mean = tpc_warp_sum(s) / (float)D;
+  float q = 0.f;
+#pragma unroll
+  FOR_PIECES {
+#pragma unroll
+    for (int k = 0; k < U; ++k) { float d = v[i][k] - mean; q += d * d; }
+  }
+  rstd = 1.f / sqrtf(tpc_warp_sum(q) / (float)D + EPS);
+}
+)";
 }
 
 }  // namespace
@@ -41,10 +78,49 @@ Result<NodeLowering> lowerLayerNorm(const Node& n, const LoweringContext& ctx) {
   for (unsigned k = 0; k < 3; ++k) TPC_TRY(checkFloatDType(n, n.operand(k)->dtype(), "x, gamma and beta"));
   const Shape& s = n.operand(0)->shape();
   int64_t D = s.back(), rows = D ? n.operand(0)->type().numel() / D : 0;
+  WarpRows w = warpRowsOf(D, rows);
+  if (w.fits()) {
+    KernelSpec k;
+    k.entry = "tpc_layer_norm_warp";
+    k.source = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("g", n.operand(1)->dtype()) +
+               accessors("b", n.operand(2)->dtype()) + accessors("y", n.result(0)->dtype()) +
+               vectorAccessors("y", n.result(0)->dtype()) +
+               warpRowHead(w, {{"x", n.operand(0)->dtype()}, {"g", n.operand(1)->dtype()}, {"b", n.operand(2)->dtype()}},
+                           "y", n.getFloat("eps")) +
+               R"(
+extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_warp(const x_t* X, const g_t* G, const b_t* Bt, y_t* Y) {
+  const int lane = threadIdx.x & 31;
+  for (i64 row = (i64)blockIdx.x * WPB + (threadIdx.x >> 5); row < ROWS; row += (i64)gridDim.x * WPB) {
+    float v[NV][U];
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int k = 0; k < U; ++k) v[i][k] = 0.f;
+#pragma unroll
+    FOR_PIECES x_ldu(X + row * D, PIECE, v[i]);
+    float mean, rstd;
+    tpc_row_stats(v, lane, mean, rstd);
+#pragma unroll
+    FOR_PIECES {
+      float g[U], b[U];
+      g_ldu(G, PIECE, g);
+      b_ldu(Bt, PIECE, b);
+#pragma unroll
+      for (int k = 0; k < U; ++k) v[i][k] = (v[i][k] - mean) * rstd * g[k] + b[k];
+      y_stu(Y + row * D, PIECE, v[i]);
+    }
+  }
+}
+)";
+    k.block.x = static_cast<uint32_t>(32 * kWarpsPerBlock);
+    k.grid.x = gridFor(rows, kWarpsPerBlock, 1 << 20);
+    k.args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0)};
+    return single(std::move(k));
+  }
   KernelSpec k;
   k.entry = "tpc_layer_norm";
   k.source = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("g", n.operand(1)->dtype()) +
-             accessors("b", n.operand(2)->dtype()) + accessors("y", n.result(0)->dtype()) + kBlockSumDouble +
+             accessors("b", n.operand(2)->dtype()) + accessors("y", n.result(0)->dtype()) +
              cat(R"(
 extern "C" __global__ void tpc_layer_norm(const x_t* X, const g_t* G, const b_t* Bt, y_t* Y) {
   __shared__ double red[32];
@@ -69,6 +145,111 @@ extern "C" __global__ void tpc_layer_norm(const x_t* X, const g_t* G, const b_t*
   return single(std::move(k));
 }
 
+namespace {
+
+// Kernel 1: a warp per run of RPW rows (about 1536 warps in all): per row mean, rstd and
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy gamma; the warp's dgamma/dbeta partial sums over
+// its rows go to the workspace ([NW, D] each, f32). Kernel 2: those partials summed per column in order.
+Result<NodeLowering> lowerLayerNormGradWarp(const Node& n, const WarpRows& w) {
+  int64_t rpw = std::max<int64_t>(1, (w.rows + 1535) / 1536);
+  int64_t nw = (w.rows + rpw - 1) / rpw;
+  int64_t partBytes = nw * w.D * 4;
+  std::string src = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("x", n.operand(1)->dtype()) +
+                    accessors("g", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
+                    accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) +
+                    vectorAccessors("dx", n.result(0)->dtype()) +
+                    warpRowHead(w, {{"dy", n.operand(0)->dtype()}, {"x", n.operand(1)->dtype()}, {"g", n.operand(2)->dtype()}},
+                                "dx", n.getFloat("eps")) +
+                    cat("#define RPW ", i64Lit(rpw), "\n#define NW ", i64Lit(nw), "\n");
+  NodeLowering out;
+  out.workspaceBytes = 2 * partBytes;
+  {
+    KernelSpec k;
+    k.entry = "tpc_layer_norm_grad_warp";
+    k.source = src + R"(
+extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_grad_warp(const dy_t* DY, const x_t* X, const g_t* G,
+                                                                              dx_t* DX, float* pg, float* pb) {
+  const int lane = threadIdx.x & 31;
+  const i64 wi = (i64)blockIdx.x * WPB + (threadIdx.x >> 5);
+  if (wi >= NW) return;  // a whole warp: no block-wide barrier below
+  float ag[NV][U], ab[NV][U];
+#pragma unroll
+  for (int i = 0; i < NV; ++i)
+#pragma unroll
+    for (int k = 0; k < U; ++k) { ag[i][k] = 0.f; ab[i][k] = 0.f; }
+  const i64 end = min((wi + 1) * RPW, ROWS);
+  for (i64 row = wi * RPW; row < end; ++row) {
+    float v[NV][U], e[NV][U];
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int k = 0; k < U; ++k) { v[i][k] = 0.f; e[i][k] = 0.f; }
+#pragma unroll
+    FOR_PIECES { x_ldu(X + row * D, PIECE, v[i]); dy_ldu(DY + row * D, PIECE, e[i]); }
+    float mean, rstd;
+    tpc_row_stats(v, lane, mean, rstd);
+    float sg = 0.f, sgx = 0.f;
+#pragma unroll
+    FOR_PIECES {
+      float g[U];
+      g_ldu(G, PIECE, g);
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        v[i][k] = (v[i][k] - mean) * rstd;  // xhat from here on
+        float gv = e[i][k] * g[k];
+        sg += gv;
+        sgx += gv * v[i][k];
+        ag[i][k] += e[i][k] * v[i][k];
+        ab[i][k] += e[i][k];
+      }
+    }
+    sg = tpc_warp_sum(sg) / (float)D;
+    sgx = tpc_warp_sum(sgx) / (float)D;
+#pragma unroll
+    FOR_PIECES {
+      float g[U], d[U];
+      g_ldu(G, PIECE, g);
+#pragma unroll
+      for (int k = 0; k < U; ++k) d[k] = rstd * (e[i][k] * g[k] - sg - v[i][k] * sgx);
+      dx_stu(DX + row * D, PIECE, d);
+    }
+  }
+#pragma unroll
+  FOR_PIECES {
+#pragma unroll
+    for (int k = 0; k < U; ++k) { pg[wi * D + PIECE + k] = ag[i][k]; pb[wi * D + PIECE + k] = ab[i][k]; }
+  }
+}
+)";
+    k.block.x = static_cast<uint32_t>(32 * kWarpsPerBlock);
+    k.grid.x = gridFor(nw, kWarpsPerBlock, 1 << 20);
+    k.args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0), workspaceArg(0), workspaceArg(partBytes)};
+    out.kernels.push_back(std::move(k));
+  }
+  {
+    KernelSpec k;
+    k.entry = "tpc_layer_norm_grad_columns";
+    k.source = src + R"(
+extern "C" __global__ void tpc_layer_norm_grad_columns(const float* pg, const float* pb, dg_t* DG, db_t* DB) {
+  __shared__ double red[32 * 33];
+  const i64 col = (i64)blockIdx.x * 32 + threadIdx.x;
+  double v = tpc_column_sum(blockIdx.y ? pb : pg, NW, D, col, red);
+  if (threadIdx.y == 0 && col < D) {
+    if (blockIdx.y) db_st(DB, col, (float)v);
+    else dg_st(DG, col, (float)v);
+  }
+}
+)";
+    k.block = {32, 32, 1};
+    k.grid = {static_cast<uint32_t>(std::max<int64_t>(1, (w.D + 31) / 32)), 2, 1};
+    k.args = {workspaceArg(0), workspaceArg(partBytes), resultArg(1), resultArg(2)};
+    out.kernels.push_back(std::move(k));
+  }
+  return out;
+}
+
+}  // namespace
+
 // Kernel 1, a block per row: mean and rstd (kept in the workspace), dx = rstd (g - mean(g) - xhat mean(g xhat))
 // with g = dy gamma. Kernel 2: per chunk of rows and column, partial sums of dy xhat and dy (32 columns x
 // 8 row lanes per block, the lanes combined in order). Kernel 3: the chunks summed in order.
@@ -76,13 +257,14 @@ Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ct
   for (unsigned k = 0; k < 3; ++k) TPC_TRY(checkFloatDType(n, n.operand(k)->dtype(), "dy, x and gamma"));
   const Shape& s = n.operand(1)->shape();
   int64_t D = s.back(), rows = D ? n.operand(1)->type().numel() / D : 0;
+  if (WarpRows w = warpRowsOf(D, rows); w.fits()) return lowerLayerNormGradWarp(n, w);
   const int64_t kRowsPerChunk = 64;
   int64_t chunks = std::max<int64_t>(1, (rows + kRowsPerChunk - 1) / kRowsPerChunk);
   // Workspace: mean[rows], rstd[rows] (double), then dgamma/dbeta partials [chunks][D] (double).
   int64_t statBytes = 2 * rows * 8, partBytes = chunks * D * 8;
   std::string head = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("x", n.operand(1)->dtype()) +
                      accessors("g", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
-                     accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) + kBlockSumDouble +
+                     accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) +
                      cat("#define D ", i64Lit(D), "\n#define ROWS ", i64Lit(rows), "\n#define CHUNKS ", i64Lit(chunks),
                          "\n#define RPC ", i64Lit(kRowsPerChunk), "\n");
   NodeLowering out;
@@ -240,8 +422,7 @@ extern "C" __global__ void )" + entry + "(" + params + R"() {
 Result<NodeLowering> lowerSoftmax(const Node& n, const LoweringContext& ctx) {
   TPC_TRY(checkFloatDType(n, n.operand(0)->dtype(), "x"));
   AxisLayout L = layoutOf(n, n.operand(0)->shape());
-  std::string head = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("y", n.result(0)->dtype()) +
-                     kBlockSumDouble;
+  std::string head = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("y", n.result(0)->dtype());
   std::string body = R"(
     float m = -TPC_INF;
     FOR_J m = fmaxf(m, x_ld(X, base + j * stride));
@@ -259,7 +440,7 @@ Result<NodeLowering> lowerSoftmaxGrad(const Node& n, const LoweringContext& ctx)
   TPC_TRY(checkFloatDType(n, n.operand(0)->dtype(), "dy and y"));
   AxisLayout L = layoutOf(n, n.operand(1)->shape());
   std::string head = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("y", n.operand(1)->dtype()) +
-                     accessors("dx", n.result(0)->dtype()) + kBlockSumDouble;
+                     accessors("dx", n.result(0)->dtype());
   std::string body = R"(
     double dot = 0;
     FOR_J dot += (double)dy_ld(DY, base + j * stride) * (double)y_ld(Y, base + j * stride);

@@ -1,6 +1,6 @@
 // CUDA lowerings of reduce_sum / reduce_mean / reduce_max over any axes, and of sum_squares and
-// global_norm over several operands. Sums accumulate in double (the CPU kernels do too) in a fixed order:
-// results do not depend on scheduling. Shapes are static, so index arithmetic is baked into the source.
+// global_norm over several operands. Sums accumulate in double (the CPU kernels do too; sum_squares adds
+// eight squares in f32 first) in a fixed order: results do not depend on scheduling. Shapes are static, so index arithmetic is baked into the source.
 #include <algorithm>
 #include <set>
 
@@ -11,33 +11,6 @@
 
 namespace tpc::cuda {
 namespace {
-
-const char* kBlockSumDouble = R"(
-__device__ __forceinline__ double tpc_block_sum_d(double v, double* smem) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? smem[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ double tpc_block_max_d(double v, double* smem) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? smem[lane] : -(double)TPC_INF;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-)";
 
 // A function `name(i64 i)` mapping the row-major index over `sizes` to sum idx[k] * strides[k].
 std::string offsetFn(const std::string& name, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
@@ -54,7 +27,7 @@ std::string offsetFn(const std::string& name, const std::vector<int64_t>& sizes,
 // The input's dims split into kept (the output, row-major) and reduced ones. The innermost input dim
 // decides the layout: reduced -> a block per output walks the reduced elements (contiguous runs);
 // kept -> a thread per output (adjacent outputs adjacent in memory), the reduced range cut into chunks
-// whose partial results a second kernel combines in chunk order.
+// whose partial results a second kernel combines in chunk order (32 outputs x 32 chunk lanes a block).
 Result<NodeLowering> lowerReduce(const Node& n, const LoweringContext& ctx) {
   const Value* x = n.operand(0);
   DType dt = x->dtype();
@@ -91,7 +64,7 @@ Result<NodeLowering> lowerReduce(const Node& n, const LoweringContext& ctx) {
   DType od = n.result(0)->dtype();
   std::string store = isFloat(od) ? "o_st(O, o, (float)v);" : "O[o] = (o_t)(i64)v;";
   std::string head = devicePrelude() + accessors("x", dt) + (isFloat(od) ? accessors("o", od) : accessors("o", od)) +
-                     kBlockSumDouble + offsetFn("out_base", keptSize, keptStride) +
+                     offsetFn("out_base", keptSize, keptStride) +
                      offsetFn("red_off", redSize, redStride) +
                      cat("#define NOUT ", i64Lit(nout), "\n#define NRED ", i64Lit(nred), "\n#define INIT ",
                          isMax ? "(-(double)TPC_INF)" : "0.0", "\n#define COMBINE(a, b) ",
@@ -120,8 +93,8 @@ extern "C" __global__ void tpc_reduce_rows(const x_t* X, o_t* O) {
     out.kernels.push_back(std::move(k));
     return out;
   }
-  // Column style: chunks so that about 128k threads run, each chunk at least 16 reduced elements.
-  int64_t chunks = std::clamp<int64_t>((131072 + nout - 1) / std::max<int64_t>(nout, 1), 1, std::max<int64_t>(1, nred / 16));
+  // Column style: chunks so that about 256k threads run, each chunk at least 16 reduced elements.
+  int64_t chunks = std::clamp<int64_t>((262144 + nout - 1) / std::max<int64_t>(nout, 1), 1, std::max<int64_t>(1, nred / 16));
   chunks = std::min<int64_t>(chunks, 65535);
   int64_t per = (nred + chunks - 1) / std::max<int64_t>(chunks, 1);
   head += cat("#define CHUNKS ", i64Lit(chunks), "\n#define PER ", i64Lit(per), "\n");
@@ -170,60 +143,109 @@ extern "C" __global__ void tpc_reduce_cols_partial(const x_t* X, double* part) {
     k.entry = "tpc_reduce_cols_final";
     k.source = head + cat(R"(
 extern "C" __global__ void tpc_reduce_cols_final(const double* part, o_t* O) {
-  for (i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x; o < NOUT; o += (i64)gridDim.x * blockDim.x) {
-    double v = INIT;
-    for (i64 c = 0; c < CHUNKS; ++c) v = COMBINE(v, part[c * NOUT + o]);
+  __shared__ double red[32 * 33];
+  const i64 o = (i64)blockIdx.x * 32 + threadIdx.x;
+  double v = INIT;
+  if (o < NOUT)
+    for (i64 c = threadIdx.y; c < CHUNKS; c += blockDim.y) v = COMBINE(v, part[c * NOUT + o]);
+  red[threadIdx.y * 33 + threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y == 0 && o < NOUT) {
+    for (unsigned l = 1; l < blockDim.y; ++l) v = COMBINE(v, red[l * 33 + threadIdx.x]);
     v = FINISH(v);
     )", store, R"(
   }
 }
 )");
-    k.block.x = 256;
-    k.grid.x = gridFor(nout, 256);
+    k.block = {32, 32, 1};
+    k.grid.x = gridFor(nout, 32, 1 << 30);
     k.args = {workspaceArg(0), resultArg(0)};
     out.kernels.push_back(std::move(k));
   }
   return out;
 }
 
-// Kernel 1: each operand gets a fixed number of blocks; a block sums the squares of its grid-stride slice
-// of that operand and writes one double partial. Kernel 2: one block sums the partials (fixed order) and
-// writes the sum (sum_squares) or its square root (global_norm).
+// Kernel 1: the operands' elements cut into tiles of 16384 (a tile in one operand), tile t summed by block
+// t % B (B <= 1024 blocks, 16-byte loads, f32 within a vector then a double per thread), the block's sum
+// written as one double partial; an operand's tiles are found by a binary search over their first tile
+// numbers, so the work per block does not depend on how the elements are spread over the operands.
+// Kernel 2: one block sums the partials (fixed order) and writes the sum (sum_squares) or its square root
+// (global_norm).
 Result<NodeLowering> lowerSumSquares(const Node& n, const LoweringContext& ctx) {
-  std::string src = devicePrelude() + kBlockSumDouble;
-  std::string params, chain;
+  const int64_t kTile = 16384, kThreads = 256;
+  unsigned K = n.numOperands();
+  std::string src = devicePrelude();
+  std::string params, fill, bases = "0ll", counts, kinds, cases;
   std::vector<KernelArg> args;
-  int64_t base = 0;
-  for (unsigned k = 0; k < n.numOperands(); ++k) {
+  std::set<DType> dtypes;
+  int64_t tiles = 0;
+  for (unsigned k = 0; k < K; ++k) {
     DType dt = n.operand(k)->dtype();
     TPC_TRY(checkFloatDType(n, dt, "every operand"));
-    std::string name = cat("a", k);
-    src += accessors(name, dt);
-    params += cat("const ", name, "_t* P", k, ", ");
+    dtypes.insert(dt);
     int64_t count = n.operand(k)->type().numel();
-    int64_t blocks = std::clamp<int64_t>((count + 256 * 16 - 1) / (256 * 16), 1, 1024);
-    chain += cat("  ", k ? "else " : "", "if (blockIdx.x < ", i64Lit(base + blocks), ") {\n    const i64 b = blockIdx.x - ",
-                 i64Lit(base), ";\n    for (i64 i = b * blockDim.x + threadIdx.x; i < ", i64Lit(count),
-                 "; i += (i64)", i64Lit(blocks), " * blockDim.x) { double v = (double)", name, "_ld(P", k,
-                 ", i); acc += v * v; }\n  }\n");
+    tiles += (count + kTile - 1) / kTile;
+    params += cat("const void* P", k, ", ");
+    fill += cat("    ptr[", k, "] = P", k, ";\n");
+    bases += cat(", ", i64Lit(tiles));
+    counts += cat(k ? ", " : "", i64Lit(count));
+    kinds += cat(k ? ", " : "", static_cast<int>(dt));
     args.push_back(operandArg(k));
-    base += blocks;
   }
+  for (DType dt : dtypes) {
+    std::string name = cat("s", dtypeName(dt));
+    src += accessors(name, dt) + vectorAccessors(name, dt) + cat(R"(
+__device__ __forceinline__ void tpc_sq_)", name, "(const void* p, i64 b, i64 e, double& acc) {\n  const ", name,
+                                                                 R"(_t* q = (const )", name, R"(_t*)p;
+  const i64 e8 = b + (e - b) / 8 * 8;
+#pragma unroll 4
+  for (i64 j = b + (i64)threadIdx.x * 8; j < e8; j += NT * 8) {
+    float v[8];
+    )", name, R"(_ld8(q, j, v);
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s += v[k] * v[k];
+    acc += (double)s;
+  }
+  for (i64 j = e8 + threadIdx.x; j < e; j += NT) { double v = (double))", name, R"(_ld(q, j); acc += v * v; }
+}
+)");
+    cases += cat("      case ", static_cast<int>(dt), ": tpc_sq_", name, "(ptr[lo], b, e, acc); break;\n");
+  }
+  int64_t blocks = std::clamp<int64_t>(tiles, 1, 1024);
   NodeLowering out;
-  out.workspaceBytes = base * 8;
+  out.workspaceBytes = blocks * 8;
   {
     KernelSpec k;
     k.entry = "tpc_sum_squares_partial";
-    k.source = src + "extern \"C\" __global__ void tpc_sum_squares_partial(" + params + R"(double* part) {
+    k.source = cat("#define NT ", kThreads, "\n#define TILE ", i64Lit(kTile), "\n#define NOPS ", K, "\n#define TILES ",
+                   i64Lit(tiles), "\n") +
+               src + cat("__constant__ i64 tpc_tile_base[NOPS + 1] = {", bases, "};\n__constant__ i64 tpc_count[NOPS] = {", counts,
+                         "};\n__constant__ int tpc_kind[NOPS] = {", kinds, "};\n") +
+               "extern \"C\" __global__ void __launch_bounds__(NT) tpc_sum_squares_partial(" + params + R"(double* part) {
+  __shared__ const void* ptr[NOPS];
   __shared__ double red[32];
+  if (threadIdx.x == 0) {
+)" + fill + R"(  }
+  __syncthreads();
   double acc = 0;
-)" + chain + R"(
+  for (i64 t = blockIdx.x; t < TILES; t += gridDim.x) {
+    int lo = 0, hi = NOPS - 1;  // the last operand whose first tile is <= t
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (tpc_tile_base[mid] <= t) lo = mid;
+      else hi = mid - 1;
+    }
+    const i64 b = (t - tpc_tile_base[lo]) * TILE, e = min(b + TILE, tpc_count[lo]);
+    switch (tpc_kind[lo]) {
+)" + cases + R"(    }
+  }
   acc = tpc_block_sum_d(acc, red);
   if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
 )";
-    k.block.x = 256;
-    k.grid.x = static_cast<uint32_t>(base);
+    k.block.x = kThreads;
+    k.grid.x = static_cast<uint32_t>(blocks);
     k.args = args;
     k.args.push_back(workspaceArg(0));
     out.kernels.push_back(std::move(k));
@@ -231,11 +253,11 @@ Result<NodeLowering> lowerSumSquares(const Node& n, const LoweringContext& ctx) 
   {
     KernelSpec k;
     k.entry = "tpc_sum_squares_final";
-    k.source = devicePrelude() + kBlockSumDouble + cat(R"(
+    k.source = devicePrelude() + cat(R"(
 extern "C" __global__ void tpc_sum_squares_final(const double* part, float* out) {
   __shared__ double red[32];
   double acc = 0;
-  for (i64 i = threadIdx.x; i < )", i64Lit(base), R"(; i += blockDim.x) acc += part[i];
+  for (i64 i = threadIdx.x; i < )", i64Lit(blocks), R"(; i += blockDim.x) acc += part[i];
   acc = tpc_block_sum_d(acc, red);
   if (threadIdx.x == 0) out[0] = (float))", n.op() == OpKind::GlobalNorm ? "sqrt(acc)" : "acc", R"(;
 }
