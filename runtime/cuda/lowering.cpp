@@ -44,11 +44,11 @@ NodeExec nodeExec(const Node& n) {
 }
 
 Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue) {
-  // Attention on the QKV projection's layout: no copies of q, k, v, out and their gradients. First: it
-  // matches the transposes, slices and zero-padded concat sums between the QKV projection and attention,
-  // which no later rewrite touches, and takes the projection's output (add or matmul_epilogue) as it is;
-  // running it before the fold leaves the fold dqkv's bias sum and weight gradient as plain reduce_sum and
-  // matmul, read from attention_qkv_grad's result, so both rewrites fire (test_rewrite_for_cuda.cpp).
+  // Attention on the QKV projection's layout: no copies of q, k, v, out and their gradients. Its pattern lies
+  // between the QKV projection and attention (it takes the projection's output as it is), so either order
+  // with the epilogue fold fires both on GPT steps (test_rewrite_for_cuda.cpp); first, so that it sees the
+  // fuse pass's fusion groups as they are (the fold ungroups singletons) and the fold sees dqkv as one
+  // attention_qkv_grad result, whose bias sum and weight gradient become one bgrad_b.
   TPC_TRY(createPackQkvAttentionPass()->run(g));
   // Weight gradients as one matmul over all rows: no [B, K, N] intermediate, f32 accumulation over the batch.
   TPC_TRY(createFoldBatchMatmulSumPass()->run(g));
