@@ -1,6 +1,7 @@
 // cuBLASLt epilogues (fold-matmul-epilogues, CudaOptions::matmulEpilogues) on the GPU: each epilogue against
 // the unfused ops it replaces on random inputs (fp32 within 1e-5, bf16 within 1e-2 of the largest value), with
-// fewer launches (cuBLASLt took the epilogue); and a 2-layer GPT trained with and without them.
+// fewer launches (cuBLASLt took the epilogue); and a 2-layer GPT trained with and without them (with its
+// attentions packed by pack-qkv-attention in both), unsharded and on megatron-tp 2 virtual ranks.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -154,6 +155,41 @@ TEST_CASE("cuda epilogues: a 2-layer GPT trains 10 steps to the same losses with
     CHECK(worst <= (bf16 ? 1e-2 : 1e-5));
     CHECK(launches[1] < launches[0]);
   }
+}
+
+// The rank programs fold other epilogues than the unsharded step (test_rewrite_for_cuda.cpp): rank 0's
+// projections take the residual as C, rank 1's do not; the QKV projection stays unfused.
+TEST_CASE("cuda epilogues: megatron-tp 2 on virtual ranks trains 5 steps to the same losses with and without them",
+          "[gpu][epilogue]") {
+  test::requireGpuOrSkip();
+  GptConfig gc = test::smallGpt();
+  gc.heads = 8;
+  gc.paddedVocab = 128;
+  gc.attentionDropout = 0.1;
+  auto step = test::gptStep(gc, 4, test::megatronTp(2) + test::kTrainPasses);
+  std::vector<double> losses[2];
+  int64_t launches[2] = {0, 0};
+  for (int with : {0, 1}) {
+    std::vector<std::unique_ptr<Graph>> ranks = test::rankGraphs(*step);
+    REQUIRE(ranks.size() == 2);
+    for (auto& r : ranks) REQUIRE(createFusePass()->run(*r).ok());  // as tpc run: fuse each rank's program
+    CudaOptions o;
+    o.seed = 99;
+    o.verbose = false;
+    o.matmulEpilogues = with == 1;
+    auto backend = createCudaBackend(std::move(ranks), o);
+    test::prepareInitialState(*backend, *step, 1);
+    std::mt19937 rng(7);
+    losses[with] = test::trainLosses(*backend, rng, 5);
+    launches[with] = backend->launchesPerStep();
+  }
+  double worst = 0;
+  for (size_t i = 0; i < losses[0].size(); ++i)
+    worst = std::max(worst, std::abs(losses[1][i] - losses[0][i]) / std::abs(losses[0][i]));
+  WARN("tp 2: losses " << losses[0].front() << " -> " << losses[0].back() << "; launches per step " << launches[0]
+                       << " without epilogues, " << launches[1] << " with; worst relative loss difference " << worst);
+  CHECK(worst <= 1e-5);
+  CHECK(launches[1] < launches[0]);
 }
 
 }  // namespace tpc
