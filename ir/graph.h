@@ -95,6 +95,7 @@ class Node {
   // not declare, or a required one that is unset, is a compiler bug.
   const AttrDict& attrs() const { return attrs_; }
   void setAttr(std::string name, Attr v) { attrs_.set(std::move(name), std::move(v)); }
+  void eraseAttr(std::string_view name) { attrs_.erase(name); }
   const Attr& attr(std::string_view name) const;
   int64_t getInt(std::string_view name) const { return attr(name).i(); }
   double getFloat(std::string_view name) const { return attr(name).f(); }

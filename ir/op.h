@@ -47,7 +47,7 @@ struct OpInfo {
   OpKind kind;
   std::string_view name;
   int numOperands;  // -1: one or more
-  int numResults;
+  int numResults;   // -1: as many as the op's shape rule gives
   uint32_t traits;
   std::vector<AttrSpec> attrs;
 

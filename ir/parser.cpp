@@ -486,7 +486,7 @@ class Parser {
       TPC_ASSIGN(TensorType t, parseType());
       types.push_back(t);
     } while (acceptPunct(","));
-    if (static_cast<int>(resultNames.size()) != info.numResults)
+    if (info.numResults >= 0 && static_cast<int>(resultNames.size()) != info.numResults)
       return errAt(nodeLoc, std::string(info.name) + " has " + std::to_string(info.numResults) + " result(s), but " +
                                 std::to_string(resultNames.size()) + " name(s) are bound");
     if (types.size() != resultNames.size())

@@ -211,6 +211,32 @@ Result<Types> inferMatmul(const Ctx& c) {
   out.push_back(n);
   return one(TensorType(a.dtype, out));
 }
+// The operand and result lists per epilogue are in ops.def; the layout limits are cuBLASLt's (one GEMM).
+Result<Types> inferMatmulEpilogue(const Ctx& c) {
+  const std::string& e = c.s("epilogue");
+  size_t want = e == "bgrad_b" ? 2 : 3;
+  bool residual = e == "bias" && c.in.size() == 4;
+  if (e != "bias" && e != "gelu_bias" && e != "dgelu" && e != "dgelu_bgrad" && e != "bgrad_b")
+    return c.err("epilogue '", e, "' is not one of bias, gelu_bias, dgelu, dgelu_bgrad, bgrad_b");
+  if (c.in.size() != want && !residual)
+    return c.err("epilogue ", e, " takes ", want, e == "bias" ? " or 4" : "", " operands, got ", c.in.size());
+  TPC_ASSIGN(Types mm, (inferMatmul(Ctx{c.op, c.in.take_front(2), c.attrs, c.mesh})));
+  const TensorType& out = mm[0];
+  TPC_TRY(c.needRank(1, 2, "b"));
+  if (c.b("transpose_a")) TPC_TRY(c.needRank(0, 2, "a (transposed)"));
+  const int64_t N = out.shape.back();
+  TensorType vec(out.dtype, {N});
+  if (e == "bias" || e == "gelu_bias")
+    if (c.in[2] != vec) return c.err("bias must be ", vec.str(), ", got ", c.in[2].str());
+  if (e == "dgelu" || e == "dgelu_bgrad")
+    if (c.in[2] != out) return c.err("pre (the gelu input) must be ", out.str(), ", got ", c.in[2].str());
+  if (residual && c.in[3] != out) return c.err("residual must be ", out.str(), ", got ", c.in[3].str());
+  if (e == "bgrad_b" && (!c.b("transpose_a") || c.b("transpose_b")))
+    return c.err("epilogue bgrad_b needs transpose_a=true and transpose_b=false (b's rows are the sum)");
+  if (e == "gelu_bias") return Types{out, out};
+  if (e == "dgelu_bgrad" || e == "bgrad_b") return Types{out, vec};
+  return mm;
+}
 Status checkQKV(const Ctx& c, size_t q, size_t k, size_t v) {
   for (size_t x : {q, k, v}) {
     TPC_TRY(c.needRank(x, 4, "q, k and v ([batch, heads, seq, head_dim])"));

@@ -55,7 +55,7 @@ Status verifyGraph(const Graph& g) {
     const OpInfo& info = n->info();
     if (info.numOperands >= 0 && static_cast<int>(n->numOperands()) != info.numOperands)
       return fail(cat(info.name, " takes ", info.numOperands, " operand(s), got ", n->numOperands()));
-    if (static_cast<int>(n->numResults()) != info.numResults)
+    if (info.numResults >= 0 && static_cast<int>(n->numResults()) != info.numResults)
       return fail(cat(info.name, " has ", info.numResults, " result(s), got ", n->numResults()));
     std::vector<TensorType> types;
     for (const Value* v : n->operands()) {
@@ -65,6 +65,8 @@ Status verifyGraph(const Graph& g) {
     if (Status s = checkAttrs(n->op(), n->attrs()); !s.ok()) return fail(s.error());
     auto inferred = inferTypes(n->op(), types, n->attrs(), g.mesh());
     if (!inferred) return fail(inferred.error());
+    if (inferred->size() != n->numResults())
+      return fail(cat(info.name, " gives ", inferred->size(), " result(s) here, the node has ", n->numResults()));
     for (unsigned i = 0; i < n->numResults(); ++i) {
       const TensorType& declared = n->result(i)->type();
       if (declared != (*inferred)[i])

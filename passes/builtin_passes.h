@@ -1,6 +1,7 @@
 // Factories of tpc's own passes; each pass's class stays private to its file (STYLE.md: MLIR layout).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "passes/pass.h"
@@ -26,6 +27,9 @@ Result<std::unique_ptr<Pass>> createRecomputePass(const PassOptions& options);  
 std::unique_ptr<Pass> createFoldBatchMatmulSumPass();  // fold_batch_matmul_sum.cpp
 // attention(reshape(slice(transpose(qkv)))) and its gradient => attention_qkv(qkv) (one rank's program).
 std::unique_ptr<Pass> createPackQkvAttentionPass();  // pack_qkv_attention.cpp
+// Bias, gelu, their gradients and residual adds around a matmul => matmul_epilogue nodes (one rank's program,
+// after fuse). `canRun` may refuse a candidate node (the CUDA backend asks cuBLASLt); empty: all are taken.
+std::unique_ptr<Pass> createFoldMatmulEpiloguesPass(std::function<bool(const Node&)> canRun = {});  // fold_matmul_epilogues.cpp
 // global_norm(cast(g: bf16|f16) {to=f32}) => global_norm(g): the same norm without the f32 copy.
 std::unique_ptr<Pass> createGlobalNormSkipCastsPass();  // global_norm_skip_casts.cpp
 // Sharding (passes/sharding/): policies that annotate, and the engine's propagation / partition.

@@ -228,6 +228,9 @@ R vjpMatmul(VjpBuilder& b, const VjpArgs& a) {
   }
   return g;
 }
+R vjpMatmulEpilogue(VjpBuilder&, const VjpArgs& a) {
+  return noGradient(a, "it is built after autodiff (fold-matmul-epilogues, for the CUDA backend)");
+}
 // (out, lse) = attention(q, k, v)  =>  (dq, dk, dv) = attention_grad(dout, q, k, v, out, lse), same attributes
 // (the dropout mask is drawn again from the same key). lse is a by-product for the backward; a loss that
 // reads it would need its own cotangent term, which attention_grad does not take.

@@ -65,9 +65,6 @@ Status binary(KernelArgs<T>& a, F f) {
   return {};
 }
 
-template <class T>
-constexpr T kGeluC = T(0.7978845608028654);  // sqrt(2 / pi)
-
 }  // namespace
 
 template <class T>
@@ -83,10 +80,9 @@ Status kernelRsqrt(KernelArgs<T>& a) { return unary(a, [](T x) { return T(1) / s
 template <class T>
 Status kernelTanh(KernelArgs<T>& a) { return unary(a, [](T x) { return std::tanh(x); }); }
 
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 template <class T>
 Status kernelGelu(KernelArgs<T>& a) {
-  return unary(a, [](T x) { return T(0.5) * x * (T(1) + std::tanh(kGeluC<T> * (x + T(0.044715) * x * x * x))); });
+  return unary(a, [](T x) { return geluTanh(x); });
 }
 
 template <class T>
@@ -165,19 +161,13 @@ Status kernelDiv(KernelArgs<T>& a) {
   return binary(a, [](auto x, auto y) { return x / y; });
 }
 
-// d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(c (x + 0.044715 x^3))
 template <class T>
 Status kernelGeluGrad(KernelArgs<T>& a) {
   const T* dy = a.operand(0).f.data();
   const T* x = a.operand(1).f.data();
   T* dx = a.result().f.data();
   a.ctx.pool.parallelFor(a.result().numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      T v = x[i];
-      T t = std::tanh(kGeluC<T> * (v + T(0.044715) * v * v * v));
-      T d = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * kGeluC<T> * (T(1) + T(3 * 0.044715) * v * v);
-      dx[i] = dy[i] * d;
-    }
+    for (int64_t i = b; i < e; ++i) dx[i] = dy[i] * geluTanhGrad(x[i]);
   });
   return {};
 }

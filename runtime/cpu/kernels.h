@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -64,6 +65,20 @@ struct KernelArgs {
 #define TPC_CPU_KERNEL_INSTANTIATE(Enum)                         \
   template Status kernel##Enum<float>(KernelArgs<float> & a);    \
   template Status kernel##Enum<double>(KernelArgs<double> & a);
+
+// GPT-2's gelu (tanh approximation) 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2 / pi), and its
+// derivative 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(c (x + 0.044715 x^3)).
+template <class T>
+constexpr T kGeluC = T(0.7978845608028654);
+template <class T>
+inline T geluTanh(T x) {
+  return T(0.5) * x * (T(1) + std::tanh(kGeluC<T> * (x + T(0.044715) * x * x * x)));
+}
+template <class T>
+inline T geluTanhGrad(T v) {
+  T t = std::tanh(kGeluC<T> * (v + T(0.044715) * v * v * v));
+  return T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * kGeluC<T> * (T(1) + T(3 * 0.044715) * v * v);
+}
 
 // Row-major strides of a shape.
 inline std::vector<int64_t> stridesOf(llvm::ArrayRef<int64_t> shape) {

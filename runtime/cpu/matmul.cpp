@@ -2,6 +2,7 @@
 // the assembly): B is packed into NR-wide column panels, each thread packs MR-row blocks of A per
 // KC-deep slice, and a fixed-size MR x NR register tile is accumulated by a loop the compiler vectorizes.
 #include <algorithm>
+#include <string>
 
 #include "runtime/cpu/kernels.h"
 
@@ -125,6 +126,45 @@ Status kernelMatmul(KernelArgs<T>& a) {
   return {};
 }
 
+// The matmul (fp accumulation, not rounded to a 16-bit dtype before the epilogue, as cuBLASLt), then the
+// epilogue on every [row, column] of the [rows, N] result; sums over rows accumulate in double.
+template <class T>
+Status kernelMatmulEpilogue(KernelArgs<T>& a) {
+  const std::string& e = a.node.getStr("epilogue");
+  Buf<T>& out = a.result(0);
+  Buf<T> mm(out.type);
+  KernelArgs<T> plain{a.node, {a.in[0], a.in[1]}, {&mm}, a.ctx};
+  TPC_TRY(kernelMatmul(plain));
+  const int64_t N = out.shape().back(), rows = N ? out.numel() / N : 0;
+  const T* m = mm.f.data();
+  T* c = out.f.data();
+  const T* x = a.in.size() > 2 ? a.operand(2).f.data() : nullptr;  // bias or pre
+  const T* res = a.in.size() > 3 ? a.operand(3).f.data() : nullptr;
+  T* pre = e == "gelu_bias" ? a.result(1).f.data() : nullptr;
+  const int kind = e == "bias" ? 0 : e == "gelu_bias" ? 1 : e == "bgrad_b" ? 3 : 2;
+  a.ctx.pool.parallelFor(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, N)), [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * N; i < r1 * N; ++i) {
+      int64_t j = i % N;
+      switch (kind) {
+        case 0: c[i] = res ? (m[i] + x[j]) + res[i] : m[i] + x[j]; break;
+        case 1: pre[i] = m[i] + x[j], c[i] = geluTanh(pre[i]); break;
+        case 2: c[i] = m[i] * geluTanhGrad(x[i]); break;
+        default: c[i] = m[i];
+      }
+    }
+  });
+  if (e == "dgelu_bgrad" || e == "bgrad_b") {
+    const Buf<T>& src = e == "bgrad_b" ? a.operand(1) : out;  // bgrad_b: b [K, N], summed over its K rows
+    int64_t n = src.shape().back(), r = n ? src.numel() / n : 0;
+    std::vector<double> sum(static_cast<size_t>(n), 0.0);
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < n; ++j) sum[j] += static_cast<double>(src.f[i * n + j]);
+    for (int64_t j = 0; j < n; ++j) a.result(1).f[j] = static_cast<T>(sum[j]);
+  }
+  return {};
+}
+
 TPC_CPU_KERNEL_INSTANTIATE(Matmul)
+TPC_CPU_KERNEL_INSTANTIATE(MatmulEpilogue)
 
 }  // namespace tpc::cpu

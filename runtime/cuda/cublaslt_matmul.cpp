@@ -12,7 +12,27 @@ struct CublasLtMatmul::Plan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::string what;
+  bool epilogue = false;  // a matmul_epilogue: run() sets its bias and aux pointers
+  ~Plan() {
+    auto lt = cublasLt();
+    if (!lt.ok()) return;
+    if (la) (*lt)->matrixLayoutDestroy(la);
+    if (lb) (*lt)->matrixLayoutDestroy(lb);
+    if (lc) (*lt)->matrixLayoutDestroy(lc);
+    if (desc) (*lt)->matmulDescDestroy(desc);
+  }
 };
+
+std::array<const Value*, 3> epilogueValues(const Node& n) {
+  if (n.op() != OpKind::MatmulEpilogue) return {nullptr, nullptr, nullptr};
+  const std::string& e = n.getStr("epilogue");
+  const Value* bias = e == "bias" || e == "gelu_bias" ? n.operand(2)
+                      : e == "dgelu_bgrad" || e == "bgrad_b" ? n.result(1)
+                                                             : nullptr;
+  const Value* aux = e == "gelu_bias" ? n.result(1) : e == "dgelu" || e == "dgelu_bgrad" ? n.operand(2) : nullptr;
+  const Value* residual = e == "bias" && n.numOperands() == 4 ? n.operand(3) : nullptr;
+  return {bias, aux, residual};
+}
 
 namespace {
 
@@ -43,18 +63,32 @@ Result<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::create(size_t workspaceB
   return m;
 }
 
-CublasLtMatmul::~CublasLtMatmul() {
-  auto lt = cublasLt();
-  if (!lt.ok()) return;
-  for (auto& p : plans_) {
-    (*lt)->matrixLayoutDestroy(p->la);
-    (*lt)->matrixLayoutDestroy(p->lb);
-    (*lt)->matrixLayoutDestroy(p->lc);
-    (*lt)->matmulDescDestroy(p->desc);
-  }
-}
+CublasLtMatmul::~CublasLtMatmul() = default;
 
 Result<int> CublasLtMatmul::plan(const Node& n, std::vector<std::array<int64_t, 3>>* calls) {
+  TPC_ASSIGN(auto p, build(n, calls));
+  plans_.push_back(std::move(p));
+  return static_cast<int>(plans_.size()) - 1;
+}
+
+bool CublasLtMatmul::supports(const Node& n) {
+  std::vector<std::array<int64_t, 3>> calls;
+  return build(n, &calls).ok();
+}
+
+// cuBLASLt's epilogue for a matmul_epilogue. Its A is tpc's b (column-major C^T = B^T A^T), so tpc's
+// bgrad_b (b summed over its rows) is BGRADA; bias vectors run along D's rows, tpc's columns N.
+static Result<cublasLtEpilogue_t> epilogueOf(const std::string& e) {
+  if (e == "bias") return CUBLASLT_EPILOGUE_BIAS;
+  if (e == "gelu_bias") return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (e == "dgelu") return CUBLASLT_EPILOGUE_DGELU;
+  if (e == "dgelu_bgrad") return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  if (e == "bgrad_b") return CUBLASLT_EPILOGUE_BGRADA;
+  return makeError("cuBLASLt: no epilogue for '", e, "'");
+}
+
+Result<std::unique_ptr<CublasLtMatmul::Plan>> CublasLtMatmul::build(const Node& n,
+                                                                     std::vector<std::array<int64_t, 3>>* calls) {
   TPC_ASSIGN(const CublasLt* lt, cublasLt());
   const Value *A = n.operand(0), *B = n.operand(1), *C = n.result();
   bool ta = n.getBool("transpose_a"), tb = n.getBool("transpose_b");
@@ -118,6 +152,20 @@ Result<int> CublasLtMatmul::plan(const Node& n, std::vector<std::array<int64_t, 
   auto p = std::make_unique<Plan>();
   p->what = cat("matmul ", A->type().str(), " x ", B->type().str(), ta ? " (a^T)" : "", tb ? " (b^T)" : "");
   LT_TRY(lt->matmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  std::string epi;
+  if (n.op() == OpKind::MatmulEpilogue) {
+    epi = n.getStr("epilogue") + (n.numOperands() == 4 ? "+residual" : "");
+    p->what += cat(" with epilogue ", epi);
+    p->epilogue = true;
+    if (batch != 1 || calls->size() != 1) return makeError("cuBLASLt: ", p->what, " is not one GEMM");
+    TPC_ASSIGN(cublasLtEpilogue_t ep, epilogueOf(n.getStr("epilogue")));
+    LT_TRY(lt->matmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep), "EPILOGUE");
+    if (epilogueValues(n)[1]) {  // the gelu input, [M, N] row-major: column-major N rows, ld N
+      if (N % 8 != 0) return makeError("cuBLASLt: ", p->what, ": the aux matrix needs N divisible by 8");
+      int64_t ld = N;
+      LT_TRY(lt->matmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld), "EPILOGUE_AUX_LD");
+    }
+  }
   // Column-major: first operand is B (N x K after op), second is A (K x M after op).
   cublasOperation_t opFirst = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opSecond = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   LT_TRY(lt->matmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opFirst, sizeof opFirst), "TRANSA");
@@ -136,10 +184,10 @@ Result<int> CublasLtMatmul::plan(const Node& n, std::vector<std::array<int64_t, 
     }
   }
   std::string key = cat(int(ta_), ",", int(tb_), ",", int(tc_), ",", ta, tb, ",", M, ",", N, ",", K, ",", batch, ",",
-                        aBatch, ",", bBatch);
+                        aBatch, ",", bBatch, ",", epi);
   auto cached = algos_.find(key);
   if (cached != algos_.end()) {
-    p->algo = plans_[cached->second]->algo;
+    p->algo = cached->second;
   } else {
     cublasLtMatmulPreference_t pref;
     LT_TRY(lt->preferenceCreate(&pref), "preference");
@@ -153,17 +201,25 @@ Result<int> CublasLtMatmul::plan(const Node& n, std::vector<std::array<int64_t, 
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
       return makeError("cuBLASLt: no algorithm for ", p->what, " (status ", int(st), ")");
     p->algo = result.algo;
-    algos_[key] = static_cast<int>(plans_.size());
+    algos_[key] = result.algo;
   }
-  plans_.push_back(std::move(p));
-  return static_cast<int>(plans_.size()) - 1;
+  return p;
 }
 
-Status CublasLtMatmul::run(int id, const void* a, const void* b, void* c, void* workspace, cudaStream_t stream) const {
+Status CublasLtMatmul::run(int id, const void* a, const void* b, void* c, const EpilogueBuffers& epi, void* workspace,
+                           cudaStream_t stream) const {
   TPC_ASSIGN(const CublasLt* lt, cublasLt());
   const Plan& p = *plans_[id];
-  float alpha = 1.f, beta = 0.f;
-  LT_TRY(lt->matmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, b, p.la, a, p.lb, &beta, c, p.lc, c, p.lc,
+  if (p.epilogue) {  // the node's buffers (the heuristic ran with null pointers: any 256-byte aligned ones do)
+    if (epi.bias)
+      LT_TRY(lt->matmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias, sizeof epi.bias), "BIAS_POINTER");
+    if (epi.aux)
+      LT_TRY(lt->matmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &epi.aux, sizeof epi.aux),
+             "EPILOGUE_AUX_POINTER");
+  }
+  float alpha = 1.f, beta = epi.residual ? 1.f : 0.f;
+  const void* src = epi.residual ? epi.residual : c;
+  LT_TRY(lt->matmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, b, p.la, a, p.lb, &beta, src, p.lc, c, p.lc,
                     &p.algo, workspace, workspace_, stream),
          p.what);
   return {};

@@ -55,6 +55,7 @@ struct Launch {
   uint32_t smem = 0;
   std::vector<uint64_t> argv;
   int matmul = -1;
+  EpilogueBuffers epi;  // a matmul_epilogue's bias, aux and residual
   const void* a = nullptr;
   const void* b = nullptr;
   void* c = nullptr;
@@ -201,8 +202,11 @@ class CudaBackend final : public Backend {
     }
 
     auto t0 = std::chrono::steady_clock::now();
-    for (size_t r = 0; r < ranks_.size(); ++r)
-      if (Status s = rewriteForCuda(*ranks_[r].graph); !s.ok()) return makeError(rankPrefix(r), s.error());
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      std::function<bool(const Node&)> canRun;  // an epilogue cuBLASLt refuses keeps its unfused ops
+      if (options_.matmulEpilogues) canRun = [this, r](const Node& n) { return dev(r).matmul->supports(n); };
+      if (Status s = rewriteForCuda(*ranks_[r].graph, canRun); !s.ok()) return makeError(rankPrefix(r), s.error());
+    }
     // Lower every node of every rank (pure), plan the matmuls, then size the memory.
     std::vector<std::vector<NodeLowering>> lowerings(ranks_.size());
     std::vector<std::vector<int>> matmulPlans(ranks_.size());
@@ -886,6 +890,8 @@ class CudaBackend final : public Backend {
             l.a = static_cast<const char*>(rk.addr[n.operand(0)]) + oa * dtypeSize(n.operand(0)->dtype());
             l.b = static_cast<const char*>(rk.addr[n.operand(1)]) + ob * dtypeSize(n.operand(1)->dtype());
             l.c = static_cast<char*>(rk.addr[n.result()]) + oc * dtypeSize(n.result()->dtype());
+            auto [bias, aux, residual] = epilogueValues(n);
+            l.epi = {bias ? rk.addr[bias] : nullptr, aux ? rk.addr[aux] : nullptr, residual ? rk.addr[residual] : nullptr};
             l.op = op;
             l.what = what;
             rk.segments.back().push_back(l);
@@ -1084,7 +1090,7 @@ class CudaBackend final : public Backend {
         if (e != CUDA_SUCCESS) return makeError("cuda: launching ", l.what, ": ", driverError(e));
         return {};
       }
-      case Launch::Matmul: return d.matmul->run(l.matmul, l.a, l.b, l.c, d.matmulWorkspace, d.stream);
+      case Launch::Matmul: return d.matmul->run(l.matmul, l.a, l.b, l.c, l.epi, d.matmulWorkspace, d.stream);
       case Launch::Memset: CU_TRY(cudaMemsetAsync(l.c, 0, l.bytes, d.stream), l.what, " (zeroing its workspace)"); return {};
       case Launch::Copy: CU_TRY(cudaMemcpyAsync(l.c, l.a, l.bytes, cudaMemcpyDeviceToDevice, d.stream), l.what); return {};
       case Launch::Nccl: {

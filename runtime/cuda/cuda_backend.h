@@ -30,6 +30,9 @@ struct CudaOptions {
   // The AdamW updates as multi-tensor kernels gated on non-finite steps (adamw_groups.h); false: one kernel
   // per adamw_update and a copy of the state they update kept aside each step (tests compare the two).
   bool multiTensorAdamW = true;
+  // Fold bias adds, gelu, residual adds and bias gradients into the matmuls as cuBLASLt epilogues where
+  // cuBLASLt has an algorithm for them (fold-matmul-epilogues); false keeps the unfused ops (comparisons).
+  bool matmulEpilogues = true;
 };
 
 // rankGraphs: one graph per rank of the graphs' mesh (empty: the single-rank graph given to prepare()).

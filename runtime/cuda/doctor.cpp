@@ -45,7 +45,7 @@ Result<double> matmulRate(int device, int n) {
   const int warmup = 3, iters = 20;
   for (int i = 0; i < warmup + iters; ++i) {
     if (i == warmup) cudaEventRecord(start, stream);
-    if (Status s = lt->run(plan, da, db, dc, ws, stream); !s.ok()) {
+    if (Status s = lt->run(plan, da, db, dc, {}, ws, stream); !s.ok()) {
       cleanup();
       return makeError(s.error());
     }

@@ -37,17 +37,23 @@ bool isView(const Node& n) {
 }
 
 NodeExec nodeExec(const Node& n) {
-  if (n.op() == OpKind::Matmul) return NodeExec::Matmul;
+  if (n.op() == OpKind::Matmul || n.op() == OpKind::MatmulEpilogue) return NodeExec::Matmul;
   if (isView(n)) return NodeExec::View;
   if (n.has(traits::Collective) && n.graph() && n.graph()->mesh().axisSize(n.getStr("axis")) > 1) return NodeExec::Collective;
   return NodeExec::Kernels;
 }
 
-Status rewriteForCuda(Graph& g) {
-  // Attention on the QKV projection's layout: no copies of q, k, v, out and their gradients.
+Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue) {
+  // Attention on the QKV projection's layout: no copies of q, k, v, out and their gradients. Its pattern lies
+  // between the QKV projection and attention (it takes the projection's output as it is), so either order
+  // with the epilogue fold fires both on GPT steps (test_rewrite_for_cuda.cpp); first, so that it sees the
+  // fuse pass's fusion groups as they are (the fold ungroups singletons) and the fold sees dqkv as one
+  // attention_qkv_grad result, whose bias sum and weight gradient become one bgrad_b.
   TPC_TRY(createPackQkvAttentionPass()->run(g));
   // Weight gradients as one matmul over all rows: no [B, K, N] intermediate, f32 accumulation over the batch.
   TPC_TRY(createFoldBatchMatmulSumPass()->run(g));
+  // Bias, gelu, residual adds and bias gradients into cuBLASLt epilogues, where cuBLASLt has an algorithm.
+  if (canRunEpilogue) TPC_TRY(createFoldMatmulEpiloguesPass(canRunEpilogue)->run(g));
   // The norm reads bf16 gradients: their f32 casts fold into the AdamW kernel with the clip (adamw_groups.h).
   TPC_TRY(createGlobalNormSkipCastsPass()->run(g));
   return {};

@@ -2,6 +2,8 @@
 // NodeLowering (the kernel family's, else the generated one). Pure: no CUDA calls.
 #pragma once
 
+#include <functional>
+
 #include "ir/graph.h"
 #include "runtime/cuda/kernel_spec.h"
 
@@ -21,8 +23,9 @@ bool isView(const Node& n);
 
 NodeExec nodeExec(const Node& n);
 // The graph rewrites the CUDA backend applies to each rank's program before lowering it (passes/ that
-// the CPU reference does not run): pack-qkv-attention, fold-batch-matmul-sum.
-Status rewriteForCuda(Graph& g);
+// the CPU reference does not run): pack-qkv-attention, fold-batch-matmul-sum, then fold-matmul-epilogues
+// for the candidates `canRunEpilogue` accepts (none when it is empty).
+Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue = {});
 // The kernels of a Kernels node; a collective over an axis of size 1 is lowered as a copy.
 Result<NodeLowering> lowerNode(const Node& n, const LoweringContext& ctx);
 

@@ -98,6 +98,23 @@ inline std::vector<OpCase> cudaOpCases() {
   c.push_back({"broadcast batch [4,1] x [3]", OpKind::Matmul, {in("a", f32({4, 1, 6, 8})), in("b", f32({3, 8, 5}))}, {}, {}});
   c.push_back({"a^T batched, b 2-D", OpKind::Matmul, {in("a", f32({3, 8, 4})), in("b", f32({8, 5}))}, {}, {}});
   c.back().attrs.set("transpose_a", true);
+  // cuBLASLt epilogues (N divisible by 8: the gelu input's leading dimension).
+  auto epi = [&](const char* e, std::vector<InputSpec> ins, bool ta = false) {
+    c.push_back({e, OpKind::MatmulEpilogue, std::move(ins), {}, {}});
+    c.back().attrs.set("epilogue", std::string(e));
+    if (ta) c.back().attrs.set("transpose_a", true);
+  };
+  epi("bias", {in("a", f32({2, 4, 8})), in("b", f32({8, 16})), in("bias", f32({16}))});
+  c.back().label = "bias, residual";
+  c.back().inputs.push_back(in("res", f32({2, 4, 16})));
+  epi("bias", {in("a", f32({2, 4, 8})), in("b", f32({16, 8})), in("bias", f32({16}))});
+  c.back().label = "bias, b^T";
+  c.back().attrs.set("transpose_b", true);
+  epi("gelu_bias", {in("a", f32({2, 4, 8})), in("b", f32({8, 16})), in("bias", f32({16}), -2, 2)});
+  epi("dgelu", {in("a", f32({8, 8})), in("b", f32({16, 8})), in("pre", f32({8, 16}), -3, 3)});
+  c.back().attrs.set("transpose_b", true);
+  epi("dgelu_bgrad", {in("a", f32({2, 4, 8})), in("b", f32({8, 16})), in("pre", f32({2, 4, 16}), -3, 3)});
+  epi("bgrad_b", {in("a", f32({12, 8})), in("b", f32({12, 16}))}, true);
   c.push_back({"[2,2,16,8]", OpKind::Attention, {in("q", f32({2, 2, 16, 8})), in("k", f32({2, 2, 16, 8})), in("v", f32({2, 2, 16, 8}))}, {}, {}});
   c.push_back({"[2,2,16,8]", OpKind::AttentionGrad,
                {in("dout", f32({2, 2, 16, 8})), in("q", f32({2, 2, 16, 8})), in("k", f32({2, 2, 16, 8})),

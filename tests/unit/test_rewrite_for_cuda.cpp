@@ -1,0 +1,247 @@
+// rewriteForCuda's rewrites together on whole GPT training steps, as the CUDA backend runs them (after fuse;
+// every epilogue accepted): pack-qkv-attention packs every attention and its gradient AND
+// fold-matmul-epilogues folds the bias, residual, gelu and bias-gradient ops around the matmuls, including
+// the QKV projection whose output attention_qkv reads and whose bias/weight gradients read
+// attention_qkv_grad's result. The rewritten step computes what the original does on the CPU backend
+// (unsharded and on the rank programs of megatron-tp 2).
+#ifdef TPC_HAVE_CUDA
+
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "gpt_step_support.h"
+#include "ir/fusion_group.h"
+#include "ir/verifier.h"
+#include "runtime/cuda/lowering.h"
+
+using namespace tpc;
+using namespace tpc::test;
+
+namespace {
+
+int count(const Graph& g, OpKind op) {
+  int k = 0;
+  for (const Node* n : g.nodes()) k += n->op() == op;
+  return k;
+}
+
+// matmul_epilogue nodes by epilogue ("bias+residual" for a bias with a residual operand).
+std::map<std::string, int> epilogues(const Graph& g) {
+  std::map<std::string, int> m;
+  for (const Node* n : g.nodes())
+    if (n->op() == OpKind::MatmulEpilogue) ++m[n->getStr("epilogue") + (n->numOperands() == 4 ? "+residual" : "")];
+  return m;
+}
+
+GptConfig gpt() {
+  GptConfig g = smallGpt();
+  g.attentionDropout = 0.1;  // attention_qkv draws the same mask
+  return g;
+}
+
+// The step of gpt() (micro batch 4) through `passes`, then fuse on each rank's program (as `tpc run`).
+std::unique_ptr<Graph> fusedStep(const std::string& passes, std::vector<std::unique_ptr<Graph>>* ranks) {
+  auto step = gptStep(gpt(), 4, passes);
+  *ranks = rankGraphs(*step);
+  std::vector<Graph*> programs;
+  for (auto& r : *ranks) programs.push_back(r.get());
+  if (programs.empty()) programs.push_back(step.get());
+  for (Graph* p : programs) REQUIRE(createFusePass()->run(*p).ok());
+  return step;
+}
+
+// rewriteForCuda: with every epilogue accepted, or none (CudaOptions::matmulEpilogues false); the graph
+// stays valid, its fusion groups too.
+void rewrite(Graph& g, bool epilogues) {
+  std::function<bool(const Node&)> all = [](const Node&) { return true; };
+  Status s = cuda::rewriteForCuda(g, epilogues ? all : std::function<bool(const Node&)>());
+  INFO((s.ok() ? std::string() : s.error()));
+  REQUIRE(s.ok());
+  Status v = verifyGraph(g);
+  INFO((v.ok() ? std::string() : v.error()));
+  REQUIRE(v.ok());
+  REQUIRE(fusionGroups(g).ok());
+}
+
+struct Counts {
+  int attention, attentionGrad, packed, packedGrad, transpose, add, reduceSum, gelu, geluGrad, matmul;
+};
+Counts counts(const Graph& g) {
+  return {count(g, OpKind::Attention), count(g, OpKind::AttentionGrad), count(g, OpKind::AttentionQkv),
+          count(g, OpKind::AttentionQkvGrad), count(g, OpKind::Transpose), count(g, OpKind::Add),
+          count(g, OpKind::ReduceSum), count(g, OpKind::Gelu), count(g, OpKind::GeluGrad), count(g, OpKind::Matmul)};
+}
+
+// The value v is a reshape (or several) of.
+const Value* throughReshapes(const Value* v) {
+  while (v->def() && v->def()->op() == OpKind::Reshape) v = v->def()->operand(0);
+  return v;
+}
+
+// Both rewrites fired on every layer of `after` (the step `original` after rewriteForCuda): against
+// `original`, every attention is packed; against `unfolded` (the same rewrite without epilogues), the
+// epilogues `epi` replace their matmuls, adds, gelus and bias sums.
+void checkBoth(const Graph& original, const Graph& unfolded, const Graph& after, const std::map<std::string, int>& epi,
+               bool qkvFolded = true) {
+  const int layers = static_cast<int>(gpt().layers);
+  Counts o = counts(original), u = counts(unfolded), c = counts(after);
+  REQUIRE(o.attention == layers);
+  // pack-qkv-attention: no attention, its transposes, slices or the zero-padded concat sums left.
+  CHECK(c.attention == 0);
+  CHECK(c.attentionGrad == 0);
+  CHECK(c.packed == layers);
+  CHECK(c.packedGrad == layers);
+  CHECK(c.transpose == o.transpose - 4 * layers);
+  CHECK(c.add <= o.add - 2 * layers);
+  // fold-matmul-epilogues: nothing of it without epilogues, all of `epi` with them.
+  CHECK(epilogues(unfolded).empty());
+  CHECK(epilogues(after) == epi);
+  CHECK(c.gelu == 0);
+  CHECK(c.geluGrad == 0);
+  int folded = 0, biasSums = 0, adds = 0;
+  for (const auto& [e, k] : epi) {
+    folded += k;
+    adds += k * (e == "bias" || e == "gelu_bias" ? 1 : e == "bias+residual" ? 2 : 0);
+    biasSums += e == "dgelu_bgrad" || e == "bgrad_b" ? k : 0;
+  }
+  CHECK(c.matmul == u.matmul - folded);
+  CHECK(c.reduceSum == u.reduceSum - biasSums);
+  CHECK(c.add == u.add - adds);
+  CHECK(c.packed == u.packed);
+  CHECK(c.transpose == u.transpose);
+  // The QKV projection is an epilogue node that attention_qkv reads (through a reshape), and its bias
+  // gradient a bgrad_b that reads attention_qkv_grad's result.
+  if (!qkvFolded) return;
+  for (const Node* n : after.nodes()) {
+    if (n->op() != OpKind::AttentionQkv) continue;
+    const Node* qkv = throughReshapes(n->operand(0))->def();
+    REQUIRE(qkv);
+    CHECK(qkv->op() == OpKind::MatmulEpilogue);
+    if (qkv->op() == OpKind::MatmulEpilogue) CHECK(qkv->getStr("epilogue") == "bias");
+  }
+  int qkvBgrad = 0;
+  for (const Node* n : after.nodes()) {
+    if (n->op() != OpKind::MatmulEpilogue || n->getStr("epilogue") != "bgrad_b") continue;
+    const Node* d = throughReshapes(n->operand(1))->def();
+    qkvBgrad += d && d->op() == OpKind::AttentionQkvGrad;
+  }
+  CHECK(qkvBgrad == layers);
+}
+
+// Two steps on the CPU (the mesh backend over `ranks` when given); the loss, grad norm and every parameter.
+TensorMap twoSteps(const Graph& global, std::vector<std::unique_ptr<Graph>> ranks) {
+  CpuOptions o;
+  o.threads = 2;
+  o.seed = 11;
+  std::unique_ptr<Backend> b = ranks.empty() ? createCpuBackend(o) : createCpuMeshBackend(std::move(ranks), o);
+  prepareInitialState(*b, global, 7);
+  std::mt19937 rng(5);
+  TensorMap out;
+  for (int64_t s = 0; s < 2; ++s) {
+    auto r = b->step(gptBatch(rng, {4, 16}, 100, 1e-2f, s + 1), s + 1);
+    INFO((r.ok() ? std::string() : r.error()));
+    REQUIRE(r.ok());
+    out = *r;
+  }
+  for (const Value* p : global.params()) {
+    auto t = b->readState(p->name());
+    REQUIRE(t.ok());
+    out[p->name()] = *t;
+  }
+  return out;
+}
+
+// The k third of c_attn.bias has a zero gradient in exact arithmetic (softmax ignores a constant added to
+// every score of a row): its computed gradient is rounding noise, which AdamW normalises into updates that
+// depend on the summation order (the fold's bias sums differ from reduce_sum's). Those entries only have to
+// stay far below one real update (lr 1e-2); every other value matches within `tol`.
+bool isKeyBias(const std::string& name, int64_t i) {
+  const int64_t C = gpt().hidden;
+  return name.size() >= 11 && name.compare(name.size() - 11, 11, "c_attn.bias") == 0 && i >= C && i < 2 * C;
+}
+
+void checkClose(const TensorMap& want, const TensorMap& got, double tol) {
+  REQUIRE(want.size() == got.size());
+  for (const auto& [name, w] : want) {
+    INFO(name);
+    REQUIRE(got.count(name));
+    const HostTensor& g = got.at(name);
+    REQUIRE(g.numel() == w.numel());
+    double worst = 0, scale = 0, noise = 0;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      if (isKeyBias(name, i)) {
+        noise = std::max({noise, std::abs(g.getAsDouble(i)), std::abs(w.getAsDouble(i))});
+        continue;
+      }
+      worst = std::max(worst, std::abs(g.getAsDouble(i) - w.getAsDouble(i)));
+      scale = std::max(scale, std::abs(w.getAsDouble(i)));
+    }
+    CHECK(worst <= tol * std::max(scale, 1.0));
+    CHECK(noise <= 1e-3);
+  }
+}
+
+// Per layer: QKV + bias; attention and MLP projections + bias + residual; c_fc + bias + gelu; c_fc's input
+// gradient with dgelu and c_fc's bias gradient; the bias gradients of c_attn and both projections.
+const std::map<std::string, int> kUnsharded = {
+    {"bias", 2}, {"bias+residual", 4}, {"gelu_bias", 2}, {"dgelu_bgrad", 2}, {"bgrad_b", 6}};
+
+}  // namespace
+
+TEST_CASE("rewriteForCuda: a GPT step's attentions are packed and its matmul epilogues folded, same step",
+          "[cuda][pack-qkv][epilogue]") {
+  std::vector<std::unique_ptr<Graph>> none;
+  auto g = fusedStep(kTrainPasses, &none);
+  auto rewritten = g->clone(), unfolded = g->clone();
+  rewrite(*rewritten, true);
+  rewrite(*unfolded, false);
+  checkBoth(*g, *unfolded, *rewritten, kUnsharded);
+  // Nothing is left for either rewrite.
+  auto again = rewritten->clone();
+  rewrite(*again, true);
+  CHECK(again->numNodes() == rewritten->numNodes());
+  checkClose(twoSteps(*g, {}), twoSteps(*rewritten, {}), 1e-5);
+}
+
+TEST_CASE("rewriteForCuda: bf16 compute: both rewrites fire, the same step within bf16 rounding",
+          "[cuda][pack-qkv][epilogue]") {
+  std::vector<std::unique_ptr<Graph>> none;
+  auto g = fusedStep("mixed-precision(dtype=bf16)," + kTrainPasses, &none);
+  auto rewritten = g->clone(), unfolded = g->clone();
+  rewrite(*rewritten, true);
+  rewrite(*unfolded, false);
+  checkBoth(*g, *unfolded, *rewritten, kUnsharded);
+  TensorMap a = twoSteps(*g, {}), b = twoSteps(*rewritten, {});
+  for (const char* name : {"loss", "grad_norm"}) {
+    INFO(name);
+    double x = a.at(name).getAsDouble(0), y = b.at(name).getAsDouble(0);
+    CHECK(std::abs(x - y) <= 1e-2 * std::abs(x));
+  }
+}
+
+// megatron-tp's rank programs compute QKV as a broadcast batched matmul ([B, 1, T, C] x [3, C, Hl*Dh], the
+// [B, 3, T, H, Dh] layout attention_qkv reads): three GEMMs, so no cuBLASLt epilogue takes its bias add or the
+// bias sum beside its weight gradient; those stay unfused while the attention is packed. The row-parallel
+// projections add their bias to the partial sum before the all_reduce: on rank 0 with the residual add (all
+// folded), on rank 1 a zero-scaled bias whose residual add shares a fusion group with the scale (not folded).
+TEST_CASE("rewriteForCuda: on the rank programs of megatron-tp 2 both rewrites fire and the step matches",
+          "[cuda][pack-qkv][epilogue][sharding]") {
+  std::vector<std::unique_ptr<Graph>> plain;
+  auto g = fusedStep(megatronTp(2) + kTrainPasses, &plain);
+  REQUIRE(plain.size() == 2);
+  std::vector<std::unique_ptr<Graph>> rewritten;
+  for (size_t r = 0; r < plain.size(); ++r) {
+    INFO("rank " << r);
+    std::map<std::string, int> want = {{"gelu_bias", 2}, {"dgelu_bgrad", 2}, {"bgrad_b", 4}};
+    want[r == 0 ? "bias+residual" : "bias"] = 4;
+    auto l = plain[r]->clone(), unfolded = plain[r]->clone();
+    rewrite(*l, true);
+    rewrite(*unfolded, false);
+    checkBoth(*plain[r], *unfolded, *l, want, false);
+    rewritten.push_back(std::move(l));
+  }
+  checkClose(twoSteps(*g, std::move(plain)), twoSteps(*g, std::move(rewritten)), 1e-5);
+}
+
+#endif  // TPC_HAVE_CUDA
