@@ -55,6 +55,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                "one rank's program: attention (and its gradient) reads q, k, v from the QKV projection's layout and "
                "writes [B, T, H, Dh] (attention_qkv): no transposes, slices, zero-padded concats or adds around it",
                {}, plain<createPackQkvAttentionPass>});
+  (void)r.add({"hoist-collectives",
+               "one rank's program: each collective moves up to just after its operand's producer (collectives keep "
+               "their order), so that the nodes it passes run while it does on the CUDA backend's communication stream",
+               {}, plain<createHoistCollectivesPass>});
   (void)r.add({"megatron-tp",
                "Megatron tensor parallelism (before autodiff): QKV/fc1 by column (attention by heads), proj/fc2 by row, "
                "the embedding/LM head by vocab",

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "ir/printer.h"
+#include "passes/builtin_passes.h"
 #include "runtime/cuda/adamw_groups.h"
 #include "runtime/cuda/comm_stream_schedule.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
@@ -237,8 +238,12 @@ class CudaBackend final : public Backend {
     }
 
     auto t0 = std::chrono::steady_clock::now();
-    for (size_t r = 0; r < ranks_.size(); ++r)
+    for (size_t r = 0; r < ranks_.size(); ++r) {
       if (Status s = rewriteForCuda(*ranks_[r].graph); !s.ok()) return makeError(rankPrefix(r), s.error());
+      // Collectives as early as they can go: what they pass over overlaps them on the communication stream.
+      if (commStream_)
+        if (auto h = createHoistCollectivesPass()->run(*ranks_[r].graph); !h.ok()) return makeError(rankPrefix(r), h.error());
+    }
     // Lower every node of every rank (pure), plan the matmuls, then size the memory.
     std::vector<std::vector<NodeLowering>> lowerings(ranks_.size());
     std::vector<std::vector<int>> matmulPlans(ranks_.size());

@@ -6,6 +6,7 @@
 
 #include "gpt_step_support.h"
 #include "ir/parser.h"
+#include "passes/builtin_passes.h"
 #include "runtime/cuda/comm_stream_schedule.h"
 #include "runtime/cuda/lowering.h"
 #include "runtime/cuda/memory_plan.h"
@@ -174,11 +175,59 @@ TEST_CASE("memory plan: a collective on the comm stream keeps its buffers live u
   CHECK(two.arenaBytes > one.arenaBytes);
 }
 
+namespace {
+
+std::vector<std::string> order(const Graph& g) {
+  std::vector<std::string> names;
+  for (const Node* n : g.nodes()) names.push_back(n->result()->hasName() ? n->result()->name() : "?");
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("hoist-collectives: a collective moves up to just after its operand's producer, in order", "[cuda][comm_stream]") {
+  auto g = parseText(R"(graph @g(%x: f32[4,8] place=[tp:R], %y: f32[4,8] place=[tp:R]) mesh(tp=2) {
+  %dx = neg(%x) : f32[4,8] {place=[tp:P]}
+  %dw = exp(%y) : f32[4,8] {place=[tp:R]}
+  %dw2 = neg(%dw) : f32[4,8] {place=[tp:R]}
+  %r = reshape(%dx) {shape=[32]} : f32[32] {place=[tp:P]}
+  %s = all_reduce(%r) {axis=tp, op=sum} : f32[32] {place=[tp:R]}
+  %m = neg(%y) : f32[4,8] {place=[tp:P]}
+  %t = all_reduce(%m) {axis=tp, op=sum} : f32[4,8] {place=[tp:R]}
+  %u = all_reduce(%x) {axis=tp, op=max} : f32[4,8] {place=[tp:R]}
+  %e = add(%t, %u) : f32[4,8] {place=[tp:R]}
+  return %s, %dw2, %e
+})");
+  auto changed = createHoistCollectivesPass()->run(*g);
+  REQUIRE(changed.ok());
+  CHECK(*changed);
+  // %s (with the reshape only it reads) right after %dx; %t after %m; %u, whose operand is an input, stays
+  // after %t (collectives keep their order).
+  CHECK(order(*g) == std::vector<std::string>{"dx", "r", "s", "dw", "dw2", "m", "t", "u", "e"});
+  changed = createHoistCollectivesPass()->run(*g);
+  REQUIRE(changed.ok());
+  CHECK(!*changed);
+
+  // A producer in a fusion group: its value exists once the group's last member ran.
+  auto f = parseText(R"(graph @f(%x: f32[8] place=[tp:R]) mesh(tp=2) {
+  %a = neg(%x) {fusion_group=1} : f32[8] {place=[tp:P]}
+  %b = exp(%x) : f32[8] {place=[tp:R]}
+  %c = neg(%b) {fusion_group=1} : f32[8] {place=[tp:R]}
+  %d = exp(%c) : f32[8] {place=[tp:R]}
+  %s = all_reduce(%a) {axis=tp, op=sum} : f32[8] {place=[tp:R]}
+  return %s, %d
+})");
+  REQUIRE(createHoistCollectivesPass()->run(*f).ok());
+  CHECK(order(*f) == std::vector<std::string>{"a", "b", "c", "s", "d"});
+}
+
 TEST_CASE("comm stream schedule: on a tp 2 GPT step with its memory plan, each collective is joined at its first reader", "[cuda][comm_stream]") {
   GptConfig c = test::smallGpt();
   auto step = test::gptStep(c, 2, test::megatronTp(2) + test::kTrainPasses);
   auto ranks = test::rankGraphs(*step);
   REQUIRE(ranks.size() == 2);
+  // As the CUDA backend prepares a rank with the communication stream on.
+  REQUIRE(createHoistCollectivesPass()->run(*ranks[0]).ok());
   const Graph& g = *ranks[0];
   auto onComm = [](const Node& n) { return nodeExec(n) == NodeExec::Collective; };
   StepMemoryPlan plan = cuda::planStepMemory(g, std::vector<int64_t>(g.numNodes(), 0), nullptr, 256, onComm);
