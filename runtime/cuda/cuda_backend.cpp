@@ -1255,11 +1255,11 @@ class CudaBackend final : public Backend {
     return {};
   }
 
-  // The step's launches with the collectives on d.comm (scheduleCommStream first, outside the capture) (while capturing d.stream): fork before each
-  // collective, join before the first launch that conflicts with it, as scheduleCommStream places them.
-  // Only the captured step does this; the eager paths (TPC_CUDA_DEBUG, checking mode) and the profiled step
-  // run everything on the compute stream, in the same order (the profile's events between launches time
-  // one launch each only on one stream).
+  // The captured step with the collectives on d.comm: scheduleCommStream (before the capture: it creates the
+  // events) places a fork before each collective and a join before the first launch that conflicts with it;
+  // enqueueWithCommStream issues them while d.stream is captured. Only the captured step does this; the
+  // eager paths (TPC_CUDA_DEBUG, checking mode) and the profiled step run everything on the compute stream in
+  // the same order (the profile's events between launches time one launch each only on one stream).
   Status scheduleCommStream(DeviceCtx& d) {
     std::vector<ScheduledLaunch> sl;
     for (const Launch& l : d.launches) sl.push_back({l.collective, l.reads, l.writes});
@@ -1269,6 +1269,7 @@ class CudaBackend final : public Backend {
     for (auto& e : d.commEvents) CU_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating a stream event");
     return {};
   }
+
   Status enqueueWithCommStream(DeviceCtx& d) {
     const CommSchedule& cs = d.schedule;
     for (size_t i = 0; i < d.launches.size(); ++i) {
