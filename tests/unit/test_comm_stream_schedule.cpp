@@ -5,7 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include "gpt_step_support.h"
+#include "ir/fusion_group.h"
 #include "ir/parser.h"
+#include "ir/verifier.h"
 #include "passes/builtin_passes.h"
 #include "runtime/cuda/comm_stream_schedule.h"
 #include "runtime/cuda/lowering.h"
@@ -219,6 +221,25 @@ TEST_CASE("hoist-collectives: a collective moves up to just after its operand's 
 })");
   REQUIRE(createHoistCollectivesPass()->run(*f).ok());
   CHECK(order(*f) == std::vector<std::string>{"a", "b", "c", "s", "d"});
+}
+
+TEST_CASE("hoist-collectives: a fused tp 2 GPT rank, rewritten as the CUDA backend does, keeps valid fusion groups", "[cuda][comm_stream]") {
+  auto step = test::gptStep(test::smallGpt(), 2, test::megatronTp(2) + test::kTrainPasses + ",fuse");
+  auto ranks = test::rankGraphs(*step);
+  REQUIRE(ranks.size() == 2);
+  for (auto& g : ranks) {
+    REQUIRE(rewriteForCuda(*g).ok());
+    auto before = fusionGroups(*g);
+    REQUIRE(before.ok());
+    auto changed = createHoistCollectivesPass()->run(*g);
+    REQUIRE(changed.ok());
+    CHECK(*changed);
+    auto after = fusionGroups(*g);  // no collective reads a group's value before the group's kernel runs
+    INFO((after.ok() ? std::string() : after.error()));
+    REQUIRE(after.ok());
+    CHECK(after->size() == before->size());
+    CHECK(verifyGraph(*g).ok());
+  }
 }
 
 TEST_CASE("comm stream schedule: on a tp 2 GPT step with its memory plan, each collective is joined at its first reader", "[cuda][comm_stream]") {
