@@ -63,6 +63,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                "one rank's program: global_norm reads bf16/f16 gradients instead of their exact f32 casts (same "
                "norm; the casts left for the clip multiply fold into the CUDA backend's AdamW kernel)",
                {}, plain<createGlobalNormSkipCastsPass>});
+  (void)r.add({"hoist-collectives",
+               "one rank's program: each collective moves up to just after its operand's producer (collectives keep "
+               "their order), so that the nodes it passes run while it does on the CUDA backend's communication stream",
+               {}, plain<createHoistCollectivesPass>});
   (void)r.add({"megatron-tp",
                "Megatron tensor parallelism (before autodiff): QKV/fc1 by column (attention by heads), proj/fc2 by row, "
                "the embedding/LM head by vocab",

@@ -32,6 +32,8 @@ std::unique_ptr<Pass> createPackQkvAttentionPass();  // pack_qkv_attention.cpp
 std::unique_ptr<Pass> createFoldMatmulEpiloguesPass(std::function<bool(const Node&)> canRun = {});  // fold_matmul_epilogues.cpp
 // global_norm(cast(g: bf16|f16) {to=f32}) => global_norm(g): the same norm without the f32 copy.
 std::unique_ptr<Pass> createGlobalNormSkipCastsPass();  // global_norm_skip_casts.cpp
+// Each collective just after its operand's producer (one rank's program; overlap on a communication stream).
+std::unique_ptr<Pass> createHoistCollectivesPass();  // hoist_collectives.cpp
 // Sharding (passes/sharding/): policies that annotate, and the engine's propagation / partition.
 Result<std::unique_ptr<Pass>> createMegatronTpPass(const PassOptions& options);    // megatron_tp.cpp
 Result<std::unique_ptr<Pass>> createDataParallelPass(const PassOptions& options);  // data_parallel.cpp

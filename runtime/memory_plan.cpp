@@ -39,7 +39,8 @@ int64_t planMemory(std::vector<PlannedBuffer>& buffers, int64_t alignment) {
 
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf,
-                              llvm::function_ref<bool(const Node&)> isView, int64_t alignment) {
+                              llvm::function_ref<bool(const Node&)> isView, int64_t alignment,
+                              llvm::function_ref<bool(const Node&)> onCommStream) {
   StepMemoryPlan plan;
   std::vector<Node*> nodes = g.nodeVector();
   const int end = static_cast<int>(nodes.size());
@@ -81,6 +82,25 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
     if (safe) plan.inPlace[v] = g.outputName(i);
     else plan.paramCopies.push_back({v, g.outputName(i)});
   }
+  // Nodes on the communication stream: their memory stays live until their join, the first later node
+  // (a view runs nothing) that reads their result; after the in-place choice above, so only arena buffers
+  // change (a parameter written while a collective still reads it is the join schedule's to order).
+  std::vector<int> holdUntil(nodes.size(), -1);
+  if (onCommStream)
+    for (int k = 0; k < end; ++k) {
+      if (!onCommStream(*nodes[k])) continue;
+      int join = end;
+      for (int m = k + 1; m < end; ++m) {
+        if (isView(*nodes[m]) || at[m] >= join) continue;
+        for (const Value* v : nodes[m]->operands())
+          for (const Value* res : nodes[k]->results())
+            if (root(v) == root(res)) join = at[m];  // a fused reader runs at its group's last member
+      }
+      holdUntil[k] = join;
+      for (const Value* v : nodes[k]->operands())
+        if (!root(v)->isParam() && !root(v)->isInput()) lastUse[root(v)] = std::max(lastUse.lookup(root(v)), join);
+      for (const Value* v : nodes[k]->results()) lastUse[root(v)] = std::max(lastUse.lookup(root(v)), join);
+    }
   for (int k = 0; k < end; ++k) {
     const FusionGroup* fg = (groupOf ? groupOf->lookup(nodes[k]) : nullptr);
     for (const Value* v : nodes[k]->results()) {
@@ -92,7 +112,7 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
     plan.workspaceOf.push_back(-1);
     if (k < static_cast<int>(workspaceBytes.size()) && workspaceBytes[k] > 0) {
       plan.workspaceOf.back() = static_cast<int>(plan.buffers.size());
-      plan.buffers.push_back({workspaceBytes[k], k, k});
+      plan.buffers.push_back({workspaceBytes[k], k, std::max(k, holdUntil[k])});
     }
   }
   plan.arenaBytes = planMemory(plan.buffers, alignment);

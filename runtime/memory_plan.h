@@ -44,9 +44,12 @@ struct StepMemoryPlan {
 // `workspaceBytes[k]`: the scratch node k (graph order) needs for the step. `groupOf`: the fusion group of
 // each member node (ir/fusion_group.h): a group's members all run at its last member, and a value read only
 // inside its group gets no buffer. `isView(n)`: n's result is its operand 0's memory (the backend decides:
-// the CUDA backend's views, none on the CPU).
+// the CUDA backend's views, none on the CPU). `onCommStream(n)` (if given): n runs on another stream until
+// the first later node that reads its result (or the step's end when none does), so the arena buffers of
+// its operands, results and workspace stay live until that node (comm_stream_schedule.h joins there).
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf,
-                              llvm::function_ref<bool(const Node&)> isView, int64_t alignment = 256);
+                              llvm::function_ref<bool(const Node&)> isView, int64_t alignment = 256,
+                              llvm::function_ref<bool(const Node&)> onCommStream = {});
 
 }  // namespace tpc

@@ -123,6 +123,8 @@ int runRun(std::vector<std::string> args) {
       .value("profile-step", "CUDA: time step N launch by launch (CUDA events) and print its GPU time per op; 0: off",
              "0")
       .toggle("no-fuse", "CUDA backend: one kernel per elementwise op (leave out the fuse pass that ends the pipeline)")
+      .toggle("one-stream", "CUDA with --tp/--dp: the collectives on the compute stream too (no overlap; by default "
+                            "they run on a communication stream of their own)")
       .value("initial-loss-scale", "--precision fp16: the loss scale to start from", "65536")
       .value("loss-scale-window", "--precision fp16: finite steps in a row after which the loss scale doubles", "1000")
       .value("min-loss-scale", "--precision fp16: the run fails when an overflow would halve the scale below this", "1")
@@ -300,6 +302,7 @@ int runRun(std::vector<std::string> args) {
     cuda.collectives = flags.get("collectives");
     cuda.collectiveTimeoutSeconds = *collectiveTimeout;
     cuda.profileStep = *profileStep;
+    cuda.collectiveStream = !flags.on("one-stream");
     backend = createCudaBackend(std::move(rankGraphs), cuda);
   }
 #endif

@@ -15,7 +15,9 @@
 #include <unordered_map>
 
 #include "ir/printer.h"
+#include "passes/builtin_passes.h"
 #include "runtime/cuda/adamw_groups.h"
+#include "runtime/cuda/comm_stream_schedule.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/cuda/cublaslt_matmul.h"
 #include "runtime/cuda/cuda_libraries.h"
@@ -69,6 +71,10 @@ struct Launch {
   std::string what;  // the node, for errors
   // Checking mode (findFirstNonFinite): (rank, node index) whose results are complete after this launch.
   std::vector<std::pair<size_t, int>> checks;
+  // For the communication stream's schedule (comm_stream_schedule.h): the collective this launch belongs
+  // to (-1: compute) and the device bytes it reads and writes.
+  int collective = -1;
+  std::vector<ByteRange> reads, writes;
 };
 
 // What one GPU holds besides the ranks' buffers: its stream, cuBLASLt, the step word, the loaded kernels,
@@ -84,6 +90,11 @@ struct DeviceCtx {
   int32_t holdHost = 0;
   std::unordered_map<std::string, CUfunction> functions;
   std::vector<Launch> launches;
+  // The collectives' stream in the captured step (CudaOptions::collectiveStream), its fork and join
+  // events (one each per collective) and where they go.
+  cudaStream_t comm = nullptr;
+  std::vector<cudaEvent_t> commEvents;
+  CommSchedule schedule;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   std::vector<HostTensor> staging;
@@ -153,6 +164,30 @@ class CudaBackend final : public Backend {
   }
   int64_t launchesPerStep() const override { return launchCount_; }
 
+  std::optional<CudaStepGraphInfo> graphInfo() const {
+    if (!prepared_ || devs_.empty() || !devs_[0].graph) return std::nullopt;
+    const DeviceCtx& d = devs_[0];
+    CudaStepGraphInfo info;
+    info.launches = static_cast<int64_t>(d.launches.size());
+    if (d.comm) {
+      for (int c : d.schedule.collectiveOf) info.commLaunches += c >= 0;
+      info.collectives = static_cast<int64_t>(d.schedule.collectives.size());
+      info.forks = d.schedule.forks;
+      info.joins = d.schedule.joins;
+      info.overlapped = d.schedule.overlapped;
+    }
+    size_t nodes = 0, edges = 0;
+    if (cudaGraphGetNodes(d.graph, nullptr, &nodes) != cudaSuccess) return std::nullopt;
+#if CUDART_VERSION >= 13000
+    if (cudaGraphGetEdges(d.graph, nullptr, nullptr, nullptr, &edges) != cudaSuccess) return std::nullopt;
+#else
+    if (cudaGraphGetEdges(d.graph, nullptr, nullptr, &edges) != cudaSuccess) return std::nullopt;
+#endif
+    info.graphNodes = static_cast<int64_t>(nodes);
+    info.graphEdges = static_cast<int64_t>(edges);
+    return info;
+  }
+
   Status prepare(const Graph& step, const TensorMap& state) override {
     release();
     if (ranks_.empty()) {
@@ -185,6 +220,7 @@ class CudaBackend final : public Backend {
     if (nccl_) {
       TPC_ASSIGN(ncclLib_, nccl());
     }
+    commStream_ = options_.collectiveStream && R > 1;
     devs_.resize(nccl_ ? R : 1);
     for (size_t i = 0; i < devs_.size(); ++i) {
       DeviceCtx& d = devs_[i];
@@ -193,6 +229,7 @@ class CudaBackend final : public Backend {
       CU_TRY(cudaFree(nullptr), "cannot initialize GPU ", d.device);
       TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20));
       CU_TRY(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "stream");
+      if (commStream_) CU_TRY(cudaStreamCreateWithFlags(&d.comm, cudaStreamNonBlocking), "communication stream");
       CU_TRY(cudaMalloc(&d.stepWord, sizeof(int64_t)), "step word");
       CU_TRY(cudaMalloc(&d.holdWord, sizeof(int32_t)), "hold word");
       CU_TRY(cudaMemset(d.holdWord, 0, sizeof(int32_t)), "hold word");
@@ -206,6 +243,9 @@ class CudaBackend final : public Backend {
       std::function<bool(const Node&)> canRun;  // an epilogue cuBLASLt refuses keeps its unfused ops
       if (options_.matmulEpilogues) canRun = [this, r](const Node& n) { return dev(r).matmul->supports(n); };
       if (Status s = rewriteForCuda(*ranks_[r].graph, canRun); !s.ok()) return makeError(rankPrefix(r), s.error());
+      // Collectives as early as they can go: what they pass over overlaps them on the communication stream.
+      if (commStream_)
+        if (auto h = createHoistCollectivesPass()->run(*ranks_[r].graph); !h.ok()) return makeError(rankPrefix(r), h.error());
     }
     // Lower every node of every rank (pure), plan the matmuls, then size the memory.
     std::vector<std::vector<NodeLowering>> lowerings(ranks_.size());
@@ -293,6 +333,12 @@ class CudaBackend final : public Backend {
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     debug_ = std::getenv("TPC_CUDA_DEBUG") != nullptr;
     if (!debug_) TPC_TRY(capture());
+    if (options_.verbose && !debug_ && commStream_) {
+      const CommSchedule& cs = devs_[0].schedule;
+      std::printf("cuda: %zu collectives%s on a communication stream: %lld forks, %lld joins, %lld launches overlap them\n",
+                  cs.collectives.size(), nccl_ ? " per GPU" : "", static_cast<long long>(cs.forks),
+                  static_cast<long long>(cs.joins), static_cast<long long>(cs.overlapped));
+    }
     prepared_ = true;
     return {};
   }
@@ -734,7 +780,12 @@ class CudaBackend final : public Backend {
     for (Value* v : g.inputs()) rk.inputBytes += (v->type().bytes() + 255) / 256 * 256;
     std::vector<int64_t> workspace;
     for (const NodeLowering& l : lowerings) workspace.push_back(l.workspaceBytes);
-    plan = planStepMemory(g, workspace, &rk.groupOf);
+    // On the communication stream a collective's buffers stay live until its join (memory_plan.h).
+    bool ncclRanks = nccl_;
+    auto onCommStream = [ncclRanks](const Node& n) {
+      return ncclRanks ? n.has(traits::Collective) : nodeExec(n) == NodeExec::Collective;
+    };
+    plan = commStream_ ? planStepMemory(g, workspace, &rk.groupOf, 256, onCommStream) : planStepMemory(g, workspace, &rk.groupOf);
     rk.arenaBytes = plan.arenaBytes;
     // Parameters an output replaces that no gated AdamW kernel writes: kept aside for non-finite steps.
     for (size_t i = 0; i < g.outputs().size(); ++i) {
@@ -848,11 +899,31 @@ class CudaBackend final : public Backend {
       seg.back().checks.insert(seg.back().checks.end(), pending.begin(), pending.end());
       pending.clear();
     };
+    // The bytes each launch reads and writes (the communication stream's schedule): a node's launches read
+    // its (group's) operands and write its results, and its workspace both. Set on the launches a node
+    // added, when the next node starts.
+    Launch touched;
+    size_t untouched = 0;
+    auto attachRanges = [&] {
+      std::vector<Launch>& seg = rk.segments.back();
+      for (size_t i = std::min(untouched, seg.size()); i < seg.size(); ++i) {
+        if (seg[i].collective < 0) seg[i].collective = touched.collective;
+        seg[i].reads.insert(seg[i].reads.end(), touched.reads.begin(), touched.reads.end());
+        seg[i].writes.insert(seg[i].writes.end(), touched.writes.begin(), touched.writes.end());
+      }
+      untouched = seg.size();
+    };
+    auto range = [&](const Value* v) {
+      auto at = reinterpret_cast<uintptr_t>(rk.addr.lookup(v));
+      return ByteRange{at, at ? at + static_cast<uintptr_t>(v->type().bytes()) : 0};
+    };
+    int ncclCollectives = 0;
     // An AdamW group's members are checked after its kernel (other nodes' launches may come in between).
     std::map<const FusionGroup*, std::vector<std::pair<size_t, int>>> adamwMembers;
     for (size_t k = 0; k < nodes.size(); ++k) {
       const Node& n = *nodes[k];
       attachChecks();  // the previous node's
+      attachRanges();
       pending.push_back({r, static_cast<int>(k)});
       std::string what = cat(rankPrefix(r), n.opName(), " -> ", valueName(n.result()));
       std::string op(n.opName());
@@ -870,8 +941,18 @@ class CudaBackend final : public Backend {
       if (fg) op = cat("fusion_group=", fg->id);
       llvm::ArrayRef<Value*> operands = fg ? llvm::ArrayRef<Value*>(fg->inputs) : n.operands();
       llvm::ArrayRef<Value*> results = fg ? llvm::ArrayRef<Value*>(fg->outputs) : n.results();
+      touched = Launch();
+      for (const Value* v : operands) touched.reads.push_back(range(v));
+      for (const Value* v : results) touched.writes.push_back(range(v));
+      if (char* ws = workspace(rk, plan, k)) {
+        auto at = reinterpret_cast<uintptr_t>(ws);
+        ByteRange w{at, at + static_cast<uintptr_t>(lowerings[k].workspaceBytes)};
+        touched.reads.push_back(w);
+        touched.writes.push_back(w);
+      }
       if (nccl_ && n.has(traits::Collective)) {
         char* ws = workspace(rk, plan, k);
+        touched.collective = ncclCollectives++;
         TPC_TRY(ncclLaunches(r, n, ws, rk.segments.back()));
         continue;
       }
@@ -881,6 +962,7 @@ class CudaBackend final : public Backend {
           rk.collectives.push_back(&n);
           rk.collectiveIndex.push_back(static_cast<int>(k));
           rk.segments.emplace_back();
+          untouched = 0;
           continue;
         case NodeExec::Matmul: {
           for (const auto& [oa, ob, oc] : matmulCalls[r][k]) {
@@ -977,12 +1059,15 @@ class CudaBackend final : public Backend {
       }
     }
     attachChecks();
+    attachRanges();
     for (const auto& [v, name] : plan.paramCopies) {
       Launch l;
       l.kind = Launch::Copy;
       l.c = rk.params[name].second;
       l.a = rk.addr[v];
       l.bytes = static_cast<size_t>(v->type().bytes());
+      l.reads.push_back(range(v));
+      l.writes.push_back({reinterpret_cast<uintptr_t>(l.c), reinterpret_cast<uintptr_t>(l.c) + l.bytes});
       l.op = "update";
       l.what = cat(rankPrefix(r), "update of %", name);
       rk.segments.back().push_back(l);
@@ -1064,8 +1149,18 @@ class CudaBackend final : public Backend {
       } else {
         return makeError("cuda backend: no virtual-rank lowering for collective ", n0.opName());
       }
+      // What the group's kernels read and write: every member's input and output.
+      std::vector<ByteRange> reads, writes;
+      for (int64_t q = 0; q < G; ++q) {
+        const Node& n = *ranks_[members[q]].collectives[s];
+        reads.push_back({in(q), in(q) + static_cast<uintptr_t>(n.operand(0)->type().bytes())});
+        writes.push_back({out(q), out(q) + static_cast<uintptr_t>(n.result()->type().bytes())});
+      }
       for (auto& [k, ptrs] : ks) {
         TPC_ASSIGN(Launch l, rawKernel(devs_[0], k, ptrs, std::string(n0.opName()), what));
+        l.collective = static_cast<int>(s);
+        l.reads = reads;
+        l.writes = writes;
         devs_[0].launches.push_back(std::move(l));
       }
     }
@@ -1080,24 +1175,26 @@ class CudaBackend final : public Backend {
     return d;
   }
 
-  Status enqueue(DeviceCtx& d, const Launch& l) {
+  // On `stream` (null: d's compute stream).
+  Status enqueue(DeviceCtx& d, const Launch& l, cudaStream_t stream = nullptr) {
+    cudaStream_t st = stream ? stream : d.stream;
     switch (l.kind) {
       case Launch::Kernel: {
         std::vector<void*> params;
         for (const uint64_t& v : l.argv) params.push_back(const_cast<uint64_t*>(&v));
         CUresult e = driver_->launchKernel(l.fn, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.smem,
-                                           reinterpret_cast<CUstream>(d.stream), params.data(), nullptr);
+                                           reinterpret_cast<CUstream>(st), params.data(), nullptr);
         if (e != CUDA_SUCCESS) return makeError("cuda: launching ", l.what, ": ", driverError(e));
         return {};
       }
-      case Launch::Matmul: return d.matmul->run(l.matmul, l.a, l.b, l.c, l.epi, d.matmulWorkspace, d.stream);
-      case Launch::Memset: CU_TRY(cudaMemsetAsync(l.c, 0, l.bytes, d.stream), l.what, " (zeroing its workspace)"); return {};
-      case Launch::Copy: CU_TRY(cudaMemcpyAsync(l.c, l.a, l.bytes, cudaMemcpyDeviceToDevice, d.stream), l.what); return {};
+      case Launch::Matmul: return d.matmul->run(l.matmul, l.a, l.b, l.c, l.epi, d.matmulWorkspace, st);
+      case Launch::Memset: CU_TRY(cudaMemsetAsync(l.c, 0, l.bytes, st), l.what, " (zeroing its workspace)"); return {};
+      case Launch::Copy: CU_TRY(cudaMemcpyAsync(l.c, l.a, l.bytes, cudaMemcpyDeviceToDevice, st), l.what); return {};
       case Launch::Nccl: {
         ncclResult_t e = ncclSuccess;
-        if (l.ncclOp == 0) e = ncclLib_->allReduce(l.a, l.c, l.bytes, l.ncclType, l.redOp, l.comm, d.stream);
-        else if (l.ncclOp == 1) e = ncclLib_->allGather(l.a, l.c, l.bytes, l.ncclType, l.comm, d.stream);
-        else e = ncclLib_->reduceScatter(l.a, l.c, l.bytes, l.ncclType, l.redOp, l.comm, d.stream);
+        if (l.ncclOp == 0) e = ncclLib_->allReduce(l.a, l.c, l.bytes, l.ncclType, l.redOp, l.comm, st);
+        else if (l.ncclOp == 1) e = ncclLib_->allGather(l.a, l.c, l.bytes, l.ncclType, l.comm, st);
+        else e = ncclLib_->reduceScatter(l.a, l.c, l.bytes, l.ncclType, l.redOp, l.comm, st);
         if (e != ncclSuccess) return makeError(l.what, " failed: ", ncclLib_->getErrorString(e));
         return {};
       }
@@ -1169,6 +1266,40 @@ class CudaBackend final : public Backend {
     return {};
   }
 
+  // The captured step with the collectives on d.comm: scheduleCommStream (before the capture: it creates the
+  // events) places a fork before each collective and a join before the first launch that conflicts with it;
+  // enqueueWithCommStream issues them while d.stream is captured. Only the captured step does this; the
+  // eager paths (TPC_CUDA_DEBUG, checking mode) and the profiled step run everything on the compute stream in
+  // the same order (the profile's events between launches time one launch each only on one stream).
+  Status scheduleCommStream(DeviceCtx& d) {
+    std::vector<ScheduledLaunch> sl;
+    for (const Launch& l : d.launches) sl.push_back({l.collective, l.reads, l.writes});
+    d.schedule = cuda::scheduleCommStream(sl);
+    for (cudaEvent_t e : d.commEvents) cudaEventDestroy(e);
+    d.commEvents.assign(2 * d.schedule.collectives.size(), nullptr);  // [2c]: fork of collective c, [2c+1]: its end
+    for (auto& e : d.commEvents) CU_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating a stream event");
+    return {};
+  }
+
+  Status enqueueWithCommStream(DeviceCtx& d) {
+    const CommSchedule& cs = d.schedule;
+    for (size_t i = 0; i < d.launches.size(); ++i) {
+      if (int c = cs.joinBefore[i]; c >= 0)
+        CU_TRY(cudaStreamWaitEvent(d.stream, d.commEvents[2 * c + 1], 0), "joining the communication stream");
+      int c = cs.collectiveOf[i];
+      if (c >= 0 && cs.collectives[c].first == i && cs.collectives[c].fork) {
+        CU_TRY(cudaEventRecord(d.commEvents[2 * c], d.stream), "forking the communication stream");
+        CU_TRY(cudaStreamWaitEvent(d.comm, d.commEvents[2 * c], 0), "forking the communication stream");
+      }
+      TPC_TRY(enqueue(d, d.launches[i], c >= 0 ? d.comm : d.stream));
+      if (c >= 0 && cs.collectives[c].last == i)
+        CU_TRY(cudaEventRecord(d.commEvents[2 * c + 1], d.comm), "recording the end of ", d.launches[i].what);
+    }
+    if (cs.joinAtEnd >= 0)
+      CU_TRY(cudaStreamWaitEvent(d.stream, d.commEvents[2 * cs.joinAtEnd + 1], 0), "joining the communication stream");
+    return {};
+  }
+
   // Each GPU's launches captured once as a CUDA graph (a thread per GPU, as NCCL wants its ranks' calls).
   Status capture() {
     std::vector<std::string> errors(devs_.size());
@@ -1176,8 +1307,9 @@ class CudaBackend final : public Backend {
       DeviceCtx& d = devs_[i];
       Status st = [&]() -> Status {
         CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
+        if (d.comm) TPC_TRY(scheduleCommStream(d));
         CU_TRY(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeThreadLocal), "beginning the graph capture");
-        Status s = enqueueAll(d, false, 0);
+        Status s = d.comm ? enqueueWithCommStream(d) : enqueueAll(d, false, 0);
         cudaGraph_t graph = nullptr;
         cudaError_t e = cudaStreamEndCapture(d.stream, &graph);
         TPC_TRY(s);
@@ -1224,6 +1356,8 @@ class CudaBackend final : public Backend {
       if (d.replayEnd) cudaEventDestroy(d.replayEnd);
       if (d.matmulWorkspace) cudaFree(d.matmulWorkspace);
       if (d.stream) cudaStreamDestroy(d.stream);
+      if (d.comm) cudaStreamDestroy(d.comm);
+      for (cudaEvent_t e : d.commEvents) cudaEventDestroy(e);
     }
     devs_.clear();
     inPlace_.clear();
@@ -1240,6 +1374,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<NvrtcCompiler> compiler_;
   std::vector<DeviceCtx> devs_;
   bool nccl_ = false;
+  bool commStream_ = false;  // the captured step runs its collectives on a communication stream
   const Nccl* ncclLib_ = nullptr;
   std::vector<std::map<std::string, ncclComm_t>> comms_;  // rank -> axis -> its group's communicator
   std::vector<ncclComm_t> allComms_;
@@ -1251,6 +1386,11 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> createCudaBackend(std::vector<std::unique_ptr<Graph>> rankGraphs, CudaOptions options) {
   return std::make_unique<CudaBackend>(std::move(rankGraphs), std::move(options));
+}
+
+std::optional<CudaStepGraphInfo> cudaStepGraphInfo(const Backend& backend) {
+  auto* b = dynamic_cast<const CudaBackend*>(&backend);
+  return b ? b->graphInfo() : std::nullopt;
 }
 
 }  // namespace tpc

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,21 @@ struct CudaOptions {
   // Fold bias adds, gelu, residual adds and bias gradients into the matmuls as cuBLASLt epilogues where
   // cuBLASLt has an algorithm for them (fold-matmul-epilogues); false keeps the unfused ops (comparisons).
   bool matmulEpilogues = true;
+  // Several ranks: the captured step runs the collectives on a communication stream of their own (per GPU),
+  // so that compute that does not depend on one overlaps it (comm_stream_schedule.h); false: one stream.
+  // Results are bit-identical either way. The profiled step and TPC_CUDA_DEBUG run on one stream.
+  bool collectiveStream = true;
 };
+
+// The captured step of GPU 0, for tests: its launches, those on the communication stream, the collectives,
+// the forks and joins between the streams, the compute launches issued while a collective may run, and the
+// CUDA graph's nodes and dependency edges (one stream: a chain, edges = nodes - 1).
+struct CudaStepGraphInfo {
+  int64_t launches = 0, commLaunches = 0, collectives = 0, forks = 0, joins = 0, overlapped = 0;
+  int64_t graphNodes = 0, graphEdges = 0;
+};
+// nullopt for a backend that is not a prepared CUDA backend (or one in TPC_CUDA_DEBUG mode: no graph).
+std::optional<CudaStepGraphInfo> cudaStepGraphInfo(const Backend& backend);
 
 // rankGraphs: one graph per rank of the graphs' mesh (empty: the single-rank graph given to prepare()).
 std::unique_ptr<Backend> createCudaBackend(std::vector<std::unique_ptr<Graph>> rankGraphs, CudaOptions options);

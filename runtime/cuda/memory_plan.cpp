@@ -6,9 +6,10 @@
 namespace tpc::cuda {
 
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
-                              const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf, int64_t alignment) {
+                              const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf, int64_t alignment,
+                              llvm::function_ref<bool(const Node&)> onCommStream) {
   return tpc::planStepMemory(g, workspaceBytes, groupOf, [](const Node& n) { return nodeExec(n) == NodeExec::View; },
-                             alignment);
+                             alignment, onCommStream);
 }
 
 }  // namespace tpc::cuda

@@ -12,6 +12,6 @@ using tpc::StepMemoryPlan;
 
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf = nullptr,
-                              int64_t alignment = 256);
+                              int64_t alignment = 256, llvm::function_ref<bool(const Node&)> onCommStream = {});
 
 }  // namespace tpc::cuda
