@@ -1,7 +1,9 @@
-// Hidden benchmark (`tpc_gpu_tests "[.bench]"`): causal bf16 flash attention, forward and backward, the
-// f32 CUDA-core kernels against the tensor-core ones (as shipped, and without the hi+lo split of P), timed with CUDA events at the GPT shapes. Prints ms
-// and TFLOP/s (causal FLOPs: forward 2 B H T^2 Dh, backward 2.5 times that) and how far the two kernel
-// sets' results are apart (max |new - old| / max |old| per result).
+// Hidden benchmark (`tpc_gpu_tests "[.bench]"`): causal bf16 flash attention, forward and backward, timed
+// with CUDA events at the GPT shapes: the f32 CUDA-core kernels and the tensor-core ones in each variant of
+// cuda::TcAttnOptions (main's kernels before cp.async and ldmatrix, each of those alone, both as shipped, and
+// shipped without the hi+lo split of P). Prints ms, TFLOP/s (causal FLOPs: forward 2 B H T^2 Dh, backward
+// 2.5 times that), the speed-up over main's tensor-core kernels, and how far each variant's results are from
+// the CUDA-core kernels' (max |new - old| / max |old| per result).
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
@@ -124,7 +126,21 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
   ctx.smMajor = prop.major;
   ctx.smMinor = prop.minor;
   ctx.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
-  std::printf("%-26s %-5s %-12s %9s %9s\n", "shape [B,H,T,Dh]", "pass", "kernels", "ms", "TFLOP/s");
+  std::printf("%-26s %-5s %-14s %9s %9s %9s\n", "shape [B,H,T,Dh]", "pass", "kernels", "ms", "TFLOP/s", "vs tc-main");
+  struct Variant {
+    const char* name;
+    bool tensorCore;
+    cuda::TcAttnOptions opt;
+  };
+  const Variant variants[] = {
+      {"cuda-core", false, {}},
+      {"tc-main", true, {true, false, false}},
+      {"tc-cp.async", true, {true, true, false}},
+      {"tc-ldmatrix", true, {true, false, true}},
+      {"tc-shipped", true, {}},
+      {"tc-16bit-P", true, {false, true, true}},
+  };
+  constexpr int kVariants = sizeof(variants) / sizeof(variants[0]), kMain = 1;
   const int64_t shapes[2][4] = {{16, 12, 1024, 64}, {8, 16, 1024, 128}};
   for (const auto& d : shapes) {
     const Shape s = {d[0], d[1], d[2], d[3]};
@@ -138,12 +154,13 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
     BENCH_CUDA(cudaMalloc(&stepDev, 8));
     BENCH_CUDA(cudaMemset(stepDev, 0, 8));
     const double fwdFlop = 2.0 * s[0] * s[1] * s[2] * s[2] * s[3], bwdFlop = 2.5 * fwdFlop;
-    std::vector<void*> outs[3], lses[3], grads[3];
-    for (int impl = 0; impl < 3; ++impl) {  // 0: CUDA cores, 1: tensor cores, 2: tensor cores, 16-bit P
-      const char* name = impl == 0 ? "cuda-core" : impl == 1 ? "tensor-core" : "tc-16bit-P";
-      auto fl = impl ? cuda::lowerAttentionTensorCore(*fwd.node, ctx, impl == 1) : cuda::lowerAttentionSimt(*fwd.node, ctx);
-      auto bl = impl ? cuda::lowerAttentionGradTensorCore(*bwd.node, ctx, impl == 1)
-                     : cuda::lowerAttentionGradSimt(*bwd.node, ctx);
+    std::vector<void*> outs[kVariants], lses[kVariants], grads[kVariants];
+    double fwdMs[kVariants], bwdMs[kVariants];
+    for (int impl = 0; impl < kVariants; ++impl) {
+      const Variant& var = variants[impl];
+      auto fl = var.tensorCore ? cuda::lowerAttentionTensorCore(*fwd.node, ctx, var.opt) : cuda::lowerAttentionSimt(*fwd.node, ctx);
+      auto bl = var.tensorCore ? cuda::lowerAttentionGradTensorCore(*bwd.node, ctx, var.opt)
+                               : cuda::lowerAttentionGradSimt(*bwd.node, ctx);
       REQUIRE(fl.ok());
       REQUIRE(bl.ok());
       void *o = nullptr, *l = nullptr;
@@ -151,8 +168,7 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
       BENCH_CUDA(cudaMalloc(&l, rows * 4));
       outs[impl] = {o};
       lses[impl] = {l};
-      double ms = timeMs(load(nvrtc, *fl), {q, k, v}, {o, l}, nullptr, stepDev);
-      std::printf("%-26s %-5s %-12s %9.3f %9.1f\n", shapeStr(s).c_str(), "fwd", name, ms, fwdFlop / ms / 1e9);
+      fwdMs[impl] = timeMs(load(nvrtc, *fl), {q, k, v}, {o, l}, nullptr, stepDev);
       std::vector<void*> g(3);
       for (void*& p : g) BENCH_CUDA(cudaMalloc(&p, n * 2));
       grads[impl] = g;
@@ -160,20 +176,25 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
       BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&ws), static_cast<size_t>(std::max<int64_t>(bl->workspaceBytes, 1))));
       // Each backward takes its own forward's out and lse.
       std::vector<void*> ops = {dO, q, k, v, o, l};
-      ms = timeMs(load(nvrtc, *bl), ops, g, ws, stepDev);
-      std::printf("%-26s %-5s %-12s %9.3f %9.1f\n", shapeStr(s).c_str(), "bwd", name, ms, bwdFlop / ms / 1e9);
+      bwdMs[impl] = timeMs(load(nvrtc, *bl), ops, g, ws, stepDev);
       cudaFree(ws);
     }
+    for (int pass = 0; pass < 2; ++pass)
+      for (int impl = 0; impl < kVariants; ++impl) {
+        const double ms = pass ? bwdMs[impl] : fwdMs[impl], main = pass ? bwdMs[kMain] : fwdMs[kMain];
+        std::printf("%-26s %-5s %-14s %9.3f %9.1f %8.2fx\n", shapeStr(s).c_str(), pass ? "bwd" : "fwd",
+                    variants[impl].name, ms, (pass ? bwdFlop : fwdFlop) / ms / 1e9, main / ms);
+      }
     BENCH_CUDA(cudaDeviceSynchronize());
-    for (int impl = 1; impl < 3; ++impl) {
-      std::printf("%-26s %s vs cuda-core: out %.2e, dq %.2e, dk %.2e, dv %.2e (max |diff| / max |old|)\n",
-                  shapeStr(s).c_str(), impl == 1 ? "tensor-core" : "tc-16bit-P", relDiff(outs[0][0], outs[impl][0], n),
+    for (int impl = 1; impl < kVariants; ++impl) {
+      std::printf("%-26s %-14s vs cuda-core: out %.2e, dq %.2e, dk %.2e, dv %.2e (max |diff| / max |old|)\n",
+                  shapeStr(s).c_str(), variants[impl].name, relDiff(outs[0][0], outs[impl][0], n),
                   relDiff(grads[0][0], grads[impl][0], n), relDiff(grads[0][1], grads[impl][1], n),
                   relDiff(grads[0][2], grads[impl][2], n));
       CHECK(relDiff(outs[0][0], outs[impl][0], n) < 2e-2);
       for (int r = 0; r < 3; ++r) CHECK(relDiff(grads[0][r], grads[impl][r], n) < 5e-2);
     }
-    for (int impl = 0; impl < 3; ++impl) {
+    for (int impl = 0; impl < kVariants; ++impl) {
       cudaFree(outs[impl][0]);
       cudaFree(lses[impl][0]);
       for (void* p : grads[impl]) cudaFree(p);
