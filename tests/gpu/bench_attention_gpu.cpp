@@ -202,3 +202,55 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
     for (void* p : {q, k, v, dO, stepDev}) cudaFree(p);
   }
 }
+
+// The GPT's own layout (attention_qkv on the packed [B, T, 3, H, Dh] projection, out and dout [B, T, H, Dh]):
+// main's tensor-core kernels against the shipped ones at GPT-2 small's shape.
+TEST_CASE("bench: causal bf16 attention_qkv on the packed projection, main vs shipped tensor-core kernels",
+          "[.bench]") {
+  requireGpuOrSkip();
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  cuda::LoweringContext ctx;
+  ctx.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+  const int64_t B = 16, T = 1024, H = 12, D = 64;
+  const std::vector<int64_t> perm{2, 0, 3, 1, 4};
+  const Shape qkvShape = packedShape(B, T, H, D, perm);
+  const TensorType xt(DType::bf16, qkvShape), ot(DType::bf16, {B, T, H, D}), lt(DType::f32, {B, H, T});
+  AttrDict a = attrs({{"causal", true}});
+  a.set("perm", perm);
+  OneOp fwd = oneOp(OpKind::AttentionQkv, {xt}, a);
+  OneOp bwd = oneOp(OpKind::AttentionQkvGrad, {ot, xt, ot, lt}, a);
+  const size_t n = static_cast<size_t>(B * T * H * D);
+  std::mt19937 rng(12);
+  void *x = deviceBf16(3 * n, rng), *dO = deviceBf16(n, rng), *stepDev = nullptr;
+  BENCH_CUDA(cudaMalloc(&stepDev, 8));
+  BENCH_CUDA(cudaMemset(stepDev, 0, 8));
+  const double fwdFlop = 2.0 * B * H * T * T * D, bwdFlop = 2.5 * fwdFlop;
+  const cuda::TcAttnOptions variants[2] = {{true, false, false}, {}};
+  void *outs[2], *dx[2];
+  for (int impl = 0; impl < 2; ++impl) {
+    auto fl = cuda::lowerAttentionTensorCore(*fwd.node, ctx, variants[impl]);
+    auto bl = cuda::lowerAttentionGradTensorCore(*bwd.node, ctx, variants[impl]);
+    REQUIRE(fl.ok());
+    REQUIRE(bl.ok());
+    void* l = nullptr;
+    char* ws = nullptr;
+    BENCH_CUDA(cudaMalloc(&outs[impl], n * 2));
+    BENCH_CUDA(cudaMalloc(&l, n / D * 4));
+    BENCH_CUDA(cudaMalloc(&dx[impl], 3 * n * 2));
+    BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&ws), static_cast<size_t>(std::max<int64_t>(bl->workspaceBytes, 1))));
+    const double f = timeMs(load(nvrtc, *fl), {x}, {outs[impl], l}, nullptr, stepDev);
+    const double b = timeMs(load(nvrtc, *bl), {dO, x, outs[impl], l}, {dx[impl]}, ws, stepDev);
+    std::printf("attention_qkv [16,1024,3,12,64] %-10s fwd %7.3f ms (%5.1f TFLOP/s)  bwd %7.3f ms (%5.1f TFLOP/s)\n",
+                impl ? "tc-shipped" : "tc-main", f, fwdFlop / f / 1e9, b, bwdFlop / b / 1e9);
+    cudaFree(l);
+    cudaFree(ws);
+  }
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::printf("attention_qkv tc-shipped vs tc-main: out %.2e, dqkv %.2e (max |diff| / max |old|)\n",
+              relDiff(outs[0], outs[1], n), relDiff(dx[0], dx[1], 3 * n));
+  CHECK(relDiff(outs[0], outs[1], n) < 2e-2);
+  CHECK(relDiff(dx[0], dx[1], 3 * n) < 5e-2);
+  for (void* p : {outs[0], outs[1], dx[0], dx[1], x, dO, stepDev}) cudaFree(p);
+}
