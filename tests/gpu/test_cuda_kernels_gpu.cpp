@@ -111,6 +111,35 @@ TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5 a
   CHECK(compared > 60);
 }
 
+// The tensor-core attention variants that do not ship (cuda::TcAttnOptions, timed by the "[.bench]" test)
+// on every "tc" case of cuda_kernel_cases.h (plain and packed layouts, causal and full, dropout, T 77,
+// head_dim 64 and 128), against the CPU backend like the shipped kernels above, and deterministic.
+TEST_CASE("cuda kernels: every tensor-core attention variant matches the CPU backend", "[gpu]") {
+  requireGpuOrSkip();
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  int compared = 0;
+  for (const TcVariant& v : tcAttentionVariants())
+    for (const Case& c : allCases()) {
+      if (!isTcAttentionCase(c)) continue;
+      INFO(v.name << ": " << c.name);
+      std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
+      std::vector<HostTensor> in = c.make(rng);
+      OneOp o = oneOp(c.op, c.types, c.attrs);
+      auto low = lowerTcVariant(o, v.opt);
+      REQUIRE(low.ok());
+      const uint64_t seed = 4242;
+      const int64_t step = 7;
+      std::vector<HostTensor> want = runCpu(c, in, seed, step);
+      std::vector<HostTensor> got = runGpu(nvrtc, o, *low, in, seed, step);
+      compared += compareResults(o, got, want);
+      std::vector<HostTensor> again = runGpu(nvrtc, o, *low, in, seed, step);
+      for (size_t r = 0; r < got.size(); ++r) CHECK(std::memcmp(got[r].raw(), again[r].raw(), got[r].bytes()) == 0);
+    }
+  CHECK(compared > 3 * 20);
+}
+
 namespace {
 
 // Copies rows (b, h, t) of Dh elements from src to dst at the given element offsets.

@@ -159,6 +159,24 @@ inline void tpc_ldsm_x4_trans(u32* r, const void* row) {
   }
   tpc_emu_state->warps[w]->arrive_and_wait();
 }
+inline void tpc_ldsm_x4(u32* r, const void* row) {
+  unsigned w = tpc_emu_tid / 32, lane = tpc_emu_tid % 32, g = lane >> 2, t = lane & 3;
+  tpc_emu_state->slots[tpc_emu_tid] = (unsigned long long)(uintptr_t)row;
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  for (unsigned i = 0; i < 4; ++i) {
+    const unsigned short* p = (const unsigned short*)(uintptr_t)tpc_emu_state->slots[w * 32 + i * 8 + g];
+    r[i] = (u32)p[2 * t] | ((u32)p[2 * t + 1] << 16);
+  }
+  tpc_emu_state->warps[w]->arrive_and_wait();
+}
+// cp.async as a plain copy at issue and its waits as no-ops: a kernel that reads a tile before waiting is not
+// caught here, one that overwrites a tile other threads still read is (the copy lands at once).
+inline void tpc_cp_async16(void* dst, const void* src, bool full) {
+  if (full) std::memcpy(dst, src, 16);
+  else std::memset(dst, 0, 16);
+}
+inline void tpc_cp_async_commit() {}
+inline void tpc_cp_async_wait_all() {}
 )SHIM";
 }
 

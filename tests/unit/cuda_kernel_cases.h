@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu_test_helpers.h"
+#include "runtime/cuda/kernels/attention.h"
 #include "runtime/cuda/kernels/family_lowerings.h"
 
 namespace tpc::test::kernels {
@@ -312,6 +313,24 @@ inline Result<NodeLowering> lowerCase(const Case& c, OneOp& o) {
   const cuda::FamilyLowering* fn = cuda::findFamilyLowering(c.op);
   if (!fn) return makeError("no lowering for ", opName(c.op));
   return (*fn)(*o.node, sm90());
+}
+
+// The tensor-core attention kernels' variants other than the shipped one (cuda::TcAttnOptions's defaults,
+// which lowerCase takes): each is checked on every case named "tc ..." (plain and packed layouts, causal and
+// full, dropout, odd T) as the shipped kernels are, so that a benchmark may pick any of them.
+struct TcVariant {
+  const char* name;
+  cuda::TcAttnOptions opt;
+};
+inline std::vector<TcVariant> tcAttentionVariants() {
+  return {{"main (sync loads, 32-bit fragment loads)", {true, false, false}},
+          {"cp.async only", {true, true, false}},
+          {"ldmatrix only", {true, false, true}}};
+}
+inline bool isTcAttentionCase(const Case& c) { return c.name.find(" tc ") != std::string::npos; }
+inline Result<NodeLowering> lowerTcVariant(OneOp& o, const cuda::TcAttnOptions& opt) {
+  return cuda::isAttentionBackward(*o.node) ? cuda::lowerAttentionGradTensorCore(*o.node, sm90(), opt)
+                                            : cuda::lowerAttentionTensorCore(*o.node, sm90(), opt);
 }
 
 // Compares every result; returns how many were compared.

@@ -46,8 +46,23 @@ Result<NodeLowering> lowerAttentionGradSimt(const Node& n, const LoweringContext
 // The tensor-core kernels (only where tensorCoreAttention holds).
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx);
-// splitP false: P and dS rounded to 16 bits once (FlashAttention-2's numerics, fewer mma); for benchmarks.
-Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx, bool splitP);
-Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx, bool splitP);
+// Variants of the tensor-core kernels; the defaults ship, the others are for benchmarks (tpc_gpu_tests
+// "[.bench]" times them side by side).
+struct TcAttnOptions {
+  // P (and dS) enter the P V style products as a 16-bit hi part plus a 16-bit residual, two mma each: the
+  // products then carry ~16 mantissa bits of P like the f32 kernels, not bf16's 8. Without the split
+  // (FlashAttention-2's numerics, fewer mma) the gradients of the 77-token D128 case are ~1.4e-2 off the
+  // CPU backend under the emulator (bf16 P rounding of the large early-row probabilities), over the 1e-2
+  // of the kernel tests.
+  bool splitP = true;
+  // The walked K/V (forward, dq) or Q/dout (dk/dv) tiles copied by cp.async into two buffers: the next tile
+  // loads while the mma run on this one. Costs one more buffer per walked tile in shared memory.
+  bool asyncCopy = true;
+  // S = A B^T's fragments read by ldmatrix.x4 (a quarter of the shared-memory instructions of 32-bit loads);
+  // the forward keeps its Q fragments in registers for the whole key walk, dk/dv (head_dim <= 64) its K and V.
+  bool ldmatrix = true;
+};
+Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx, const TcAttnOptions& o);
+Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx, const TcAttnOptions& o);
 
 }  // namespace tpc::cuda

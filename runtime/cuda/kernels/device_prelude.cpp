@@ -168,6 +168,24 @@ __device__ __forceinline__ void tpc_ldsm_x4_trans(u32* r, const void* row) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+// Four 8x8 tiles of 16-bit values from shared memory, not transposed: lane l names row l % 8 of tile l / 8;
+// lane (g = l / 4, t = l % 4) gets row g, columns 2t, 2t + 1 of each tile.
+__device__ __forceinline__ void tpc_ldsm_x4(u32* r, const void* row) {
+  u32 addr;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// 16 bytes global -> shared without passing through registers (cp.async, L2 only); with full false the
+// 16 bytes are zeros and src is not read. Completes at tpc_cp_async_wait_all() of a later committed group.
+__device__ __forceinline__ void tpc_cp_async16(void* dst, const void* src, bool full) {
+  u32 addr;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src), "r"(full ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void tpc_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void tpc_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 )CUDA";
   return text;
 }
