@@ -241,7 +241,17 @@ class CudaBackend final : public Backend {
     auto t0 = std::chrono::steady_clock::now();
     for (size_t r = 0; r < ranks_.size(); ++r) {
       std::function<bool(const Node&)> canRun;  // an epilogue cuBLASLt refuses keeps its unfused ops
-      if (options_.matmulEpilogues) canRun = [this, r](const Node& n) { return dev(r).matmul->supports(n); };
+      // TPC_MATMUL_EPILOGUES=kind,kind (bias, bias_residual, gelu_bias, dgelu, dgelu_bgrad, bgrad_b) folds only
+      // those kinds, "none" none: for measuring what each epilogue costs inside cuBLASLt (docs/cuda.md).
+      const char* kinds = std::getenv("TPC_MATMUL_EPILOGUES");
+      std::string only = kinds ? cat(",", kinds, ",") : std::string();
+      if (options_.matmulEpilogues)
+        canRun = [this, r, only](const Node& n) {
+          std::string kind = n.getStr("epilogue");
+          if (kind == "bias" && n.numOperands() == 4) kind = "bias_residual";
+          if (!only.empty() && only.find(cat(",", kind, ",")) == std::string::npos) return false;
+          return dev(r).matmul->supports(n);
+        };
       if (Status s = rewriteForCuda(*ranks_[r].graph, canRun); !s.ok()) return makeError(rankPrefix(r), s.error());
       // Collectives as early as they can go: what they pass over overlaps them on the communication stream.
       if (commStream_)
