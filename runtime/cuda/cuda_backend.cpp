@@ -241,12 +241,9 @@ class CudaBackend final : public Backend {
     auto t0 = std::chrono::steady_clock::now();
     for (size_t r = 0; r < ranks_.size(); ++r) {
       std::function<bool(const Node&)> canRun;  // an epilogue cuBLASLt refuses keeps its unfused ops
-      // The epilogue kinds folded: the forward ones by default. On the H200 (gpt2, micro batch 16, bf16; see
-      // docs/performance.md) they took the step from 41.7 to 37.7 ms, while cuBLASLt's DGELU_BGRAD made it
-      // 1.5 ms slower than gelu_grad + reduce_sum, and BGRADB gained 0.4 ms alone. TPC_MATMUL_EPILOGUES=kind,...
-      // (bias, bias_residual, gelu_bias, dgelu, dgelu_bgrad, bgrad_b), "all" or "none" chooses, to measure.
+      // The epilogue kinds folded (CudaOptions::matmulEpilogueKinds; TPC_MATMUL_EPILOGUES overrides it).
       const char* kinds = std::getenv("TPC_MATMUL_EPILOGUES");
-      std::string only = cat(",", kinds && *kinds ? kinds : "bias,bias_residual,gelu_bias", ",");
+      std::string only = cat(",", kinds && *kinds ? std::string(kinds) : options_.matmulEpilogueKinds, ",");
       if (only == ",all,") only.clear();
       if (options_.matmulEpilogues)
         canRun = [this, r, only](const Node& n) {

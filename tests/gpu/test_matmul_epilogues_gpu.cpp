@@ -2,7 +2,6 @@
 // the unfused ops it replaces on random inputs (fp32 within 1e-5, bf16 within 1e-2 of the largest value), with
 // fewer launches (cuBLASLt took the epilogue); and a 2-layer GPT trained with and without them (with its
 // attentions packed by pack-qkv-attention in both), unsharded and on megatron-tp 2 virtual ranks.
-#include <cstdlib>
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -25,6 +24,7 @@ Outcome runOnce(const Graph& g, const TensorMap& inputs, bool epilogues) {
   CudaOptions o;
   o.verbose = false;
   o.matmulEpilogues = epilogues;
+  o.matmulEpilogueKinds = "all";  // the backward kinds too (the backend's default folds the forward ones)
   auto backend = createCudaBackend({}, o);
   TensorMap state;
   for (const Value* p : g.params()) state[p->name()] = initParam(*p, 1);
@@ -115,11 +115,6 @@ TEST_CASE("cuda epilogues: each cuBLASLt epilogue matches the unfused ops (fp32 
 
 TEST_CASE("cuda epilogues: a 2-layer GPT trains 10 steps to the same losses with and without them", "[gpu][epilogue]") {
   test::requireGpuOrSkip();
-  // Every kind, the backward ones too (by default the backend folds only the forward kinds: faster on the H200).
-  ::setenv("TPC_MATMUL_EPILOGUES", "all", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("TPC_MATMUL_EPILOGUES"); }
-  } unset;
   for (bool bf16 : {false, true}) {
     auto g = test::fusionGptStep(bf16, true, true);
     std::vector<double> losses[2];
@@ -129,6 +124,7 @@ TEST_CASE("cuda epilogues: a 2-layer GPT trains 10 steps to the same losses with
       o.seed = 99;
       o.verbose = false;
       o.matmulEpilogues = with == 1;
+      o.matmulEpilogueKinds = "all";
       auto backend = createCudaBackend({}, o);
       TensorMap state;
       for (const Value* p : g->params()) state[p->name()] = initParam(*p, 1);
@@ -183,6 +179,7 @@ TEST_CASE("cuda epilogues: megatron-tp 2 on virtual ranks trains 5 steps to the 
     o.seed = 99;
     o.verbose = false;
     o.matmulEpilogues = with == 1;
+    o.matmulEpilogueKinds = "all";
     auto backend = createCudaBackend(std::move(ranks), o);
     test::prepareInitialState(*backend, *step, 1);
     std::mt19937 rng(7);
