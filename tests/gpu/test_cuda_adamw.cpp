@@ -10,6 +10,7 @@
 #include <random>
 
 #include "adamw_group_cases.h"
+#include "gpt_step_support.h"
 #include "gpu_test_support.h"
 #include "models/gpt.h"
 #include "passes/pipeline.h"
@@ -79,29 +80,6 @@ struct GpuDevice final : adamw::Device {
   }
 };
 
-std::unique_ptr<Graph> gptStep() {
-  GptConfig g;
-  g.layers = 2;
-  g.hidden = 64;
-  g.heads = 4;
-  g.vocab = 100;
-  g.paddedVocab = 256;
-  g.positions = 16;
-  TrainConfig c;
-  c.microBatch = 2;
-  c.globalBatch = 2;
-  c.seqLength = 16;
-  auto m = buildGpt(g, c);
-  REQUIRE(m.ok());
-  std::unique_ptr<Graph> step = std::move(m->forward);
-  PassManager pm;
-  REQUIRE(pm.addPipeline("autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce,fuse").ok());
-  Status s = pm.run(*step);
-  INFO((s.ok() ? std::string() : s.error()));
-  REQUIRE(s.ok());
-  return step;
-}
-
 TensorMap batch(int64_t i, float lr) {
   std::mt19937 rng(static_cast<unsigned>(i));
   TensorMap m;
@@ -139,7 +117,7 @@ TEST_CASE("cuda adamw: the multi-tensor kernel gives the per-tensor kernels' bit
 TEST_CASE("cuda adamw: training steps with the multi-tensor kernel give the per-tensor state bit for bit; a NaN step "
           "after them changes nothing", "[gpu][adamw][nonfinite]") {
   requireGpuOrSkip();
-  auto step = gptStep();
+  auto step = gptStep(smallGpt(), 2, kTrainPasses + ",fuse");
   TensorMap state;
   for (const Value* p : step->params()) state[p->name()] = initParam(*p, 5);
   std::vector<std::map<std::string, std::string>> after;

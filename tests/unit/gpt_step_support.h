@@ -139,6 +139,16 @@ inline std::vector<double> trainLosses(Backend& b, std::mt19937& rng, int64_t st
   return losses;
 }
 
+// `out` (a step's outputs) with every state tensor of `step` (parameters and moments) as `b` holds it added.
+inline TensorMap withState(const Backend& b, const Graph& step, TensorMap out) {
+  for (const Value* p : step.params()) {
+    auto t = b.readState(p->name());
+    REQUIRE(t.ok());
+    out[p->name()] = *t;
+  }
+  return out;
+}
+
 // Every state tensor of `step` (parameters and optimizer moments) as `b` holds it, as bytes.
 inline std::map<std::string, std::string> stateBytes(const Backend& b, const Graph& step) {
   std::map<std::string, std::string> s;

@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "gpt_step_support.h"
 #include "fusion_test_support.h"
 #include "ir/verifier.h"
 #include "runtime/cpu/cpu_backend.h"
@@ -76,12 +77,7 @@ TensorMap twoSteps(const Graph& g) {
     REQUIRE(r.ok());
     out = *r;
   }
-  for (const Value* p : g.params()) {
-    auto t = backend->readState(p->name());
-    REQUIRE(t.ok());
-    out[p->name()] = *t;
-  }
-  return out;
+  return test::withState(*backend, g, std::move(out));
 }
 
 void checkClose(const TensorMap& want, const TensorMap& got, double tol) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "gpt_step_support.h"
 #include "models/gpt.h"
 #include "passes/builtin_passes.h"
 #include "passes/pipeline.h"
@@ -110,12 +111,7 @@ TensorMap twoSteps(std::vector<std::unique_ptr<Graph>> ranks, const Graph& globa
     REQUIRE(r.ok());
     out = *r;
   }
-  for (const Value* p : global.params()) {
-    auto t = backend->readState(p->name());
-    REQUIRE(t.ok());
-    out[p->name()] = *t;
-  }
-  return out;
+  return test::withState(*backend, global, std::move(out));
 }
 
 // The packed kernels run the same loops in the same order: equal up to f32 rounding of index arithmetic

@@ -144,12 +144,7 @@ TensorMap twoSteps(const Graph& global, std::vector<std::unique_ptr<Graph>> rank
     REQUIRE(r.ok());
     out = *r;
   }
-  for (const Value* p : global.params()) {
-    auto t = b->readState(p->name());
-    REQUIRE(t.ok());
-    out[p->name()] = *t;
-  }
-  return out;
+  return withState(*b, global, std::move(out));
 }
 
 // The k third of c_attn.bias has a zero gradient in exact arithmetic (softmax ignores a constant added to
