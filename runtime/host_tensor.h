@@ -1,9 +1,12 @@
 // HostTensor: a tensor in host memory, stored in its declared dtype (f16/bf16 as their 16-bit patterns).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "ir/tensor_type.h"
@@ -13,9 +16,10 @@ namespace tpc {
 class HostTensor {
  public:
   HostTensor() = default;
-  // Zero-filled tensor of the given type.
+  // Zero-filled tensor of the given type. The storage comes from calloc, so a large all-zero tensor costs no
+  // memory until it is written (the kernel maps zero pages lazily): gpt2-xl's AdamW moments are 12 GB.
   explicit HostTensor(TensorType type)
-      : type_(std::move(type)), data_(std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(type_.bytes()))) {}
+      : type_(std::move(type)), data_(std::make_shared<Storage>(static_cast<size_t>(type_.bytes()))) {}
 
   static HostTensor scalarF32(float v) {
     HostTensor t(TensorType(DType::f32, {}));
@@ -27,15 +31,22 @@ class HostTensor {
   DType dtype() const { return type_.dtype; }
   const Shape& shape() const { return type_.shape; }
   int64_t numel() const { return type_.numel(); }
-  size_t bytes() const { return data_ ? data_->size() : 0; }
+  size_t bytes() const { return data_ ? data_->size : 0; }
   bool empty() const { return !data_; }
+  // True while no mutable pointer to the storage was ever handed out: the tensor is still all zeros, as
+  // constructed (a backend may then clear device memory instead of copying the bytes).
+  bool untouchedZeros() const { return data_ && !data_->written.load(std::memory_order_relaxed); }
 
   template <class T>
-  T* data() { return reinterpret_cast<T*>(data_->data()); }
+  T* data() { return reinterpret_cast<T*>(raw()); }
   template <class T>
-  const T* data() const { return reinterpret_cast<const T*>(data_->data()); }
-  uint8_t* raw() { return data_->data(); }
-  const uint8_t* raw() const { return data_->data(); }
+  const T* data() const { return reinterpret_cast<const T*>(raw()); }
+  uint8_t* raw() {
+    // Read first: threads that share a tensor keep reading the flag's cache line instead of bouncing it.
+    if (!data_->written.load(std::memory_order_relaxed)) data_->written.store(true, std::memory_order_relaxed);
+    return data_->bytes;
+  }
+  const uint8_t* raw() const { return data_->bytes; }
 
   // A deep copy (HostTensor copies share storage by default).
   HostTensor clone() const {
@@ -50,8 +61,19 @@ class HostTensor {
   HostTensor convertTo(DType d) const;
 
  private:
+  struct Storage {
+    explicit Storage(size_t n) : bytes(static_cast<uint8_t*>(std::calloc(n ? n : 1, 1))), size(n) {
+      if (!bytes) throw std::bad_alloc();
+    }
+    ~Storage() { std::free(bytes); }
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+    uint8_t* bytes;
+    size_t size;
+    std::atomic<bool> written{false};
+  };
   TensorType type_;
-  std::shared_ptr<std::vector<uint8_t>> data_;
+  std::shared_ptr<Storage> data_;
 };
 
 // bf16 and f16 conversions (round to nearest even), shared by the CPU backend and tests.

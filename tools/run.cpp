@@ -98,6 +98,10 @@ class DatasetBatches final : public BatchSource {
 };
 
 int runRun(std::vector<std::string> args) {
+  const auto runStart = std::chrono::steady_clock::now();
+  auto secondsSince = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   cli::Flags flags("run", "tpc run MODEL.fb|MODEL.json [training flags]");
   flags.value("save", "checkpoint directory to write (as Megatron-LM's --save)")
       .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
@@ -310,6 +314,8 @@ int runRun(std::vector<std::string> args) {
     backend = rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu, mesh);
   if (Status s = checkStateFitsInMemory(*step, cpu.fp64 ? 8 : 4, physicalMemoryBytes(), path); !s.ok())
     return cli::fail("run", s.error());
+  const double buildSeconds = secondsSince(runStart);
+  const auto stateStart = std::chrono::steady_clock::now();
   TensorMap state;
   int64_t numParams = 0;
   for (const Value* p : model->forward->params()) numParams += p->type().numel();
@@ -339,7 +345,10 @@ int runRun(std::vector<std::string> args) {
     batches.seek(checkpoint->state.dataPosition);
     std::cout << "resuming from " << checkpoint->path << " (iteration " << checkpoint->state.iteration << ")\n";
   }
+  const double stateSeconds = secondsSince(stateStart);
+  const auto prepareStart = std::chrono::steady_clock::now();
   if (Status s = backend->prepare(*step, state); !s.ok()) return cli::fail("run", s.error());
+  const double prepareSeconds = secondsSince(prepareStart);
 
   std::cout << "tpc run " << path << ": " << numParams << " parameters, training step of " << step->numNodes()
             << " ops on backend " << backend->name() << (step->mesh().empty() ? "" : " over " + step->mesh().str())
@@ -349,7 +358,10 @@ int runRun(std::vector<std::string> args) {
             << "  data: " << *dataPath << " (" << numDocs << " documents, " << splits->train.size() << " for training, "
             << batches.windowsPerEpoch() << " windows per epoch)\n"
             << "  lr " << config.lr << " -> " << config.minLr << " (" << config.decayStyle << ", warmup "
-            << config.warmupIters << "), " << config.trainIters << " steps" << std::endl;
+            << config.warmupIters << "), " << config.trainIters << " steps\n"
+            << std::fixed << std::setprecision(1) << "  startup: step built in " << buildSeconds << "s, initial state in "
+            << stateSeconds << "s, backend prepared in " << prepareSeconds << "s" << std::defaultfloat
+            << std::setprecision(6) << std::endl;
   if (lossScaling)
     std::cout << "  precision fp16: dynamic loss scale " << lossScaling->initial << " (doubled after "
               << lossScaling->window << " finite steps, halved on an overflow, minimum " << lossScaling->min << ")"

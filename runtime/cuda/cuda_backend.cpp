@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "ir/printer.h"
 #include "passes/builtin_passes.h"
@@ -839,6 +840,7 @@ class CudaBackend final : public Backend {
       if (it == state.end())
         return makeError("cuda backend: no initial value for parameter %", p->name(), " of graph @", rk.graph->name());
       HostTensor t = it->second;
+      const bool zeros = t.untouchedZeros();  // AdamW moments at the start: clear instead of uploading
       if (!mesh.empty()) {
         auto local = sliceForRank(t, p->placement(), mesh, static_cast<int64_t>(r));
         if (!local.ok()) return makeError("cuda backend: parameter %", p->name(), ": ", local.error());
@@ -849,7 +851,8 @@ class CudaBackend final : public Backend {
       if (t.dtype() != p->dtype()) t = t.convertTo(p->dtype());
       void* buf = static_cast<char*>(rk.state) + stateOffset;
       stateOffset += (p->type().bytes() + 255) / 256 * 256;  // as planRank counted stateBytes
-      CU_TRY(cudaMemcpy(buf, t.raw(), t.bytes(), cudaMemcpyHostToDevice), "uploading parameter %", p->name());
+      if (zeros) CU_TRY(cudaMemset(buf, 0, t.bytes()), "clearing parameter %", p->name());
+      else CU_TRY(cudaMemcpy(buf, std::as_const(t).raw(), t.bytes(), cudaMemcpyHostToDevice), "uploading parameter %", p->name());
       rk.addr[p] = buf;
       rk.params[p->name()].second = buf;
     }
