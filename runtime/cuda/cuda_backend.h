@@ -35,10 +35,11 @@ struct CudaOptions {
   // cuBLASLt has an algorithm for them (fold-matmul-epilogues); false keeps the unfused ops (comparisons).
   bool matmulEpilogues = true;
   // The epilogue kinds folded, comma-separated (bias, bias_residual, gelu_bias, dgelu, dgelu_bgrad, bgrad_b),
-  // or "all". The forward ones by default: on the H200 (gpt2, micro batch 16, bf16; docs/performance.md) they
-  // took the step from 41.7 to 37.7 ms, while cuBLASLt's DGELU_BGRAD was 1.5 ms slower than gelu_grad +
-  // reduce_sum and BGRADB gained 0.4 ms alone. The environment's TPC_MATMUL_EPILOGUES overrides it (measuring).
-  std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias";
+  // or "all". All but dgelu_bgrad by default: on the H200 (gpt2, micro batch 16, bf16; docs/performance.md) the
+  // forward kinds took the step from 41.7 to 38.0 ms and dgelu + bgrad_b to 36.5 ms, while cuBLASLt's
+  // DGELU_BGRAD GEMMs cost 1.5 ms more than the unfused ops (without it, the pass folds DGELU and the bias sum
+  // goes to the weight gradient's BGRADA). The environment's TPC_MATMUL_EPILOGUES overrides it (measuring).
+  std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu,bgrad_b";
   // Several ranks: the captured step runs the collectives on a communication stream of their own (per GPU),
   // so that compute that does not depend on one overlaps it (comm_stream_schedule.h); false: one stream.
   // Results are bit-identical either way. The profiled step and TPC_CUDA_DEBUG run on one stream.
