@@ -1,9 +1,11 @@
-// CublasLtMatmul: descriptors and layouts per node, the heuristic's algorithm per distinct shape.
+// CublasLtMatmul: descriptors and layouts per node, an algorithm per distinct GEMM (matmul_autotune.h).
 #include "runtime/cuda/cublaslt_matmul.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "runtime/cuda/cuda_libraries.h"
+#include "runtime/cuda/matmul_autotune.h"
 
 namespace tpc::cuda {
 
@@ -12,6 +14,7 @@ struct CublasLtMatmul::Plan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::string what;
+  double flops = 0;  // of one call
   bool epilogue = false;  // a matmul_epilogue: run() sets its bias and aux pointers
   ~Plan() {
     auto lt = cublasLt();
@@ -53,13 +56,14 @@ Result<cudaDataType_t> dataType(DType t, const Node& n) {
 
 }  // namespace
 
-Result<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::create(size_t workspaceBytes) {
+Result<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::create(size_t workspaceBytes, int candidates) {
   TPC_ASSIGN(const CublasLt* lt, cublasLt());
   std::unique_ptr<CublasLtMatmul> m(new CublasLtMatmul());
   cublasLtHandle_t h;
   LT_TRY(lt->create(&h), "cublasLtCreate");
   m->handle_ = h;
   m->workspace_ = workspaceBytes;
+  m->candidates_ = candidates;
   return m;
 }
 
@@ -70,6 +74,9 @@ Result<int> CublasLtMatmul::plan(const Node& n, std::vector<std::array<int64_t, 
   plans_.push_back(std::move(p));
   return static_cast<int>(plans_.size()) - 1;
 }
+
+const std::string& CublasLtMatmul::what(int id) const { return plans_[static_cast<size_t>(id)]->what; }
+double CublasLtMatmul::flops(int id) const { return plans_[static_cast<size_t>(id)]->flops; }
 
 bool CublasLtMatmul::supports(const Node& n) {
   std::vector<std::array<int64_t, 3>> calls;
@@ -189,20 +196,27 @@ Result<std::unique_ptr<CublasLtMatmul::Plan>> CublasLtMatmul::build(const Node& 
   if (cached != algos_.end()) {
     p->algo = cached->second;
   } else {
-    cublasLtMatmulPreference_t pref;
-    LT_TRY(lt->preferenceCreate(&pref), "preference");
-    uint64_t ws = workspace_;
-    lt->preferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    cublasStatus_t st = lt->algoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc, p->la, p->lb, p->lc,
-                                             p->lc, pref, 1, &result, &found);
-    lt->preferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      return makeError("cuBLASLt: no algorithm for ", p->what, " (status ", int(st), ")");
-    p->algo = result.algo;
-    algos_[key] = result.algo;
+    // Scratch for timing candidates: each operand's extent over the batch, the epilogue's vectors and matrix.
+    auto extent = [&](int64_t stride, int64_t matrix) { return stride * (batch - 1) + matrix; };
+    GemmProblem g;
+    g.handle = static_cast<cublasLtHandle_t>(handle_);
+    g.desc = p->desc;
+    g.la = p->la, g.lb = p->lb, g.lc = p->lc;
+    g.bytesA = static_cast<size_t>(extent(strideA, M * K) * dtypeSize(A->dtype()));
+    g.bytesB = static_cast<size_t>(extent(strideB, K * N) * dtypeSize(B->dtype()));
+    g.bytesC = static_cast<size_t>(batch * M * N * dtypeSize(C->dtype()));
+    if (p->epilogue) {
+      auto [bias, aux, residual] = epilogueValues(n);
+      g.biasBytes = bias ? static_cast<size_t>(std::max({M, N, K}) * 4) : 0;
+      g.auxBytes = aux ? static_cast<size_t>(M * N * dtypeSize(C->dtype())) : 0;
+      g.beta = residual ? 1.f : 0.f;
+    }
+    g.workspaceBytes = workspace_;
+    g.what = p->what;
+    TPC_ASSIGN(p->algo, chooseMatmulAlgo(*lt, g, key, candidates_));
+    algos_[key] = p->algo;
   }
+  p->flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(batch);
   return p;
 }
 

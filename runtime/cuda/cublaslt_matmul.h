@@ -1,7 +1,8 @@
 // Matmul nodes through cuBLASLt: row-major a[..., M, K] x b[..., K, N] (transpose flags, batch dims equal
 // or b 2-D) as the column-major product C^T = B^T A^T; fp32, bf16 or f16 inputs with fp32 accumulation.
 // matmul_epilogue nodes (ops.def) are one such GEMM with cuBLASLt's epilogue (bias, GELU, their gradients;
-// a residual as C with beta 1). The algorithm is the heuristic's first choice, picked once per shape.
+// a residual as C with beta 1). The algorithm is picked once per distinct GEMM: the heuristic's first choice,
+// or the fastest of its first candidates timed on the GPU (matmul_autotune.h).
 #pragma once
 
 #include <array>
@@ -30,7 +31,8 @@ std::array<const Value*, 3> epilogueValues(const Node& n);
 
 class CublasLtMatmul {
  public:
-  static Result<std::unique_ptr<CublasLtMatmul>> create(size_t workspaceBytes);
+  // candidates > 1: time that many of the heuristic's algorithms per GEMM and keep the fastest.
+  static Result<std::unique_ptr<CublasLtMatmul>> create(size_t workspaceBytes, int candidates = 1);
   ~CublasLtMatmul();
   // Plans node `n` (a matmul). Batch dims that broadcast other than "b is 2-D" (e.g. [4,1] x [3]) become
   // one strided-batched call per index of the outer batch dims: `calls` gets their element offsets into
@@ -43,6 +45,9 @@ class CublasLtMatmul {
   Status run(int id, const void* a, const void* b, void* c, const EpilogueBuffers& epi, void* workspace,
              cudaStream_t stream) const;
   size_t workspaceBytes() const { return workspace_; }
+  // Plan `id`'s description ("matmul bf16[...] x bf16[...] ...") and FLOPs per call (2 M N K per batch).
+  const std::string& what(int id) const;
+  double flops(int id) const;
   int distinctShapes() const { return static_cast<int>(algos_.size()); }
 
  private:
@@ -51,6 +56,7 @@ class CublasLtMatmul {
   Result<std::unique_ptr<Plan>> build(const Node& n, std::vector<std::array<int64_t, 3>>* calls);
   void* handle_ = nullptr;
   size_t workspace_ = 0;
+  int candidates_ = 1;
   std::vector<std::unique_ptr<Plan>> plans_;
   std::map<std::string, cublasLtMatmulAlgo_t> algos_;  // shape and epilogue key -> its algorithm
 };

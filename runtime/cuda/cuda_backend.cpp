@@ -70,6 +70,8 @@ struct Launch {
   ncclRedOp_t redOp = ncclSum;
   std::string op;    // the op it runs for (the step profile's row): "add", "fusion_group=3", "NCCL all_reduce"
   std::string what;  // the node, for errors
+  std::string gemm;  // Matmul: the GEMM's description and FLOPs (the step profile's per-GEMM table)
+  double flops = 0;
   // Checking mode (findFirstNonFinite): (rank, node index) whose results are complete after this launch.
   std::vector<std::pair<size_t, int>> checks;
   // For the communication stream's schedule (comm_stream_schedule.h): the collective this launch belongs
@@ -228,7 +230,10 @@ class CudaBackend final : public Backend {
       d.device = nccl_ ? static_cast<int>(i) : options_.device;
       CU_TRY(cudaSetDevice(d.device), "cannot use GPU ", d.device);
       CU_TRY(cudaFree(nullptr), "cannot initialize GPU ", d.device);
-      TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20));
+      // Timing cuBLASLt's first 8 candidates per GEMM (CudaOptions::matmulAutotune; TPC_MATMUL_AUTOTUNE=0|1).
+      const char* tune = std::getenv("TPC_MATMUL_AUTOTUNE");
+      const bool autotune = tune && *tune ? std::strcmp(tune, "0") != 0 : options_.matmulAutotune;
+      TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20, autotune ? 8 : 1));
       CU_TRY(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "stream");
       if (commStream_) CU_TRY(cudaStreamCreateWithFlags(&d.comm, cudaStreamNonBlocking), "communication stream");
       CU_TRY(cudaMalloc(&d.stepWord, sizeof(int64_t)), "step word");
@@ -989,6 +994,8 @@ class CudaBackend final : public Backend {
             l.epi = {bias ? rk.addr[bias] : nullptr, aux ? rk.addr[aux] : nullptr, residual ? rk.addr[residual] : nullptr};
             l.op = op;
             l.what = what;
+            l.flops = dev(r).matmul->flops(matmulPlans[k]);
+            l.gemm = dev(r).matmul->what(matmulPlans[k]);
             rk.segments.back().push_back(l);
           }
           continue;
@@ -1256,7 +1263,7 @@ class CudaBackend final : public Backend {
       for (size_t i = 0; i < d.launches.size(); ++i) {
         float ms = 0;
         CU_TRY(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]), "reading a profiling event");
-        d.profile.push_back({d.launches[i].op, d.launches[i].what, ms});
+        d.profile.push_back({d.launches[i].op, d.launches[i].what, ms, d.launches[i].gemm, d.launches[i].flops});
       }
       return {};
     }();

@@ -40,6 +40,10 @@ struct CudaOptions {
   // DGELU_BGRAD GEMMs cost 1.5 ms more than the unfused ops (without it, the pass folds DGELU and the bias sum
   // goes to the weight gradient's BGRADA). The environment's TPC_MATMUL_EPILOGUES overrides it (measuring).
   std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu,bgrad_b";
+  // Per distinct GEMM, time cuBLASLt's first 8 heuristic candidates on the GPU and keep the fastest, remembered
+  // in the kernel cache folder so later runs use the same algorithm (matmul_autotune.h); false: the
+  // heuristic's first choice. The environment's TPC_MATMUL_AUTOTUNE=0|1 overrides it (measuring).
+  bool matmulAutotune = true;
   // Several ranks: the captured step runs the collectives on a communication stream of their own (per GPU),
   // so that compute that does not depend on one overlaps it (comm_stream_schedule.h); false: one stream.
   // Results are bit-identical either way. The profiled step and TPC_CUDA_DEBUG run on one stream.

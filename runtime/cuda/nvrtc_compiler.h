@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ir/status.h"
+#include "runtime/cuda/disk_cache.h"  // defaultKernelCacheDir
 
 namespace tpc::cuda {
 
@@ -29,7 +30,5 @@ class NvrtcCompiler {
   std::string cacheDir_;
   CompileStats stats_;
 };
-
-std::string defaultKernelCacheDir();
 
 }  // namespace tpc::cuda

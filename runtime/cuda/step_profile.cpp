@@ -37,6 +37,26 @@ std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t 
                   total > 0 ? 100.0 * r.ms / total : 0.0);
     out += buf;
   }
+  // The GEMMs: where the matmul time goes and how far each shape is from the tensor cores' peak.
+  std::map<std::string, Row> gemms;
+  std::map<std::string, double> gemmFlops;
+  for (const TimedLaunch& l : launches) {
+    if (l.gemm.empty()) continue;
+    Row& r = gemms[l.gemm];
+    ++r.count;
+    r.ms += l.ms;
+    gemmFlops[l.gemm] += l.flops;
+  }
+  if (!gemms.empty()) {
+    std::vector<std::pair<std::string, Row>> byTime(gemms.begin(), gemms.end());
+    std::stable_sort(byTime.begin(), byTime.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    out += "  GEMMs (cuBLASLt), by time:\n";
+    for (const auto& [g, r] : byTime) {
+      std::snprintf(buf, sizeof buf, "  %9lld %10.3f ms %7.1f TFLOP/s  %s\n", static_cast<long long>(r.count), r.ms,
+                    r.ms > 0 ? gemmFlops[g] / (r.ms * 1e-3) / 1e12 : 0.0, g.c_str());
+      out += buf;
+    }
+  }
   std::vector<size_t> order(launches.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return launches[a].ms > launches[b].ms; });

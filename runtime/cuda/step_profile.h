@@ -12,9 +12,12 @@ struct TimedLaunch {
   std::string op;    // the row it is summed in: the node's op, "fusion_group=N", "NCCL all_reduce", ...
   std::string what;  // the executor's description: "[rank R: ]op -> %value [kernel entry]" or "NCCL op ..."
   double ms = 0;
+  std::string gemm;  // a cuBLASLt launch: its GEMM ("matmul bf16[...] x ...") and FLOPs; else empty and 0
+  double flops = 0;
 };
 
-// The table: per op launches, ms and share of the total, slowest first; then the `top` slowest launches.
+// The table: per op launches, ms and share of the total, slowest first; then the GEMMs by time with their
+// TFLOP/s; then the `top` slowest launches.
 // `replayMs`: the same step as a CUDA graph replay (0: unknown), printed beside the summed time.
 std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t step, double replayMs, int top = 15);
 

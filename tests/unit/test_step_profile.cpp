@@ -33,6 +33,26 @@ TEST_CASE("step profile: launches are summed per op, slowest op first, with shar
   CHECK(t.find("gelu -> %4") == t.rfind("gelu -> %4"));  // not among the 2 slowest: listed once, in no top line
 }
 
+TEST_CASE("step profile: the GEMMs are summed per shape with their TFLOP/s, slowest first", "[cuda][profile]") {
+  // 2 launches of a 2 TFLOP GEMM in 4 ms: 1000 TFLOP/s; one 0.5 TFLOP GEMM in 1 ms: 500 TFLOP/s.
+  std::vector<TimedLaunch> l = {{"matmul", "matmul -> %1", 2.0, "matmul bf16[4,8] x bf16[8,16]", 2e12},
+                                {"add", "add -> %2 [k]", 3.0},
+                                {"matmul_epilogue", "matmul_epilogue -> %3", 1.0, "matmul bf16[4,8] x bf16[8,2] with epilogue bias", 5e11},
+                                {"matmul", "matmul -> %4", 2.0, "matmul bf16[4,8] x bf16[8,16]", 2e12}};
+  std::string t = formatStepProfile(l, 3, 0, 0);
+  INFO(t);
+  size_t head = t.find("GEMMs (cuBLASLt), by time:");
+  REQUIRE(head != std::string::npos);
+  size_t big = t.find("        2      4.000 ms  1000.0 TFLOP/s  matmul bf16[4,8] x bf16[8,16]\n");
+  size_t small = t.find("        1      1.000 ms   500.0 TFLOP/s  matmul bf16[4,8] x bf16[8,2] with epilogue bias\n");
+  REQUIRE(big != std::string::npos);
+  REQUIRE(small != std::string::npos);
+  CHECK(head < big);
+  CHECK(big < small);
+  CHECK(t.find("add -> %2") == std::string::npos);  // top 0: no slowest-launch lines; add is no GEMM
+  CHECK(formatStepProfile({{"add", "add -> %1", 1.0}}, 1, 0, 0).find("GEMMs") == std::string::npos);
+}
+
 TEST_CASE("step profile: --profile-step on the CPU backend is refused naming the flag", "[cuda][profile][cli]") {
   auto r = test::runCommand(test::tpcBinary() + " run " + test::binaryPath("models/tiny.fb") +
                             " --backend cpu --profile-step 2 --train-iters 2");

@@ -1,0 +1,111 @@
+// cuBLASLt autotuning (CudaOptions::matmulAutotune, matmul_autotune.h) on the GPU: a GEMM of a shape no other
+// test uses is timed once, its choice written to the cache folder, and a second backend gives the same bits;
+// with autotuning off (the heuristic's first choice) the product agrees within bf16 rounding, and both agree
+// with the CPU backend.
+#include <catch2/catch.hpp>
+
+#include <dirent.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <fstream>
+#include <random>
+
+#include "gpu_test_support.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cuda/cuda_backend.h"
+
+namespace tpc {
+namespace {
+
+std::unique_ptr<Graph> oddMatmul() {
+  auto g = std::make_unique<Graph>("autotune");
+  Value* x = g->addInput("x", TensorType(DType::bf16, {3, 40, 72}));
+  Value* w = g->addInput("w", TensorType(DType::bf16, {72, 136}));
+  auto n = g->create(OpKind::Matmul, {x, w});
+  REQUIRE(n.ok());
+  g->addOutput((*n)->result(), "y");
+  return g;
+}
+
+TensorMap randomInputs(const Graph& g) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> u(-1, 1);
+  TensorMap m;
+  for (const Value* v : g.inputs()) {
+    HostTensor t(v->type());
+    for (int64_t i = 0; i < t.numel(); ++i) t.setFromDouble(i, u(rng));
+    m[v->name()] = t;
+  }
+  return m;
+}
+
+HostTensor runCuda(const Graph& g, const TensorMap& in, bool autotune) {
+  CudaOptions o;
+  o.verbose = false;
+  o.matmulAutotune = autotune;
+  auto b = createCudaBackend({}, o);
+  Status st = b->prepare(g, {});
+  INFO((st.ok() ? std::string() : st.error()));
+  REQUIRE(st.ok());
+  auto r = b->step(in, 1);
+  INFO((r.ok() ? std::string() : r.error()));
+  REQUIRE(r.ok());
+  return r->at("y");
+}
+
+std::vector<std::string> algoFiles(const std::string& dir) {
+  std::vector<std::string> files;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name.size() > 8 && name.substr(name.size() - 8) == ".lt-algo") files.push_back(dir + "/" + name);
+    }
+    closedir(d);
+  }
+  return files;
+}
+
+TEST_CASE("cuda matmul autotune: the timed choice is remembered on disk, gives the same bits again, and agrees with "
+          "the heuristic's choice and the CPU", "[gpu][autotune]") {
+  test::requireGpuOrSkip();
+  char tmpl[] = "/tmp/tpc-autotune-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const char* old = std::getenv("TPC_CACHE_DIR");
+  std::string saved = old ? old : "";
+  setenv("TPC_CACHE_DIR", tmpl, 1);
+  unsetenv("TPC_MATMUL_AUTOTUNE");
+  auto g = oddMatmul();
+  TensorMap in = randomInputs(*g);
+  HostTensor first = runCuda(*g, in, true);
+  std::vector<std::string> files = algoFiles(tmpl);
+  REQUIRE(files.size() == 1);  // one GEMM, one remembered algorithm
+  std::ifstream f(files[0], std::ios::binary);
+  std::string key;
+  std::getline(f, key);
+  INFO(key);
+  CHECK(key.find("136") != std::string::npos);  // the GEMM's shape is part of its key
+  CHECK(key.find("cublasLt") != std::string::npos);
+  HostTensor again = runCuda(*g, in, true);
+  CHECK(std::memcmp(first.raw(), again.raw(), first.bytes()) == 0);
+  HostTensor heuristic = runCuda(*g, in, false);
+  auto cpu = createCpuBackend({});
+  REQUIRE(cpu->prepare(*g, {}).ok());
+  auto want = cpu->step(in, 1);
+  REQUIRE(want.ok());
+  const HostTensor& ref = want->at("y");
+  double worstTuned = 0, worstHeuristic = 0, scale = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    scale = std::max(scale, std::abs(ref.getAsDouble(i)));
+    worstTuned = std::max(worstTuned, std::abs(first.getAsDouble(i) - ref.getAsDouble(i)));
+    worstHeuristic = std::max(worstHeuristic, std::abs(heuristic.getAsDouble(i) - ref.getAsDouble(i)));
+  }
+  WARN("autotuned: worst difference to the CPU " << worstTuned << ", heuristic " << worstHeuristic << " of " << scale);
+  CHECK(worstTuned <= 1e-2 * scale);
+  CHECK(worstHeuristic <= 1e-2 * scale);
+  if (old) setenv("TPC_CACHE_DIR", saved.c_str(), 1);
+  else unsetenv("TPC_CACHE_DIR");
+}
+
+}  // namespace
+}  // namespace tpc
