@@ -128,7 +128,7 @@ TEST_CASE("cuda kernels: bf16/f16 attention with head_dim % 16 == 0 takes the te
 }
 
 // TcAttnOptions::wideWarps: blocks of 128 rows (two m16 groups a warp) in the forward and dq, in dk/dv only at
-// head_dim <= 64; the walked tile sizes picked per kernel; a bad walkRows is refused.
+// head_dim <= 64; the walked tile sizes picked per kernel; TPC_TC_ATTENTION=narrow; a bad walkRows is refused.
 TEST_CASE("cuda kernels: tensor-core attention tiling per kernel, head_dim and options", "[cuda]") {
   auto lower = [](int64_t D, const cuda::TcAttnOptions& opt) {
     TensorType t(DType::bf16, {2, 12, 1024, D}), lse(DType::f32, {2, 12, 1024});
@@ -160,6 +160,23 @@ TEST_CASE("cuda kernels: tensor-core attention tiling per kernel, head_dim and o
     CHECK((has(n64[i], "#define RG 1\n") && has(n64[i], "#define BN 64\n")));
   }
   CHECK(w64[0].sharedBytes == (128 + 2 * 2 * 64) * 72 * 2);  // q block + two stages of k and v tiles
+  // TPC_TC_ATTENTION=narrow: the runtime's lowering takes TcAttnOptions::narrow().
+  auto runtimeFwd = [](int64_t D) {
+    TensorType t(DType::bf16, {2, 12, 1024, D});
+    OneOp f = oneOp(OpKind::Attention, {t, t, t}, attrs({{"causal", true}}));
+    return (*cuda::findFamilyLowering(OpKind::Attention))(*f.node, sm90());
+  };
+  ::setenv("TPC_TC_ATTENTION", "narrow", 1);
+  auto narrowed = runtimeFwd(64);
+  ::setenv("TPC_TC_ATTENTION", "slim", 1);
+  auto refused = runtimeFwd(64);
+  ::unsetenv("TPC_TC_ATTENTION");
+  REQUIRE(narrowed.ok());
+  CHECK(narrowed->kernels[0].source == n64[0].source);
+  REQUIRE(!refused.ok());
+  CHECK(refused.error().find("TPC_TC_ATTENTION must be 'wide' or 'narrow', got 'slim'") != std::string::npos);
+  REQUIRE(runtimeFwd(64).ok());
+  CHECK(runtimeFwd(64)->kernels[0].source == w64[0].source);
   cuda::TcAttnOptions bad;
   bad.walkRows = 48;
   TensorType t(DType::bf16, {1, 2, 77, 64});

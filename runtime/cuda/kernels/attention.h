@@ -43,7 +43,9 @@ bool isAttentionBackward(const Node& n);
 // The f32 CUDA-core kernels (every dtype and head_dim <= 128).
 Result<NodeLowering> lowerAttentionSimt(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerAttentionGradSimt(const Node& n, const LoweringContext& ctx);
-// The tensor-core kernels (only where tensorCoreAttention holds).
+// The tensor-core kernels (only where tensorCoreAttention holds), with TcAttnOptions' defaults, or
+// TcAttnOptions::narrow() where the environment has TPC_TC_ATTENTION=narrow (anything but wide or narrow is
+// an error).
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx);
 // Variants of the tensor-core kernels; the defaults ship, the others are for benchmarks (tpc_gpu_tests

@@ -19,6 +19,8 @@
 // fragments with ldmatrix.x4 (A fragments stay in registers where they fit: TcTiling). Only the tiles that
 // cross the causal diagonal or the sequence end compute the mask; a warp whose rows are all masked in a tile
 // skips it.
+#include <cstdlib>
+
 #include "runtime/cuda/kernels/attention.h"
 #include "runtime/cuda/kernels/device_prelude.h"
 #include "runtime/cuda/kernels/kernel_source.h"
@@ -320,11 +322,22 @@ bool tensorCoreAttention(DType dt, const AttnShape& a) {
   return (dt == DType::bf16 || dt == DType::f16) && a.D % 16 == 0 && a.D <= 128;
 }
 
+// The shipped options; the environment's TPC_TC_ATTENTION=narrow picks TcAttnOptions::narrow() (the kernels
+// before wideWarps), to compare whole steps on one build.
+Result<TcAttnOptions> shippedTcOptions() {
+  const char* v = std::getenv("TPC_TC_ATTENTION");
+  if (!v || !*v || std::string(v) == "wide") return TcAttnOptions{};
+  if (std::string(v) == "narrow") return TcAttnOptions::narrow();
+  return makeError("TPC_TC_ATTENTION must be 'wide' or 'narrow', got '", v, "'");
+}
+
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx) {
-  return lowerAttentionTensorCore(n, ctx, TcAttnOptions{});
+  TPC_ASSIGN(TcAttnOptions opt, shippedTcOptions());
+  return lowerAttentionTensorCore(n, ctx, opt);
 }
 Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx) {
-  return lowerAttentionGradTensorCore(n, ctx, TcAttnOptions{});
+  TPC_ASSIGN(TcAttnOptions opt, shippedTcOptions());
+  return lowerAttentionGradTensorCore(n, ctx, opt);
 }
 
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx, const TcAttnOptions& opt) {
