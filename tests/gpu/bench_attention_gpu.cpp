@@ -1,9 +1,10 @@
 // Hidden benchmark (`tpc_gpu_tests "[.bench]"`): causal bf16 flash attention, forward and backward, timed
-// with CUDA events at the GPT shapes: the f32 CUDA-core kernels and the tensor-core ones in each variant of
-// cuda::TcAttnOptions (main's kernels before cp.async and ldmatrix, each of those alone, both as shipped, and
-// shipped without the hi+lo split of P). Prints ms, TFLOP/s (causal FLOPs: forward 2 B H T^2 Dh, backward
-// 2.5 times that), the speed-up over main's tensor-core kernels, and how far each variant's results are from
-// the CUDA-core kernels' (max |new - old| / max |old| per result).
+// with CUDA events at the GPT shapes: the f32 CUDA-core kernels and the tensor-core ones in variants of
+// cuda::TcAttnOptions (the first kernels without cp.async and ldmatrix; the narrow 16-row warps that shipped
+// before wideWarps, alone and with the fused scale and lazy rescale; wide warps without each of those and with
+// each walked tile size; as shipped; shipped without the hi+lo split of P). Prints ms, TFLOP/s (causal FLOPs:
+// forward 2 B H T^2 Dh, backward 2.5 times that), the speed-up over the narrow kernels, and how far each
+// variant's results are from the CUDA-core kernels' (max |new - old| / max |old| per result).
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
@@ -126,21 +127,31 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
   ctx.smMajor = prop.major;
   ctx.smMinor = prop.minor;
   ctx.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
-  std::printf("%-26s %-5s %-14s %9s %9s %9s\n", "shape [B,H,T,Dh]", "pass", "kernels", "ms", "TFLOP/s", "vs tc-main");
+  std::printf("%-26s %-5s %-16s %9s %9s %9s\n", "shape [B,H,T,Dh]", "pass", "kernels", "ms", "TFLOP/s", "vs narrow");
   struct Variant {
     const char* name;
     bool tensorCore;
     cuda::TcAttnOptions opt;
   };
+  using O = cuda::TcAttnOptions;
+  auto with = [](O o, auto&& edit) {
+    edit(o);
+    return o;
+  };
   const Variant variants[] = {
       {"cuda-core", false, {}},
-      {"tc-main", true, {true, false, false}},
-      {"tc-cp.async", true, {true, true, false}},
-      {"tc-ldmatrix", true, {true, false, true}},
+      {"tc-main", true, with(O::narrow(), [](O& o) { o.asyncCopy = o.ldmatrix = false; })},
+      {"tc-narrow", true, O::narrow()},  // the default before wideWarps and fusedScale
+      {"tc-narrow-fl", true, with(O::narrow(), [](O& o) { o.fusedScale = o.lazyRescale = true; })},
+      {"tc-wide-unfused", true, with(O{}, [](O& o) { o.fusedScale = false; })},
+      {"tc-wide-eager", true, with(O{}, [](O& o) { o.lazyRescale = false; })},
+      {"tc-wide-walk16", true, with(O{}, [](O& o) { o.walkRows = 16; })},
+      {"tc-wide-walk32", true, with(O{}, [](O& o) { o.walkRows = 32; })},
+      {"tc-wide-walk64", true, with(O{}, [](O& o) { o.walkRows = 64; })},
       {"tc-shipped", true, {}},
-      {"tc-16bit-P", true, {false, true, true}},
+      {"tc-16bit-P", true, with(O{}, [](O& o) { o.splitP = false; })},
   };
-  constexpr int kVariants = sizeof(variants) / sizeof(variants[0]), kMain = 1;
+  constexpr int kVariants = sizeof(variants) / sizeof(variants[0]), kNarrow = 2;
   const int64_t shapes[2][4] = {{16, 12, 1024, 64}, {8, 16, 1024, 128}};
   for (const auto& d : shapes) {
     const Shape s = {d[0], d[1], d[2], d[3]};
@@ -181,13 +192,13 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
     }
     for (int pass = 0; pass < 2; ++pass)
       for (int impl = 0; impl < kVariants; ++impl) {
-        const double ms = pass ? bwdMs[impl] : fwdMs[impl], main = pass ? bwdMs[kMain] : fwdMs[kMain];
-        std::printf("%-26s %-5s %-14s %9.3f %9.1f %8.2fx\n", shapeStr(s).c_str(), pass ? "bwd" : "fwd",
+        const double ms = pass ? bwdMs[impl] : fwdMs[impl], main = pass ? bwdMs[kNarrow] : fwdMs[kNarrow];
+        std::printf("%-26s %-5s %-16s %9.3f %9.1f %8.2fx\n", shapeStr(s).c_str(), pass ? "bwd" : "fwd",
                     variants[impl].name, ms, (pass ? bwdFlop : fwdFlop) / ms / 1e9, main / ms);
       }
     BENCH_CUDA(cudaDeviceSynchronize());
     for (int impl = 1; impl < kVariants; ++impl) {
-      std::printf("%-26s %-14s vs cuda-core: out %.2e, dq %.2e, dk %.2e, dv %.2e (max |diff| / max |old|)\n",
+      std::printf("%-26s %-16s vs cuda-core: out %.2e, dq %.2e, dk %.2e, dv %.2e (max |diff| / max |old|)\n",
                   shapeStr(s).c_str(), variants[impl].name, relDiff(outs[0][0], outs[impl][0], n),
                   relDiff(grads[0][0], grads[impl][0], n), relDiff(grads[0][1], grads[impl][1], n),
                   relDiff(grads[0][2], grads[impl][2], n));
@@ -204,8 +215,8 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
 }
 
 // The GPT's own layout (attention_qkv on the packed [B, T, 3, H, Dh] projection, out and dout [B, T, H, Dh]):
-// main's tensor-core kernels against the shipped ones at GPT-2 small's shape.
-TEST_CASE("bench: causal bf16 attention_qkv on the packed projection, main vs shipped tensor-core kernels",
+// the narrow tensor-core kernels (the default before wideWarps) against the shipped ones at GPT-2 small's shape.
+TEST_CASE("bench: causal bf16 attention_qkv on the packed projection, narrow vs shipped tensor-core kernels",
           "[.bench]") {
   requireGpuOrSkip();
   cudaDeviceProp prop{};
@@ -227,7 +238,7 @@ TEST_CASE("bench: causal bf16 attention_qkv on the packed projection, main vs sh
   BENCH_CUDA(cudaMalloc(&stepDev, 8));
   BENCH_CUDA(cudaMemset(stepDev, 0, 8));
   const double fwdFlop = 2.0 * B * H * T * T * D, bwdFlop = 2.5 * fwdFlop;
-  const cuda::TcAttnOptions variants[2] = {{true, false, false}, {}};
+  const cuda::TcAttnOptions variants[2] = {cuda::TcAttnOptions::narrow(), {}};
   void *outs[2], *dx[2];
   for (int impl = 0; impl < 2; ++impl) {
     auto fl = cuda::lowerAttentionTensorCore(*fwd.node, ctx, variants[impl]);
@@ -243,12 +254,12 @@ TEST_CASE("bench: causal bf16 attention_qkv on the packed projection, main vs sh
     const double f = timeMs(load(nvrtc, *fl), {x}, {outs[impl], l}, nullptr, stepDev);
     const double b = timeMs(load(nvrtc, *bl), {dO, x, outs[impl], l}, {dx[impl]}, ws, stepDev);
     std::printf("attention_qkv [16,1024,3,12,64] %-10s fwd %7.3f ms (%5.1f TFLOP/s)  bwd %7.3f ms (%5.1f TFLOP/s)\n",
-                impl ? "tc-shipped" : "tc-main", f, fwdFlop / f / 1e9, b, bwdFlop / b / 1e9);
+                impl ? "tc-shipped" : "tc-narrow", f, fwdFlop / f / 1e9, b, bwdFlop / b / 1e9);
     cudaFree(l);
     cudaFree(ws);
   }
   BENCH_CUDA(cudaDeviceSynchronize());
-  std::printf("attention_qkv tc-shipped vs tc-main: out %.2e, dqkv %.2e (max |diff| / max |old|)\n",
+  std::printf("attention_qkv tc-shipped vs tc-narrow: out %.2e, dqkv %.2e (max |diff| / max |old|)\n",
               relDiff(outs[0], outs[1], n), relDiff(dx[0], dx[1], 3 * n));
   CHECK(relDiff(outs[0], outs[1], n) < 2e-2);
   CHECK(relDiff(dx[0], dx[1], 3 * n) < 5e-2);

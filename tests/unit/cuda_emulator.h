@@ -63,6 +63,15 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int o) {
   std::memcpy(&r, &bits, sizeof(T));
   return r;
 }
+inline bool __any_sync(unsigned, bool p) {  // the whole warp votes (the kernels pass a full mask)
+  unsigned w = tpc_emu_tid / 32;
+  tpc_emu_state->slots[tpc_emu_tid] = p ? 1 : 0;
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  bool any = false;
+  for (size_t l = w * 32; l < w * 32 + 32 && l < tpc_emu_state->slots.size(); ++l) any |= tpc_emu_state->slots[l] != 0;
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  return any;
+}
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }

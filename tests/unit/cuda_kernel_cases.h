@@ -323,9 +323,19 @@ struct TcVariant {
   cuda::TcAttnOptions opt;
 };
 inline std::vector<TcVariant> tcAttentionVariants() {
-  return {{"main (sync loads, 32-bit fragment loads)", {true, false, false}},
-          {"cp.async only", {true, true, false}},
-          {"ldmatrix only", {true, false, true}}};
+  auto with = [](cuda::TcAttnOptions o, auto&& edit) {
+    edit(o);
+    return o;
+  };
+  using O = cuda::TcAttnOptions;
+  return {{"narrow (16-row warps, 64-row tiles: the default before wideWarps)", O::narrow()},
+          {"main (narrow, sync loads, 32-bit fragment loads)", with(O::narrow(), [](O& o) { o.asyncCopy = o.ldmatrix = false; })},
+          {"narrow, cp.async only", with(O::narrow(), [](O& o) { o.ldmatrix = false; })},
+          {"narrow, ldmatrix only", with(O::narrow(), [](O& o) { o.asyncCopy = false; })},
+          {"wide, sync loads, 32-bit fragment loads", with(O{}, [](O& o) { o.asyncCopy = o.ldmatrix = false; })},
+          {"wide, 64-row walked tiles, unfused scale, eager rescale",
+           with(O{}, [](O& o) { o.walkRows = 64, o.fusedScale = o.lazyRescale = false; })},
+          {"wide, 16-row walked tiles", with(O{}, [](O& o) { o.walkRows = 16; })}};
 }
 inline bool isTcAttentionCase(const Case& c) { return c.name.find(" tc ") != std::string::npos; }
 inline Result<NodeLowering> lowerTcVariant(OneOp& o, const cuda::TcAttnOptions& opt) {

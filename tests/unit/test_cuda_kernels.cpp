@@ -127,6 +127,65 @@ TEST_CASE("cuda kernels: bf16/f16 attention with head_dim % 16 == 0 takes the te
         "tpc_attention_bwd_di tpc_attention_bwd_dkdv_tc tpc_attention_bwd_dq_tc ");
 }
 
+// TcAttnOptions::wideWarps: blocks of 128 rows (two m16 groups a warp) in the forward and dq, in dk/dv only at
+// head_dim <= 64; the walked tile sizes picked per kernel; TPC_TC_ATTENTION=narrow; a bad walkRows is refused.
+TEST_CASE("cuda kernels: tensor-core attention tiling per kernel, head_dim and options", "[cuda]") {
+  auto lower = [](int64_t D, const cuda::TcAttnOptions& opt) {
+    TensorType t(DType::bf16, {2, 12, 1024, D}), lse(DType::f32, {2, 12, 1024});
+    OneOp f = oneOp(OpKind::Attention, {t, t, t}, attrs({{"causal", true}}));
+    OneOp b = oneOp(OpKind::AttentionGrad, {t, t, t, t, t, lse}, attrs({{"causal", true}}));
+    auto fl = cuda::lowerAttentionTensorCore(*f.node, sm90(), opt);
+    auto bl = cuda::lowerAttentionGradTensorCore(*b.node, sm90(), opt);
+    REQUIRE(fl.ok());
+    REQUIRE(bl.ok());
+    std::vector<KernelSpec> ks = fl->kernels;  // fwd, di, dkdv, dq
+    ks.insert(ks.end(), bl->kernels.begin(), bl->kernels.end());
+    return ks;
+  };
+  auto has = [](const KernelSpec& k, const std::string& s) { return k.source.find(s) != std::string::npos; };
+  const uint32_t bh = 2 * 12;
+  std::vector<KernelSpec> w64 = lower(64, {}), w128 = lower(128, {}), n64 = lower(64, cuda::TcAttnOptions::narrow());
+  CHECK(w64[0].grid.x == bh * 8);  // 128 queries a block
+  CHECK((has(w64[0], "#define RG 2\n") && has(w64[0], "#define BN 64\n") && has(w64[0], "#define A_FRAGS 1\n")));
+  CHECK(w64[2].grid.x == bh * 8);
+  CHECK((has(w64[2], "#define RG 2\n") && has(w64[2], "#define BN 32\n")));
+  CHECK(w64[3].grid.x == bh * 8);
+  CHECK((has(w64[3], "#define RG 2\n") && has(w64[3], "#define BN 32\n")));
+  CHECK((has(w128[0], "#define RG 2\n") && has(w128[0], "#define BN 32\n") && has(w128[0], "#define A_FRAGS 0\n")));
+  CHECK(w128[2].grid.x == bh * 16);  // dk/dv keeps 16 keys a warp at head_dim 128
+  CHECK((has(w128[2], "#define RG 1\n") && has(w128[2], "#define BN 64\n")));
+  CHECK((has(w128[3], "#define RG 2\n") && has(w128[3], "#define BN 16\n")));
+  for (size_t i : {0, 2, 3}) {
+    CHECK(n64[i].grid.x == bh * 16);
+    CHECK((has(n64[i], "#define RG 1\n") && has(n64[i], "#define BN 64\n")));
+  }
+  CHECK(w64[0].sharedBytes == (128 + 2 * 2 * 64) * 72 * 2);  // q block + two stages of k and v tiles
+  // TPC_TC_ATTENTION=narrow: the runtime's lowering takes TcAttnOptions::narrow().
+  auto runtimeFwd = [](int64_t D) {
+    TensorType t(DType::bf16, {2, 12, 1024, D});
+    OneOp f = oneOp(OpKind::Attention, {t, t, t}, attrs({{"causal", true}}));
+    return (*cuda::findFamilyLowering(OpKind::Attention))(*f.node, sm90());
+  };
+  ::setenv("TPC_TC_ATTENTION", "narrow", 1);
+  auto narrowed = runtimeFwd(64);
+  ::setenv("TPC_TC_ATTENTION", "slim", 1);
+  auto refused = runtimeFwd(64);
+  ::unsetenv("TPC_TC_ATTENTION");
+  REQUIRE(narrowed.ok());
+  CHECK(narrowed->kernels[0].source == n64[0].source);
+  REQUIRE(!refused.ok());
+  CHECK(refused.error().find("TPC_TC_ATTENTION must be 'wide' or 'narrow', got 'slim'") != std::string::npos);
+  REQUIRE(runtimeFwd(64).ok());
+  CHECK(runtimeFwd(64)->kernels[0].source == w64[0].source);
+  cuda::TcAttnOptions bad;
+  bad.walkRows = 48;
+  TensorType t(DType::bf16, {1, 2, 77, 64});
+  OneOp f = oneOp(OpKind::Attention, {t, t, t});
+  auto r = cuda::lowerAttentionTensorCore(*f.node, sm90(), bad);
+  REQUIRE(!r.ok());
+  CHECK(r.error().find("walkRows must be 0, 16, 32 or 64, got 48") != std::string::npos);
+}
+
 TEST_CASE("cuda kernels: attention_qkv lowers to attention's kernels with the packed layout's strides", "[cuda]") {
   // gpt2: qkv bf16[2, 1024, 3, 12, 64], out [2, 1024, 12, 64].
   TensorType qkv(DType::bf16, {2, 1024, 3, 12, 64}), o(DType::bf16, {2, 1024, 12, 64}), lse(DType::f32, {2, 12, 1024});

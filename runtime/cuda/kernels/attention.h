@@ -43,7 +43,9 @@ bool isAttentionBackward(const Node& n);
 // The f32 CUDA-core kernels (every dtype and head_dim <= 128).
 Result<NodeLowering> lowerAttentionSimt(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerAttentionGradSimt(const Node& n, const LoweringContext& ctx);
-// The tensor-core kernels (only where tensorCoreAttention holds).
+// The tensor-core kernels (only where tensorCoreAttention holds), with TcAttnOptions' defaults, or
+// TcAttnOptions::narrow() where the environment has TPC_TC_ATTENTION=narrow (anything but wide or narrow is
+// an error).
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx);
 // Variants of the tensor-core kernels; the defaults ship, the others are for benchmarks (tpc_gpu_tests
@@ -61,6 +63,27 @@ struct TcAttnOptions {
   // S = A B^T's fragments read by ldmatrix.x4 (a quarter of the shared-memory instructions of 32-bit loads);
   // the forward keeps its Q fragments in registers for the whole key walk, dk/dv (head_dim <= 64) its K and V.
   bool ldmatrix = true;
+  // Each warp owns 32 rows (two m16 row groups; blocks of 128 rows) instead of 16, so that every fragment of
+  // the walked tile read from shared memory feeds two mma, not one: the forward and dq kernels at every
+  // head_dim, dk/dv at head_dim <= 64 (at 128 its dk and dv accumulators alone would take 256 registers).
+  // A warp whose rows all lie above the causal diagonal of a tile skips it.
+  bool wideWarps = true;
+  // Rows per walked tile: 0 picks per kernel (64 with 16-row warps; with wide warps the largest at which ptxas
+  // reports no spills on sm_90: forward 64, 32 at head_dim 128; dq 32, 16 at head_dim 128; dk/dv 32), else 16,
+  // 32 or 64.
+  int walkRows = 0;
+  // The forward's softmax takes exp2(s scale log2(e) - m) as one FFMA on the raw scores instead of a
+  // scaling pass then a subtraction (only where scale > 0).
+  bool fusedScale = true;
+  // The forward rescales a warp's accumulators only when some row's running max moved (a warp vote); else
+  // the factors are all 1 and the multiplies are skipped: the same results, fewer instructions per mma.
+  bool lazyRescale = true;
+  // The kernels before wideWarps, fusedScale and lazyRescale (16-row warps, 64-row tiles), for comparison.
+  static TcAttnOptions narrow() {
+    TcAttnOptions o;
+    o.wideWarps = o.fusedScale = o.lazyRescale = false;
+    return o;
+  }
 };
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx, const TcAttnOptions& o);
 Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx, const TcAttnOptions& o);
