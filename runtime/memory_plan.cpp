@@ -103,7 +103,8 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
     }
   // Results written over a dead operand (OpInfo::inPlaceResult, e.g. dlogits over the logits): the result
   // takes the operand's arena buffer when nothing reads that memory after the node (not an output, not a
-  // parameter or input, not an in-place output, not a value kept inside a fusion group) and the types match.
+  // parameter or input, not an in-place output, not a value kept inside a fusion group) and the sizes and dtypes
+  // match (the operand may be a view of another shape).
   // After the holds above, so a collective still reading the operand keeps it.
   llvm::DenseMap<const Value*, const Value*> overwrites;
   for (int k = 0; k < end; ++k) {
@@ -113,7 +114,9 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
     const Value* mem = root(n->operand(static_cast<unsigned>(n->info().inPlaceOperand)));
     if (auto it = overwrites.find(mem); it != overwrites.end()) mem = it->second;  // itself written in place
     const FusionGroup* mg = mem->def() && groupOf ? groupOf->lookup(mem->def()) : nullptr;
-    if (!mem->def() || plan.inPlace.count(mem) || (mg && mg->isInternal(mem)) || mem->type() != res->type()) continue;
+    if (!mem->def() || plan.inPlace.count(mem) || (mg && mg->isInternal(mem)) || mem->dtype() != res->dtype() ||
+        mem->type().numel() != res->type().numel())
+      continue;
     if (lastUse.lookup(mem) != at[k]) continue;
     overwrites[res] = mem;
     lastUse[mem] = std::max(at[k], lastUse.lookup(res));  // res's readers and its views' now read mem

@@ -65,7 +65,7 @@ double worstRel(const std::vector<double>& a, const std::vector<double>& b) {
 
 }  // namespace
 
-TEST_CASE("cuda fuse-classifier: a 2-layer GPT trains 10 steps to the unfused step's bits with one launch fewer",
+TEST_CASE("cuda fuse-classifier: a 2-layer GPT trains 10 steps to the unfused step's state bit for bit with one launch fewer",
           "[gpu][fuse_classifier]") {
   test::requireGpuOrSkip();
   for (bool bf16 : {false, true}) {
@@ -77,9 +77,10 @@ TEST_CASE("cuda fuse-classifier: a 2-layer GPT trains 10 steps to the unfused st
     WARN((bf16 ? "bf16" : "fp32") << ": losses " << a.losses.front() << " -> " << a.losses.back() << "; launches per step "
                                   << a.launches << " unfused, " << b.launches << " fused; worst relative loss difference "
                                   << worstRel(b.losses, a.losses));
-    // The fused kernel computes what the two kernels do (the same expressions and order): the same bits.
-    CHECK(b.losses == a.losses);
+    // The fused kernel is cross_entropy_grad's (dlogits: the same bits, so the same state) writing the loss too,
+    // from the same row statistics as cross_entropy's kernel (the loss within a last-bit difference).
     CHECK(b.state == a.state);
+    CHECK(worstRel(b.losses, a.losses) <= 1e-6);
     CHECK(b.launches == a.launches - 1);
     if (!bf16) {  // and the CPU backend's step (fp32, the unfused ops)
       CpuOptions co;
