@@ -177,11 +177,8 @@ __device__ __forceinline__ void tpc_stu(dx_t* p, i64 i, const float* v) {
   dx_st(p, i, v[0]);
 #endif
 }
-extern "C" __global__ void __launch_bounds__(NT, 2) )", entry, R"((const dl_t* DL, const x_t* X, const t_t* T,
-#if WITH_LOSS
-    l_t* L,
-#endif
-    dx_t* DX) {
+extern "C" __global__ void __launch_bounds__(NT, 2) )", entry, "(const dl_t* DL, const x_t* X, const t_t* T, ",
+                        withLoss ? "l_t* L, " : "", R"(dx_t* DX) {
   __shared__ float red[64];
 #if CACHE
   extern __shared__ float smem[];
