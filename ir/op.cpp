@@ -2,6 +2,7 @@
 #include "ir/op.h"
 
 #include <cstdlib>
+#include <tuple>
 #include <unordered_map>
 
 #include "ir/assert.h"
@@ -77,6 +78,12 @@ std::vector<OpInfo> buildTable() {
   // The fuse pass (passes/fusion.cpp) marks the members of one fused kernel with the same fusion_group.
   for (OpInfo& op : t)
     if (op.has(Elementwise)) op.attrs.push_back(AttrSpec{"fusion_group", AttrKind::Int, Attr(int64_t(-1))});
+  // dlogits over the logits they are computed from (ops.def, the loss section).
+  for (auto [op, res, opd] : {std::tuple{OpKind::CrossEntropyGrad, 0, 1}, std::tuple{OpKind::CrossEntropyWithGrad, 1, 1},
+                              std::tuple{OpKind::VocabXentGrad, 0, 1}}) {
+    t[static_cast<size_t>(op)].inPlaceResult = res;
+    t[static_cast<size_t>(op)].inPlaceOperand = opd;
+  }
   return t;
 }
 

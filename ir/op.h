@@ -50,6 +50,10 @@ struct OpInfo {
   int numResults;   // -1: as many as the op's shape rule gives
   uint32_t traits;
   std::vector<AttrSpec> attrs;
+  // Result `inPlaceResult` may take the memory of operand `inPlaceOperand` when nothing reads that operand
+  // after the node (runtime/memory_plan.h): every backend's kernel reads each element of the operand before
+  // it writes the result over it. -1: the op has no such pair.
+  int inPlaceResult = -1, inPlaceOperand = -1;
 
   bool has(uint32_t trait) const { return (traits & trait) == trait; }
   const AttrSpec* findAttr(std::string_view attr) const;

@@ -157,6 +157,10 @@ Result<Types> inferCrossEntropyGrad(const Ctx& c) {
     return c.err("dloss must be a float tensor shaped like targets ", shapeStr(c.in[2].shape), ", got ", c.in[0].str());
   return one(c.in[1]);
 }
+Result<Types> inferCrossEntropyWithGrad(const Ctx& c) {
+  TPC_ASSIGN(Types grad, inferCrossEntropyGrad(c));
+  return Types{TensorType(DType::f32, c.in[2].shape), grad[0]};
+}
 // Vocab-parallel pieces: per-position f32 statistics shaped like the logits without the class dim.
 Status checkRows(const Ctx& c, size_t k, const TensorType& logits, const char* what) {
   llvm::ArrayRef<int64_t> rows = llvm::ArrayRef<int64_t>(logits.shape).drop_back();

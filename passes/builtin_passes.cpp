@@ -79,6 +79,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                {}, plain<createSequenceParallelPass>});
   (void)r.add({"sharding-propagate", "gives every value a placement from the per-op rules", {},
                plain<createShardingPropagatePass>});
+  (void)r.add({"fuse-classifier",
+               "cross_entropy and cross_entropy_grad of the same logits become one cross_entropy_with_grad: the loss "
+               "and dlogits from one read of the logits, dlogits written over them (one rank's program, before fuse)",
+               {}, plain<createFuseClassifierPass>});
   (void)r.add({"fuse",
                "groups connected elementwise nodes over one shape into fusion groups (fusion_group=N), each one CUDA "
                "kernel with its intermediates in registers (last, after partition; the CPU backend ignores them)",

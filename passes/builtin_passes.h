@@ -15,6 +15,8 @@ std::unique_ptr<Pass> createInferencePass();  // inference.cpp: dropout off, for
 std::unique_ptr<Pass> createFoldVocabPaddingPass();  // fold_vocab_padding.cpp
 // The fold itself (the partition engine runs it too); returns whether anything was folded.
 Result<bool> foldPaddedVocabSlices(Graph& g);
+// cross_entropy + cross_entropy_grad of the same logits => cross_entropy_with_grad (one rank's program, before fuse).
+std::unique_ptr<Pass> createFuseClassifierPass();  // fuse_classifier.cpp
 // Groups elementwise chains into fusion groups (fusion_group=N) for the CUDA backend; runs last.
 std::unique_ptr<Pass> createFusePass();  // fusion.cpp
 // accum, clip-grad, beta1, beta2, eps, weight-decay, loss: TrainingStepOptions (autodiff.h).

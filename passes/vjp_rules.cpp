@@ -197,6 +197,9 @@ R vjpCrossEntropy(VjpBuilder& b, const VjpArgs& a) {
   return Grads{d, nullptr};
 }
 R vjpCrossEntropyGrad(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "second derivatives are not supported"); }
+R vjpCrossEntropyWithGrad(VjpBuilder&, const VjpArgs& a) {
+  return noGradient(a, "cross_entropy_with_grad is built after autodiff (fuse-classifier)");
+}
 // The vocab-parallel pieces exist only in partitioned graphs, after autodiff.
 R vjpVocabMax(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "vocab-parallel loss ops are built after autodiff"); }
 R vjpVocabSumExp(VjpBuilder&, const VjpArgs& a) { return noGradient(a, "vocab-parallel loss ops are built after autodiff"); }

@@ -101,6 +101,31 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
         if (!root(v)->isParam() && !root(v)->isInput()) lastUse[root(v)] = std::max(lastUse.lookup(root(v)), join);
       for (const Value* v : nodes[k]->results()) lastUse[root(v)] = std::max(lastUse.lookup(root(v)), join);
     }
+  // Results written over a dead operand (OpInfo::inPlaceResult, e.g. dlogits over the logits): the result
+  // takes the operand's arena buffer when nothing reads that memory after the node (not an output, not a
+  // parameter or input, not an in-place output, not a value kept inside a fusion group) and the sizes and dtypes
+  // match (the operand may be a view of another shape).
+  // After the holds above, so a collective still reading the operand keeps it.
+  llvm::DenseMap<const Value*, const Value*> overwrites;
+  for (int k = 0; k < end; ++k) {
+    const Node* n = nodes[k];
+    if (n->info().inPlaceResult < 0 || (groupOf && groupOf->lookup(n))) continue;
+    const Value* res = n->result(static_cast<unsigned>(n->info().inPlaceResult));
+    const Value* mem = root(n->operand(static_cast<unsigned>(n->info().inPlaceOperand)));
+    if (auto it = overwrites.find(mem); it != overwrites.end()) mem = it->second;  // itself written in place
+    const FusionGroup* mg = mem->def() && groupOf ? groupOf->lookup(mem->def()) : nullptr;
+    if (!mem->def() || plan.inPlace.count(mem) || (mg && mg->isInternal(mem)) || mem->dtype() != res->dtype() ||
+        mem->type().numel() != res->type().numel())
+      continue;
+    if (lastUse.lookup(mem) != at[k]) continue;
+    overwrites[res] = mem;
+    lastUse[mem] = std::max(at[k], lastUse.lookup(res));  // res's readers and its views' now read mem
+  }
+  if (!overwrites.empty()) {
+    for (auto& [v, owner] : plan.viewOf)
+      if (overwrites.count(owner)) owner = overwrites.lookup(owner);
+    for (auto [res, mem] : overwrites) plan.viewOf[res] = mem;
+  }
   for (int k = 0; k < end; ++k) {
     const FusionGroup* fg = (groupOf ? groupOf->lookup(nodes[k]) : nullptr);
     for (const Value* v : nodes[k]->results()) {

@@ -2,7 +2,8 @@
 // lifetimes). planMemory: every buffer with a lifetime [first, last] (inclusive node indices) gets an offset
 // in one arena; buffers whose lifetimes overlap never share bytes. Greedy by size, largest first, each at the
 // lowest offset that fits (a first-fit that packs transformer steps tightly). planStepMemory: the buffers of
-// a graph's values, the views that alias them and the outputs written into their parameter's buffer.
+// a graph's values, the views that alias them, results written over a dead operand and the outputs written
+// into their parameter's buffer.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +32,9 @@ struct StepMemoryPlan {
   std::vector<PlannedBuffer> buffers;  // offsets set: node results, workspaces
   llvm::DenseMap<const Value*, int> bufferOf;  // node results that own an arena buffer
   std::vector<int> workspaceOf;                // per node (graph order): its workspace buffer, or -1
-  // View results (nodes `isView` says are views): the value whose memory they are, never itself a view: a node result
-  // with an arena buffer (kept alive to the views' last use), an in-place output, a parameter or an input.
+  // View results (nodes `isView` says are views) and results written over a dead operand (OpInfo::inPlaceResult:
+  // dlogits over the logits): the value whose memory they are, never itself one of them: a node result with an
+  // arena buffer (kept alive to their last use), an in-place output, a parameter or an input.
   llvm::DenseMap<const Value*, const Value*> viewOf;
   // Outputs named like a parameter that are written straight into its buffer: an elementwise-like node
   // (optimizer, elementwise) that no later node reads the old parameter after, directly or through a view.

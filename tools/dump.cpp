@@ -108,6 +108,7 @@ int runDump(std::vector<std::string> args) {
       .value("rank", "with --tp/--dp: the rank whose program `partition` builds", "0")
       .value("format", "text | dot (Graphviz)", "text")
       .toggle("no-fuse", "leave out the fuse pass that ends the standard pipeline (the CUDA backend's fusion groups)")
+      .toggle("no-fuse-classifier", "leave out the fuse-classifier pass before fuse (the CUDA backend's fused loss and gradient)")
       .toggle("summary", "list the collectives of one step by kind, with their bytes, instead of the graph")
       .toggle("memory", "print the planned memory of one rank's step (the whole pipeline, or up to --after)");
   cli::declareTrainingFlags(flags);
@@ -128,9 +129,11 @@ int runDump(std::vector<std::string> args) {
   if (!rank) return cli::fail("dump", rank.error());
   std::string format = flags.get("format");
   if (format != "text" && format != "dot") return cli::fail("dump", "--format=" + format + ": expected text or dot");
-  // The standard pipeline ends with fuse, as `tpc run` compiles it for the CUDA backend.
+  // The standard pipeline ends with fuse-classifier and fuse, as `tpc run` compiles it for the CUDA backend.
   std::string pipeline = flags.has("passes") ? flags.get("passes")
-                                             : standardPipeline(*model, *accum, *rank, *tpPolicy) + (flags.on("no-fuse") ? "" : ",fuse");
+                                             : standardPipeline(*model, *accum, *rank, *tpPolicy) +
+                                                   (flags.on("no-fuse-classifier") ? "" : ",fuse-classifier") +
+                                                   (flags.on("no-fuse") ? "" : ",fuse");
   if (flags.on("print-pipeline")) {
     std::cout << pipeline << "\n";
     return 0;

@@ -127,6 +127,8 @@ int runRun(std::vector<std::string> args) {
       .value("profile-step", "CUDA: time step N launch by launch (CUDA events) and print its GPU time per op; 0: off",
              "0")
       .toggle("no-fuse", "CUDA backend: one kernel per elementwise op (leave out the fuse pass that ends the pipeline)")
+      .toggle("no-fuse-classifier", "CUDA backend: the loss and its gradient as two kernels, dlogits in a buffer of its "
+                                    "own (leave out the fuse-classifier pass before fuse)")
       .toggle("one-stream", "CUDA with --tp/--dp: the collectives on the compute stream too (no overlap; by default "
                             "they run on a communication stream of their own)")
       .value("initial-loss-scale", "--precision fp16: the loss scale to start from", "65536")
@@ -243,16 +245,19 @@ int runRun(std::vector<std::string> args) {
       rankGraphs.push_back(std::move(*local));
     }
   }
-  // Fusion groups for the CUDA backend, on the program each rank runs (after partition).
-  if (*backendKind == BackendKind::Cuda && !flags.on("no-fuse")) {
+  // The fused classifier and the fusion groups for the CUDA backend, on the program each rank runs (after
+  // partition).
+  std::string cudaPasses = std::string(flags.on("no-fuse-classifier") ? "" : ",fuse-classifier") +
+                           (flags.on("no-fuse") ? "" : ",fuse");
+  if (*backendKind == BackendKind::Cuda && !cudaPasses.empty()) {
     PassManager fuse;
-    fuse.addPass(createFusePass());
+    if (Status s = fuse.addPipeline(cudaPasses.substr(1)); !s.ok()) return cli::fail("run", s.error());
     std::vector<Graph*> programs;
     for (auto& r : rankGraphs) programs.push_back(r.get());
     if (programs.empty()) programs.push_back(step.get());
     for (Graph* p : programs)
       if (Status s = fuse.run(*p); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
-    pipeline += rankGraphs.empty() ? ",fuse" : ",partition,fuse";
+    pipeline += (rankGraphs.empty() ? "" : ",partition") + cudaPasses;
   }
 
   // Data.

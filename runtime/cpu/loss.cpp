@@ -75,6 +75,35 @@ Status kernelCrossEntropyGrad(KernelArgs<T>& a) {
   return {};
 }
 
+// Both of the above from one read of each row: loss as cross_entropy, dlogits as cross_entropy_grad (the
+// same expressions, so the same numbers).
+template <class T>
+Status kernelCrossEntropyWithGrad(KernelArgs<T>& a) {
+  const Buf<T>&DL = a.operand(0), &L = a.operand(1), &Tg = a.operand(2);
+  int64_t V = L.shape().back(), rows = Tg.numel();
+  int64_t C = a.node.getInt("num_classes") > 0 ? std::min(a.node.getInt("num_classes"), V) : V;
+  TPC_TRY(checkTargets(a.node, Tg.i, C));
+  int64_t ignore = a.node.getInt("ignore_index");
+  T *loss = a.result(0).f.data(), *dx = a.result(1).f.data();
+  a.ctx.pool.parallelFor(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(V, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      int64_t t = Tg.i[r];
+      T* d = dx + r * V;
+      if (t == ignore) {
+        loss[r] = T(0);
+        std::fill(d, d + V, T(0));
+        continue;
+      }
+      const T* x = L.f.data() + r * V;
+      double lse = logSumExp(x, C), g = DL.f[r];
+      loss[r] = static_cast<T>(lse - x[t]);
+      for (int64_t j = 0; j < C; ++j) d[j] = static_cast<T>(g * (std::exp(x[j] - lse) - (j == t ? 1.0 : 0.0)));
+      std::fill(d + C, d + V, T(0));
+    }
+  });
+  return {};
+}
+
 // ---- vocab-parallel pieces: this rank holds classes [vocab_start, vocab_start + Vl) of the logits ----
 namespace {
 // Own columns that are real classes (not vocab padding).
@@ -146,6 +175,7 @@ Status kernelVocabXentGrad(KernelArgs<T>& a) {
 
 TPC_CPU_KERNEL_INSTANTIATE(CrossEntropy)
 TPC_CPU_KERNEL_INSTANTIATE(CrossEntropyGrad)
+TPC_CPU_KERNEL_INSTANTIATE(CrossEntropyWithGrad)
 TPC_CPU_KERNEL_INSTANTIATE(VocabMax)
 TPC_CPU_KERNEL_INSTANTIATE(VocabSumExp)
 TPC_CPU_KERNEL_INSTANTIATE(VocabPick)

@@ -27,8 +27,9 @@ namespace {
     if (e_ != cudaSuccess) FAIL(#expr << ": " << cudaGetErrorString(e_)); \
   } while (0)
 
+// inPlace: the op's in-place result (OpInfo::inPlaceResult) is written over its operand's buffer.
 std::vector<HostTensor> runGpu(cuda::NvrtcCompiler& nvrtc, OneOp& o, const NodeLowering& low,
-                               const std::vector<HostTensor>& inputs, uint64_t seed, int64_t step) {
+                               const std::vector<HostTensor>& inputs, uint64_t seed, int64_t step, bool inPlace = false) {
   std::vector<void*> ops, res;
   for (const HostTensor& t : inputs) {
     void* p = nullptr;
@@ -42,6 +43,11 @@ std::vector<HostTensor> runGpu(cuda::NvrtcCompiler& nvrtc, OneOp& o, const NodeL
     CUDA_OK(cudaMalloc(&p, bytes));
     CUDA_OK(cudaMemset(p, 0xff, bytes));
     res.push_back(p);
+  }
+  const int inRes = inPlace ? o.node->info().inPlaceResult : -1;
+  if (inRes >= 0) {
+    cudaFree(res[inRes]);
+    res[inRes] = ops[o.node->info().inPlaceOperand];
   }
   char* ws = nullptr;
   size_t wsBytes = static_cast<size_t>(std::max<int64_t>(low.workspaceBytes, 1));
@@ -77,7 +83,8 @@ std::vector<HostTensor> runGpu(cuda::NvrtcCompiler& nvrtc, OneOp& o, const NodeL
     out.push_back(t);
   }
   for (void* p : ops) cudaFree(p);
-  for (void* p : res) cudaFree(p);
+  for (size_t r = 0; r < res.size(); ++r)
+    if (static_cast<int>(r) != inRes) cudaFree(res[r]);
   cudaFree(ws);
   cudaFree(stepDev);
   for (cudaLibrary_t l : libs) cudaLibraryUnload(l);
@@ -109,6 +116,32 @@ TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5 a
     for (size_t r = 0; r < got.size(); ++r) CHECK(std::memcmp(got[r].raw(), again[r].raw(), got[r].bytes()) == 0);
   }
   CHECK(compared > 60);
+}
+
+// The kernels that may write a result over an operand (OpInfo::inPlaceResult: dlogits over the logits), doing
+// so as the memory plan lets them when the operand is dead: the same bits as into a buffer of their own.
+TEST_CASE("cuda kernels: in-place kernels give the same bits written over their operand", "[gpu]") {
+  requireGpuOrSkip();
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  int compared = 0;
+  for (const Case& c : allCases()) {
+    if (opInfo(c.op).inPlaceResult < 0) continue;
+    INFO(c.name);
+    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
+    std::vector<HostTensor> in = c.make(rng);
+    OneOp o = oneOp(c.op, c.types, c.attrs);
+    auto low = lowerCase(c, o);
+    REQUIRE(low.ok());
+    std::vector<HostTensor> apart = runGpu(nvrtc, o, *low, in, 4242, 7);
+    std::vector<HostTensor> over = runGpu(nvrtc, o, *low, in, 4242, 7, true);
+    for (size_t r = 0; r < apart.size(); ++r) {
+      CHECK(std::memcmp(apart[r].raw(), over[r].raw(), apart[r].bytes()) == 0);
+      ++compared;
+    }
+  }
+  CHECK(compared >= 20);
 }
 
 // The tensor-core attention variants that do not ship (cuda::TcAttnOptions, timed by the "[.bench]" test)

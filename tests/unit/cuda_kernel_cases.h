@@ -218,6 +218,8 @@ inline std::vector<Case> allCases() {
                         {{-3, 3}, {-1, double(classes - 1)}}));
     cs.push_back(simple(cat("cross_entropy_grad ", lt.str(), " C=", C), OpKind::CrossEntropyGrad,
                         {tt(f, rows), lt, tgt}, a, {{-1, 1}, {-3, 3}, {-1, double(classes - 1)}}));
+    cs.push_back(simple(cat("cross_entropy_with_grad ", lt.str(), " C=", C), OpKind::CrossEntropyWithGrad,
+                        {tt(f, rows), lt, tgt}, a, {{-1, 1}, {-3, 3}, {-1, double(classes - 1)}}));
   }
   // gpt2's padded vocabulary (bf16, 16-byte loads, the row kept in shared memory), f32 rows of 201 KB (kept:
   // one block per SM), odd widths (element loads), a row too long to keep in shared memory, logits in a
@@ -234,6 +236,8 @@ inline std::vector<Case> allCases() {
     cs.push_back(simple(cat("cross_entropy ", lt.str(), " C=", C), OpKind::CrossEntropy, {lt, tgt}, a,
                         {{lo, hi}, {-1, double(classes - 1)}}));
     cs.push_back(simple(cat("cross_entropy_grad ", lt.str(), " C=", C), OpKind::CrossEntropyGrad,
+                        {tt(f, {rows}), lt, tgt}, a, {{-1, 1}, {lo, hi}, {-1, double(classes - 1)}}));
+    cs.push_back(simple(cat("cross_entropy_with_grad ", lt.str(), " C=", C), OpKind::CrossEntropyWithGrad,
                         {tt(f, {rows}), lt, tgt}, a, {{-1, 1}, {lo, hi}, {-1, double(classes - 1)}}));
   }
   {

@@ -73,6 +73,9 @@ inline std::vector<OpCase> cudaOpCases() {
   c.back().attrs.set("num_classes", int64_t(37));
   c.push_back({"[6,40]", OpKind::CrossEntropyGrad,
                {in("dl", f32({6})), in("logits", f32({6, 40}), -3, 3), ids("t", {6}, 40, -1)}, {}, {}});
+  c.push_back({"[6,40] padded", OpKind::CrossEntropyWithGrad,
+               {in("dl", f32({6})), in("logits", f32({6, 40}), -3, 3), ids("t", {6}, 37, -1)}, {}, {}});
+  c.back().attrs.set("num_classes", int64_t(37));
   auto vocab = [](OpCase k) {
     k.attrs.set("vocab_start", int64_t(40));
     return k;

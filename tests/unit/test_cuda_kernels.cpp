@@ -253,9 +253,11 @@ TEST_CASE("cuda kernels: every tensor-core attention variant compiles with NVRTC
 namespace {
 
 // Runs `low` (the lowering of case c as `o`) under the CPU emulator and compares it with the CPU backend;
-// returns how many results were compared. Emulated kernels are built once per source into `built`.
+// returns how many results were compared. Emulated kernels are built once per source into `built`. inPlace:
+// the op's in-place result (OpInfo::inPlaceResult) is written over its operand's buffer, as the memory plan
+// lets it when the operand is dead.
 int runEmulatedCase(const Case& c, OneOp& o, const NodeLowering& low, const std::string& dir,
-                    std::map<std::string, EmuLaunch>& built) {
+                    std::map<std::string, EmuLaunch>& built, bool inPlace = false) {
   std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
   std::vector<HostTensor> in = c.make(rng);
   const uint64_t seed = 4242;
@@ -268,6 +270,7 @@ int runEmulatedCase(const Case& c, OneOp& o, const NodeLowering& low, const std:
   for (const Value* r : o.node->results()) resBufs.emplace_back(static_cast<size_t>(r->type().bytes()) + 8, 0xff);
   for (auto& b : opBufs) ops.push_back(b.data());
   for (auto& b : resBufs) res.push_back(b.data());
+  if (inPlace) res[o.node->info().inPlaceResult] = ops[o.node->info().inPlaceOperand];
   std::vector<char> ws(static_cast<size_t>(low.workspaceBytes) + 8, low.zeroWorkspace ? 0 : char(0xff));
   long long stepHost = step;
   for (const KernelSpec& k : low.kernels) {
@@ -307,6 +310,25 @@ TEST_CASE("cuda kernels: every family op matches the CPU backend under the CPU e
     auto low = lowerCase(c, o);
     REQUIRE(low.ok());
     compared += runEmulatedCase(c, o, *low, dir.path.string(), built);
+  }
+  CHECK(compared > 0);
+}
+
+// Hidden, as above: the kernels that may write a result over an operand (OpInfo::inPlaceResult: dlogits over
+// the logits) doing so.
+TEST_CASE("cuda kernels: in-place kernels match the CPU backend under the CPU emulator when they write in place",
+          "[.cuda-emu]") {
+  const char* filter = std::getenv("TPC_EMU_FILTER");
+  TempDir dir;
+  std::map<std::string, EmuLaunch> built;
+  int compared = 0;
+  for (const Case& c : allCases()) {
+    if (opInfo(c.op).inPlaceResult < 0 || (filter && !matchesAny(c.name, filter))) continue;
+    INFO(c.name);
+    OneOp o = oneOp(c.op, c.types, c.attrs);
+    auto low = lowerCase(c, o);
+    REQUIRE(low.ok());
+    compared += runEmulatedCase(c, o, *low, dir.path.string(), built, true);
   }
   CHECK(compared > 0);
 }

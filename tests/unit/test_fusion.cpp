@@ -177,7 +177,7 @@ TEST_CASE("tpc dump: the standard pipeline ends with fuse, --after=fuse shows th
   const std::string dump = test::tpcBinary() + " dump " + test::binaryPath("models/tiny.fb");
   auto pipeline = test::runCommand(dump + " --print-pipeline");
   REQUIRE(pipeline.exitCode == 0);
-  CHECK(pipeline.out.find(",dce,fold-vocab-padding,fuse\n") != std::string::npos);
+  CHECK(pipeline.out.find(",dce,fold-vocab-padding,fuse-classifier,fuse\n") != std::string::npos);
   auto fused = test::runCommand(dump + " --after=fuse");
   REQUIRE(fused.exitCode == 0);
   CHECK(fused.out.find("gelu(") != std::string::npos);

@@ -227,7 +227,7 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
   CHECK(after.out.find("return %loss, %grad_norm, wte=") != std::string::npos);
   auto notInPipeline = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --after=fold-scales");
   CHECK(notInPipeline.exitCode == 1);
-  CHECK(notInPipeline.err == "tpc dump: error: --after=fold-scales: not a pass of the pipeline (autodiff, cse, dce, fold-vocab-padding, fuse)\n");
+  CHECK(notInPipeline.err == "tpc dump: error: --after=fold-scales: not a pass of the pipeline (autodiff, cse, dce, fold-vocab-padding, fuse-classifier, fuse)\n");
   auto dce = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --after=dce");
   CHECK(dce.exitCode == 0);
   CHECK(dce.out.find("return %loss") != std::string::npos);

@@ -8,6 +8,7 @@ const FamilyLowering* findFamilyLowering(OpKind op) {
                               layerNorm = lowerLayerNorm, layerNormGrad = lowerLayerNormGrad,
                               softmax = lowerSoftmax, softmaxGrad = lowerSoftmaxGrad,
                               crossEntropy = lowerCrossEntropy, crossEntropyGrad = lowerCrossEntropyGrad,
+                              crossEntropyWithGrad = lowerCrossEntropyWithGrad,
                               vocabMax = lowerVocabMax, vocabSumExp = lowerVocabSumExp, vocabPick = lowerVocabPick,
                               vocabLoss = lowerVocabLoss, vocabXentGrad = lowerVocabXentGrad,
                               embedding = lowerEmbedding, embeddingGrad = lowerEmbeddingGrad, reduce = lowerReduce,
@@ -23,6 +24,7 @@ const FamilyLowering* findFamilyLowering(OpKind op) {
     case OpKind::SoftmaxGrad: return &softmaxGrad;
     case OpKind::CrossEntropy: return &crossEntropy;
     case OpKind::CrossEntropyGrad: return &crossEntropyGrad;
+    case OpKind::CrossEntropyWithGrad: return &crossEntropyWithGrad;
     case OpKind::VocabMax: return &vocabMax;
     case OpKind::VocabSumExp: return &vocabSumExp;
     case OpKind::VocabPick: return &vocabPick;

@@ -25,6 +25,7 @@ Result<NodeLowering> lowerSoftmax(const Node& n, const LoweringContext& ctx);   
 Result<NodeLowering> lowerSoftmaxGrad(const Node& n, const LoweringContext& ctx);     // normalization.cpp
 Result<NodeLowering> lowerCrossEntropy(const Node& n, const LoweringContext& ctx);    // loss.cpp
 Result<NodeLowering> lowerCrossEntropyGrad(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerCrossEntropyWithGrad(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerVocabMax(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerVocabSumExp(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerVocabPick(const Node& n, const LoweringContext& ctx);

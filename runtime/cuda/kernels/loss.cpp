@@ -2,9 +2,10 @@
 // of 512 threads per row reads the row once with 16-byte loads, keeping an online (max, sum of exp) in f32
 // (base 2: y = x log2(e), rescaled when the max grows), combined over the block; the grad keeps the row it
 // read in shared memory (when it fits) and writes dlogits from there: one read and one write of the logits.
-// The vocab-parallel pieces are a block per row (double sums) or a thread per row. A target outside the
-// classes that is not ignore_index gives a NaN loss and NaN gradient row (the CPU backend reports it; a
-// kernel cannot, and the trainer stops on a NaN loss).
+// cross_entropy_with_grad is the grad kernel that also writes the loss. The vocab-parallel pieces are a block
+// per row (double sums) or a thread per row. A target outside the classes that is not ignore_index gives a
+// NaN loss and NaN gradient row (the CPU backend reports it; a kernel cannot, and the trainer stops on a NaN
+// loss).
 #include <algorithm>
 
 #include "runtime/cuda/kernels/device_prelude.h"
@@ -147,21 +148,28 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tpc_cross_entropy(const x_t*
   return single(std::move(k));
 }
 
-// dlogits = dloss * (softmax - onehot(target)) on the classes, 0 on padding and on ignored rows. The row
-// read for the statistics stays in shared memory (raw, V elements) when it fits, else it is read again.
-Result<NodeLowering> lowerCrossEntropyGrad(const Node& n, const LoweringContext& ctx) {
+namespace {
+
+// dlogits = dloss * (softmax - onehot(target)) on the classes, 0 on padding and on ignored rows; withLoss: the
+// loss too (cross_entropy_with_grad, result 0), from the same read. The row read for the statistics stays in
+// shared memory (raw, V elements) when it fits, else it is read again. dlogits may be the logits' own buffer
+// (in place, OpInfo::inPlaceResult): every element is read before it is written, by the thread that writes
+// it, and the target's logit for the loss is read before the row pass's barriers.
+Result<NodeLowering> lowerXentGrad(const Node& n, const LoweringContext& ctx, bool withLoss) {
   TPC_TRY(checkFloatDType(n, n.operand(0)->dtype(), "dloss"));
   TPC_TRY(checkFloatDType(n, n.operand(1)->dtype(), "logits"));
   TPC_TRY(checkIdDType(n, n.operand(2)->dtype(), "targets"));
   DType xt = n.operand(1)->dtype();
+  const Value* dlogits = n.result(withLoss ? 1 : 0);
   auto [V, rows] = rowsOf(n.operand(1));
   int64_t C = n.getInt("num_classes") > 0 ? std::min(n.getInt("num_classes"), V) : V;
   int64_t rowBytes = (V * dtypeSize(xt) + 15) / 16 * 16;
   bool cache = rowBytes <= ctx.maxSharedBytes - 1024;
+  std::string entry = withLoss ? "tpc_cross_entropy_with_grad" : "tpc_cross_entropy_grad";
   std::string src = devicePrelude() + accessors("dl", n.operand(0)->dtype()) + accessors("x", xt) +
-                    accessors("t", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
-                    vectorAccessors("dx", n.result(0)->dtype()) + rowPassHead(xt, V, C) +
-                    cat("#define CACHE ", cache ? 1 : 0, R"(
+                    accessors("t", n.operand(2)->dtype()) + (withLoss ? accessors("l", n.result(0)->dtype()) : "") +
+                    accessors("dx", dlogits->dtype()) + vectorAccessors("dx", dlogits->dtype()) +
+                    rowPassHead(xt, V, C) + cat("#define CACHE ", cache ? 1 : 0, "\n#define WITH_LOSS ", withLoss ? 1 : 0, R"(
 __device__ __forceinline__ void tpc_stu(dx_t* p, i64 i, const float* v) {
 #if U == 8
   dx_st8(p, i, v);
@@ -169,7 +177,8 @@ __device__ __forceinline__ void tpc_stu(dx_t* p, i64 i, const float* v) {
   dx_st(p, i, v[0]);
 #endif
 }
-extern "C" __global__ void __launch_bounds__(NT, 2) tpc_cross_entropy_grad(const dl_t* DL, const x_t* X, const t_t* T, dx_t* DX) {
+extern "C" __global__ void __launch_bounds__(NT, 2) )", entry, "(const dl_t* DL, const x_t* X, const t_t* T, ",
+                        withLoss ? "l_t* L, " : "", R"(dx_t* DX) {
   __shared__ float red[64];
 #if CACHE
   extern __shared__ float smem[];
@@ -181,6 +190,9 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tpc_cross_entropy_grad(const
     i64 t = t_ld(T, row);
     dx_t* d = DX + row * V;
     if (t == )", i64Lit(n.getInt("ignore_index")), R"() {
+#if WITH_LOSS
+      if (threadIdx.x == 0) l_st(L, row, 0.f);
+#endif
       float z[U];
 #pragma unroll
       for (int k = 0; k < U; ++k) z[k] = 0.f;
@@ -188,7 +200,13 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tpc_cross_entropy_grad(const
       continue;
     }
     const x_t* x = X + row * V;
+#if WITH_LOSS
+    const float xt = threadIdx.x == 0 && t >= 0 && t < C ? x_ld(x, t) : 0.f;
+#endif
     const float lse2 = tpc_row_lse2(x, keep, red);
+#if WITH_LOSS
+    if (threadIdx.x == 0) l_st(L, row, t >= 0 && t < C ? lse2 * LN2 - xt : __int_as_float(0x7fc00000));
+#endif
     float g = dl_ld(DL, row);
     if (t < 0 || t >= C) g = __int_as_float(0x7fc00000);
     const x_t* src = keep ? (const x_t*)keep : x;
@@ -204,12 +222,19 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tpc_cross_entropy_grad(const
   }
 }
 )");
-  KernelSpec k = rowKernel("tpc_cross_entropy_grad", std::move(src), V, rows,
-                           {operandArg(0), operandArg(1), operandArg(2), resultArg(0)});
+  std::vector<KernelArg> args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0)};
+  if (withLoss) args.push_back(resultArg(1));
+  KernelSpec k = rowKernel(entry, std::move(src), V, rows, std::move(args));
   k.block.x = kRowThreads;
   if (cache) k.sharedBytes = static_cast<uint32_t>(rowBytes);
   return single(std::move(k));
 }
+
+}  // namespace
+
+Result<NodeLowering> lowerCrossEntropyGrad(const Node& n, const LoweringContext& ctx) { return lowerXentGrad(n, ctx, false); }
+
+Result<NodeLowering> lowerCrossEntropyWithGrad(const Node& n, const LoweringContext& ctx) { return lowerXentGrad(n, ctx, true); }
 
 // ---- vocab-parallel pieces: this rank holds classes [vocab_start, vocab_start + Vl) of the logits ----
 namespace {
