@@ -16,8 +16,9 @@ struct FusionGroup {
   std::vector<Value*> outputs;  // member results that another node or a graph output reads
   Shape shape;                  // the index space
   // Nodes outside `members` whose work the group's kernel does too, reading their operands as group inputs
-  // (the multi-tensor AdamW group's gradient casts and clip multiplies, runtime/cuda/adamw_groups.h); they
-  // run at the group's last member and their results are never stored.
+  // (the multi-tensor AdamW group's gradient casts and clip multiplies, runtime/cuda/adamw_groups.h; the
+  // later casts of a multi-tensor cast group, runtime/cuda/cast_groups.h); they run at the group's last
+  // member and their results are stored only when they are group outputs.
   std::vector<Node*> absorbed;
   bool isInternal(const Value* v) const;  // a member or absorbed result that is not an output
 };

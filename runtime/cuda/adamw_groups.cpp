@@ -3,11 +3,11 @@
 
 #include <algorithm>
 #include <functional>
-#include <map>
 #include <tuple>
 
 #include "runtime/backend.h"
 #include "runtime/cuda/lowering.h"
+#include "runtime/cuda/ordered_buckets.h"
 
 namespace tpc::cuda {
 
@@ -81,9 +81,8 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
       if (g.outputName(i) == name) gates.push_back(g.outputs()[i].value);
   auto users = g.computeUsers();
   using Key = std::tuple<std::vector<DType>, double, double, double, const Value*, const Value*, const Value*>;
-  std::map<Key, std::vector<Node*>> buckets;
+  OrderedBuckets<Key> buckets;
   llvm::DenseMap<const Node*, GradSource> sources;
-  std::vector<Key> order;
   for (Node* n : nodes) {
     if (n->op() != OpKind::AdamWUpdate) continue;
     bool read = false;
@@ -93,14 +92,11 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
     std::vector<DType> dtypes;
     for (unsigned k = 0; k < 4; ++k) dtypes.push_back(k == 1 ? src.grad->dtype() : n->operand(k)->dtype());
     for (Value* r : n->results()) dtypes.push_back(r->dtype());
-    Key key{dtypes, n->getFloat("beta1"), n->getFloat("beta2"), n->getFloat("eps"), n->operand(4), n->operand(5), src.scale};
+    buckets.add(Key{dtypes, n->getFloat("beta1"), n->getFloat("beta2"), n->getFloat("eps"), n->operand(4), n->operand(5), src.scale}, n);
     sources[n] = std::move(src);
-    if (!buckets.count(key)) order.push_back(key);
-    buckets[key].push_back(n);
   }
   std::vector<FusionGroup> groups;
-  for (const Key& key : order) {
-    std::vector<Node*>& members = buckets[key];
+  for (std::vector<Node*>& members : buckets.buckets()) {
     int at = index.lookup(members.back());
     bool gated = true;
     for (Value* v : gates) {
@@ -108,7 +104,7 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
       gated &= ready(v) < at && (t == DType::f32 || t == DType::bf16 || t == DType::f16);  // what the kernel reads
     }
     if (!gated) continue;
-    const Value* scale = std::get<6>(key);  // read by the absorbed multiplies, so ready before the group
+    Value* scale = sources[members.front()].scale;  // read by the absorbed multiplies, so ready before the group
     FusionGroup fg;
     fg.members = members;
     for (Node* n : members) {
@@ -119,7 +115,7 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
     }
     fg.inputs.push_back(members.front()->operand(4));
     fg.inputs.push_back(members.front()->operand(5));
-    if (scale) fg.inputs.push_back(sources[members.front()].scale);
+    if (scale) fg.inputs.push_back(scale);
     fg.inputs.insert(fg.inputs.end(), gates.begin(), gates.end());
     groups.push_back(std::move(fg));
   }

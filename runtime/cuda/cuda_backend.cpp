@@ -18,6 +18,7 @@
 #include "ir/printer.h"
 #include "passes/builtin_passes.h"
 #include "runtime/cuda/adamw_groups.h"
+#include "runtime/cuda/cast_groups.h"
 #include "runtime/cuda/comm_stream_schedule.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/cuda/cublaslt_matmul.h"
@@ -278,10 +279,19 @@ class CudaBackend final : public Backend {
       std::vector<FusionGroup> adamw;
       if (options_.multiTensorAdamW) adamw = adamwGroups(*rk.graph, &rk.groupOf);
       for (FusionGroup& fg : adamw) rk.groups.push_back(std::move(fg));
-      rk.groupOf.clear();
-      for (const FusionGroup& fg : rk.groups) {
-        for (const Node* m : fg.members) rk.groupOf[m] = &fg;
-        for (const Node* m : fg.absorbed) rk.groupOf[m] = &fg;  // run inside the group's kernel
+      auto regroup = [&rk] {
+        rk.groupOf.clear();
+        for (const FusionGroup& fg : rk.groups) {
+          for (const Node* m : fg.members) rk.groupOf[m] = &fg;
+          for (const Node* m : fg.absorbed) rk.groupOf[m] = &fg;  // run inside the group's kernel
+        }
+      };
+      regroup();
+      // The casts of the parameters (their bf16 copies) as one multi-tensor kernel per pair of dtypes.
+      if (multiTensorCasts()) {
+        std::vector<FusionGroup> casts = castGroups(*rk.graph, &rk.groupOf);
+        for (FusionGroup& fg : casts) rk.groups.push_back(std::move(fg));
+        regroup();
       }
       for (Node* n : rk.graph->nodes()) {
         NodeExec how = nodeExec(*n);
@@ -289,7 +299,9 @@ class CudaBackend final : public Backend {
         matmulPlans[r].push_back(-1);
         if (const FusionGroup* fg = rk.groupOf.lookup(n)) {
           if (fg->members.back() != n) continue;  // the group's kernel runs at its last member
-          auto l = isAdamWGroup(*fg) ? lowerAdamWGroup(*fg, ctx_) : lowerFusionGroup(*fg, ctx_);
+          auto l = isAdamWGroup(*fg)  ? lowerAdamWGroup(*fg, ctx_)
+                   : isCastGroup(*fg) ? lowerCastGroup(*fg, ctx_)
+                                      : lowerFusionGroup(*fg, ctx_);
           if (!l.ok()) return makeError(rankPrefix(r), "lowering ", groupName(*fg), ": ", l.error());
           lowerings[r].back() = std::move(l).value();
         } else if (nccl_ && n->has(traits::Collective)) {
@@ -560,8 +572,15 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // CudaOptions::multiTensorCasts, unless TPC_MULTI_TENSOR_CASTS (0 or 1) says otherwise.
+  bool multiTensorCasts() const {
+    const char* e = std::getenv("TPC_MULTI_TENSOR_CASTS");
+    return e && *e ? std::string(e) != "0" : options_.multiTensorCasts;
+  }
+
   static std::string groupName(const FusionGroup& fg) {
     if (isAdamWGroup(fg)) return cat("adamw_update x", fg.members.size(), " (one multi-tensor kernel)");
+    if (isCastGroup(fg)) return cat("cast x", fg.inputs.size(), " (one multi-tensor kernel)");
     std::string s = cat("fusion_group=", fg.id, " (");
     for (size_t k = 0; k < fg.members.size(); ++k) s += cat(k ? " " : "", fg.members[k]->opName());
     return s + ")";
@@ -956,7 +975,7 @@ class CudaBackend final : public Backend {
         pending.insert(pending.begin(), adamwMembers[fg].begin(), adamwMembers[fg].end());
       }
       if (fg) what = cat(rankPrefix(r), groupName(*fg), " -> ", valueName(fg->outputs.front()));
-      if (fg) op = cat("fusion_group=", fg->id);
+      if (fg) op = isCastGroup(*fg) ? std::string("cast (multi-tensor)") : cat("fusion_group=", fg->id);
       llvm::ArrayRef<Value*> operands = fg ? llvm::ArrayRef<Value*>(fg->inputs) : n.operands();
       llvm::ArrayRef<Value*> results = fg ? llvm::ArrayRef<Value*>(fg->outputs) : n.results();
       touched = Launch();

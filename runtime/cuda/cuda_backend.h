@@ -31,6 +31,10 @@ struct CudaOptions {
   // The AdamW updates as multi-tensor kernels gated on non-finite steps (adamw_groups.h); false: one kernel
   // per adamw_update and a copy of the state they update kept aside each step (tests compare the two).
   bool multiTensorAdamW = true;
+  // The casts of parameters and inputs between the same two dtypes (the bf16 copies of the f32 master
+  // parameters) as one multi-tensor kernel where the first of them ran (cast_groups.h); false: a kernel per
+  // cast. Bit-identical either way. The environment's TPC_MULTI_TENSOR_CASTS=0/1 overrides it (measuring).
+  bool multiTensorCasts = true;
   // Fold bias adds, gelu, residual adds and bias gradients into the matmuls as cuBLASLt epilogues where
   // cuBLASLt has an algorithm for them (fold-matmul-epilogues); false keeps the unfused ops (comparisons).
   bool matmulEpilogues = true;

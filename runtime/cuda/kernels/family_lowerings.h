@@ -39,5 +39,8 @@ Result<NodeLowering> lowerAdamWUpdate(const Node& n, const LoweringContext& ctx)
 // A group of adamw_update nodes as one multi-tensor kernel (runtime/cuda/adamw_groups.h: its layout and gates).
 Result<NodeLowering> lowerAdamWGroup(const FusionGroup& g, const LoweringContext& ctx);
 Result<NodeLowering> lowerClipScale(const Node& n, const LoweringContext& ctx);
+// A group of casts of parameters and inputs as one multi-tensor kernel (runtime/cuda/cast_groups.h: its layout)
+// of at most `maxBlocks` blocks striding over the tensors' chunks (tests lower it with fewer).
+Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext& ctx, int64_t maxBlocks = 2048);  // multi_tensor.cpp
 
 }  // namespace tpc::cuda

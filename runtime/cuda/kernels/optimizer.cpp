@@ -4,6 +4,7 @@
 #include "runtime/cuda/kernels/device_prelude.h"
 #include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/kernels/kernel_source.h"
+#include "runtime/cuda/kernels/multi_tensor.h"
 #include "runtime/cuda/adamw_groups.h"
 
 namespace tpc::cuda {
@@ -87,14 +88,11 @@ std::string quadAccessors(const std::string& name, DType t) {
              "  for (int j = 0; j < 4; ++j) ", name, "_st(p, i + j, v[j]);\n}\n");
 }
 
-template <class T>
-std::string list(const std::vector<T>& v, std::string (*lit)(T)) {
+std::string floatList(const std::vector<double>& v) {
   std::string s;
-  for (size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + lit(v[k]);
+  for (size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + floatLit(v[k]);
   return s;
 }
-std::string i64L(int64_t v) { return i64Lit(v); }
-std::string floatL(double v) { return floatLit(v); }
 
 }  // namespace
 
@@ -131,25 +129,21 @@ Result<NodeLowering> lowerAdamWGroup(const FusionGroup& g, const LoweringContext
     gateParams += cat(", const gate", k, "_t* gate", k);
     gateTest += cat(" || !tpc_finite(gate", k, "_ld(gate", k, ", 0))");
   }
-  std::vector<int64_t> first{0}, numel;
+  std::vector<int64_t> numel;
   std::vector<double> wd;
   for (size_t j = 0; j < g.members.size(); ++j) {
     const Node* n = g.members[j];
     for (unsigned k = 0; k < 7; ++k)
       if (typeOf(j, k) != typeOf(0, k)) return makeError("adamw group: members of different dtypes");
     numel.push_back(n->operand(0)->type().numel());
-    first.push_back(first.back() + (numel.back() + kChunk - 1) / kChunk);
     wd.push_back(n->getFloat("weight_decay"));
   }
-  const int64_t chunks = first.back(), T = static_cast<int64_t>(g.members.size());
+  const int64_t chunks = multiTensorChunkCount(numel, kChunk), T = static_cast<int64_t>(g.members.size());
   double b1 = n0.getFloat("beta1"), b2 = n0.getFloat("beta2");
   src += kAdamWElement;
+  src += multiTensorChunks(numel, kChunk);
   src += cat(R"(
-#define NT )", T, R"(
-#define CHUNK )", kChunk, R"(
-__device__ const i64 tpc_first[NT + 1] = {)", list(first, i64L), R"(};
-__device__ const i64 tpc_numel[NT] = {)", list(numel, i64L), R"(};
-__device__ const float tpc_wd[NT] = {)", list(wd, floatL), R"(};
+__device__ const float tpc_wd[NT] = {)", floatList(wd), R"(};
 __device__ __forceinline__ bool tpc_finite(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
 extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, const float* step, const int* hold)",
              scales ? ", const float* gscale" : "", gateParams, R"() {
@@ -162,12 +156,7 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
     sc[2] = lr[0];
     sc[3] = )", scales ? "gscale[0]" : "1.f", R"(;
     skip = hold[0] != 0)", gateTest, R"(;
-    int lo = 0, hi = NT - 1;  // the last tensor whose first chunk is at or before this block's
-    while (lo < hi) {
-      int mid = (lo + hi + 1) / 2;
-      if (tpc_first[mid] <= (i64)blockIdx.x) lo = mid; else hi = mid - 1;
-    }
-    tensor = lo;
+    tensor = tpc_tensor_of(blockIdx.x);
   }
   __syncthreads();
   const int k = tensor;
@@ -224,11 +213,7 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
   k.source = std::move(src);
   k.block.x = 256;
   k.grid.x = static_cast<uint32_t>(std::max<int64_t>(chunks, 1));
-  k.tables.emplace_back();
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t j = 0; j < 4; ++j) k.tables[0].push_back(operandArg(4 * t + j));
-    for (int64_t j = 0; j < 3; ++j) k.tables[0].push_back(resultArg(3 * t + j));
-  }
+  k.tables.push_back(multiTensorAddressTable(T, 4, 3));
   k.args.push_back(KernelArg{ArgKind::Table, 0});
   k.args.push_back(operandArg(4 * T));
   k.args.push_back(operandArg(4 * T + 1));
