@@ -285,7 +285,16 @@ inline std::vector<Case> allCases() {
                                    // bias gradients: leading axes summed, 64 chunks combined by 32 lanes
                                    {OpKind::ReduceSum, bf, {16, 64, 768}, {0, 1}, false},
                                    {OpKind::ReduceSum, f, {8, 129, 100}, {0, 1}, false},
-                                   {OpKind::ReduceMax, f, {8, 129, 100}, {0, 1}, false}}) {
+                                   {OpKind::ReduceMax, f, {8, 129, 100}, {0, 1}, false},
+                                   // the chunked 16-byte column kernel (leading dims reduced): gpt2's widths,
+                                   // row counts that leave a short last chunk, f32/f16, a middle dim (old path)
+                                   {OpKind::ReduceSum, bf, {1000, 3072}, {0}, false},
+                                   {OpKind::ReduceSum, bf, {3, 77, 2304}, {0, 1}, false},
+                                   {OpKind::ReduceSum, f, {517, 24}, {0}, false},
+                                   {OpKind::ReduceSum, h, {333, 40}, {0}, true},
+                                   {OpKind::ReduceMean, bf, {700, 16}, {0}, false},
+                                   {OpKind::ReduceMax, bf, {300, 48}, {0}, false},
+                                   {OpKind::ReduceSum, f, {4, 30, 8}, {1}, false}}) {
     cs.push_back(simple(cat(opName(r.op), " ", tt(r.dt, r.s).str(), " axes ", shapeStr(r.axes), r.keep ? " keepdims" : ""),
                         r.op, {tt(r.dt, r.s)}, attrs({{"axes", r.axes}, {"keepdims", r.keep}}), {{-5, 5}}));
   }
