@@ -39,6 +39,7 @@ Result<NodeLowering> lowerColumnReduce(const Node& n, DType dt, DType od, int64_
   chunks = std::min<int64_t>(chunks, 65535);
   const int64_t per = (nred + chunks - 1) / chunks;
   chunks = (nred + per - 1) / per;
+  if (chunks < 2) return NodeLowering{};  // too few rows to split: the one-pass kernel (a thread per column)
   std::string head = devicePrelude() + accessors("x", dt) + vectorAccessors("x", dt) + accessors("o", od) +
                      cat("#define NOUT ", i64Lit(nout), "\n#define NRED ", i64Lit(nred), "\n#define U ", U, "\n#define BX ",
                          BX, "\n#define BY ", BY, "\n#define PER ", i64Lit(per), "\n#define CHUNKS ", i64Lit(chunks),
@@ -192,7 +193,10 @@ extern "C" __global__ void tpc_reduce_rows(const x_t* X, o_t* O) {
   if (ctx.columnReduce && isFloat(dt) && nred > 0 && nout > 0 && redSize.size() + keptSize.size() == s.size() && !redSize.empty()) {
     bool leading = true;  // the reduced dims are exactly the leading ones: x is [NRED, NOUT] row-major
     for (int64_t k = 0; k < static_cast<int64_t>(redSize.size()); ++k) leading &= axes.count(k) > 0;
-    if (leading) return lowerColumnReduce(n, dt, od, nred, nout, isMax, isMean ? count : 1.0);
+    if (leading) {
+      TPC_ASSIGN(NodeLowering l, lowerColumnReduce(n, dt, od, nred, nout, isMax, isMean ? count : 1.0));
+      if (!l.kernels.empty()) return l;
+    }
   }
   // Column style: chunks so that about 256k threads run, each chunk at least 16 reduced elements.
   int64_t chunks = std::clamp<int64_t>((262144 + nout - 1) / std::max<int64_t>(nout, 1), 1, std::max<int64_t>(1, nred / 16));
