@@ -124,8 +124,11 @@ Result<Types> inferLayerNorm(const Ctx& c) {
   return one(c.in[0]);
 }
 Result<Types> inferLayerNormGrad(const Ctx& c) {
+  if (c.in.size() != 3 && c.in.size() != 4)
+    return c.err("takes (dy, x, gamma) or (dy, x, gamma, residual), got ", c.in.size(), " operands");
   TPC_TRY(checkLayerNormAffine(c, 1, 2, SIZE_MAX));
   TPC_TRY(c.needSame(0, 1, "dy", "x"));
+  if (c.in.size() == 4) TPC_TRY(c.needSame(3, 1, "residual", "x"));
   return Types{c.in[1], c.in[2], c.in[2]};
 }
 Result<Types> inferSoftmax(const Ctx& c) {

@@ -51,6 +51,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                "one rank's program: reduce_sum(matmul(a, d) {transpose_a}) over the batch axes becomes one matmul of "
                "a and d flattened to [rows, K] and [rows, N] (weight gradients without a [B, K, N] intermediate)",
                {}, plain<createFoldBatchMatmulSumPass>});
+  (void)r.add({"fold-layer-norm-grad-residual",
+               "one rank's program: add(residual, dx) after a layer_norm_grad whose dx nothing else reads becomes the "
+               "layer_norm_grad's residual operand (one kernel writes dx + residual: the backward residual stream)",
+               {}, plain<createFoldLayerNormGradResidualPass>});
   (void)r.add({"pack-qkv-attention",
                "one rank's program: attention (and its gradient) reads q, k, v from the QKV projection's layout and "
                "writes [B, T, H, Dh] (attention_qkv): no transposes, slices, zero-padded concats or adds around it",

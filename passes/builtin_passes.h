@@ -27,6 +27,7 @@ Result<std::unique_ptr<Pass>> createMixedPrecisionPass(const PassOptions& option
 Result<std::unique_ptr<Pass>> createRecomputePass(const PassOptions& options);  // recompute.cpp
 // reduce_sum(matmul(a, d, transpose_a), batch axes) => one matmul over the flattened rows (one rank's program).
 std::unique_ptr<Pass> createFoldBatchMatmulSumPass();  // fold_batch_matmul_sum.cpp
+std::unique_ptr<Pass> createFoldLayerNormGradResidualPass();  // fold_layer_norm_grad_residual.cpp
 // attention(reshape(slice(transpose(qkv)))) and its gradient => attention_qkv(qkv) (one rank's program).
 std::unique_ptr<Pass> createPackQkvAttentionPass();  // pack_qkv_attention.cpp
 // Bias, gelu, their gradients and residual adds around a matmul => matmul_epilogue nodes (one rank's program,

@@ -5,6 +5,7 @@
 
 #include "ir/shape_rules.h"
 #include "runtime/cpu/kernels.h"
+#include "runtime/host_tensor.h"
 
 namespace tpc::cpu {
 namespace {
@@ -54,10 +55,17 @@ Status kernelLayerNorm(KernelArgs<T>& a) {
 }
 
 // xhat = (x - mean) rstd, g = dy * gamma: dx = rstd (g - mean(g) - xhat mean(g xhat));
-// dgamma = sum over rows dy xhat; dbeta = sum over rows dy.
+// dgamma = sum over rows dy xhat; dbeta = sum over rows dy. A residual operand: dx rounded to its dtype, plus it.
 template <class T>
 Status kernelLayerNormGrad(KernelArgs<T>& a) {
   const Buf<T>&DY = a.operand(0), &X = a.operand(1), &G = a.operand(2);
+  const Buf<T>* R = a.node.numOperands() == 4 ? &a.operand(3) : nullptr;
+  const DType dxType = a.node.result(0)->dtype();
+  auto rounded = [dxType](double v) -> double {
+    if (dxType == DType::bf16) return bf16ToFloat(floatToBf16(static_cast<float>(v)));
+    if (dxType == DType::f16) return f16ToFloat(floatToF16(static_cast<float>(v)));
+    return static_cast<T>(v);
+  };
   double eps = a.node.getFloat("eps");
   int64_t D = X.shape().back(), rows = D ? X.numel() / D : 0;
   T* dx = a.result(0).f.data();
@@ -77,7 +85,8 @@ Status kernelLayerNormGrad(KernelArgs<T>& a) {
       sgx /= D;
       for (int64_t j = 0; j < D; ++j) {
         double xhat = (x[j] - mean[r]) * rstd[r];
-        dx[r * D + j] = static_cast<T>(rstd[r] * (static_cast<double>(dy[j]) * G.f[j] - sg - xhat * sgx));
+        double v = rstd[r] * (static_cast<double>(dy[j]) * G.f[j] - sg - xhat * sgx);
+        dx[r * D + j] = R ? static_cast<T>(rounded(v) + R->f[r * D + j]) : static_cast<T>(v);
       }
     }
   });

@@ -209,6 +209,13 @@ class CudaBackend final : public Backend {
     ctx_.smMajor = prop.major;
     ctx_.smMinor = prop.minor;
     ctx_.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+    // TPC_MEMBW_OFF=colreduce,vecew,lnres (or all) switches the memory-bound kernel variants off, for measuring.
+    const char* off = std::getenv("TPC_MEMBW_OFF");
+    std::string membwOff = cat(",", off ? off : "", ",");
+    auto isOff = [&](const char* what) { return membwOff == ",all," || membwOff.find(cat(",", what, ",")) != std::string::npos; };
+    ctx_.columnReduce = !isOff("colreduce");
+    ctx_.vectorElementwise = !isOff("vecew");
+    foldLayerNormGradResidual_ = !isOff("lnres");
     TPC_ASSIGN(driver_, driver());
     compiler_ = std::make_unique<NvrtcCompiler>(prop.major * 10 + prop.minor, options_.cacheDir);
     // Collectives: NCCL with a GPU per rank, or virtual ranks sharing one GPU (device kernels).
@@ -259,7 +266,7 @@ class CudaBackend final : public Backend {
           if (!only.empty() && only.find(cat(",", kind, ",")) == std::string::npos) return false;
           return dev(r).matmul->supports(n);
         };
-      if (Status s = rewriteForCuda(*ranks_[r].graph, canRun); !s.ok()) return makeError(rankPrefix(r), s.error());
+      if (Status s = rewriteForCuda(*ranks_[r].graph, canRun, foldLayerNormGradResidual_); !s.ok()) return makeError(rankPrefix(r), s.error());
       // Collectives as early as they can go: what they pass over overlaps them on the communication stream.
       if (commStream_)
         if (auto h = createHoistCollectivesPass()->run(*ranks_[r].graph); !h.ok()) return makeError(rankPrefix(r), h.error());
@@ -1408,6 +1415,7 @@ class CudaBackend final : public Backend {
   std::vector<llvm::DenseMap<const Value*, std::string>> inPlace_;
   std::vector<std::vector<std::vector<std::array<int64_t, 3>>>> matmulCalls;  // rank -> node -> calls
   LoweringContext ctx_;
+  bool foldLayerNormGradResidual_ = true;
   std::string deviceName_ = "GPU";
   const Driver* driver_ = nullptr;
   std::unique_ptr<NvrtcCompiler> compiler_;

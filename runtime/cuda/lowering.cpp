@@ -2,6 +2,7 @@
 // the generated lowerings (elementwise, movement, constants), by op traits.
 #include "runtime/cuda/lowering.h"
 
+#include "ir/fusion_group.h"
 #include "passes/builtin_passes.h"
 #include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/kernels/generated_lowerings.h"
@@ -43,7 +44,7 @@ NodeExec nodeExec(const Node& n) {
   return NodeExec::Kernels;
 }
 
-Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue) {
+Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue, bool foldLayerNormGradResidual) {
   // Attention on the QKV projection's layout: no copies of q, k, v, out and their gradients. Its pattern lies
   // between the QKV projection and attention (it takes the projection's output as it is), so either order
   // with the epilogue fold fires both on GPT steps (test_rewrite_for_cuda.cpp); first, so that it sees the
@@ -54,6 +55,8 @@ Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEp
   TPC_TRY(createFoldBatchMatmulSumPass()->run(g));
   // Bias, gelu, residual adds and bias gradients into cuBLASLt epilogues, where cuBLASLt has an algorithm.
   if (canRunEpilogue) TPC_TRY(createFoldMatmulEpiloguesPass(canRunEpilogue)->run(g));
+  // The backward residual stream's add(r, dx) into the layer_norm_grad kernel: dx is never stored alone.
+  if (foldLayerNormGradResidual) TPC_TRY(createFoldLayerNormGradResidualPass()->run(g));
   // The norm reads bf16 gradients: their f32 casts fold into the AdamW kernel with the clip (adamw_groups.h).
   TPC_TRY(createGlobalNormSkipCastsPass()->run(g));
   return {};
@@ -62,7 +65,20 @@ Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEp
 Result<NodeLowering> lowerNode(const Node& n, const LoweringContext& ctx) {
   if (const FamilyLowering* f = findFamilyLowering(n.op())) return (*f)(n, ctx);
   if (n.has(traits::Collective)) return lowerSingleRankCollective(n, ctx);
-  if (n.has(traits::Elementwise)) return lowerElementwise(n, ctx);
+  if (n.has(traits::Elementwise)) {
+    // Alone, as a one-member fusion group when that takes the 16-byte vector path (the same arithmetic and
+    // rounding as lowerElementwise's scalar kernel, eight bf16 elements a load): gelu_grad, residual adds.
+    if (ctx.vectorElementwise && n.numResults() == 1) {
+      FusionGroup fg;
+      fg.members = {const_cast<Node*>(&n)};
+      for (Value* v : n.operands()) fg.inputs.push_back(v);  // operand k is input k (duplicates kept)
+      fg.outputs = {n.result()};
+      fg.shape = n.result()->shape();
+      auto l = lowerFusionGroup(fg, ctx);
+      if (l.ok() && l->kernels.size() == 1 && l->kernels[0].entry.rfind("tpc_fused_v", 0) == 0) return l;
+    }
+    return lowerElementwise(n, ctx);
+  }
   if (n.has(traits::Movement)) return lowerMovement(n, ctx);
   if (n.op() == OpKind::Full) return lowerFull(n, ctx);
   return makeError("cuda: no lowering for op ", n.opName(), " (add one to runtime/cuda/kernels)");

@@ -174,7 +174,11 @@ TEST_CASE("bench: loss, layer_norm, bias reduce_sum and global_norm kernels at g
     TensorType x = tt(bf, {16, 1024, N});
     void* X = deviceRandom(bf, rows * N, -1, 1, rng);
     OneOp r = oneOp(OpKind::ReduceSum, {x}, attrs({{"axes", std::vector<int64_t>{0, 1}}, {"keepdims", false}}));
-    b.run(cat("reduce_sum bf16 [16, 1024, ", N, "] axes [0, 1]"), r, {X});
+    for (bool chunked : {true, false}) {  // LoweringContext::columnReduce: the 16-byte chunked kernel or the old one
+      b.ctx.columnReduce = chunked;
+      b.run(cat("reduce_sum bf16 [16, 1024, ", N, "] axes [0, 1]", chunked ? "" : " (old)"), r, {X});
+    }
+    b.ctx.columnReduce = true;
     cudaFree(X);
   }
   for (auto [name, layers, d] : std::vector<std::tuple<const char*, int64_t, int64_t>>{{"gpt2", 12, 768}, {"gpt2-medium", 24, 1024}}) {

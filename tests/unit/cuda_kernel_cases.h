@@ -200,6 +200,13 @@ inline std::vector<Case> allCases() {
     cs.push_back(simple(cat("layer_norm_grad ", x.str(), " gamma ", dtypeName(gt)), OpKind::LayerNormGrad, {x, x, g},
                         attrs({{"eps", 1e-5}}), {{-1, 1}, {-2, 3}, {0.5, 1.5}}));
   }
+  // With a residual operand (fold-layer-norm-grad-residual): warp kernels with 16-byte pieces and element loads,
+  // the block-per-row kernels.
+  for (auto [dt, shape] : std::vector<std::pair<DType, Shape>>{{bf, {257, 768}}, {h, {33, 771}}, {f, {6, 2100}}, {bf, {3, 4, 4096}}}) {
+    TensorType x = tt(dt, shape), g = tt(f, {shape.back()});
+    cs.push_back(simple(cat("layer_norm_grad residual ", x.str()), OpKind::LayerNormGrad, {x, x, g, x}, attrs({{"eps", 1e-5}}),
+                        {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
+  }
   for (auto [dt, shape, axis] : std::vector<std::tuple<DType, Shape, int64_t>>{
            {f, {5, 300}, -1}, {f, {3, 7, 5}, 1}, {bf, {4, 2000}, -1}, {f, {6, 4}, 0}}) {
     cs.push_back(simple(cat("softmax ", tt(dt, shape).str(), " axis ", axis), OpKind::Softmax, {tt(dt, shape)},
@@ -289,7 +296,16 @@ inline std::vector<Case> allCases() {
                                    // bias gradients: leading axes summed, 64 chunks combined by 32 lanes
                                    {OpKind::ReduceSum, bf, {16, 64, 768}, {0, 1}, false},
                                    {OpKind::ReduceSum, f, {8, 129, 100}, {0, 1}, false},
-                                   {OpKind::ReduceMax, f, {8, 129, 100}, {0, 1}, false}}) {
+                                   {OpKind::ReduceMax, f, {8, 129, 100}, {0, 1}, false},
+                                   // the chunked 16-byte column kernel (leading dims reduced): gpt2's widths,
+                                   // row counts that leave a short last chunk, f32/f16, a middle dim (old path)
+                                   {OpKind::ReduceSum, bf, {1000, 3072}, {0}, false},
+                                   {OpKind::ReduceSum, bf, {3, 77, 2304}, {0, 1}, false},
+                                   {OpKind::ReduceSum, f, {517, 24}, {0}, false},
+                                   {OpKind::ReduceSum, h, {333, 40}, {0}, true},
+                                   {OpKind::ReduceMean, bf, {700, 16}, {0}, false},
+                                   {OpKind::ReduceMax, bf, {300, 48}, {0}, false},
+                                   {OpKind::ReduceSum, f, {4, 30, 8}, {1}, false}}) {
     cs.push_back(simple(cat(opName(r.op), " ", tt(r.dt, r.s).str(), " axes ", shapeStr(r.axes), r.keep ? " keepdims" : ""),
                         r.op, {tt(r.dt, r.s)}, attrs({{"axes", r.axes}, {"keepdims", r.keep}}), {{-5, 5}}));
   }

@@ -62,9 +62,16 @@ inline std::vector<OpCase> cudaOpCases() {
   }
   c.push_back({"i32", OpKind::Add, {in("a", TensorType(DType::i32, {4, 5}), -9, 9), in("b", TensorType(DType::i32, {5}), -9, 9)}, {}, {}});
   c.push_back({"f32", OpKind::GeluGrad, {in("dy", f32({4, 33})), in("x", f32({4, 33}), -3, 3)}, {}, {}});
+  // Lone nodes whose sizes take the fused kernel's 16-byte vector path (CudaOptions: LoweringContext::vectorElementwise).
+  TensorType bfv(DType::bf16, {6, 64});
+  c.push_back({"bf16 vector", OpKind::GeluGrad, {in("dy", bfv), in("x", bfv, -3, 3)}, {}, {}});
+  c.push_back({"f32 vector", OpKind::GeluGrad, {in("dy", f32({4, 32})), in("x", f32({4, 32}), -3, 3)}, {}, {}});
+  c.push_back({"bf16 vector, bias", OpKind::Add, {in("a", bfv), in("b", TensorType(DType::bf16, {64}))}, {}, {}});
   // Normalization, softmax, loss.
   c.push_back({"[6,48]", OpKind::LayerNorm, {x({6, 48}), in("g", f32({48})), in("b", f32({48}))}, {}, {}});
   c.push_back({"[6,48]", OpKind::LayerNormGrad, {in("dy", f32({6, 48})), x({6, 48}), in("g", f32({48}))}, {}, {}});
+  c.push_back({"[6,48] residual", OpKind::LayerNormGrad,
+               {in("dy", f32({6, 48})), x({6, 48}), in("g", f32({48})), in("r", f32({6, 48}))}, {}, {}});
   c.push_back({"[5,37]", OpKind::Softmax, {x({5, 37}, -3, 3)}, {}, {}});
   c.push_back({"[5,37]", OpKind::SoftmaxGrad, {in("dy", f32({5, 37})), in("y", f32({5, 37}), 0, 0.2)}, {}, {}});
   auto ids = [](const char* n, Shape s, double hi, double lo = 0) { return InputSpec{n, TensorType(DType::i32, s), lo, hi}; };

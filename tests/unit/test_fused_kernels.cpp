@@ -245,4 +245,79 @@ TEST_CASE("cuda fusion: fused kernels match the CPU backend under the CPU emulat
   CHECK(vectorized == 2);
 }
 
+// Hidden, as above: a lone elementwise node whose sizes allow it lowers (lowerNode) to the fused kernel's
+// 16-byte vector path, one member; it matches the CPU backend; LoweringContext::vectorElementwise = false keeps
+// the scalar kernel.
+TEST_CASE("cuda fusion: lone elementwise nodes take the vector path and match the CPU backend under the emulator",
+          "[.cuda-emu]") {
+  const char* programs[] = {
+      R"(graph @t(%dy: bf16[6,3072], %x: bf16[6,3072]) {
+  %g = gelu_grad(%dy, %x) : bf16[6,3072]
+  return %g
+})",
+      R"(graph @t(%a: bf16[10,768], %b: bf16[10,768]) {
+  %s = add(%a, %b) : bf16[10,768]
+  return %s
+})",
+      R"(graph @t(%dy: f32[3,40], %x: f32[3,40]) {
+  %g = gelu_grad(%dy, %x) : f32[3,40]
+  return %g
+})",
+      R"(graph @t(%a: bf16[4,24], %b: bf16[24]) {
+  %s = mul(%a, %b) : bf16[4,24]
+  return %s
+})",
+  };
+  test::TempDir dir;
+  int serial = 0, compared = 0;
+  for (const char* text : programs) {
+    INFO(text);
+    auto parsed = parseGraph(text, "t.tir");
+    REQUIRE(parsed.ok());
+    Graph& g = **parsed;
+    const Node& n = *g.nodeVector().front();
+    LoweringContext scalar;
+    scalar.vectorElementwise = false;
+    auto s = lowerNode(n, scalar);
+    REQUIRE(s.ok());
+    CHECK(s->kernels[0].entry.rfind("tpc_fused", 0) != 0);
+    auto l = lowerNode(n, LoweringContext{});
+    REQUIRE(l.ok());
+    REQUIRE(l->kernels.size() == 1);
+    const KernelSpec& k = l->kernels[0];
+    CHECK(k.entry.rfind("tpc_fused_v", 0) == 0);
+    std::mt19937 rng(17 + serial);
+    std::vector<HostTensor> in, cpuIn;
+    for (const Value* v : g.inputs()) {
+      in.push_back(test::kernels::uniformT(v->type(), rng, -3, 3));
+      cpuIn.push_back(test::kernels::toCpuInputs({in.back()})[0]);
+    }
+    CpuOptions opt;
+    opt.threads = 2;
+    auto exec = CpuExecutor::create(g, opt);
+    REQUIRE(exec.ok());
+    std::vector<const HostTensor*> ptrs;
+    for (const HostTensor& t : cpuIn) ptrs.push_back(&t);
+    auto want = (*exec)->run(ptrs, {}, 1);
+    REQUIRE(want.ok());
+    std::vector<void*> ops;
+    for (HostTensor& t : in) ops.push_back(t.raw());
+    std::vector<uint8_t> out(static_cast<size_t>(n.result()->type().bytes()) + 16, 0xff);
+    std::vector<void*> res = {out.data()};
+    auto fn = test::compileEmulated(k.source, k.entry, dir.path.string(), serial++);
+    if (!fn.ok()) FAIL(fn.error());
+    long long stepHost = 1;
+    test::kernels::ArgPack pack(k, ops, res, nullptr, 0, &stepHost);
+    (*fn)(pack.args.data(), k.grid.x, k.grid.y, k.grid.z, k.block.x, k.block.y, k.block.z, k.sharedBytes);
+    HostTensor got(n.result()->type());
+    std::memcpy(got.raw(), out.data(), got.bytes());
+    std::vector<double> a = test::values(got), b = test::values((*want)[0]);
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, a[i] == b[i] ? 0.0 : std::abs(a[i] - b[i]) / (std::abs(b[i]) + 1e-6));
+    CHECK(worst <= (n.result()->dtype() == DType::f32 ? 1e-5 : 1e-2));
+    ++compared;
+  }
+  CHECK(compared == 4);
+}
+
 #endif  // TPC_HAVE_CUDA

@@ -110,6 +110,10 @@ void checkBoth(const Graph& original, const Graph& unfolded, const Graph& after,
   CHECK(c.add == u.add - adds);
   CHECK(c.packed == u.packed);
   CHECK(c.transpose == u.transpose);
+  // fold-layer-norm-grad-residual: each block's two residual-gradient adds are layer_norm_grad residuals.
+  int lnResidual = 0;
+  for (const Node* n : after.nodes()) lnResidual += n->op() == OpKind::LayerNormGrad && n->numOperands() == 4;
+  CHECK(lnResidual == 2 * layers);
   // The QKV projection is an epilogue node that attention_qkv reads (through a reshape), and its bias
   // gradient a bgrad_b that reads attention_qkv_grad's result.
   if (!qkvFolded) return;

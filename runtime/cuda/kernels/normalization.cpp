@@ -18,6 +18,14 @@ NodeLowering single(KernelSpec k) {
   return out;
 }
 
+// layer_norm_grad with a residual operand (dx = round(dx) + residual, the bits of the add it replaces): the
+// residual's accessors, RES, and dx_round; without one RES is 0.
+std::string residualHead(const Node& n) {
+  if (n.numOperands() != 4) return "#define RES 0\n";
+  return accessors("r", n.operand(3)->dtype()) + vectorAccessors("r", n.operand(3)->dtype()) +
+         "#define RES 1\n__device__ __forceinline__ float dx_round(float v) { dx_t t; dx_st(&t, 0, v); return dx_ld(&t, 0); }\n";
+}
+
 }  // namespace
 
 namespace {
@@ -157,18 +165,22 @@ Result<NodeLowering> lowerLayerNormGradWarp(const Node& n, const WarpRows& w) {
   std::string src = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("x", n.operand(1)->dtype()) +
                     accessors("g", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
                     accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) +
-                    vectorAccessors("dx", n.result(0)->dtype()) +
+                    vectorAccessors("dx", n.result(0)->dtype()) + residualHead(n) +
                     warpRowHead(w, {{"dy", n.operand(0)->dtype()}, {"x", n.operand(1)->dtype()}, {"g", n.operand(2)->dtype()}},
                                 "dx", n.getFloat("eps")) +
+                    (n.numOperands() == 4 ? cat("__device__ __forceinline__ void r_ldu(const r_t* p, i64 i, float* v) {\n#if U == 8\n"
+                                                "  r_ld8(p, i, v);\n#else\n  v[0] = r_ld(p, i);\n#endif\n}\n")
+                                          : std::string()) +
                     cat("#define RPW ", i64Lit(rpw), "\n#define NW ", i64Lit(nw), "\n");
   NodeLowering out;
   out.workspaceBytes = 2 * partBytes;
+  const std::string rParam = n.numOperands() == 4 ? "const r_t* R," : "";
   {
     KernelSpec k;
     k.entry = "tpc_layer_norm_grad_warp";
     k.source = src + R"(
 extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_grad_warp(const dy_t* DY, const x_t* X, const g_t* G,
-                                                                              dx_t* DX, float* pg, float* pb) {
+                                                                              )" + rParam + R"(                                                                              dx_t* DX, float* pg, float* pb) {
   const int lane = threadIdx.x & 31;
   const i64 wi = (i64)blockIdx.x * WPB + (threadIdx.x >> 5);
   if (wi >= NW) return;  // a whole warp: no block-wide barrier below
@@ -211,6 +223,12 @@ extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_grad_warp(
       g_ldu(G, PIECE, g);
 #pragma unroll
       for (int k = 0; k < U; ++k) d[k] = rstd * (e[i][k] * g[k] - sg - v[i][k] * sgx);
+#if RES
+      float rv[U];
+      r_ldu(R + row * D, PIECE, rv);
+#pragma unroll
+      for (int k = 0; k < U; ++k) d[k] = dx_round(d[k]) + rv[k];
+#endif
       dx_stu(DX + row * D, PIECE, d);
     }
   }
@@ -224,6 +242,7 @@ extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_grad_warp(
     k.block.x = static_cast<uint32_t>(32 * kWarpsPerBlock);
     k.grid.x = gridFor(nw, kWarpsPerBlock, 1 << 20);
     k.args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0), workspaceArg(0), workspaceArg(partBytes)};
+    if (n.numOperands() == 4) k.args.insert(k.args.begin() + 3, operandArg(3));
     out.kernels.push_back(std::move(k));
   }
   {
@@ -254,7 +273,7 @@ extern "C" __global__ void tpc_layer_norm_grad_columns(const float* pg, const fl
 // with g = dy gamma. Kernel 2: per chunk of rows and column, partial sums of dy xhat and dy (32 columns x
 // 8 row lanes per block, the lanes combined in order). Kernel 3: the chunks summed in order.
 Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ctx) {
-  for (unsigned k = 0; k < 3; ++k) TPC_TRY(checkFloatDType(n, n.operand(k)->dtype(), "dy, x and gamma"));
+  for (unsigned k = 0; k < n.numOperands(); ++k) TPC_TRY(checkFloatDType(n, n.operand(k)->dtype(), "dy, x, gamma and residual"));
   const Shape& s = n.operand(1)->shape();
   int64_t D = s.back(), rows = D ? n.operand(1)->type().numel() / D : 0;
   if (WarpRows w = warpRowsOf(D, rows); w.fits()) return lowerLayerNormGradWarp(n, w);
@@ -264,16 +283,18 @@ Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ct
   int64_t statBytes = 2 * rows * 8, partBytes = chunks * D * 8;
   std::string head = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("x", n.operand(1)->dtype()) +
                      accessors("g", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
-                     accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) +
+                     accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) + residualHead(n) +
                      cat("#define D ", i64Lit(D), "\n#define ROWS ", i64Lit(rows), "\n#define CHUNKS ", i64Lit(chunks),
                          "\n#define RPC ", i64Lit(kRowsPerChunk), "\n");
   NodeLowering out;
   out.workspaceBytes = statBytes + 2 * partBytes;
+  const std::string rParam = n.numOperands() == 4 ? "const r_t* R," : "";
   {
     KernelSpec k;
     k.entry = "tpc_layer_norm_grad_dx";
     k.source = head + R"(
-extern "C" __global__ void tpc_layer_norm_grad_dx(const dy_t* DY, const x_t* X, const g_t* G, dx_t* DX, double* stats) {
+extern "C" __global__ void tpc_layer_norm_grad_dx(const dy_t* DY, const x_t* X, const g_t* G,
+                                                   )" + rParam + R"(                                                   dx_t* DX, double* stats) {
   __shared__ double red[32];
   for (i64 row = blockIdx.x; row < ROWS; row += gridDim.x) {
     const x_t* x = X + row * D;
@@ -295,7 +316,11 @@ extern "C" __global__ void tpc_layer_norm_grad_dx(const dy_t* DY, const x_t* X, 
     sgx = tpc_block_sum_d(sgx, red) / (double)D;
     for (i64 j = threadIdx.x; j < D; j += blockDim.x) {
       double xhat = ((double)x_ld(x, j) - mean) * rstd;
-      dx_st(DX + row * D, j, (float)(rstd * ((double)dy_ld(dy, j) * (double)g_ld(G, j) - sg - xhat * sgx)));
+      float d = (float)(rstd * ((double)dy_ld(dy, j) * (double)g_ld(G, j) - sg - xhat * sgx));
+#if RES
+      d = dx_round(d) + r_ld(R, row * D + j);
+#endif
+      dx_st(DX + row * D, j, d);
     }
     if (threadIdx.x == 0) { stats[row] = mean; stats[ROWS + row] = rstd; }
   }
@@ -304,6 +329,7 @@ extern "C" __global__ void tpc_layer_norm_grad_dx(const dy_t* DY, const x_t* X, 
     k.block.x = rowBlock(D, 512);
     k.grid.x = gridFor(rows, 1, 1 << 20);
     k.args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0), workspaceArg(0)};
+    if (n.numOperands() == 4) k.args.insert(k.args.begin() + 3, operandArg(3));
     out.kernels.push_back(std::move(k));
   }
   {

@@ -22,6 +22,103 @@ std::string offsetFn(const std::string& name, const std::vector<int64_t>& sizes,
   return s + "  return off;\n}\n";
 }
 
+// x as [NRED, NOUT] (the leading dims reduced: bias gradients) at memory bandwidth. Kernel 1: a block of
+// BX x BY threads owns BX column pieces of U adjacent columns (16-byte loads when NOUT % 8 == 0) and a chunk
+// of rows; thread (tx, ty) sums rows ty, ty + BY, ... of the chunk in f32 registers, then the BY lanes are
+// added in order (double) and the block writes one partial row [NOUT] (f32). Chunks: enough blocks to fill
+// the GPU several times, at least 8 rows per thread. Kernel 2: per column the chunks' partials in order
+// (32 lanes over chunks, the lanes then in order, double). Fixed order everywhere: deterministic.
+Result<NodeLowering> lowerColumnReduce(const Node& n, DType dt, DType od, int64_t nred, int64_t nout, bool isMax,
+                                       double divisor) {
+  const int64_t U = nout % 8 == 0 ? 8 : 1, pieces = (nout + U - 1) / U;
+  int64_t BX = 1;  // a power of two: BX x BY = 256 threads
+  while (BX < 32 && BX < pieces) BX *= 2;
+  const int64_t BY = 256 / BX;
+  const int64_t colBlocks = (pieces + BX - 1) / BX;
+  int64_t chunks = std::clamp<int64_t>((132 * 16 + colBlocks - 1) / colBlocks, 1, std::max<int64_t>(1, nred / (8 * BY)));
+  chunks = std::min<int64_t>(chunks, 65535);
+  const int64_t per = (nred + chunks - 1) / chunks;
+  chunks = (nred + per - 1) / per;
+  if (chunks < 2) return NodeLowering{};  // too few rows to split: the one-pass kernel (a thread per column)
+  std::string head = devicePrelude() + accessors("x", dt) + vectorAccessors("x", dt) + accessors("o", od) +
+                     cat("#define NOUT ", i64Lit(nout), "\n#define NRED ", i64Lit(nred), "\n#define U ", U, "\n#define BX ",
+                         BX, "\n#define BY ", BY, "\n#define PER ", i64Lit(per), "\n#define CHUNKS ", i64Lit(chunks),
+                         "\n#define FINIT ", isMax ? "(-TPC_INF)" : "0.f", "\n#define INIT ",
+                         isMax ? "(-(double)TPC_INF)" : "0.0", "\n#define COMBINE(a, b) ",
+                         isMax ? "fmax(a, b)" : "((a) + (b))", "\n#define FINISH(v) ",
+                         divisor != 1.0 ? cat("((v) / ", doubleLit(divisor), ")") : std::string("(v)"), "\n");
+  NodeLowering out;
+  out.workspaceBytes = chunks * nout * 4;
+  {
+    KernelSpec k;
+    k.entry = "tpc_reduce_cols_chunk";
+    k.source = head + R"(
+extern "C" __global__ void __launch_bounds__(BX * BY) tpc_reduce_cols_chunk(const x_t* X, float* part) {
+  __shared__ float red[BY][BX * U + 1];
+  const i64 piece = (i64)blockIdx.x * BX + threadIdx.x, c = blockIdx.y;
+  const i64 col = piece * U;
+  float acc[U];
+#pragma unroll
+  for (int k = 0; k < U; ++k) acc[k] = FINIT;
+  if (col < NOUT) {
+    const i64 end = min((c + 1) * PER, NRED);
+#pragma unroll 4
+    for (i64 r = c * PER + threadIdx.y; r < end; r += BY) {
+      float v[U];
+#if U == 8
+      x_ld8(X, r * NOUT + col, v);
+#else
+      v[0] = x_ld(X, r * NOUT + col);
+#endif
+#pragma unroll
+      for (int k = 0; k < U; ++k) acc[k] = COMBINE(acc[k], v[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < U; ++k) red[threadIdx.y][threadIdx.x * U + k] = acc[k];
+  __syncthreads();
+  // The block's BX * U columns, one per thread, its BY lanes in order.
+  for (int j = threadIdx.y * BX + threadIdx.x; j < BX * U; j += BX * BY) {
+    const i64 oc = (i64)blockIdx.x * BX * U + j;
+    if (oc >= NOUT) continue;
+    double v = INIT;
+    for (int l = 0; l < BY; ++l) v = COMBINE(v, (double)red[l][j]);
+    part[c * NOUT + oc] = (float)v;
+  }
+}
+)";
+    k.block = {static_cast<uint32_t>(BX), static_cast<uint32_t>(BY), 1};
+    k.grid = {static_cast<uint32_t>(colBlocks), static_cast<uint32_t>(chunks), 1};
+    k.args = {operandArg(0), workspaceArg(0)};
+    out.kernels.push_back(std::move(k));
+  }
+  {
+    KernelSpec k;
+    k.entry = "tpc_reduce_cols_chunks";
+    k.source = head + R"(
+extern "C" __global__ void tpc_reduce_cols_chunks(const float* part, o_t* O) {
+  __shared__ double red[32 * 33];
+  const i64 o = (i64)blockIdx.x * 32 + threadIdx.x;
+  double v = INIT;
+  if (o < NOUT)
+    for (i64 c = threadIdx.y; c < CHUNKS; c += blockDim.y) v = COMBINE(v, (double)part[c * NOUT + o]);
+  red[threadIdx.y * 33 + threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y == 0 && o < NOUT) {
+    for (unsigned l = 1; l < blockDim.y; ++l) v = COMBINE(v, red[l * 33 + threadIdx.x]);
+    v = FINISH(v);
+    o_st(O, o, (float)v);
+  }
+}
+)";
+    k.block = {32, 32, 1};
+    k.grid.x = gridFor(nout, 32, 1 << 30);
+    k.args = {workspaceArg(0), resultArg(0)};
+    out.kernels.push_back(std::move(k));
+  }
+  return out;
+}
+
 }  // namespace
 
 // The input's dims split into kept (the output, row-major) and reduced ones. The innermost input dim
@@ -92,6 +189,14 @@ extern "C" __global__ void tpc_reduce_rows(const x_t* X, o_t* O) {
     k.args = {operandArg(0), resultArg(0)};
     out.kernels.push_back(std::move(k));
     return out;
+  }
+  if (ctx.columnReduce && isFloat(dt) && nred > 0 && nout > 0 && redSize.size() + keptSize.size() == s.size() && !redSize.empty()) {
+    bool leading = true;  // the reduced dims are exactly the leading ones: x is [NRED, NOUT] row-major
+    for (int64_t k = 0; k < static_cast<int64_t>(redSize.size()); ++k) leading &= axes.count(k) > 0;
+    if (leading) {
+      TPC_ASSIGN(NodeLowering l, lowerColumnReduce(n, dt, od, nred, nout, isMax, isMean ? count : 1.0));
+      if (!l.kernels.empty()) return l;
+    }
   }
   // Column style: chunks so that about 256k threads run, each chunk at least 16 reduced elements.
   int64_t chunks = std::clamp<int64_t>((262144 + nout - 1) / std::max<int64_t>(nout, 1), 1, std::max<int64_t>(1, nred / 16));
