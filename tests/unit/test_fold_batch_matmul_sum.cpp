@@ -72,7 +72,9 @@ void checkClose(const TensorMap& want, const TensorMap& got) {
       worst = std::max(worst, std::abs(g.getAsDouble(i) - w.getAsDouble(i)));
       scale = std::max(scale, std::abs(w.getAsDouble(i)));
     }
-    CHECK(worst <= 1e-5 * std::max(scale, 1.0));
+    // 1e-4: a summation order AdamW amplifies where a gradient is near zero (the key bias's third is pure
+    // rounding noise) moves a weight by a few 1e-5; a wrong fold moves many by one update (lr 1e-2).
+    CHECK(worst <= 1e-4 * std::max(scale, 1.0));
   }
 }
 

@@ -151,6 +151,10 @@ TensorMap twoSteps(const Graph& global, std::vector<std::unique_ptr<Graph>> rank
   return withState(*b, global, std::move(out));
 }
 
+// Other weights with near-zero gradients move too (a few 1e-5 after two steps, depending on the initial
+// weights), still far below the one update (1e-2) a wrong rewrite gives many of them.
+constexpr double kTol = 1e-4;
+
 // The k third of c_attn.bias has a zero gradient in exact arithmetic (softmax ignores a constant added to
 // every score of a row): its computed gradient is rounding noise, which AdamW normalises into updates that
 // depend on the summation order (the fold's bias sums differ from reduce_sum's). Those entries only have to
@@ -200,7 +204,7 @@ TEST_CASE("rewriteForCuda: a GPT step's attentions are packed and its matmul epi
   auto again = rewritten->clone();
   rewrite(*again, true);
   CHECK(again->numNodes() == rewritten->numNodes());
-  checkClose(twoSteps(*g, {}), twoSteps(*rewritten, {}), 1e-5);
+  checkClose(twoSteps(*g, {}), twoSteps(*rewritten, {}), kTol);
 }
 
 TEST_CASE("rewriteForCuda: bf16 compute: both rewrites fire, the same step within bf16 rounding",
@@ -240,7 +244,7 @@ TEST_CASE("rewriteForCuda: on the rank programs of megatron-tp 2 both rewrites f
     checkBoth(*plain[r], *unfolded, *l, want, false);
     rewritten.push_back(std::move(l));
   }
-  checkClose(twoSteps(*g, std::move(plain)), twoSteps(*g, std::move(rewritten)), 1e-5);
+  checkClose(twoSteps(*g, std::move(plain)), twoSteps(*g, std::move(rewritten)), kTol);
 }
 
 #endif  // TPC_HAVE_CUDA
