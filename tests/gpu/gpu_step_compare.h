@@ -1,10 +1,9 @@
 // For GPU tests that compare a backend's training steps under two options: random batches for the small
-// GPT of gpt_step_support.h (2 x 16 tokens) and a snapshot of every parameter's bytes.
+// GPT of gpt_step_support.h (2 x 16 tokens); stateBytes there snapshots every parameter's bytes.
 #pragma once
 
 #include <catch2/catch.hpp>
 
-#include <map>
 #include <random>
 #include <string>
 
@@ -23,16 +22,6 @@ inline TensorMap batch(int64_t i, float lr) {
   m["lr"] = HostTensor::scalarF32(lr);
   m["step"] = HostTensor::scalarF32(static_cast<float>(i));
   return m;
-}
-
-inline std::map<std::string, std::string> snapshot(const Backend& b, const Graph& step) {
-  std::map<std::string, std::string> s;
-  for (const Value* p : step.params()) {
-    auto t = b.readState(p->name());
-    REQUIRE(t.ok());
-    s[p->name()] = std::string(reinterpret_cast<const char*>(t->raw()), t->bytes());
-  }
-  return s;
 }
 
 }  // namespace tpc::test

@@ -54,7 +54,7 @@ TEST_CASE("cuda adamw: training steps with the multi-tensor kernel give the per-
       REQUIRE(out.ok());
       CHECK_FALSE(isNonFiniteStep(*out));
     }
-    after.push_back(snapshot(b, *step));
+    after.push_back(stateBytes(b, *step));
   }
   CHECK(after[0] == after[1]);
   // A NaN written into a parameter: the next step's loss is NaN, and the kernel's gate holds back the whole
@@ -65,9 +65,9 @@ TEST_CASE("cuda adamw: training steps with the multi-tensor kernel give the per-
   HostTensor poisoned = *wpe;
   poisoned.data<float>()[3] = NAN;
   REQUIRE(b.writeState("wpe", poisoned).ok());
-  auto before = snapshot(b, *step);
+  auto before = stateBytes(b, *step);
   auto out = b.step(batch(4, 1e-2f), 4);
   REQUIRE(out.ok());
   CHECK(isNonFiniteStep(*out));
-  CHECK(snapshot(b, *step) == before);
+  CHECK(stateBytes(b, *step) == before);
 }

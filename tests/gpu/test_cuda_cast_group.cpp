@@ -61,7 +61,7 @@ TEST_CASE("cuda cast group: bf16 training steps with the cast group give the sam
       const HostTensor& l = out->at("loss");
       losses[group ? 0 : 1][std::to_string(i)] = std::string(reinterpret_cast<const char*>(l.raw()), l.bytes());
     }
-    after.push_back(snapshot(*b, *step));
+    after.push_back(stateBytes(*b, *step));
   }
   CHECK(losses[0] == losses[1]);
   CHECK(after[0] == after[1]);
