@@ -143,11 +143,12 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
       {"tc-main", true, with(O::narrow(), [](O& o) { o.asyncCopy = o.ldmatrix = false; })},
       {"tc-narrow", true, O::narrow()},  // the default before wideWarps and fusedScale
       {"tc-narrow-fl", true, with(O::narrow(), [](O& o) { o.fusedScale = o.lazyRescale = true; })},
-      {"tc-wide-unfused", true, with(O{}, [](O& o) { o.fusedScale = false; })},
-      {"tc-wide-eager", true, with(O{}, [](O& o) { o.lazyRescale = false; })},
-      {"tc-wide-walk16", true, with(O{}, [](O& o) { o.walkRows = 16; })},
-      {"tc-wide-walk32", true, with(O{}, [](O& o) { o.walkRows = 32; })},
-      {"tc-wide-walk64", true, with(O{}, [](O& o) { o.walkRows = 64; })},
+      {"tc-wide-unfused", true, with(O{}, [](O& o) { o.fusedScale = false, o.wideBackward = true; })},
+      {"tc-wide-eager", true, with(O{}, [](O& o) { o.lazyRescale = false, o.wideBackward = true; })},
+      {"tc-wide-walk16", true, with(O{}, [](O& o) { o.walkRows = 16, o.wideBackward = true; })},
+      {"tc-wide-walk32", true, with(O{}, [](O& o) { o.walkRows = 32, o.wideBackward = true; })},
+      {"tc-wide-walk64", true, with(O{}, [](O& o) { o.walkRows = 64, o.wideBackward = true; })},
+      {"tc-wide-all", true, with(O{}, [](O& o) { o.wideBackward = true; })},  // wide backward too
       {"tc-shipped", true, {}},
       {"tc-16bit-P", true, with(O{}, [](O& o) { o.splitP = false; })},
   };

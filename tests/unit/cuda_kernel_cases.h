@@ -352,10 +352,10 @@ inline std::vector<TcVariant> tcAttentionVariants() {
           {"main (narrow, sync loads, 32-bit fragment loads)", with(O::narrow(), [](O& o) { o.asyncCopy = o.ldmatrix = false; })},
           {"narrow, cp.async only", with(O::narrow(), [](O& o) { o.ldmatrix = false; })},
           {"narrow, ldmatrix only", with(O::narrow(), [](O& o) { o.asyncCopy = false; })},
-          {"wide, sync loads, 32-bit fragment loads", with(O{}, [](O& o) { o.asyncCopy = o.ldmatrix = false; })},
+          {"wide, sync loads, 32-bit fragment loads", with(O{}, [](O& o) { o.asyncCopy = o.ldmatrix = false, o.wideBackward = true; })},
           {"wide, 64-row walked tiles, unfused scale, eager rescale",
-           with(O{}, [](O& o) { o.walkRows = 64, o.fusedScale = o.lazyRescale = false; })},
-          {"wide, 16-row walked tiles", with(O{}, [](O& o) { o.walkRows = 16; })}};
+           with(O{}, [](O& o) { o.walkRows = 64, o.fusedScale = o.lazyRescale = false, o.wideBackward = true; })},
+          {"wide, 16-row walked tiles", with(O{}, [](O& o) { o.walkRows = 16, o.wideBackward = true; })}};
 }
 inline bool isTcAttentionCase(const Case& c) { return c.name.find(" tc ") != std::string::npos; }
 inline Result<NodeLowering> lowerTcVariant(OneOp& o, const cuda::TcAttnOptions& opt) {

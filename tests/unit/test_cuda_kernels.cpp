@@ -144,7 +144,13 @@ TEST_CASE("cuda kernels: tensor-core attention tiling per kernel, head_dim and o
   };
   auto has = [](const KernelSpec& k, const std::string& s) { return k.source.find(s) != std::string::npos; };
   const uint32_t bh = 2 * 12;
-  std::vector<KernelSpec> w64 = lower(64, {}), w128 = lower(128, {}), n64 = lower(64, cuda::TcAttnOptions::narrow());
+  cuda::TcAttnOptions wide;
+  wide.wideBackward = true;
+  std::vector<KernelSpec> w64 = lower(64, wide), w128 = lower(128, wide), n64 = lower(64, cuda::TcAttnOptions::narrow());
+  std::vector<KernelSpec> d64 = lower(64, {});  // the default: wide forward, 16-row warps in the backward
+  CHECK(d64[0].source == w64[0].source);
+  CHECK((has(d64[2], "#define RG 1\n") && has(d64[2], "#define BN 64\n")));
+  CHECK((has(d64[3], "#define RG 1\n") && has(d64[3], "#define BN 64\n")));
   CHECK(w64[0].grid.x == bh * 8);  // 128 queries a block
   CHECK((has(w64[0], "#define RG 2\n") && has(w64[0], "#define BN 64\n") && has(w64[0], "#define A_FRAGS 1\n")));
   CHECK(w64[2].grid.x == bh * 8);

@@ -68,6 +68,10 @@ struct TcAttnOptions {
   // head_dim, dk/dv at head_dim <= 64 (at 128 its dk and dv accumulators alone would take 256 registers).
   // A warp whose rows all lie above the causal diagonal of a tile skips it.
   bool wideWarps = true;
+  // wideWarps in the backward kernels (dq, dk/dv) too. Off by default: on the H200 they were 2-4% slower
+  // there than 16-row warps (causal bf16 [16,12,1024,64]: 0.640 vs 0.617 ms; [8,16,1024,128]: 0.793 vs
+  // 0.780 ms), while the forward gained 3% (docs/performance.md).
+  bool wideBackward = false;
   // Rows per walked tile: 0 picks per kernel (64 with 16-row warps; with wide warps the largest at which ptxas
   // reports no spills on sm_90: forward 64, 32 at head_dim 128; dq 32, 16 at head_dim 128; dk/dv 32), else 16,
   // 32 or 64.

@@ -1,7 +1,7 @@
 // Flash attention forward and backward on tensor cores for bf16/f16 q, k, v (head_dim a multiple of 16,
 // at most 128): mma.sync m16n8k16 with f32 accumulators, an online softmax in registers, lse f32.
 // A block of 4 warps owns BM = 64 RG rows (queries in the forward and dq, keys in dk/dv); each warp owns RG
-// groups of 16 of them (RG 2 with TcAttnOptions::wideWarps, so that each fragment of the other side read from
+// groups of 16 of them (RG 2 with TcAttnOptions::wideWarps, and wideBackward for dq and dk/dv, so that each fragment of the other side read from
 // shared memory feeds two mma) and walks the other side in BN-row tiles staged in shared memory (rows padded
 // by 8 halves, so the 32-bit fragment loads and ldmatrix row reads hit 32 distinct banks). Scores S = A B^T
 // take A and B fragments from row-major tiles; P (or dS) goes from S's accumulator layout straight into A
@@ -289,14 +289,14 @@ TcTiling fwdTiling(const AttnShape& a, const TcAttnOptions& o) {
 }
 TcTiling dkdvTiling(const AttnShape& a, const TcAttnOptions& o) {
   TcTiling t;
-  t.rg = o.wideWarps && a.D <= 64 ? 2 : 1;
+  t.rg = o.wideWarps && o.wideBackward && a.D <= 64 ? 2 : 1;
   t.bn = o.walkRows ? o.walkRows : (t.rg == 2 ? 32 : 64);
   t.frags = o.ldmatrix && t.rg == 1 && a.D <= 64;
   return t;
 }
 TcTiling dqTiling(const AttnShape& a, const TcAttnOptions& o) {
   TcTiling t;
-  t.rg = o.wideWarps ? 2 : 1;
+  t.rg = o.wideWarps && o.wideBackward ? 2 : 1;
   t.bn = o.walkRows ? o.walkRows : (t.rg == 1 ? 64 : a.D > 64 ? 16 : 32);
   t.frags = false;
   return t;
