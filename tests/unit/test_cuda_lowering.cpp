@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "graph_text_support.h"
 #include "ir/parser.h"
 #include "runtime/cuda/lowering.h"
 #include "runtime/cuda/memory_plan.h"
@@ -102,27 +103,13 @@ TEST_CASE("cuda lowering: an NVRTC compile error keeps the source and names its 
 
 namespace {
 
-std::unique_ptr<Graph> parse(const char* text) {
-  auto g = parseGraph(text, "<test>");
-  INFO((g.ok() ? std::string() : g.error()));
-  REQUIRE(g.ok());
-  return std::move(*g);
-}
-
-const Value* named(const Graph& g, const std::string& name) {
-  for (const Node* n : g.nodes())
-    for (const Value* v : n->results())
-      if (v->name() == name) return v;
-  for (const Value* v : g.params())
-    if (v->name() == name) return v;
-  FAIL("no value %" << name);
-  return nullptr;
-}
+using test::namedValue;
+using test::parseTestGraph;
 
 }  // namespace
 
 TEST_CASE("cuda lowering: pure views are reshapes and movements that keep the bytes in order", "[cuda]") {
-  auto g = parse(R"(graph @v(%x: f32[4,1,6], %y: f32[1,4,6]) {
+  auto g = parseTestGraph(R"(graph @v(%x: f32[4,1,6], %y: f32[1,4,6]) {
   %r = reshape(%x) {shape=[24]} : f32[24]
   %t1 = transpose(%x) {perm=[1,0,2]} : f32[1,4,6]
   %t2 = transpose(%x) {perm=[2,1,0]} : f32[6,1,4]
@@ -138,14 +125,14 @@ TEST_CASE("cuda lowering: pure views are reshapes and movements that keep the by
                                       {"s3", false}, {"c", true},  {"b1", true},  {"b2", false}};
   for (const auto& [name, view] : want) {
     INFO(name);
-    const Node& n = *named(*g, name)->def();
+    const Node& n = *namedValue(*g, name)->def();
     CHECK(isView(n) == view);
     CHECK((nodeExec(n) == NodeExec::View) == view);
   }
 }
 
 TEST_CASE("cuda memory plan: a view aliases its operand's buffer, which lives until the view's last use", "[cuda]") {
-  auto g = parse(R"(graph @views(%x: f32[4,64]) {
+  auto g = parseTestGraph(R"(graph @views(%x: f32[4,64]) {
   %a = exp(%x) : f32[4,64]
   %r = reshape(%a) {shape=[256]} : f32[256]
   %u = reshape(%r) {shape=[16,16]} : f32[16,16]
@@ -158,14 +145,14 @@ TEST_CASE("cuda memory plan: a view aliases its operand's buffer, which lives un
   return %b, %n2, %c, out=%u
 })");
   StepMemoryPlan plan = planStepMemory(*g, std::vector<int64_t>(g->numNodes(), 0));
-  const Value *a = named(*g, "a"), *r = named(*g, "r"), *u = named(*g, "u"), *x = g->inputs()[0];
+  const Value *a = namedValue(*g, "a"), *r = namedValue(*g, "r"), *u = namedValue(*g, "u"), *x = g->inputs()[0];
   // Views own no buffer; a chain of views aliases the first value that owns memory (an input too).
   CHECK(plan.viewOf.lookup(r) == a);
   CHECK(plan.viewOf.lookup(u) == a);
-  CHECK(plan.viewOf.lookup(named(*g, "xr")) == x);
+  CHECK(plan.viewOf.lookup(namedValue(*g, "xr")) == x);
   CHECK(plan.viewOf.size() == 3);
-  for (const Value* v : {r, u, named(*g, "xr")}) CHECK(!plan.bufferOf.count(v));
-  CHECK(plan.bufferOf.count(named(*g, "t")));  // a transpose that moves data is a copy
+  for (const Value* v : {r, u, namedValue(*g, "xr")}) CHECK(!plan.bufferOf.count(v));
+  CHECK(plan.bufferOf.count(namedValue(*g, "t")));  // a transpose that moves data is a copy
   // %a is read through %u by %b (node 6) and returned as `out` (through %u): it lives to the end.
   const PlannedBuffer& ab = plan.buffers[plan.bufferOf.lookup(a)];
   CHECK(ab.first == 0);
@@ -173,7 +160,7 @@ TEST_CASE("cuda memory plan: a view aliases its operand's buffer, which lives un
   // So nothing that is live meanwhile shares its bytes.
   for (const char* other : {"t", "n1", "n2", "b", "c"}) {
     INFO(other);
-    const PlannedBuffer& ob = plan.buffers[plan.bufferOf.lookup(named(*g, other))];
+    const PlannedBuffer& ob = plan.buffers[plan.bufferOf.lookup(namedValue(*g, other))];
     CHECK((ob.offset >= ab.offset + ab.bytes || ob.offset + ob.bytes <= ab.offset));
   }
   // 9 results, 3 of them views: 6 buffers.
@@ -182,7 +169,7 @@ TEST_CASE("cuda memory plan: a view aliases its operand's buffer, which lives un
 
 TEST_CASE("cuda memory plan: a parameter read through a view after its update is not updated in place", "[cuda]") {
   // %w's update reads %w at node 1; a view of the old %w is read at node 2: in place would clobber it.
-  auto late = parse(R"(graph @late(%g: f32[8]) params(%w: f32[8] init=zeros, %v: f32[8] init=zeros) {
+  auto late = parseTestGraph(R"(graph @late(%g: f32[8]) params(%w: f32[8] init=zeros, %v: f32[8] init=zeros) {
   %wr = reshape(%w) {shape=[2,4]} : f32[2,4]
   %w2 = sub(%w, %g) : f32[8]
   %s = neg(%wr) : f32[2,4]
@@ -191,7 +178,7 @@ TEST_CASE("cuda memory plan: a parameter read through a view after its update is
   return %s, %vr, w=%w2, v=%v2
 })");
   StepMemoryPlan plan = planStepMemory(*late, std::vector<int64_t>(late->numNodes(), 0));
-  const Value *w2 = named(*late, "w2"), *v2 = named(*late, "v2");
+  const Value *w2 = namedValue(*late, "w2"), *v2 = namedValue(*late, "v2");
   CHECK(!plan.inPlace.count(w2));
   REQUIRE(plan.paramCopies.size() == 1);
   CHECK(plan.paramCopies[0].first == w2);
@@ -199,22 +186,22 @@ TEST_CASE("cuda memory plan: a parameter read through a view after its update is
   // The copied update keeps its buffer to the end; %v's update goes in place, and its view aliases it.
   CHECK(plan.buffers[plan.bufferOf.lookup(w2)].last == static_cast<int>(late->numNodes()));
   CHECK(plan.inPlace.lookup(v2) == "v");
-  CHECK(plan.viewOf.lookup(named(*late, "vr")) == v2);
-  CHECK(plan.viewOf.lookup(named(*late, "wr")) == named(*late, "w"));
+  CHECK(plan.viewOf.lookup(namedValue(*late, "vr")) == v2);
+  CHECK(plan.viewOf.lookup(namedValue(*late, "wr")) == namedValue(*late, "w"));
 
   // Read through the view before the update: in place is safe.
-  auto early = parse(R"(graph @early(%g: f32[8]) params(%w: f32[8] init=zeros) {
+  auto early = parseTestGraph(R"(graph @early(%g: f32[8]) params(%w: f32[8] init=zeros) {
   %wr = reshape(%w) {shape=[2,4]} : f32[2,4]
   %s = neg(%wr) : f32[2,4]
   %w2 = sub(%w, %g) : f32[8]
   return %s, w=%w2
 })");
   plan = planStepMemory(*early, std::vector<int64_t>(early->numNodes(), 0));
-  CHECK(plan.inPlace.lookup(named(*early, "w2")) == "w");
+  CHECK(plan.inPlace.lookup(namedValue(*early, "w2")) == "w");
   CHECK(plan.paramCopies.empty());
 
   // A parameter returned unchanged through a view is neither copied nor written.
-  auto same = parse(R"(graph @same(%g: f32[8]) params(%w: f32[8] init=zeros) {
+  auto same = parseTestGraph(R"(graph @same(%g: f32[8]) params(%w: f32[8] init=zeros) {
   %wr = reshape(%w) {shape=[8]} : f32[8]
   %s = neg(%g) : f32[8]
   return %s, w=%wr

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "graph_text_support.h"
 #include "gpt_step_support.h"
 #include "ir/parser.h"
 #include "ir/verifier.h"
@@ -45,20 +46,8 @@ std::pair<std::vector<double>, std::map<std::string, std::string>> trainCpu(cons
   return {losses, test::stateBytes(*b, g)};
 }
 
-std::unique_ptr<Graph> parse(const char* text) {
-  auto g = parseGraph(text, "<test>");
-  INFO((g.ok() ? std::string() : g.error()));
-  REQUIRE(g.ok());
-  return std::move(*g);
-}
-
-const Value* named(const Graph& g, const std::string& name) {
-  for (const Node* n : g.nodes())
-    for (const Value* v : n->results())
-      if (v->name() == name) return v;
-  FAIL("no value %" << name);
-  return nullptr;
-}
+using test::namedValue;
+using test::parseTestGraph;
 
 StepMemoryPlan planOf(const Graph& g) {
   return planStepMemory(g, {}, nullptr, [](const Node& n) { return n.op() == OpKind::Reshape; });
@@ -127,7 +116,7 @@ TEST_CASE("fuse-classifier: at the loss a GPT step holds one logits-sized buffer
 
 TEST_CASE("memory plan: dlogits take the logits' buffer only when nothing reads the logits after", "[memory][fuse_classifier]") {
   // The unfused pair: cross_entropy_grad is the logits' last reader.
-  auto g = parse(R"(graph @head(%x: f32[4,8], %t: i32[4]) params(%w: f32[8,16] init=zeros) {
+  auto g = parseTestGraph(R"(graph @head(%x: f32[4,8], %t: i32[4]) params(%w: f32[8,16] init=zeros) {
   %logits = matmul(%x, %w) : f32[4,16]
   %loss = cross_entropy(%logits, %t) : f32[4]
   %m = reduce_mean(%loss) {axes=[0]} : f32[]
@@ -137,13 +126,13 @@ TEST_CASE("memory plan: dlogits take the logits' buffer only when nothing reads 
   return %m, %dw
 })");
   StepMemoryPlan plan = planOf(*g);
-  const Value *logits = named(*g, "logits"), *dx = named(*g, "dx");
+  const Value *logits = namedValue(*g, "logits"), *dx = namedValue(*g, "dx");
   CHECK(plan.viewOf.lookup(dx) == logits);
   CHECK(!plan.bufferOf.count(dx));
   CHECK(plan.buffers[plan.bufferOf.lookup(logits)].last == 5);  // to dx's reader
 
   // The fused op, its logits through a view: dlogits (result 1) alias the memory under the view.
-  auto f = parse(R"(graph @fused(%x: f32[4,8], %t: i32[2,2]) params(%w: f32[8,16] init=zeros) {
+  auto f = parseTestGraph(R"(graph @fused(%x: f32[4,8], %t: i32[2,2]) params(%w: f32[8,16] init=zeros) {
   %logits = matmul(%x, %w) : f32[4,16]
   %l3 = reshape(%logits) {shape=[2,2,16]} : f32[2,2,16]
   %one = full() {shape=[2,2], value=0.25} : f32[2,2]
@@ -153,10 +142,10 @@ TEST_CASE("memory plan: dlogits take the logits' buffer only when nothing reads 
   return %loss, %dw
 })");
   plan = planOf(*f);
-  CHECK(plan.viewOf.lookup(named(*f, "dx")) == named(*f, "logits"));
-  CHECK(plan.viewOf.lookup(named(*f, "dx2")) == named(*f, "logits"));  // a view of dlogits: the same bytes
-  CHECK(plan.bufferOf.count(named(*f, "loss")));
-  CHECK(plan.buffers[plan.bufferOf.lookup(named(*f, "logits"))].last == 5);
+  CHECK(plan.viewOf.lookup(namedValue(*f, "dx")) == namedValue(*f, "logits"));
+  CHECK(plan.viewOf.lookup(namedValue(*f, "dx2")) == namedValue(*f, "logits"));  // a view of dlogits: the same bytes
+  CHECK(plan.bufferOf.count(namedValue(*f, "loss")));
+  CHECK(plan.buffers[plan.bufferOf.lookup(namedValue(*f, "logits"))].last == 5);
 
   // Logits read after the gradient, returned, or a graph input: dlogits get a buffer of their own.
   for (const char* text : {R"(graph @later(%x: f32[4,8], %t: i32[4]) params(%w: f32[8,16] init=zeros) {
@@ -177,11 +166,11 @@ TEST_CASE("memory plan: dlogits take the logits' buffer only when nothing reads 
   %dx = cross_entropy_grad(%one, %logits, %t) : f32[4,16]
   return %dx
 })"}) {
-    auto h = parse(text);
+    auto h = parseTestGraph(text);
     INFO(h->name());
     plan = planOf(*h);
-    CHECK(!plan.viewOf.count(named(*h, "dx")));
-    CHECK(plan.bufferOf.count(named(*h, "dx")));
+    CHECK(!plan.viewOf.count(namedValue(*h, "dx")));
+    CHECK(plan.bufferOf.count(namedValue(*h, "dx")));
   }
 }
 
