@@ -1,6 +1,7 @@
 // Cases for the CUDA kernel families (runtime/cuda/kernels): one op per case with several shapes, dtypes
 // and attributes, inputs drawn in valid ranges; the CPU backend's results; the comparison
-// |got - cpu| <= tol * (|cpu| + rms(cpu)) with tol 1e-5 for f32 results and 1e-2 for bf16/f16 ones.
+// |got - cpu| <= tol * (|cpu| + rms(cpu)) with tol 1e-5 for f32 results and 1e-2 for bf16/f16 ones (2.5e-2
+// for the tensor-core attention kernels with 16-bit P: tcAttentionTol).
 // Shared by the CI test (NVRTC compile, launch geometry, CPU emulation) and the GPU test (tests/gpu).
 #pragma once
 
@@ -349,6 +350,8 @@ inline std::vector<TcVariant> tcAttentionVariants() {
   };
   using O = cuda::TcAttnOptions;
   return {{"narrow (16-row warps, 64-row tiles: the default before wideWarps)", O::narrow()},
+          {"split P (P and dS as 16-bit hi + lo parts, two mma each: the default before 2026-12-03)",
+           with(O{}, [](O& o) { o.splitP = true; })},
           {"main (narrow, sync loads, 32-bit fragment loads)", with(O::narrow(), [](O& o) { o.asyncCopy = o.ldmatrix = false; })},
           {"narrow, cp.async only", with(O::narrow(), [](O& o) { o.ldmatrix = false; })},
           {"narrow, ldmatrix only", with(O::narrow(), [](O& o) { o.asyncCopy = false; })},
@@ -358,18 +361,27 @@ inline std::vector<TcVariant> tcAttentionVariants() {
           {"wide, 16-row walked tiles", with(O{}, [](O& o) { o.walkRows = 16, o.wideBackward = true; })}};
 }
 inline bool isTcAttentionCase(const Case& c) { return c.name.find(" tc ") != std::string::npos; }
+// The bf16/f16 tolerance of a tensor-core attention case run with options `opt`. With 16-bit P (splitP off:
+// FlashAttention-2's and PyTorch SDPA's numerics, the shipped default) P and dS are rounded to bf16 before
+// the P V style products; on short causal rows, whose probabilities are large, the gradients then land up to
+// ~1.8e-2 off the f32 CPU backend (the emulator's worst: dq of the 77-token D128 case), so those cases get
+// 2.5e-2. With splitP they carry ~16 mantissa bits of P and keep 1e-2.
+inline double tcAttentionTol(const Case& c, const cuda::TcAttnOptions& opt) {
+  return isTcAttentionCase(c) && !opt.splitP ? 2.5e-2 : 1e-2;
+}
 inline Result<NodeLowering> lowerTcVariant(OneOp& o, const cuda::TcAttnOptions& opt) {
   return cuda::isAttentionBackward(*o.node) ? cuda::lowerAttentionGradTensorCore(*o.node, sm90(), opt)
                                             : cuda::lowerAttentionTensorCore(*o.node, sm90(), opt);
 }
 
 // Compares every result; returns how many were compared.
-inline int compareResults(OneOp& o, const std::vector<HostTensor>& got, const std::vector<HostTensor>& want) {
+inline int compareResults(OneOp& o, const std::vector<HostTensor>& got, const std::vector<HostTensor>& want,
+                          double tol16 = 1e-2) {
   REQUIRE(got.size() == want.size());
   int compared = 0;
   for (size_t r = 0; r < got.size(); ++r) {
     DType dt = o.node->result(r)->dtype();
-    double tol = dt == DType::f32 ? 1e-5 : 1e-2;
+    double tol = dt == DType::f32 ? 1e-5 : tol16;
     std::vector<double> g = values(got[r]), w = values(want[r]);
     double rms = 0;
     for (double v : w) rms += v * v;

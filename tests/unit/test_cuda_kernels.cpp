@@ -180,7 +180,7 @@ TEST_CASE("cuda kernels: tensor-core attention tiling per kernel, head_dim and o
   REQUIRE(narrowed.ok());
   CHECK(narrowed->kernels[0].source == n64[0].source);
   REQUIRE(!refused.ok());
-  CHECK(refused.error().find("TPC_TC_ATTENTION must be 'wide' or 'narrow', got 'slim'") != std::string::npos);
+  CHECK(refused.error().find("TPC_TC_ATTENTION must be 'wide', 'narrow' or 'split', got 'slim'") != std::string::npos);
   REQUIRE(runtimeFwd(64).ok());
   CHECK(runtimeFwd(64)->kernels[0].source == w64[0].source);
   cuda::TcAttnOptions bad;
@@ -263,7 +263,8 @@ namespace {
 // the op's in-place result (OpInfo::inPlaceResult) is written over its operand's buffer, as the memory plan
 // lets it when the operand is dead.
 int runEmulatedCase(const Case& c, OneOp& o, const NodeLowering& low, const std::string& dir,
-                    std::map<std::string, EmuLaunch>& built, bool inPlace = false) {
+                    std::map<std::string, EmuLaunch>& built, bool inPlace = false,
+                    const cuda::TcAttnOptions& opt = {}) {
   std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
   std::vector<HostTensor> in = c.make(rng);
   const uint64_t seed = 4242;
@@ -296,7 +297,7 @@ int runEmulatedCase(const Case& c, OneOp& o, const NodeLowering& low, const std:
     if (t.bytes()) std::memcpy(t.raw(), res[r], t.bytes());
     got.push_back(t);
   }
-  return compareResults(o, got, want);
+  return compareResults(o, got, want, tcAttentionTol(c, opt));
 }
 
 }  // namespace
@@ -354,7 +355,7 @@ TEST_CASE("cuda kernels: every tensor-core attention variant matches the CPU bac
       OneOp o = oneOp(c.op, c.types, c.attrs);
       auto low = lowerTcVariant(o, v.opt);
       REQUIRE(low.ok());
-      compared += runEmulatedCase(c, o, *low, dir.path.string(), built);
+      compared += runEmulatedCase(c, o, *low, dir.path.string(), built, false, v.opt);
     }
   CHECK(compared > 0);
 }

@@ -44,19 +44,21 @@ bool isAttentionBackward(const Node& n);
 Result<NodeLowering> lowerAttentionSimt(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerAttentionGradSimt(const Node& n, const LoweringContext& ctx);
 // The tensor-core kernels (only where tensorCoreAttention holds), with TcAttnOptions' defaults, or
-// TcAttnOptions::narrow() where the environment has TPC_TC_ATTENTION=narrow (anything but wide or narrow is
-// an error).
+// TcAttnOptions::narrow() where the environment has TPC_TC_ATTENTION=narrow, or the defaults with splitP
+// where it has TPC_TC_ATTENTION=split (anything but wide, narrow or split is an error).
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringContext& ctx);
 // Variants of the tensor-core kernels; the defaults ship, the others are for benchmarks (tpc_gpu_tests
 // "[.bench]" times them side by side).
 struct TcAttnOptions {
   // P (and dS) enter the P V style products as a 16-bit hi part plus a 16-bit residual, two mma each: the
-  // products then carry ~16 mantissa bits of P like the f32 kernels, not bf16's 8. Without the split
-  // (FlashAttention-2's numerics, fewer mma) the gradients of the 77-token D128 case are ~1.4e-2 off the
-  // CPU backend under the emulator (bf16 P rounding of the large early-row probabilities), over the 1e-2
-  // of the kernel tests.
-  bool splitP = true;
+  // products then carry ~16 mantissa bits of P like the f32 kernels, not bf16's 8. Off by default since
+  // 2026-12-03: one 16-bit P is FlashAttention-2's and PyTorch SDPA's numerics and saves a third of the
+  // forward's and a quarter of the backward's mma (H200, causal bf16 [16,12,1024,64]: forward 0.207 -> 0.175
+  // ms, backward 0.617 -> 0.542). Its cost: the gradients of short causal rows (large early-row
+  // probabilities) land up to ~1.8e-2 off the f32 CPU backend (the 77-token D128 kernel case), so the kernel
+  // tests hold 16-bit-P attention to 2.5e-2 and split P to 1e-2.
+  bool splitP = false;
   // The walked K/V (forward, dq) or Q/dout (dk/dv) tiles copied by cp.async into two buffers: the next tile
   // loads while the mma run on this one. Costs one more buffer per walked tile in shared memory.
   bool asyncCopy = true;
@@ -82,10 +84,12 @@ struct TcAttnOptions {
   // The forward rescales a warp's accumulators only when some row's running max moved (a warp vote); else
   // the factors are all 1 and the multiplies are skipped: the same results, fewer instructions per mma.
   bool lazyRescale = true;
-  // The kernels before wideWarps, fusedScale and lazyRescale (16-row warps, 64-row tiles), for comparison.
+  // The kernels before wideWarps, fusedScale and lazyRescale (16-row warps, 64-row tiles, split P), for
+  // comparison.
   static TcAttnOptions narrow() {
     TcAttnOptions o;
     o.wideWarps = o.fusedScale = o.lazyRescale = false;
+    o.splitP = true;
     return o;
   }
 };

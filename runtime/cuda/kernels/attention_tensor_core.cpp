@@ -323,12 +323,17 @@ bool tensorCoreAttention(DType dt, const AttnShape& a) {
 }
 
 // The shipped options; the environment's TPC_TC_ATTENTION=narrow picks TcAttnOptions::narrow() (the kernels
-// before wideWarps), to compare whole steps on one build.
+// before wideWarps), =split the shipped ones with splitP, to compare whole steps on one build.
 Result<TcAttnOptions> shippedTcOptions() {
   const char* v = std::getenv("TPC_TC_ATTENTION");
   if (!v || !*v || std::string(v) == "wide") return TcAttnOptions{};
   if (std::string(v) == "narrow") return TcAttnOptions::narrow();
-  return makeError("TPC_TC_ATTENTION must be 'wide' or 'narrow', got '", v, "'");
+  if (std::string(v) == "split") {
+    TcAttnOptions o;
+    o.splitP = true;
+    return o;
+  }
+  return makeError("TPC_TC_ATTENTION must be 'wide', 'narrow' or 'split', got '", v, "'");
 }
 
 Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringContext& ctx) {
