@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <vector>
 
@@ -27,6 +29,28 @@ class HostTensor {
     return t;
   }
 
+  // How a parameter drawn from normal(0, scale) by param_init's counter-based generator is made: element i
+  // = scale * tpc_normal_draw(tpc_splitmix64(key + i)) (runtime/normal_draw.h), in f32.
+  struct NormalDraw {
+    uint64_t key = 0;
+    float scale = 0;
+  };
+  // A tensor whose bytes `fill` writes on first access (raw, data, clone, convertTo, ...), once and
+  // thread-safe. Until then pendingNormalDraw() says how they are drawn, so a backend that draws them
+  // itself (the CUDA backend, on the GPU) never computes or uploads a host copy: gpt2-xl's 6 GB of weights.
+  static HostTensor deferred(TensorType type, NormalDraw draw, std::function<void(uint8_t*)> fill) {
+    HostTensor t(std::move(type));
+    t.data_->written.store(true, std::memory_order_relaxed);
+    t.data_->draw = draw;
+    t.data_->fill = std::move(fill);
+    t.data_->pending.store(true, std::memory_order_release);
+    return t;
+  }
+  // The draw of a deferred tensor whose bytes were not made yet; null otherwise.
+  const NormalDraw* pendingNormalDraw() const {
+    return data_ && data_->pending.load(std::memory_order_acquire) ? &data_->draw : nullptr;
+  }
+
   const TensorType& type() const { return type_; }
   DType dtype() const { return type_.dtype; }
   const Shape& shape() const { return type_.shape; }
@@ -44,9 +68,9 @@ class HostTensor {
   uint8_t* raw() {
     // Read first: threads that share a tensor keep reading the flag's cache line instead of bouncing it.
     if (!data_->written.load(std::memory_order_relaxed)) data_->written.store(true, std::memory_order_relaxed);
-    return data_->bytes;
+    return data_->materialized();
   }
-  const uint8_t* raw() const { return data_->bytes; }
+  const uint8_t* raw() const { return data_->materialized(); }
 
   // A deep copy (HostTensor copies share storage by default).
   HostTensor clone() const {
@@ -68,9 +92,23 @@ class HostTensor {
     ~Storage() { std::free(bytes); }
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
+    uint8_t* materialized() {
+      if (pending.load(std::memory_order_acquire))
+        std::call_once(once, [this] {
+          fill(bytes);
+          fill = nullptr;
+          pending.store(false, std::memory_order_release);
+        });
+      return bytes;
+    }
     uint8_t* bytes;
     size_t size;
     std::atomic<bool> written{false};
+    // Deferred tensors (HostTensor::deferred): fill makes the bytes on first access.
+    std::atomic<bool> pending{false};
+    std::once_flag once;
+    std::function<void(uint8_t*)> fill;
+    NormalDraw draw;
   };
   TensorType type_;
   std::shared_ptr<Storage> data_;

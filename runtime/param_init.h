@@ -10,8 +10,13 @@
 
 namespace tpc {
 
-// A tensor of v's type (f32, or f64 when `fp64`) filled by v's initializer (zeros when it has none).
+// A tensor of v's type (f32, or f64 when `fp64`) filled by v's initializer (zeros when it has none). An f32
+// normal draw comes back deferred (HostTensor::deferred, pendingNormalDraw): made on first access, or by
+// the backend itself.
 HostTensor initParam(const Value& v, uint64_t seed, bool fp64 = false);
+// The text of the draw's functions (runtime/normal_draw.h) for a GPU kernel to paste: tpc_splitmix64,
+// tpc_normal_draw and their helpers, after definitions of TPC_HD, tpc_float_bits and tpc_bits_float.
+const char* normalDrawSource();
 
 // Checked before initParam allocates anything: a model file may declare shapes of up to 2^50 elements,
 // and allocating the state of such a model would abort (std::bad_alloc) or, with overcommit, page in

@@ -26,6 +26,7 @@
 #include "runtime/cuda/lowering.h"
 #include "runtime/cuda/memory_plan.h"
 #include "runtime/cuda/nonfinite_scan.h"
+#include "runtime/cuda/param_draw.h"
 #include "runtime/cuda/nvrtc_compiler.h"
 #include "runtime/cuda/step_profile.h"
 #include "runtime/cuda/kernels/codegen.h"
@@ -866,12 +867,25 @@ class CudaBackend final : public Backend {
       rk.allocations.push_back(rk.kept);
     }
     int64_t stateOffset = 0;
+    bool drew = false;
     for (Value* p : rk.graph->params()) {
       auto it = state.find(p->name());
       if (it == state.end())
         return makeError("cuda backend: no initial value for parameter %", p->name(), " of graph @", rk.graph->name());
       HostTensor t = it->second;
       const bool zeros = t.untouchedZeros();  // AdamW moments at the start: clear instead of uploading
+      void* buf = static_cast<char*>(rk.state) + stateOffset;
+      // A parameter initParam left to draw: drawn here on the GPU (the same bits as the host draw) unless it
+      // must be sliced for a mesh or converted first.
+      if (const HostTensor::NormalDraw* draw = t.pendingNormalDraw();
+          draw && mesh.empty() && t.type() == p->type()) {
+        TPC_TRY(drawOnGpu(r, buf, p->type().numel(), *draw, p->name()));
+        drew = true;
+        stateOffset += (p->type().bytes() + 255) / 256 * 256;
+        rk.addr[p] = buf;
+        rk.params[p->name()].second = buf;
+        continue;
+      }
       if (!mesh.empty()) {
         auto local = sliceForRank(t, p->placement(), mesh, static_cast<int64_t>(r));
         if (!local.ok()) return makeError("cuda backend: parameter %", p->name(), ": ", local.error());
@@ -880,19 +894,32 @@ class CudaBackend final : public Backend {
       if (t.shape() != p->shape())
         return makeError("cuda backend: parameter %", p->name(), " must be ", p->type().str(), ", got ", t.type().str());
       if (t.dtype() != p->dtype()) t = t.convertTo(p->dtype());
-      void* buf = static_cast<char*>(rk.state) + stateOffset;
       stateOffset += (p->type().bytes() + 255) / 256 * 256;  // as planRank counted stateBytes
       if (zeros) CU_TRY(cudaMemset(buf, 0, t.bytes()), "clearing parameter %", p->name());
       else CU_TRY(cudaMemcpy(buf, std::as_const(t).raw(), t.bytes(), cudaMemcpyHostToDevice), "uploading parameter %", p->name());
       rk.addr[p] = buf;
       rk.params[p->name()].second = buf;
     }
+    if (drew) CU_TRY(cudaDeviceSynchronize(), rankPrefix(r), "drawing the parameters on the GPU");
     for (auto& [v, name] : inPlace_[r]) rk.addr[v] = rk.params[name].second;
     for (auto& [v, owner] : plan.viewOf) {  // no copy, no buffer of its own
       void* at = rk.addr.lookup(owner);
       if (!at) return makeError("cuda backend: internal error: the view ", valueName(v), " aliases a value with no memory");
       rk.addr[v] = at;
     }
+    return {};
+  }
+
+  // n f32 elements of a deferred normal draw (param_draw.h) into buf on rank r's GPU, on the legacy default
+  // stream: ordered before the synchronous copies and clears of the other parameters and the first step.
+  Status drawOnGpu(size_t r, void* buf, int64_t n, const HostTensor::NormalDraw& draw, const std::string& name) {
+    KernelSpec k = normalDrawKernel(n, draw.key, draw.scale);
+    TPC_ASSIGN(CUfunction fn, function(dev(r), k, "drawing parameter %" + name));
+    long long count = n, key = static_cast<long long>(draw.key);
+    float scale = draw.scale;
+    void* args[] = {&buf, &count, &key, &scale};
+    if (CUresult e = driver_->launchKernel(fn, k.grid.x, 1, 1, k.block.x, 1, 1, 0, nullptr, args, nullptr); e != CUDA_SUCCESS)
+      return makeError("cuda: drawing parameter %", name, " on the GPU failed: ", driverError(e));
     return {};
   }
 
