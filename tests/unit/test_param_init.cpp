@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "ir/graph.h"
 #include "runtime/param_init.h"
@@ -76,6 +78,31 @@ TEST_CASE("initParam: pinned values of the normal draw (machine-independent bits
     INFO("element " << i << ": " << t.data<float>()[i]);
     CHECK(bits == want[i]);
   }
+}
+
+TEST_CASE("initParam: an f32 normal draw is made on first access, once, the same for every reader", "[param_init]") {
+  Graph g("init");
+  Value* w = g.addParam("w", TensorType(DType::f32, {2500, 1000}), InitSpec{"normal", {0.5}});
+  HostTensor t = initParam(*w, 9), again = initParam(*w, 9);
+  const HostTensor::NormalDraw* draw = t.pendingNormalDraw();
+  REQUIRE(draw != nullptr);  // deferred: a backend may draw it itself
+  CHECK(draw->scale == 0.5f);
+  CHECK_FALSE(t.untouchedZeros());
+  HostTensor shared = t;  // copies share the storage and the pending draw
+  CHECK(shared.pendingNormalDraw() == draw);
+  // Eight readers at once: one draws, all see the same bytes.
+  std::vector<const float*> seen(8);
+  std::vector<std::thread> readers;
+  for (size_t k = 0; k < seen.size(); ++k) readers.emplace_back([&, k] { seen[k] = std::as_const(shared).data<float>(); });
+  for (std::thread& r : readers) r.join();
+  for (const float* p : seen) CHECK(p == seen[0]);
+  CHECK(t.pendingNormalDraw() == nullptr);
+  CHECK(std::memcmp(t.data<float>(), again.clone().data<float>(), t.bytes()) == 0);
+  CHECK(std::abs(moments(t).std / 0.5 - 1) < 3e-3);
+  // f64 tensors (the CPU backend's --fp64) and uniform draws are made at once.
+  CHECK(initParam(*w, 9, true).pendingNormalDraw() == nullptr);
+  Value* u = g.addParam("u", TensorType(DType::f32, {10}), InitSpec{"uniform", {0, 1}});
+  CHECK(initParam(*u, 9).pendingNormalDraw() == nullptr);
 }
 
 TEST_CASE("initParam: uniform draws stay in their bounds, and ones and zeros", "[param_init]") {
