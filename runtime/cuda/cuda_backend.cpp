@@ -239,10 +239,17 @@ class CudaBackend final : public Backend {
       d.device = nccl_ ? static_cast<int>(i) : options_.device;
       CU_TRY(cudaSetDevice(d.device), "cannot use GPU ", d.device);
       CU_TRY(cudaFree(nullptr), "cannot initialize GPU ", d.device);
-      // Timing cuBLASLt's first 8 candidates per GEMM (CudaOptions::matmulAutotune; TPC_MATMUL_AUTOTUNE=0|1).
+      // Timing cuBLASLt's first 8 candidates per GEMM (CudaOptions::matmulAutotune; TPC_MATMUL_AUTOTUNE=0|1,
+      // or N >= 2 to time the first N).
       const char* tune = std::getenv("TPC_MATMUL_AUTOTUNE");
-      const bool autotune = tune && *tune ? std::strcmp(tune, "0") != 0 : options_.matmulAutotune;
-      TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20, autotune ? 8 : 1));
+      int candidates = options_.matmulAutotune ? 8 : 1;
+      if (tune && *tune) {
+        char* end = nullptr;
+        long n = std::strtol(tune, &end, 10);
+        if (*end || n < 0 || n > 64) return makeError("TPC_MATMUL_AUTOTUNE must be 0, 1 or a number of candidates up to 64, got '", tune, "'");
+        candidates = n == 0 ? 1 : n == 1 ? 8 : static_cast<int>(n);
+      }
+      TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20, candidates));
       CU_TRY(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "stream");
       if (commStream_) CU_TRY(cudaStreamCreateWithFlags(&d.comm, cudaStreamNonBlocking), "communication stream");
       CU_TRY(cudaMalloc(&d.stepWord, sizeof(int64_t)), "step word");
