@@ -56,9 +56,12 @@ struct NodeLowering {
 struct LoweringContext {
   int smMajor = 9, smMinor = 0;  // target architecture
   int64_t maxSharedBytes = 227 * 1024;
+  int numSMs = 132;                   // persistent kernels size their grid by these two (H200 defaults)
+  int64_t sharedPerSM = 228 * 1024;
   // Memory-bound kernel variants, on by default; TPC_MEMBW_OFF (cuda_backend.cpp) switches them off to compare.
   bool columnReduce = true;       // reduce_sum/mean/max over leading dims: the chunked 16-byte kernel (reduction.cpp)
   bool vectorElementwise = true;  // a lone elementwise node through the fused kernel's 16-byte path
+  bool xentOnePass = true;        // cross_entropy(_with)_grad: the row-resident pipelined kernel (loss_resident.cpp)
 };
 
 }  // namespace tpc::cuda

@@ -143,6 +143,8 @@ TEST_CASE("bench: loss, layer_norm, bias reduce_sum and global_norm kernels at g
   b.ctx.smMajor = prop.major;
   b.ctx.smMinor = prop.minor;
   b.ctx.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+  b.ctx.numSMs = prop.multiProcessorCount;
+  b.ctx.sharedPerSM = static_cast<int64_t>(prop.sharedMemPerMultiprocessor);
   KB_CUDA(cudaMalloc(&b.step, 8));
   KB_CUDA(cudaMemset(b.step, 0, 8));
   std::mt19937 rng(5);
@@ -158,6 +160,12 @@ TEST_CASE("bench: loss, layer_norm, bias reduce_sum and global_norm kernels at g
     b.run("cross_entropy bf16 [16384, 50304] C=50257", ce, {logits, targets});
     OneOp ceg = oneOp(OpKind::CrossEntropyGrad, {dl, lt, tg}, a);
     b.run("cross_entropy_grad bf16 [16384, 50304] C=50257", ceg, {dloss, logits, targets});
+    OneOp cewg = oneOp(OpKind::CrossEntropyWithGrad, {dl, lt, tg}, a);
+    for (bool resident : {true, false}) {  // LoweringContext::xentOnePass: loss_resident.cpp's kernel or loss.cpp's
+      b.ctx.xentOnePass = resident;
+      b.run(cat("cross_entropy_with_grad bf16 [16384, 50304]", resident ? "" : " (old)"), cewg, {dloss, logits, targets});
+    }
+    b.ctx.xentOnePass = true;
     for (void* p : {logits, targets, dloss}) cudaFree(p);
   }
   for (int64_t D : {int64_t(768), int64_t(1024)}) {

@@ -29,6 +29,7 @@ struct Case {
   std::vector<TensorType> types;
   AttrDict attrs;
   std::function<std::vector<HostTensor>(std::mt19937&)> make;
+  LoweringContext ctx{};  // what the case is lowered with (an option off, a small GPU)
 };
 
 inline HostTensor uniformT(const TensorType& t, std::mt19937& rng, double lo = -1, double hi = 1) {
@@ -248,6 +249,38 @@ inline std::vector<Case> allCases() {
     cs.push_back(simple(cat("cross_entropy_with_grad ", lt.str(), " C=", C), OpKind::CrossEntropyWithGrad,
                         {tt(f, {rows}), lt, tgt}, a, {{-1, 1}, {lo, hi}, {-1, double(classes - 1)}}));
   }
+  // The row-resident grad kernel (loss_resident.cpp, the default for 16-bit logits with V % 8 == 0): 2051 pieces
+  // of 8 for 1024 threads (a short third round), classes ending mid-piece, a one-piece row, f16; on "GPUs" of 1
+  // and 2 SMs (a few persistent blocks walking many rows through both buffers, ignored rows among them); every
+  // third row with one logit at +30 (the target's or another's). With xentOnePass off: loss.cpp's kernel.
+  for (auto [dt, rows, V, C, sms, onePass] : std::vector<std::tuple<DType, int64_t, int64_t, int64_t, int, bool>>{
+           {bf, 9, 16408, 16403, 132, true},
+           {bf, 23, 1000, 993, 2, true},
+           {h, 12, 2048, 2000, 1, true},
+           {bf, 10, 8, 5, 2, true},
+           {bf, 7, 240, 0, 132, true},
+           {bf, 9, 16408, 16403, 132, false},
+           {h, 12, 2048, 2000, 1, false}}) {
+    int64_t classes = C ? C : V;
+    TensorType lt = tt(dt, {rows, V}), tgt = tt(DType::i32, {rows});
+    AttrDict a = attrs({{"ignore_index", int64_t(-1)}, {"num_classes", C}});
+    for (OpKind op : {OpKind::CrossEntropyGrad, OpKind::CrossEntropyWithGrad}) {
+      Case c = simple(cat(opName(op), " ", lt.str(), " C=", C, " ", sms, " SMs dominant", onePass ? "" : " (old)"), op,
+                      {tt(f, {rows}), lt, tgt}, a);
+      c.make = [types = c.types, classes](std::mt19937& rng) {
+        HostTensor x = randomTensor(types[1], rng, false, -3, 3), t = randomTensor(types[2], rng, false, -1, double(classes - 1));
+        int64_t V = types[1].shape.back();
+        for (int64_t r = 0; r < t.numel(); r += 3) {
+          int64_t at = (r / 3) % 2 == 0 && t.getAsDouble(r) >= 0 ? int64_t(t.getAsDouble(r)) : (r * 7919) % classes;
+          x.setFromDouble(r * V + at, 30.0);
+        }
+        return std::vector<HostTensor>{uniformT(types[0], rng), x.convertTo(types[1].dtype), t};
+      };
+      c.ctx.numSMs = sms;
+      c.ctx.xentOnePass = onePass;
+      cs.push_back(std::move(c));
+    }
+  }
   {
     // This rank holds classes [32, 96) of 120 real ones... and [96, 160) holds 24 real ones then padding.
     for (int64_t start : {int64_t(32), int64_t(96)}) {
@@ -333,7 +366,7 @@ inline LoweringContext sm90() { return LoweringContext{}; }
 inline Result<NodeLowering> lowerCase(const Case& c, OneOp& o) {
   const cuda::FamilyLowering* fn = cuda::findFamilyLowering(c.op);
   if (!fn) return makeError("no lowering for ", opName(c.op));
-  return (*fn)(*o.node, sm90());
+  return (*fn)(*o.node, c.ctx);
 }
 
 // The tensor-core attention kernels' variants other than the shipped one (cuda::TcAttnOptions's defaults,

@@ -192,6 +192,38 @@ TEST_CASE("cuda kernels: tensor-core attention tiling per kernel, head_dim and o
   CHECK(r.error().find("walkRows must be 0, 16, 32 or 64, got 48") != std::string::npos);
 }
 
+// cross_entropy(_with)_grad take loss_resident.cpp's kernel for 16-bit logits in 16-byte pieces whose two rows fit in
+// shared memory, unless LoweringContext::xentOnePass is off (TPC_MEMBW_OFF=xent1); gpt2: a block of 1024 per SM.
+TEST_CASE("cuda kernels: the row-resident cross-entropy grad kernel where it applies", "[cuda]") {
+  auto lower = [](OpKind op, DType dt, int64_t V, const LoweringContext& ctx) {
+    TensorType lt(dt, {16384, V}), rows(DType::f32, {16384}), tg(DType::i32, {16384});
+    OneOp o = oneOp(op, {rows, lt, tg}, attrs({{"ignore_index", int64_t(-1)}, {"num_classes", int64_t(V - 7)}}));
+    auto low = (*cuda::findFamilyLowering(op))(*o.node, ctx);
+    REQUIRE(low.ok());
+    REQUIRE(low->kernels.size() == 1);
+    return low->kernels[0];
+  };
+  LoweringContext off = sm90();
+  off.xentOnePass = false;
+  KernelSpec k = lower(OpKind::CrossEntropyWithGrad, DType::bf16, 50304, sm90());
+  CHECK(k.entry == "tpc_cross_entropy_with_grad_resident");
+  CHECK(k.block.x == 1024);
+  CHECK(k.grid.x == 132);
+  CHECK(k.sharedBytes == 2 * 50304 * 2);
+  CHECK(k.source.find("#define K 7\n#define KV 6\n#define KC 6\n") != std::string::npos);
+  CHECK(lower(OpKind::CrossEntropyGrad, DType::f16, 50304, sm90()).entry == "tpc_cross_entropy_grad_resident");
+  CHECK(lower(OpKind::CrossEntropyWithGrad, DType::bf16, 50304, off).entry == "tpc_cross_entropy_with_grad");
+  CHECK(lower(OpKind::CrossEntropyWithGrad, DType::f32, 50304, sm90()).entry == "tpc_cross_entropy_with_grad");
+  CHECK(lower(OpKind::CrossEntropyWithGrad, DType::bf16, 50303, sm90()).entry == "tpc_cross_entropy_with_grad");
+  CHECK(lower(OpKind::CrossEntropyWithGrad, DType::bf16, 60000, sm90()).entry == "tpc_cross_entropy_with_grad");
+  // Smaller rows: several blocks an SM (by threads and shared memory), NT the pieces rounded to a warp.
+  KernelSpec s = lower(OpKind::CrossEntropyGrad, DType::bf16, 2000, sm90());
+  CHECK(s.block.x == 256);
+  CHECK(s.grid.x == 132 * 8);
+  CHECK(lower(OpKind::CrossEntropyGrad, DType::bf16, 32768, sm90()).grid.x == 132 * 1);
+  CHECK(lower(OpKind::CrossEntropyGrad, DType::bf16, 16384, sm90()).grid.x == 132 * 2);
+}
+
 TEST_CASE("cuda kernels: attention_qkv lowers to attention's kernels with the packed layout's strides", "[cuda]") {
   // gpt2: qkv bf16[2, 1024, 3, 12, 64], out [2, 1024, 12, 64].
   TensorType qkv(DType::bf16, {2, 1024, 3, 12, 64}), o(DType::bf16, {2, 1024, 12, 64}), lse(DType::f32, {2, 12, 1024});

@@ -186,6 +186,14 @@ __device__ __forceinline__ void tpc_cp_async16(void* dst, const void* src, bool 
 }
 __device__ __forceinline__ void tpc_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void tpc_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// All but the most recently committed group complete (a two-buffer pipeline's wait).
+__device__ __forceinline__ void tpc_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+// 2^x in one MUFU.EX2, results below 2^-126 flushed to zero (exp2f without fast math adds a denormal fix-up).
+__device__ __forceinline__ float tpc_ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 )CUDA";
   return text;
 }

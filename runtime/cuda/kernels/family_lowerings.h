@@ -26,6 +26,10 @@ Result<NodeLowering> lowerSoftmaxGrad(const Node& n, const LoweringContext& ctx)
 Result<NodeLowering> lowerCrossEntropy(const Node& n, const LoweringContext& ctx);    // loss.cpp
 Result<NodeLowering> lowerCrossEntropyGrad(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerCrossEntropyWithGrad(const Node& n, const LoweringContext& ctx);
+// loss_resident.cpp: the kernel those two take where it applies (residentXentGrad: LoweringContext::xentOnePass,
+// 16-bit logits with V % 8 == 0, two rows fit in shared memory).
+bool residentXentGrad(const Node& n, const LoweringContext& ctx, bool withLoss);
+Result<NodeLowering> lowerXentGradResident(const Node& n, const LoweringContext& ctx, bool withLoss);
 Result<NodeLowering> lowerVocabMax(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerVocabSumExp(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerVocabPick(const Node& n, const LoweringContext& ctx);

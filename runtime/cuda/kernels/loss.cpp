@@ -2,7 +2,8 @@
 // of 512 threads per row reads the row once with 16-byte loads, keeping an online (max, sum of exp) in f32
 // (base 2: y = x log2(e), rescaled when the max grows), combined over the block; the grad keeps the row it
 // read in shared memory (when it fits) and writes dlogits from there: one read and one write of the logits.
-// cross_entropy_with_grad is the grad kernel that also writes the loss. The vocab-parallel pieces are a block
+// cross_entropy_with_grad is the grad kernel that also writes the loss. Where it applies, both grads take
+// loss_resident.cpp's pipelined kernel instead (LoweringContext::xentOnePass; TPC_MEMBW_OFF=xent1: this one). The vocab-parallel pieces are a block
 // per row (double sums) or a thread per row. A target outside the classes that is not ignore_index gives a
 // NaN loss and NaN gradient row (the CPU backend reports it; a kernel cannot, and the trainer stops on a NaN
 // loss).
@@ -159,6 +160,7 @@ Result<NodeLowering> lowerXentGrad(const Node& n, const LoweringContext& ctx, bo
   TPC_TRY(checkFloatDType(n, n.operand(0)->dtype(), "dloss"));
   TPC_TRY(checkFloatDType(n, n.operand(1)->dtype(), "logits"));
   TPC_TRY(checkIdDType(n, n.operand(2)->dtype(), "targets"));
+  if (residentXentGrad(n, ctx, withLoss)) return lowerXentGradResident(n, ctx, withLoss);
   DType xt = n.operand(1)->dtype();
   const Value* dlogits = n.result(withLoss ? 1 : 0);
   auto [V, rows] = rowsOf(n.operand(1));
