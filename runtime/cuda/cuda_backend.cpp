@@ -209,12 +209,14 @@ class CudaBackend final : public Backend {
     ctx_.smMajor = prop.major;
     ctx_.smMinor = prop.minor;
     ctx_.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
-    // TPC_MEMBW_OFF=colreduce,vecew,lnres (or all) switches the memory-bound kernel variants off, for measuring.
+    // TPC_MEMBW_OFF=colreduce,vecew,lnres,lngrad2,embgrad2 (or all) switches the memory-bound kernel variants off, for measuring.
     const char* off = std::getenv("TPC_MEMBW_OFF");
     std::string membwOff = cat(",", off ? off : "", ",");
     auto isOff = [&](const char* what) { return membwOff == ",all," || membwOff.find(cat(",", what, ",")) != std::string::npos; };
     ctx_.columnReduce = !isOff("colreduce");
     ctx_.vectorElementwise = !isOff("vecew");
+    ctx_.layerNormGradBlocks = !isOff("lngrad2");
+    ctx_.embeddingGradSegments = !isOff("embgrad2");
     foldLayerNormGradResidual_ = !isOff("lnres");
     TPC_ASSIGN(driver_, driver());
     compiler_ = std::make_unique<NvrtcCompiler>(prop.major * 10 + prop.minor, options_.cacheDir);
