@@ -62,6 +62,8 @@ struct LoweringContext {
   bool columnReduce = true;       // reduce_sum/mean/max over leading dims: the chunked 16-byte kernel (reduction.cpp)
   bool vectorElementwise = true;  // a lone elementwise node through the fused kernel's 16-byte path
   bool xentOnePass = true;        // cross_entropy(_with)_grad: the row-resident pipelined kernel (loss_resident.cpp)
+  bool layerNormGradBlocks = true;  // layer_norm_grad (warp rows): dgamma/dbeta partials per block, next row prefetched
+  bool embeddingGradSegments = true;  // embedding_grad: ranks within an id's segment, a warp per table row (gather.cpp)
 };
 
 }  // namespace tpc::cuda

@@ -1,5 +1,5 @@
 // Hidden benchmark (`tpc_gpu_tests "[.bench]"`): the memory-bound kernel families at gpt2 sizes (micro batch
-// 16 x 1024, bf16): cross_entropy(_grad) over the padded vocabulary, layer_norm(_grad), the bias-gradient
+// 16 x 1024, bf16): cross_entropy(_grad) over the padded vocabulary, layer_norm(_grad), embedding_grad, the bias-gradient
 // reduce_sum and global_norm over gpt2's and gpt2-medium's parameters. Timed with CUDA events; prints ms
 // and the effective bandwidth (bytes of the operands read plus the results written, once each).
 #include <cuda_runtime.h>
@@ -84,7 +84,9 @@ struct Bench {
     }
     char* ws = nullptr;
     KB_CUDA(cudaMalloc(reinterpret_cast<void**>(&ws), static_cast<size_t>(std::max<int64_t>(low->workspaceBytes, 1))));
+    const size_t wsBytes = static_cast<size_t>(std::max<int64_t>(low->workspaceBytes, 1));
     auto all = [&] {
+      if (low->zeroWorkspace) KB_CUDA(cudaMemsetAsync(ws, 0, wsBytes, 0));  // as the runtime does before the kernels
       for (auto& [fn, k] : ks) {
         ArgPack pack(k, ops, res, ws, 4242, step);
         KB_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(fn), dim3(k.grid.x, k.grid.y, k.grid.z),
@@ -134,7 +136,7 @@ std::vector<TensorType> gptParams(int64_t layers, int64_t d) {
 
 }  // namespace
 
-TEST_CASE("bench: loss, layer_norm, bias reduce_sum and global_norm kernels at gpt2 sizes", "[.bench]") {
+TEST_CASE("bench: loss, layer_norm, embedding_grad, bias reduce_sum and global_norm kernels at gpt2 sizes", "[.bench]") {
   requireGpuOrSkip();
   cudaDeviceProp prop{};
   KB_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -172,11 +174,42 @@ TEST_CASE("bench: loss, layer_norm, bias reduce_sum and global_norm kernels at g
     TensorType x = tt(bf, {rows, D}), g = tt(f, {D});
     void *X = deviceRandom(bf, rows * D, -2, 2, rng), *DY = deviceRandom(bf, rows * D, -1, 1, rng);
     void *G = deviceRandom(f, D, 0.5, 1.5, rng), *B = deviceRandom(f, D, -1, 1, rng);
+    void* R = deviceRandom(bf, rows * D, -1, 1, rng);
     OneOp ln = oneOp(OpKind::LayerNorm, {x, g, g}, attrs({{"eps", 1e-5}}));
     b.run(cat("layer_norm bf16 [16384, ", D, "]"), ln, {X, G, B});
     OneOp lng = oneOp(OpKind::LayerNormGrad, {x, x, g}, attrs({{"eps", 1e-5}}));
-    b.run(cat("layer_norm_grad bf16 [16384, ", D, "]"), lng, {DY, X, G});
-    for (void* p : {X, DY, G, B}) cudaFree(p);
+    OneOp lngr = oneOp(OpKind::LayerNormGrad, {x, x, g, x}, attrs({{"eps", 1e-5}}));
+    for (bool blocks : {true, false}) {  // LoweringContext::layerNormGradBlocks (TPC_MEMBW_OFF=lngrad2: the old kernel)
+      b.ctx.layerNormGradBlocks = blocks;
+      const char* old = blocks ? "" : " (old)";
+      b.run(cat("layer_norm_grad bf16 [16384, ", D, "]", old), lng, {DY, X, G});
+      b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual", old), lngr, {DY, X, G, R});
+    }
+    b.ctx.layerNormGradBlocks = true;
+    for (void* p : {X, DY, G, B, R}) cudaFree(p);
+  }
+  {
+    // embedding_grad of gpt2's wte: 16384 token ids drawn from a Zipf-like law (as text: a few ids hundreds of
+    // times, most of the table unused), and uniformly.
+    std::vector<double> w(static_cast<size_t>(C));
+    for (size_t k = 0; k < w.size(); ++k) w[k] = 1.0 / (static_cast<double>(k) + 2.7);
+    std::discrete_distribution<int32_t> zipf(w.begin(), w.end());
+    std::vector<int32_t> hostIds(static_cast<size_t>(rows));
+    for (int32_t& id : hostIds) id = zipf(rng);
+    void* zipfIds = nullptr;
+    KB_CUDA(cudaMalloc(&zipfIds, hostIds.size() * 4));
+    KB_CUDA(cudaMemcpy(zipfIds, hostIds.data(), hostIds.size() * 4, cudaMemcpyHostToDevice));
+    void* uniformIds = deviceRandom(DType::i32, rows, 0, double(C - 1), rng);
+    void* DY = deviceRandom(bf, rows * 768, -1, 1, rng);
+    OneOp eg = oneOp(OpKind::EmbeddingGrad, {tt(bf, {rows, 768}), tt(DType::i32, {rows})}, attrs({{"vocab", V}}));
+    for (bool segments : {true, false}) {  // LoweringContext::embeddingGradSegments (TPC_MEMBW_OFF=embgrad2: the old one)
+      b.ctx.embeddingGradSegments = segments;
+      const char* old = segments ? "" : " (old)";
+      b.run(cat("embedding_grad bf16 [16384, 768] vocab 50304 zipf ids", old), eg, {DY, zipfIds}, segments ? 20 : 3);
+      b.run(cat("embedding_grad bf16 [16384, 768] vocab 50304 uniform ids", old), eg, {DY, uniformIds}, segments ? 20 : 3);
+    }
+    b.ctx.embeddingGradSegments = true;
+    for (void* p : {zipfIds, uniformIds, DY}) cudaFree(p);
   }
   for (int64_t N : {int64_t(768), int64_t(2304), int64_t(3072)}) {
     TensorType x = tt(bf, {16, 1024, N});

@@ -23,7 +23,7 @@
 using namespace tpc;
 using namespace tpc::test;
 
-TEST_CASE("cuda adamw: the multi-tensor kernel gives the per-tensor kernels' bits; a gated step changes nothing",
+TEST_CASE("cuda adamw: the multi-tensor kernel gives the per-tensor kernels' bits and a gated step changes nothing",
           "[gpu][adamw]") {
   requireGpuOrSkip();
   cudaDeviceProp prop{};
@@ -32,7 +32,7 @@ TEST_CASE("cuda adamw: the multi-tensor kernel gives the per-tensor kernels' bit
   CHECK(adamw::checkAdamWGroups(d, {1, 2, 3, 4, 5, 17, 255, 768, 4096, 4097, 9001, 2304 * 768, (1 << 20) + 3}, 20, 100000) > 0);
 }
 
-TEST_CASE("cuda adamw: training steps with the multi-tensor kernel give the per-tensor state bit for bit; a NaN step "
+TEST_CASE("cuda adamw: training steps with the multi-tensor kernel give the per-tensor state bit for bit and a NaN step "
           "after them changes nothing", "[gpu][adamw][nonfinite]") {
   requireGpuOrSkip();
   auto step = gptStep(smallGpt(), 2, kTrainPasses + ",fuse");

@@ -118,6 +118,44 @@ TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5 a
   CHECK(compared > 60);
 }
 
+// layer_norm_grad and embedding_grad: the kernels the faster ones replaced (TPC_MEMBW_OFF=lngrad2,embgrad2,
+// oldMembwKernels) still match the CPU backend, and the new ones give their bits where they should
+// (oldBitsExpected: dx; the table rows of at most 32 positions).
+TEST_CASE("cuda kernels: the old layer_norm_grad and embedding_grad kernels match the CPU and the new ones give their bits", "[gpu]") {
+  requireGpuOrSkip();
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  int compared = 0, sameBits = 0;
+  for (const Case& c : allCases()) {
+    if (!hasOldVariant(c)) continue;
+    INFO(c.name);
+    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
+    std::vector<HostTensor> in = c.make(rng);
+    OneOp o = oneOp(c.op, c.types, c.attrs);
+    auto low = lowerCase(c, o), old = lowerCase(c, o, oldMembwKernels());
+    REQUIRE(low.ok());
+    REQUIRE(old.ok());
+    std::vector<HostTensor> want = runCpu(c, in, 4242, 7);
+    std::vector<HostTensor> gotOld = runGpu(nvrtc, o, *old, in, 4242, 7);
+    compared += compareResults(o, gotOld, want);
+    std::vector<HostTensor> gotNew = runGpu(nvrtc, o, *low, in, 4242, 7);
+    for (size_t r = 0; r < gotNew.size(); ++r) {
+      std::vector<bool> rowOk;
+      if (!oldBitsExpected(*o.node, r, in, &rowOk)) continue;
+      size_t rows = rowOk.empty() ? 1 : rowOk.size(), rowBytes = gotNew[r].bytes() / rows;
+      for (size_t v = 0; v < rows; ++v)
+        if (rowOk.empty() || rowOk[v]) {
+          INFO("result " << r << " row " << v);
+          CHECK(std::memcmp(gotNew[r].raw() + v * rowBytes, gotOld[r].raw() + v * rowBytes, rowBytes) == 0);
+          ++sameBits;
+        }
+    }
+  }
+  CHECK(compared > 20);
+  CHECK(sameBits > 100);
+}
+
 // The kernels that may write a result over an operand (OpInfo::inPlaceResult: dlogits over the logits), doing
 // so as the memory plan lets them when the operand is dead: the same bits as into a buffer of their own.
 TEST_CASE("cuda kernels: in-place kernels give the same bits written over their operand", "[gpu]") {

@@ -63,6 +63,30 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int o) {
   std::memcpy(&r, &bits, sizeof(T));
   return r;
 }
+template <class T> T __shfl_sync(unsigned, T v, int src) {
+  static_assert(sizeof(T) <= 8);
+  unsigned w = tpc_emu_tid / 32;
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  tpc_emu_state->slots[tpc_emu_tid] = bits;
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  bits = tpc_emu_state->slots[w * 32 + ((unsigned)src & 31u)];
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  T r;
+  std::memcpy(&r, &bits, sizeof(T));
+  return r;
+}
+inline unsigned __ballot_sync(unsigned, bool p) {  // the whole warp votes (the kernels pass a full mask)
+  unsigned w = tpc_emu_tid / 32;
+  tpc_emu_state->slots[tpc_emu_tid] = p ? 1 : 0;
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  unsigned bits = 0;
+  for (size_t l = w * 32; l < w * 32 + 32 && l < tpc_emu_state->slots.size(); ++l)
+    bits |= (tpc_emu_state->slots[l] != 0 ? 1u : 0u) << (l - w * 32);
+  tpc_emu_state->warps[w]->arrive_and_wait();
+  return bits;
+}
+inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
 inline bool __any_sync(unsigned, bool p) {  // the whole warp votes (the kernels pass a full mask)
   unsigned w = tpc_emu_tid / 32;
   tpc_emu_state->slots[tpc_emu_tid] = p ? 1 : 0;

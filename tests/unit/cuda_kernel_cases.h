@@ -209,6 +209,20 @@ inline std::vector<Case> allCases() {
     cs.push_back(simple(cat("layer_norm_grad residual ", x.str()), OpKind::LayerNormGrad, {x, x, g, x}, attrs({{"eps", 1e-5}}),
                         {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
   }
+  // The block kernel (LoweringContext::layerNormGradBlocks) with several rows a warp (rows > 2048) and a last
+  // block short of rows: odd row counts, widths 1024, 256 (one piece a lane), 40 (lanes idle), 99 (element loads),
+  // with and without the residual.
+  for (auto [dt, shape, res] : std::vector<std::tuple<DType, Shape, bool>>{{bf, {4201, 256}, false},
+                                                                        {bf, {2053, 1024}, true},
+                                                                        {f, {2049, 1024}, false},
+                                                                        {h, {6151, 40}, true},
+                                                                        {f, {3001, 99}, true}}) {
+    TensorType x = tt(dt, shape), g = tt(f, {shape.back()});
+    std::vector<TensorType> types = {x, x, g};
+    if (res) types.push_back(x);
+    cs.push_back(simple(cat("layer_norm_grad blocks ", x.str(), res ? " residual" : ""), OpKind::LayerNormGrad, types,
+                        attrs({{"eps", 1e-5}}), {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
+  }
   for (auto [dt, shape, axis] : std::vector<std::tuple<DType, Shape, int64_t>>{
            {f, {5, 300}, -1}, {f, {3, 7, 5}, 1}, {bf, {4, 2000}, -1}, {f, {6, 4}, 0}}) {
     cs.push_back(simple(cat("softmax ", tt(dt, shape).str(), " axis ", axis), OpKind::Softmax, {tt(dt, shape)},
@@ -308,6 +322,29 @@ inline std::vector<Case> allCases() {
   }
   cs.push_back(simple("embedding_grad one id everywhere", OpKind::EmbeddingGrad, {tt(f, {2100, 8}), tt(DType::i32, {2100})},
                       attrs({{"vocab", int64_t(3)}}), {{-1, 1}, {1, 1}}));
+  // Token-like ids: a few frequent ids (more than 32 positions: summed by 32-entry tiles, some runs starting
+  // inside a tile), many rare ones, most of the table unused, some ids outside this shard; widths 768 (gpt2),
+  // 1200 (two column chunks), 100 and 37 (element loads).
+  for (auto [dt, it, N, V, D] : std::vector<std::tuple<DType, DType, int64_t, int64_t, int64_t>>{
+           {bf, DType::i32, 1100, 400, 768}, {f, DType::i64, 700, 300, 1200}, {f, DType::i32, 999, 200, 100},
+           {h, DType::i32, 333, 64, 37}}) {
+    TensorType dy = tt(dt, {N, D}), ids = tt(it, {N});
+    AttrDict a = attrs({{"vocab", V}, {"vocab_start", int64_t(2)}});
+    cs.push_back(Case{cat("embedding_grad token-like ", dy.str(), " vocab ", V), OpKind::EmbeddingGrad, {dy, ids}, a,
+                      [dy, ids, V](std::mt19937& rng) {
+                        std::vector<HostTensor> v = {uniformT(dy, rng)};
+                        HostTensor t(ids);
+                        std::uniform_real_distribution<double> u(0, 1);
+                        std::uniform_int_distribution<int64_t> any(0, V + 3);
+                        const int64_t frequent[] = {7, 8, V / 2, V + 1};  // V + 1 - 2: in the shard; V + 1: not
+                        for (int64_t i = 0; i < t.numel(); ++i) {
+                          double p = u(rng);
+                          t.setFromDouble(i, static_cast<double>(p < 0.5 ? frequent[static_cast<int>(p * 8)] : any(rng)));
+                        }
+                        v.push_back(t);
+                        return v;
+                      }});
+  }
   // ---- reductions ----
   struct R {
     OpKind op;
@@ -363,10 +400,40 @@ inline std::vector<Case> allCases() {
 
 inline LoweringContext sm90() { return LoweringContext{}; }
 
-inline Result<NodeLowering> lowerCase(const Case& c, OneOp& o) {
+inline Result<NodeLowering> lowerCase(const Case& c, OneOp& o, const LoweringContext& ctx) {
   const cuda::FamilyLowering* fn = cuda::findFamilyLowering(c.op);
   if (!fn) return makeError("no lowering for ", opName(c.op));
-  return (*fn)(*o.node, c.ctx);
+  return (*fn)(*o.node, ctx);
+}
+inline Result<NodeLowering> lowerCase(const Case& c, OneOp& o) { return lowerCase(c, o, c.ctx); }
+
+// The kernels that a faster one replaced and TPC_MEMBW_OFF=lngrad2,embgrad2 still selects (cuda_backend.cpp):
+// layer_norm_grad's warp kernel (a partial row per warp) and embedding_grad's quadratic ranking with a block
+// per table row. The new ones give the old dx bits, and the old bits for table rows of at most 32 positions.
+inline LoweringContext oldMembwKernels() {
+  LoweringContext c;
+  c.layerNormGradBlocks = false;
+  c.embeddingGradSegments = false;
+  return c;
+}
+inline bool hasOldVariant(const Case& c) { return c.op == OpKind::LayerNormGrad || c.op == OpKind::EmbeddingGrad; }
+
+// Whether the new kernel's result r must equal the old kernel's bits (see oldMembwKernels): dx of
+// layer_norm_grad (all of it: `ok` left empty); embedding_grad's rows with at most 32 positions (`ok[v]` set).
+// Both match the CPU backend within the usual tolerance either way.
+inline bool oldBitsExpected(const Node& n, size_t r, const std::vector<HostTensor>& in, std::vector<bool>* ok) {
+  ok->clear();
+  if (n.op() == OpKind::LayerNormGrad) return r == 0;
+  if (n.op() != OpKind::EmbeddingGrad) return false;
+  int64_t V = n.getInt("vocab"), start = n.getInt("vocab_start");
+  std::vector<int64_t> count(static_cast<size_t>(V), 0);
+  for (int64_t i = 0; i < in[1].numel(); ++i) {
+    int64_t v = static_cast<int64_t>(in[1].getAsDouble(i)) - start;
+    if (v >= 0 && v < V) ++count[static_cast<size_t>(v)];
+  }
+  ok->assign(static_cast<size_t>(V), false);
+  for (int64_t v = 0; v < V; ++v) (*ok)[static_cast<size_t>(v)] = count[static_cast<size_t>(v)] <= 32;
+  return true;
 }
 
 // The tensor-core attention kernels' variants other than the shipped one (cuda::TcAttnOptions's defaults,

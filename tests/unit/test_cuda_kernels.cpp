@@ -84,8 +84,52 @@ TEST_CASE("cuda kernels: every family lowering compiles with NVRTC for sm_90 wit
       CHECK(cubin.ok());
       compiled[k.source] = cubin.ok();
     }
+    if (!hasOldVariant(c)) continue;
+    auto old = lowerCase(c, o, oldMembwKernels());  // TPC_MEMBW_OFF=lngrad2,embgrad2
+    REQUIRE(old.ok());
+    for (const KernelSpec& k : old->kernels) {
+      INFO("old " << k.entry);
+      CHECK(countParams(k) == static_cast<int>(k.args.size()));
+      if (compiled.count(k.source)) continue;
+      auto cubin = nvrtc.compile(k.source, k.entry);
+      INFO((cubin.ok() ? std::string() : cubin.error()));
+      CHECK(cubin.ok());
+      compiled[k.source] = cubin.ok();
+    }
   }
   CHECK(compiled.size() > 60);
+}
+
+// The faster layer_norm_grad and embedding_grad (LoweringContext::layerNormGradBlocks, embeddingGradSegments):
+// their kernels and workspaces at gpt2's sizes.
+TEST_CASE("cuda kernels: layer_norm_grad and embedding_grad at gpt2 sizes: the new kernels' geometry", "[cuda]") {
+  TensorType x(DType::bf16, {16, 1024, 768}), g(DType::f32, {768});
+  OneOp ln = oneOp(OpKind::LayerNormGrad, {x, x, g, x}, attrs({{"eps", 1e-5}}));
+  auto l = (*cuda::findFamilyLowering(OpKind::LayerNormGrad))(*ln.node, sm90());
+  REQUIRE(l.ok());
+  REQUIRE(l->kernels.size() == 2);
+  CHECK(l->kernels[0].entry == "tpc_layer_norm_grad_rows");
+  CHECK(l->kernels[0].grid.x == 512);  // 8 rows a warp, 4 warps a block
+  CHECK(l->kernels[0].args.size() == 7);
+  CHECK(l->workspaceBytes == 2 * 512 * 768 * 4);  // one partial row of dgamma and dbeta per block
+  auto lo = (*cuda::findFamilyLowering(OpKind::LayerNormGrad))(*ln.node, oldMembwKernels());
+  REQUIRE(lo.ok());
+  CHECK(lo->kernels[0].entry == "tpc_layer_norm_grad_warp");
+
+  TensorType dy(DType::bf16, {16, 1024, 768}), ids(DType::i32, {16, 1024});
+  OneOp eg = oneOp(OpKind::EmbeddingGrad, {dy, ids}, attrs({{"vocab", int64_t(50304)}}));
+  auto e = (*cuda::findFamilyLowering(OpKind::EmbeddingGrad))(*eg.node, sm90());
+  REQUIRE(e.ok());
+  std::string names;
+  for (const KernelSpec& k : e->kernels) names += k.entry + " ";
+  CHECK(names ==
+        "tpc_embedding_grad_count tpc_embedding_grad_scan tpc_embedding_grad_fill tpc_embedding_grad_rank "
+        "tpc_embedding_grad_tiles tpc_embedding_grad_rows ");
+  CHECK(e->kernels.back().grid.x == 50304 / 4);  // a warp per table row
+  CHECK(e->zeroWorkspace);
+  auto eo = (*cuda::findFamilyLowering(OpKind::EmbeddingGrad))(*eg.node, oldMembwKernels());
+  REQUIRE(eo.ok());
+  CHECK(eo->kernels.size() == 4);
 }
 
 TEST_CASE("cuda kernels: lowerings refuse what they cannot run", "[cuda]") {
@@ -296,7 +340,7 @@ namespace {
 // lets it when the operand is dead.
 int runEmulatedCase(const Case& c, OneOp& o, const NodeLowering& low, const std::string& dir,
                     std::map<std::string, EmuLaunch>& built, bool inPlace = false,
-                    const cuda::TcAttnOptions& opt = {}) {
+                    const cuda::TcAttnOptions& opt = {}, std::vector<HostTensor>* gotOut = nullptr) {
   std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
   std::vector<HostTensor> in = c.make(rng);
   const uint64_t seed = 4242;
@@ -329,6 +373,7 @@ int runEmulatedCase(const Case& c, OneOp& o, const NodeLowering& low, const std:
     if (t.bytes()) std::memcpy(t.raw(), res[r], t.bytes());
     got.push_back(t);
   }
+  if (gotOut) *gotOut = got;
   return compareResults(o, got, want, tcAttentionTol(c, opt));
 }
 
@@ -351,6 +396,42 @@ TEST_CASE("cuda kernels: every family op matches the CPU backend under the CPU e
     compared += runEmulatedCase(c, o, *low, dir.path.string(), built);
   }
   CHECK(compared > 0);
+}
+
+// Hidden, as above: layer_norm_grad and embedding_grad with the old kernels (oldMembwKernels) against the CPU
+// backend, and the new kernels giving the old bits where they should (oldBitsExpected).
+TEST_CASE("cuda kernels: the replaced layer_norm_grad and embedding_grad kernels and the new ones' bits under the CPU emulator",
+          "[.cuda-emu]") {
+  const char* filter = std::getenv("TPC_EMU_FILTER");
+  TempDir dir;
+  std::map<std::string, EmuLaunch> built;
+  int compared = 0, sameBits = 0;
+  for (const Case& c : allCases()) {
+    if (!hasOldVariant(c) || (filter && !matchesAny(c.name, filter))) continue;
+    INFO(c.name);
+    OneOp o = oneOp(c.op, c.types, c.attrs);
+    auto low = lowerCase(c, o), old = lowerCase(c, o, oldMembwKernels());
+    REQUIRE(low.ok());
+    REQUIRE(old.ok());
+    std::vector<HostTensor> gotNew, gotOld;
+    compared += runEmulatedCase(c, o, *low, dir.path.string(), built, false, {}, &gotNew);
+    compared += runEmulatedCase(c, o, *old, dir.path.string(), built, false, {}, &gotOld);
+    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
+    std::vector<HostTensor> in = c.make(rng);
+    for (size_t r = 0; r < gotNew.size(); ++r) {
+      std::vector<bool> rowOk;
+      if (!oldBitsExpected(*o.node, r, in, &rowOk)) continue;
+      size_t rows = rowOk.empty() ? 1 : rowOk.size(), rowBytes = gotNew[r].bytes() / rows;
+      for (size_t v = 0; v < rows; ++v)
+        if (rowOk.empty() || rowOk[v]) {
+          INFO("result " << r << " row " << v);
+          CHECK(std::memcmp(gotNew[r].raw() + v * rowBytes, gotOld[r].raw() + v * rowBytes, rowBytes) == 0);
+          ++sameBits;
+        }
+    }
+  }
+  CHECK(compared > 0);
+  CHECK(sameBits > 0);
 }
 
 // Hidden, as above: the kernels that may write a result over an operand (OpInfo::inPlaceResult: dlogits over

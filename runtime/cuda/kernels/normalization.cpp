@@ -1,7 +1,7 @@
 // CUDA lowerings of layer_norm (+grad) and softmax (+grad). layer_norm(_grad) with rows of up to 2048
-// elements: a warp per row holding the row in registers (16-byte loads), f32 statistics; the grad's warp
-// also sums dgamma/dbeta over its fixed run of rows, and a second kernel adds the warps' partial sums in
-// order (deterministic, no atomics). Longer rows (and softmax): a block per row, double statistics.
+// elements: a warp per row holding the row in registers (16-byte loads), f32 statistics; the grad's warps
+// also sum dgamma/dbeta over their fixed rows, a block's warps in order, and a second kernel adds the blocks'
+// partial sums in order (deterministic, no atomics). Longer rows (and softmax): a block per row, double statistics.
 #include <algorithm>
 
 #include "ir/shape_rules.h"
@@ -24,6 +24,12 @@ std::string residualHead(const Node& n) {
   if (n.numOperands() != 4) return "#define RES 0\n";
   return accessors("r", n.operand(3)->dtype()) + vectorAccessors("r", n.operand(3)->dtype()) +
          "#define RES 1\n__device__ __forceinline__ float dx_round(float v) { dx_t t; dx_st(&t, 0, v); return dx_ld(&t, 0); }\n";
+}
+
+// r_ldu for the warp-row kernels (after residualHead and warpRowHead).
+std::string residualLoad() {
+  return "__device__ __forceinline__ void r_ldu(const r_t* p, i64 i, float* v) {\n#if U == 8\n"
+         "  r_ld8(p, i, v);\n#else\n  v[0] = r_ld(p, i);\n#endif\n}\n";
 }
 
 }  // namespace
@@ -158,7 +164,7 @@ namespace {
 // Kernel 1: a warp per run of RPW rows (about 1536 warps in all): per row mean, rstd and
 // dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy gamma; the warp's dgamma/dbeta partial sums over
 // its rows go to the workspace ([NW, D] each, f32). Kernel 2: those partials summed per column in order.
-Result<NodeLowering> lowerLayerNormGradWarp(const Node& n, const WarpRows& w) {
+Result<NodeLowering> lowerLayerNormGradWarps(const Node& n, const WarpRows& w) {
   int64_t rpw = std::max<int64_t>(1, (w.rows + 1535) / 1536);
   int64_t nw = (w.rows + rpw - 1) / rpw;
   int64_t partBytes = nw * w.D * 4;
@@ -168,9 +174,7 @@ Result<NodeLowering> lowerLayerNormGradWarp(const Node& n, const WarpRows& w) {
                     vectorAccessors("dx", n.result(0)->dtype()) + residualHead(n) +
                     warpRowHead(w, {{"dy", n.operand(0)->dtype()}, {"x", n.operand(1)->dtype()}, {"g", n.operand(2)->dtype()}},
                                 "dx", n.getFloat("eps")) +
-                    (n.numOperands() == 4 ? cat("__device__ __forceinline__ void r_ldu(const r_t* p, i64 i, float* v) {\n#if U == 8\n"
-                                                "  r_ld8(p, i, v);\n#else\n  v[0] = r_ld(p, i);\n#endif\n}\n")
-                                          : std::string()) +
+                    (n.numOperands() == 4 ? residualLoad() : std::string()) +
                     cat("#define RPW ", i64Lit(rpw), "\n#define NW ", i64Lit(nw), "\n");
   NodeLowering out;
   out.workspaceBytes = 2 * partBytes;
@@ -267,6 +271,179 @@ extern "C" __global__ void tpc_layer_norm_grad_columns(const float* pg, const fl
   return out;
 }
 
+
+// The 16-byte pieces of a row kept in registers as loaded (name_raw), converted to floats when used, so that
+// the next row's loads are in flight while this one is reduced: name_ldr loads a piece, name_cvt converts it.
+std::string rawPieces(const std::string& name, DType t, int64_t U) {
+  std::string s = U == 8 ? cat("struct ", name, "_raw { uint4 q[", t == DType::f32 ? 2 : 1, "]; };\n")
+                         : cat("struct ", name, "_raw { ", name, "_t q; };\n");
+  return s + cat("__device__ __forceinline__ void ", name, "_ldr(const ", name, "_t* p, i64 i, ", name,
+                 "_raw& r) { r = *reinterpret_cast<const ", name, "_raw*>(p + i); }\n", "__device__ __forceinline__ void ",
+                 name, "_cvt(const ", name, "_raw& r, float* v) { ", name, "_ldu(reinterpret_cast<const ", name,
+                 "_t*>(&r), 0, v); }\n");
+}
+
+// Rows per warp of the block kernel: about 2048 warps in all, at least one row each (gpt2's 16384 rows: 512
+// blocks of 4 warps; at 128 registers a thread, 16 warps a SM: one wave on 132 SMs).
+constexpr int64_t kBlockRowsWarps = 2048;
+
+// Kernel 1: block b owns rows [b RPB, (b + 1) RPB), its warp w rows b RPB + w, + WPB, ...; per row the same
+// arithmetic as lowerLayerNormGradWarps (the same dx bits), the next row's x and dy loaded before this row is
+// reduced. dgamma/dbeta: each warp sums its rows (in shared memory), the block adds its warps in order and
+// writes one partial row per block ([NB, D] each, f32; the old kernel wrote one per warp, 3x the bytes). Kernel
+// 2: the NB partials per column in order, in double. Deterministic: every sum's order is fixed by the shapes.
+Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w) {
+  int64_t rpw = std::max<int64_t>(1, (w.rows + kBlockRowsWarps - 1) / kBlockRowsWarps);
+  int64_t rpb = rpw * kWarpsPerBlock;
+  int64_t nb = std::max<int64_t>(1, (w.rows + rpb - 1) / rpb);
+  int64_t partBytes = nb * w.D * 4;
+  const bool res = n.numOperands() == 4;
+  std::string src = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("x", n.operand(1)->dtype()) +
+                    accessors("g", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
+                    accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) +
+                    vectorAccessors("dx", n.result(0)->dtype()) + residualHead(n);
+  src += warpRowHead(w, {{"dy", n.operand(0)->dtype()}, {"x", n.operand(1)->dtype()}, {"g", n.operand(2)->dtype()}},
+                     "dx", n.getFloat("eps")) +
+         (res ? residualLoad() : std::string());
+  src += rawPieces("x", n.operand(1)->dtype(), w.U) + rawPieces("dy", n.operand(0)->dtype(), w.U) +
+         (res ? rawPieces("r", n.operand(3)->dtype(), w.U) : std::string()) +
+         cat("#define RPB ", i64Lit(rpb), "\n#define NB ", i64Lit(nb), "\n");
+  NodeLowering out;
+  out.workspaceBytes = 2 * partBytes;
+  {
+    KernelSpec k;
+    k.entry = "tpc_layer_norm_grad_rows";
+    k.source = src + R"(
+extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_grad_rows(const dy_t* DY, const x_t* X, const g_t* G,
+)" + std::string(res ? "    const r_t* R,\n" : "") + R"(    dx_t* DX, float* pg, float* pb) {
+  // Each warp's dgamma and dbeta sums in shared memory (registers are short): element (i, k) of a lane at
+  // [warp][0 or 1][i U + k][lane], so that a warp's accesses hit 32 banks.
+  extern __shared__ float smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 end = min((i64)blockIdx.x * RPB + RPB, ROWS);
+  float* ag = smem + warp * 2 * NV * U * 32 + lane;
+  float* ab = ag + NV * U * 32;
+#pragma unroll
+  for (int j = 0; j < NV * U; ++j) { ag[j * 32] = 0.f; ab[j * 32] = 0.f; }
+  x_raw xn[NV];
+  dy_raw en[NV];
+  i64 row = (i64)blockIdx.x * RPB + warp;
+  if (row < end) {
+#pragma unroll
+    FOR_PIECES { x_ldr(X + row * D, PIECE, xn[i]); dy_ldr(DY + row * D, PIECE, en[i]); }
+  }
+  for (; row < end; row += WPB) {
+    // The row stays as loaded (16-bit pieces: half the registers) and is converted where used.
+    x_raw xc[NV];
+    dy_raw ec[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) { xc[i] = xn[i]; ec[i] = en[i]; }
+    if (row + WPB < end) {
+#pragma unroll
+      FOR_PIECES { x_ldr(X + (row + WPB) * D, PIECE, xn[i]); dy_ldr(DY + (row + WPB) * D, PIECE, en[i]); }
+    }
+#if RES
+    r_raw rn[NV];
+#pragma unroll
+    FOR_PIECES r_ldr(R + row * D, PIECE, rn[i]);
+#endif
+    // tpc_row_stats's arithmetic.
+    float s = 0.f;
+#pragma unroll
+    FOR_PIECES {
+      float v[U];
+      x_cvt(xc[i], v);
+#pragma unroll
+      for (int k = 0; k < U; ++k) s += v[k];
+    }
+    const float mean = tpc_warp_sum(s) / (float)D;
+    float q = 0.f;
+#pragma unroll
+    FOR_PIECES {
+      float v[U];
+      x_cvt(xc[i], v);
+#pragma unroll
+      for (int k = 0; k < U; ++k) { float d = v[k] - mean; q += d * d; }
+    }
+    const float rstd = 1.f / sqrtf(tpc_warp_sum(q) / (float)D + EPS);
+    float sg = 0.f, sgx = 0.f;
+#pragma unroll
+    FOR_PIECES {
+      float g[U], v[U], e[U];
+      g_ldu(G, PIECE, g);
+      x_cvt(xc[i], v);
+      dy_cvt(ec[i], e);
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const float xh = (v[k] - mean) * rstd;
+        float gv = e[k] * g[k];
+        sg += gv;
+        sgx += gv * xh;
+        ag[(i * U + k) * 32] += e[k] * xh;
+        ab[(i * U + k) * 32] += e[k];
+      }
+    }
+    sg = tpc_warp_sum(sg) / (float)D;
+    sgx = tpc_warp_sum(sgx) / (float)D;
+#pragma unroll
+    FOR_PIECES {
+      float g[U], v[U], e[U], d[U];
+      g_ldu(G, PIECE, g);
+      x_cvt(xc[i], v);
+      dy_cvt(ec[i], e);
+#pragma unroll
+      for (int k = 0; k < U; ++k) d[k] = rstd * (e[k] * g[k] - sg - (v[k] - mean) * rstd * sgx);
+#if RES
+      float rv[U];
+      r_cvt(rn[i], rv);
+#pragma unroll
+      for (int k = 0; k < U; ++k) d[k] = dx_round(d[k]) + rv[k];
+#endif
+      dx_stu(DX + row * D, PIECE, d);
+    }
+  }
+  // The block's warps in order, ((w0 + w1) + w2) + w3, a thread per column: the block's partial row.
+  __syncthreads();
+  for (int c = threadIdx.x; c < D; c += WPB * 32) {
+    const int at = ((c % U) + (c / U) / 32 * U) * 32 + (c / U) % 32;  // (i U + k) * 32 + lane
+    float a = smem[at], b = smem[NV * U * 32 + at];
+    for (int w = 1; w < WPB; ++w) {
+      a += smem[w * 2 * NV * U * 32 + at];
+      b += smem[(w * 2 + 1) * NV * U * 32 + at];
+    }
+    pg[(i64)blockIdx.x * D + c] = a;
+    pb[(i64)blockIdx.x * D + c] = b;
+  }
+}
+)";
+    k.block.x = static_cast<uint32_t>(32 * kWarpsPerBlock);
+    k.grid.x = static_cast<uint32_t>(nb);
+    k.sharedBytes = static_cast<uint32_t>(kWarpsPerBlock * 2 * w.NV * w.U * 32 * 4);
+    k.args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0), workspaceArg(0), workspaceArg(partBytes)};
+    if (res) k.args.insert(k.args.begin() + 3, operandArg(3));
+    out.kernels.push_back(std::move(k));
+  }
+  {
+    KernelSpec k;
+    k.entry = "tpc_layer_norm_grad_columns";
+    k.source = src + R"(
+extern "C" __global__ void tpc_layer_norm_grad_columns(const float* pg, const float* pb, dg_t* DG, db_t* DB) {
+  __shared__ double red[32 * 33];
+  const i64 col = (i64)blockIdx.x * 32 + threadIdx.x;
+  double v = tpc_column_sum(blockIdx.y ? pb : pg, NB, D, col, red);
+  if (threadIdx.y == 0 && col < D) {
+    if (blockIdx.y) db_st(DB, col, (float)v);
+    else dg_st(DG, col, (float)v);
+  }
+}
+)";
+    k.block = {32, 32, 1};
+    k.grid = {static_cast<uint32_t>(std::max<int64_t>(1, (w.D + 31) / 32)), 2, 1};
+    k.args = {workspaceArg(0), workspaceArg(partBytes), resultArg(1), resultArg(2)};
+    out.kernels.push_back(std::move(k));
+  }
+  return out;
+}
 }  // namespace
 
 // Kernel 1, a block per row: mean and rstd (kept in the workspace), dx = rstd (g - mean(g) - xhat mean(g xhat))
@@ -276,7 +453,8 @@ Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ct
   for (unsigned k = 0; k < n.numOperands(); ++k) TPC_TRY(checkFloatDType(n, n.operand(k)->dtype(), "dy, x, gamma and residual"));
   const Shape& s = n.operand(1)->shape();
   int64_t D = s.back(), rows = D ? n.operand(1)->type().numel() / D : 0;
-  if (WarpRows w = warpRowsOf(D, rows); w.fits()) return lowerLayerNormGradWarp(n, w);
+  if (WarpRows w = warpRowsOf(D, rows); w.fits())
+    return ctx.layerNormGradBlocks ? lowerLayerNormGradBlocks(n, w) : lowerLayerNormGradWarps(n, w);
   const int64_t kRowsPerChunk = 64;
   int64_t chunks = std::max<int64_t>(1, (rows + kRowsPerChunk - 1) / kRowsPerChunk);
   // Workspace: mean[rows], rstd[rows] (double), then dgamma/dbeta partials [chunks][D] (double).
