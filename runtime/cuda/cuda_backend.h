@@ -39,11 +39,12 @@ struct CudaOptions {
   // cuBLASLt has an algorithm for them (fold-matmul-epilogues); false keeps the unfused ops (comparisons).
   bool matmulEpilogues = true;
   // The epilogue kinds folded, comma-separated (bias, bias_residual, gelu_bias, dgelu, dgelu_bgrad, bgrad_b),
-  // or "all". All but dgelu_bgrad by default: on the H200 (gpt2, micro batch 16, bf16; docs/performance.md) the
-  // forward kinds took the step from 41.7 to 38.0 ms and dgelu + bgrad_b to 36.5 ms, while cuBLASLt's
-  // DGELU_BGRAD GEMMs cost 1.5 ms more than the unfused ops (without it, the pass folds DGELU and the bias sum
-  // goes to the weight gradient's BGRADA). The environment's TPC_MATMUL_EPILOGUES overrides it (measuring).
-  std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu,bgrad_b";
+  // or "all". bias, bias_residual, gelu_bias and dgelu by default: on the H200 (gpt2, micro batch 16, bf16;
+  // docs/performance.md) the forward kinds took the step from 41.7 to 38.0 ms and dgelu + bgrad_b to 36.5 ms,
+  // but once the bias sums had the chunked column-reduce kernels, cuBLASLt's BGRADA GEMMs (360-620 TFLOP/s
+  // against 600-730 plain) cost 1.0 ms more than those kernels (32.2 -> 31.1 ms without bgrad_b), and its
+  // DGELU_BGRAD GEMMs 1.5 ms more than the unfused ops. The environment's TPC_MATMUL_EPILOGUES overrides it.
+  std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu";
   // Per distinct GEMM, time cuBLASLt's first 8 heuristic candidates on the GPU and keep the fastest, remembered
   // in the kernel cache folder so later runs use the same algorithm (matmul_autotune.h); false: the
   // heuristic's first choice. The environment's TPC_MATMUL_AUTOTUNE=0|1 overrides it (measuring).
