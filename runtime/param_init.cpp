@@ -49,9 +49,21 @@ void drawInChunks(int64_t n, const Draw& draw) {
 HostTensor initParam(const Value& v, uint64_t seed, bool fp64) {
   TensorType t = v.type();
   if (isFloat(t.dtype)) t.dtype = fp64 ? DType::f64 : DType::f32;
-  HostTensor out(t);  // zero-filled
   const InitSpec& init = v.init();
-  const int64_t n = out.numel();
+  const int64_t n = t.numel();
+  if (init.kind == "normal" && t.dtype == DType::f32 && n > 0) {
+    // The common case: drawn on first access, so that a backend that can draw it itself (the CUDA backend,
+    // on the GPU from normalDrawSource()) never computes the host copy.
+    const HostTensor::NormalDraw draw{tpc_splitmix64(seed ^ hashName(v.name())), static_cast<float>(init.args[0])};
+    return HostTensor::deferred(t, draw, [n, draw](uint8_t* bytes) {
+      float* f32 = reinterpret_cast<float*>(bytes);
+      drawInChunks(n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i)
+          f32[i] = draw.scale * tpc_normal_draw(tpc_splitmix64(draw.key + static_cast<uint64_t>(i)));
+      });
+    });
+  }
+  HostTensor out(t);  // zero-filled
   if (init.kind == "zeros" || init.empty() || n == 0) return out;
   if (init.kind == "ones" || init.kind == "const") {
     double c = init.kind == "ones" ? 1.0 : init.args[0];
@@ -64,19 +76,6 @@ HostTensor initParam(const Value& v, uint64_t seed, bool fp64) {
   const bool normal = init.kind == "normal";
   const double a0 = init.args[0], a1 = init.args.size() > 1 ? init.args[1] : 0.0;
   const uint64_t key = tpc_splitmix64(seed ^ hashName(v.name()));
-  if (normal && t.dtype == DType::f32) {
-    // The common case: drawn on first access, so that a backend that can draw it itself (the CUDA backend,
-    // on the GPU from normalDrawSource()) never computes the host copy.
-    const float scale = static_cast<float>(a0);
-    const HostTensor::NormalDraw draw{key, scale};
-    return HostTensor::deferred(t, draw, [n, draw](uint8_t* bytes) {
-      float* f32 = reinterpret_cast<float*>(bytes);
-      drawInChunks(n, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i)
-          f32[i] = draw.scale * tpc_normal_draw(tpc_splitmix64(draw.key + static_cast<uint64_t>(i)));
-      });
-    });
-  }
   float* f32 = t.dtype == DType::f32 ? out.data<float>() : nullptr;
   drawInChunks(n, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {

@@ -39,6 +39,37 @@ namespace {
 
 constexpr int64_t kTile = 32;  // sorted entries per tile; a row with more positions than this is "heavy"
 
+// Steps 1 and 2 of both embedding_grad lowerings: ids counted per table row (integer atomics), then one
+// block's exclusive prefix sum of the counts (each id's first slot).
+constexpr const char* kCountSource = R"(
+extern "C" __global__ void tpc_embedding_grad_count(const ids_t* I, int* count) {
+  for (i64 r = (i64)blockIdx.x * blockDim.x + threadIdx.x; r < N; r += (i64)gridDim.x * blockDim.x) {
+    i64 v = ids_ld(I, r) - START;
+    if (v >= 0 && v < V) atomicAdd(count + v, 1);
+  }
+}
+)";
+constexpr const char* kScanSource = R"(
+// One block of 1024 threads; thread t scans the contiguous slice [t*per, (t+1)*per).
+extern "C" __global__ void tpc_embedding_grad_scan(const int* count, int* start) {
+  __shared__ int sums[1024];
+  const i64 per = (V + 1023) / 1024;
+  i64 b = threadIdx.x * per, e = min(b + per, (i64)V);
+  int s = 0;
+  for (i64 v = b; v < e; ++v) s += count[v];
+  sums[threadIdx.x] = s;
+  __syncthreads();
+  for (int o = 1; o < 1024; o <<= 1) {  // inclusive Hillis-Steele scan of the slice sums
+    int add = threadIdx.x >= o ? sums[threadIdx.x - o] : 0;
+    __syncthreads();
+    sums[threadIdx.x] += add;
+    __syncthreads();
+  }
+  int acc = threadIdx.x ? sums[threadIdx.x - 1] : 0;
+  for (i64 v = b; v < e; ++v) { start[v] = acc; acc += count[v]; }
+}
+)";
+
 // The faster embedding_grad (LoweringContext::embeddingGradSegments). Workspace (zeroed): count[V], start[V],
 // fill[V], seg[N], order[N] (i32), then the heavy rows' tile partials [NT][2][D] (f32).
 //  1. count ids per table row; 2. one block: exclusive prefix sum -> start (as before).
@@ -129,34 +160,8 @@ __device__ __forceinline__ void tpc_store_piece(float* p, const float* v) {
     k.args = std::move(args);
     out.kernels.push_back(std::move(k));
   };
-  add("tpc_embedding_grad_count", R"(
-extern "C" __global__ void tpc_embedding_grad_count(const ids_t* I, int* count) {
-  for (i64 r = (i64)blockIdx.x * blockDim.x + threadIdx.x; r < N; r += (i64)gridDim.x * blockDim.x) {
-    i64 v = ids_ld(I, r) - START;
-    if (v >= 0 && v < V) atomicAdd(count + v, 1);
-  }
-}
-)", 256, gridFor(N, 256), {operandArg(1), workspaceArg(countOff)});
-  add("tpc_embedding_grad_scan", R"(
-// One block of 1024 threads; thread t scans the contiguous slice [t*per, (t+1)*per).
-extern "C" __global__ void tpc_embedding_grad_scan(const int* count, int* start) {
-  __shared__ int sums[1024];
-  const i64 per = (V + 1023) / 1024;
-  i64 b = threadIdx.x * per, e = min(b + per, (i64)V);
-  int s = 0;
-  for (i64 v = b; v < e; ++v) s += count[v];
-  sums[threadIdx.x] = s;
-  __syncthreads();
-  for (int o = 1; o < 1024; o <<= 1) {  // inclusive Hillis-Steele scan of the slice sums
-    int add = threadIdx.x >= o ? sums[threadIdx.x - o] : 0;
-    __syncthreads();
-    sums[threadIdx.x] += add;
-    __syncthreads();
-  }
-  int acc = threadIdx.x ? sums[threadIdx.x - 1] : 0;
-  for (i64 v = b; v < e; ++v) { start[v] = acc; acc += count[v]; }
-}
-)", 1024, 1, {workspaceArg(countOff), workspaceArg(startOff)});
+  add("tpc_embedding_grad_count", kCountSource, 256, gridFor(N, 256), {operandArg(1), workspaceArg(countOff)});
+  add("tpc_embedding_grad_scan", kScanSource, 1024, 1, {workspaceArg(countOff), workspaceArg(startOff)});
   add("tpc_embedding_grad_fill", R"(
 extern "C" __global__ void tpc_embedding_grad_fill(const ids_t* I, const int* start, int* fill, int* seg) {
   for (i64 r = (i64)blockIdx.x * blockDim.x + threadIdx.x; r < N; r += (i64)gridDim.x * blockDim.x) {
@@ -286,14 +291,7 @@ Result<NodeLowering> lowerEmbeddingGrad(const Node& n, const LoweringContext& ct
   {
     KernelSpec k;
     k.entry = "tpc_embedding_grad_count";
-    k.source = head + R"(
-extern "C" __global__ void tpc_embedding_grad_count(const ids_t* I, int* count) {
-  for (i64 r = (i64)blockIdx.x * blockDim.x + threadIdx.x; r < N; r += (i64)gridDim.x * blockDim.x) {
-    i64 v = ids_ld(I, r) - START;
-    if (v >= 0 && v < V) atomicAdd(count + v, 1);
-  }
-}
-)";
+    k.source = head + kCountSource;
     k.block.x = 256;
     k.grid.x = gridFor(N, 256);
     k.args = {operandArg(1), workspaceArg(countOff)};
@@ -302,26 +300,7 @@ extern "C" __global__ void tpc_embedding_grad_count(const ids_t* I, int* count) 
   {
     KernelSpec k;
     k.entry = "tpc_embedding_grad_scan";
-    k.source = head + R"(
-// One block of 1024 threads; thread t scans the contiguous slice [t*per, (t+1)*per).
-extern "C" __global__ void tpc_embedding_grad_scan(const int* count, int* start) {
-  __shared__ int sums[1024];
-  const i64 per = (V + 1023) / 1024;
-  i64 b = threadIdx.x * per, e = min(b + per, V);
-  int s = 0;
-  for (i64 v = b; v < e; ++v) s += count[v];
-  sums[threadIdx.x] = s;
-  __syncthreads();
-  for (int o = 1; o < 1024; o <<= 1) {  // inclusive Hillis-Steele scan of the slice sums
-    int add = threadIdx.x >= o ? sums[threadIdx.x - o] : 0;
-    __syncthreads();
-    sums[threadIdx.x] += add;
-    __syncthreads();
-  }
-  int acc = threadIdx.x ? sums[threadIdx.x - 1] : 0;
-  for (i64 v = b; v < e; ++v) { start[v] = acc; acc += count[v]; }
-}
-)";
+    k.source = head + kScanSource;
     k.block.x = 1024;
     k.args = {workspaceArg(countOff), workspaceArg(startOff)};
     out.kernels.push_back(std::move(k));

@@ -161,6 +161,28 @@ extern "C" __global__ void tpc_layer_norm(const x_t* X, const g_t* G, const b_t*
 
 namespace {
 
+// The second kernel of both warp-row layer_norm_grad lowerings: dgamma and dbeta as the in-order column
+// sums (tpc_column_sum, in double) of the `rows` f32 partial rows at workspace 0 (dy xhat) and partBytes (dy).
+KernelSpec layerNormGradColumns(const std::string& src, const char* rows, int64_t D, int64_t partBytes) {
+  KernelSpec k;
+  k.entry = "tpc_layer_norm_grad_columns";
+  k.source = src + R"(
+extern "C" __global__ void tpc_layer_norm_grad_columns(const float* pg, const float* pb, dg_t* DG, db_t* DB) {
+  __shared__ double red[32 * 33];
+  const i64 col = (i64)blockIdx.x * 32 + threadIdx.x;
+  double v = tpc_column_sum(blockIdx.y ? pb : pg, )" + rows + R"(, D, col, red);
+  if (threadIdx.y == 0 && col < D) {
+    if (blockIdx.y) db_st(DB, col, (float)v);
+    else dg_st(DG, col, (float)v);
+  }
+}
+)";
+  k.block = {32, 32, 1};
+  k.grid = {static_cast<uint32_t>(std::max<int64_t>(1, (D + 31) / 32)), 2, 1};
+  k.args = {workspaceArg(0), workspaceArg(partBytes), resultArg(1), resultArg(2)};
+  return k;
+}
+
 // Kernel 1: a warp per run of RPW rows (about 1536 warps in all): per row mean, rstd and
 // dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy gamma; the warp's dgamma/dbeta partial sums over
 // its rows go to the workspace ([NW, D] each, f32). Kernel 2: those partials summed per column in order.
@@ -249,25 +271,7 @@ extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_grad_warp(
     if (n.numOperands() == 4) k.args.insert(k.args.begin() + 3, operandArg(3));
     out.kernels.push_back(std::move(k));
   }
-  {
-    KernelSpec k;
-    k.entry = "tpc_layer_norm_grad_columns";
-    k.source = src + R"(
-extern "C" __global__ void tpc_layer_norm_grad_columns(const float* pg, const float* pb, dg_t* DG, db_t* DB) {
-  __shared__ double red[32 * 33];
-  const i64 col = (i64)blockIdx.x * 32 + threadIdx.x;
-  double v = tpc_column_sum(blockIdx.y ? pb : pg, NW, D, col, red);
-  if (threadIdx.y == 0 && col < D) {
-    if (blockIdx.y) db_st(DB, col, (float)v);
-    else dg_st(DG, col, (float)v);
-  }
-}
-)";
-    k.block = {32, 32, 1};
-    k.grid = {static_cast<uint32_t>(std::max<int64_t>(1, (w.D + 31) / 32)), 2, 1};
-    k.args = {workspaceArg(0), workspaceArg(partBytes), resultArg(1), resultArg(2)};
-    out.kernels.push_back(std::move(k));
-  }
+  out.kernels.push_back(layerNormGradColumns(src, "NW", w.D, partBytes));
   return out;
 }
 
@@ -423,25 +427,7 @@ extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_grad_rows(
     if (res) k.args.insert(k.args.begin() + 3, operandArg(3));
     out.kernels.push_back(std::move(k));
   }
-  {
-    KernelSpec k;
-    k.entry = "tpc_layer_norm_grad_columns";
-    k.source = src + R"(
-extern "C" __global__ void tpc_layer_norm_grad_columns(const float* pg, const float* pb, dg_t* DG, db_t* DB) {
-  __shared__ double red[32 * 33];
-  const i64 col = (i64)blockIdx.x * 32 + threadIdx.x;
-  double v = tpc_column_sum(blockIdx.y ? pb : pg, NB, D, col, red);
-  if (threadIdx.y == 0 && col < D) {
-    if (blockIdx.y) db_st(DB, col, (float)v);
-    else dg_st(DG, col, (float)v);
-  }
-}
-)";
-    k.block = {32, 32, 1};
-    k.grid = {static_cast<uint32_t>(std::max<int64_t>(1, (w.D + 31) / 32)), 2, 1};
-    k.args = {workspaceArg(0), workspaceArg(partBytes), resultArg(1), resultArg(2)};
-    out.kernels.push_back(std::move(k));
-  }
+  out.kernels.push_back(layerNormGradColumns(src, "NB", w.D, partBytes));
   return out;
 }
 }  // namespace
