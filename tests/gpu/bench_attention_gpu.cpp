@@ -150,7 +150,7 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
       {"tc-wide-walk64", true, with(O{}, [](O& o) { o.walkRows = 64, o.wideBackward = true; })},
       {"tc-wide-all", true, with(O{}, [](O& o) { o.wideBackward = true; })},  // wide backward too
       {"tc-shipped", true, {}},
-      {"tc-split-P", true, with(O{}, [](O& o) { o.splitP = true; })},  // the default before 2026-12-03
+      {"tc-split-P", true, with(O{}, [](O& o) { o.splitP = true; })},  // P as a hi + lo pair (TPC_TC_ATTENTION=split)
   };
   constexpr int kVariants = sizeof(variants) / sizeof(variants[0]), kNarrow = 2;
   const int64_t shapes[2][4] = {{16, 12, 1024, 64}, {8, 16, 1024, 128}};

@@ -93,7 +93,7 @@ std::vector<HostTensor> runGpu(cuda::NvrtcCompiler& nvrtc, OneOp& o, const NodeL
 
 }  // namespace
 
-TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5 and bf16 or f16 1e-2 or 2.5e-2 for 16-bit-P attention)", "[gpu]") {
+TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5 and bf16 or f16 1e-2 or 4e-2 for 16-bit-P attention)", "[gpu]") {
   requireGpuOrSkip();
   cudaDeviceProp prop{};
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
@@ -140,17 +140,7 @@ TEST_CASE("cuda kernels: the old layer_norm_grad and embedding_grad kernels matc
     std::vector<HostTensor> gotOld = runGpu(nvrtc, o, *old, in, 4242, 7);
     compared += compareResults(o, gotOld, want);
     std::vector<HostTensor> gotNew = runGpu(nvrtc, o, *low, in, 4242, 7);
-    for (size_t r = 0; r < gotNew.size(); ++r) {
-      std::vector<bool> rowOk;
-      if (!oldBitsExpected(*o.node, r, in, &rowOk)) continue;
-      size_t rows = rowOk.empty() ? 1 : rowOk.size(), rowBytes = gotNew[r].bytes() / rows;
-      for (size_t v = 0; v < rows; ++v)
-        if (rowOk.empty() || rowOk[v]) {
-          INFO("result " << r << " row " << v);
-          CHECK(std::memcmp(gotNew[r].raw() + v * rowBytes, gotOld[r].raw() + v * rowBytes, rowBytes) == 0);
-          ++sameBits;
-        }
-    }
+    sameBits += checkOldBits(*o.node, in, gotNew, gotOld);
   }
   CHECK(compared > 20);
   CHECK(sameBits > 100);

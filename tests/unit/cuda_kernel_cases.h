@@ -1,10 +1,11 @@
 // Cases for the CUDA kernel families (runtime/cuda/kernels): one op per case with several shapes, dtypes
 // and attributes, inputs drawn in valid ranges; the CPU backend's results; the comparison
-// |got - cpu| <= tol * (|cpu| + rms(cpu)) with tol 1e-5 for f32 results and 1e-2 for bf16/f16 ones (2.5e-2
-// for the tensor-core attention kernels with 16-bit P: tcAttentionTol).
+// |got - cpu| <= tol * (|cpu| + rms(cpu)) with tol 1e-5 for f32 results and 1e-2 for bf16/f16 ones (4e-2
+// for the tensor-core attention kernels with one 16-bit P: tcAttentionTol).
 // Shared by the CI test (NVRTC compile, launch geometry, CPU emulation) and the GPU test (tests/gpu).
 #pragma once
 
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -436,6 +437,25 @@ inline bool oldBitsExpected(const Node& n, size_t r, const std::vector<HostTenso
   return true;
 }
 
+// Checks that the new kernels' results gotNew equal the old kernels' gotOld bit for bit where oldBitsExpected
+// says so (in: the case's inputs); returns how many results or table rows were compared.
+inline int checkOldBits(const Node& n, const std::vector<HostTensor>& in, const std::vector<HostTensor>& gotNew,
+                        const std::vector<HostTensor>& gotOld) {
+  int same = 0;
+  for (size_t r = 0; r < gotNew.size(); ++r) {
+    std::vector<bool> rowOk;
+    if (!oldBitsExpected(n, r, in, &rowOk)) continue;
+    size_t rows = rowOk.empty() ? 1 : rowOk.size(), rowBytes = gotNew[r].bytes() / rows;
+    for (size_t v = 0; v < rows; ++v)
+      if (rowOk.empty() || rowOk[v]) {
+        INFO("result " << r << " row " << v);
+        CHECK(std::memcmp(gotNew[r].raw() + v * rowBytes, gotOld[r].raw() + v * rowBytes, rowBytes) == 0);
+        ++same;
+      }
+  }
+  return same;
+}
+
 // The tensor-core attention kernels' variants other than the shipped one (cuda::TcAttnOptions's defaults,
 // which lowerCase takes): each is checked on every case named "tc ..." (plain and packed layouts, causal and
 // full, dropout, odd T) as the shipped kernels are, so that a benchmark may pick any of them.
@@ -450,7 +470,7 @@ inline std::vector<TcVariant> tcAttentionVariants() {
   };
   using O = cuda::TcAttnOptions;
   return {{"narrow (16-row warps, 64-row tiles: the default before wideWarps)", O::narrow()},
-          {"split P (P and dS as 16-bit hi + lo parts, two mma each: the default before 2026-12-03)",
+          {"split P (P and dS as 16-bit hi + lo parts, two mma each: the default before)",
            with(O{}, [](O& o) { o.splitP = true; })},
           {"main (narrow, sync loads, 32-bit fragment loads)", with(O::narrow(), [](O& o) { o.asyncCopy = o.ldmatrix = false; })},
           {"narrow, cp.async only", with(O::narrow(), [](O& o) { o.ldmatrix = false; })},
@@ -461,11 +481,12 @@ inline std::vector<TcVariant> tcAttentionVariants() {
           {"wide, 16-row walked tiles", with(O{}, [](O& o) { o.walkRows = 16, o.wideBackward = true; })}};
 }
 inline bool isTcAttentionCase(const Case& c) { return c.name.find(" tc ") != std::string::npos; }
-// The bf16/f16 tolerance of a tensor-core attention case run with options `opt`. With 16-bit P (splitP off:
+// The bf16/f16 tolerance of a tensor-core attention case run with options `opt`. With one 16-bit P (splitP off:
 // FlashAttention-2's and PyTorch SDPA's numerics, the shipped default) P and dS are rounded to bf16 before
-// the P V style products; on short causal rows, whose probabilities are large, the gradients then land up to
-// ~1.8e-2 off the f32 CPU backend (the emulator's worst: dq of the 77-token D128 case), so those cases get
-// 2.5e-2. With splitP they carry ~16 mantissa bits of P and keep 1e-2.
+// the P V style products; the gradients then land up to 3.3e-2 off the f32 CPU backend (H200: dk of the
+// T 1024 D64 case), where PyTorch's flash kernel lands at 3.8e-2 (D64) and 5.6e-2 (D128) on inputs drawn
+// the same way (bench/attention_numerics.py, H200, 2026-12-03): such cases get 4e-2, no looser than the
+// kernel users compare against. With splitP they carry ~16 mantissa bits of P and keep 1e-2.
 // Any attention case the tensor-core kernels run (16-bit q, k, v with head_dim % 16 == 0, at most 128; the
 // first operand's last dim is head_dim in all four ops), whether or not its name says "tc".
 inline bool runsTcAttention(const Case& c) {
@@ -476,7 +497,7 @@ inline bool runsTcAttention(const Case& c) {
   return (t.dtype == DType::bf16 || t.dtype == DType::f16) && t.shape.back() % 16 == 0 && t.shape.back() <= 128;
 }
 inline double tcAttentionTol(const Case& c, const cuda::TcAttnOptions& opt) {
-  return runsTcAttention(c) && !opt.splitP ? 2.5e-2 : 1e-2;
+  return runsTcAttention(c) && !opt.splitP ? 4e-2 : 1e-2;
 }
 inline Result<NodeLowering> lowerTcVariant(OneOp& o, const cuda::TcAttnOptions& opt) {
   return cuda::isAttentionBackward(*o.node) ? cuda::lowerAttentionGradTensorCore(*o.node, sm90(), opt)

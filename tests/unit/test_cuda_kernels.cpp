@@ -218,11 +218,19 @@ TEST_CASE("cuda kernels: tensor-core attention tiling per kernel, head_dim and o
   };
   ::setenv("TPC_TC_ATTENTION", "narrow", 1);
   auto narrowed = runtimeFwd(64);
+  ::setenv("TPC_TC_ATTENTION", "split", 1);
+  auto split = runtimeFwd(64);
   ::setenv("TPC_TC_ATTENTION", "slim", 1);
   auto refused = runtimeFwd(64);
   ::unsetenv("TPC_TC_ATTENTION");
   REQUIRE(narrowed.ok());
   CHECK(narrowed->kernels[0].source == n64[0].source);
+  // =split: the shipped kernels with P as a hi + lo pair (splitP), a different source than the default's.
+  cuda::TcAttnOptions splitP;
+  splitP.splitP = true;
+  REQUIRE(split.ok());
+  CHECK(split->kernels[0].source == lower(64, splitP)[0].source);
+  CHECK(split->kernels[0].source != d64[0].source);
   REQUIRE(!refused.ok());
   CHECK(refused.error().find("TPC_TC_ATTENTION must be 'wide', 'narrow' or 'split', got 'slim'") != std::string::npos);
   REQUIRE(runtimeFwd(64).ok());
@@ -418,17 +426,7 @@ TEST_CASE("cuda kernels: the replaced layer_norm_grad and embedding_grad kernels
     compared += runEmulatedCase(c, o, *old, dir.path.string(), built, false, {}, &gotOld);
     std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
     std::vector<HostTensor> in = c.make(rng);
-    for (size_t r = 0; r < gotNew.size(); ++r) {
-      std::vector<bool> rowOk;
-      if (!oldBitsExpected(*o.node, r, in, &rowOk)) continue;
-      size_t rows = rowOk.empty() ? 1 : rowOk.size(), rowBytes = gotNew[r].bytes() / rows;
-      for (size_t v = 0; v < rows; ++v)
-        if (rowOk.empty() || rowOk[v]) {
-          INFO("result " << r << " row " << v);
-          CHECK(std::memcmp(gotNew[r].raw() + v * rowBytes, gotOld[r].raw() + v * rowBytes, rowBytes) == 0);
-          ++sameBits;
-        }
-    }
+    sameBits += checkOldBits(*o.node, in, gotNew, gotOld);
   }
   CHECK(compared > 0);
   CHECK(sameBits > 0);

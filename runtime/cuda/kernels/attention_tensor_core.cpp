@@ -323,7 +323,7 @@ bool tensorCoreAttention(DType dt, const AttnShape& a) {
 }
 
 // The shipped options; the environment's TPC_TC_ATTENTION=narrow picks TcAttnOptions::narrow() (the kernels
-// before wideWarps), =split the shipped ones with splitP, to compare whole steps on one build.
+// before wideWarps), =split the shipped ones with splitP (P as a hi + lo pair), to compare whole steps on one build.
 Result<TcAttnOptions> shippedTcOptions() {
   const char* v = std::getenv("TPC_TC_ATTENTION");
   if (!v || !*v || std::string(v) == "wide") return TcAttnOptions{};
