@@ -26,6 +26,21 @@ Status Backend::copyStateFrom(const Backend& source, const std::string& name) {
   return writeState(name, t);
 }
 
+Status Backend::startStep(const TensorMap& inputs, int64_t stepIndex) {
+  if (pending_) return makeError("backend ", name(), ": startStep() twice without finishStep()");
+  Result<TensorMap> out = step(inputs, stepIndex);
+  if (!out.ok()) return Error{out.error()};
+  pending_.emplace(std::move(out));
+  return {};
+}
+
+Result<TensorMap> Backend::finishStep() {
+  if (!pending_) return makeError("backend ", name(), ": finishStep() without startStep()");
+  Result<TensorMap> out = std::move(*pending_);
+  pending_.reset();
+  return out;
+}
+
 bool isNonFiniteStep(const TensorMap& outputs) {
   for (const char* name : {kLossOutput, kGradNormOutput}) {
     auto it = outputs.find(name);

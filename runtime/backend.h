@@ -51,6 +51,19 @@ class Backend {
   // and apex gate on found_inf) or keep what it overwrites. Every rank of a mesh decides alike (both
   // outputs are replicated), so ranks never diverge.
   virtual Result<TensorMap> step(const TensorMap& inputs, int64_t stepIndex) = 0;
+  // step() in two halves, so that the host can read the next batch while the device runs this step:
+  // startStep() may return once the step is under way (it has taken what it needs from `inputs`), and
+  // finishStep() waits for it and returns what step() returns. Each startStep() is followed by one
+  // finishStep() before the next. The default runs the whole step in startStep().
+  virtual Status startStep(const TensorMap& inputs, int64_t stepIndex);
+  virtual Result<TensorMap> finishStep();
+  // Where the backend times its steps (the CUDA backend): the last finished step's time on the device and
+  // the host's time in startStep() and in finishStep() (waiting for the device, then reading the outputs).
+  struct StepTiming {
+    double deviceMs = -1;
+    double startMs = 0, waitMs = 0, readMs = 0;
+  };
+  virtual std::optional<StepTiming> lastStepTiming() const { return std::nullopt; }
   // Re-runs a step from the current state (the state a non-finite step left unchanged; same inputs and
   // stepIndex, so dropout draws the same masks) in a checking mode that tests every value the step reads
   // or produces, and returns the first one in execution order (over all ranks: the earliest position,
@@ -78,6 +91,9 @@ class Backend {
   virtual int64_t deviceMemoryInUse() const { return -1; }
   // Kernel launches (and library calls) per step; -1 where not counted.
   virtual int64_t launchesPerStep() const { return -1; }
+
+ private:
+  std::optional<Result<TensorMap>> pending_;  // the default startStep()'s outputs, for finishStep()
 };
 
 // Whether a step's outputs (from Backend::step) mark it non-finite: its loss or grad_norm is a NaN or an

@@ -55,6 +55,47 @@ Error nonFiniteStepError(Backend& backend, const TensorMap& inputs, int64_t it, 
                    "steps instead)");
 }
 
+// Where the time of the timed steps went (the first two steps, which warm the caches and the device up, and
+// the evaluations and checkpoints are left out): the trainer's own timing of the batch and the whole step,
+// and the backend's (Backend::lastStepTiming) of the device and its host calls.
+struct StepTimes {
+  int64_t steps = 0, first = 0, last = 0;
+  double wall = 0, batch = 0, start = 0, wait = 0, read = 0, device = 0;
+  bool deviceTimed = true;
+
+  void add(int64_t it, double wallMs, double batchMs, const std::optional<Backend::StepTiming>& t) {
+    if (steps == 0) first = it;
+    last = it;
+    ++steps;
+    wall += wallMs;
+    batch += batchMs;
+    if (!t || t->deviceMs < 0) {
+      deviceTimed = false;
+      return;
+    }
+    start += t->startMs;
+    wait += t->waitMs;
+    read += t->readMs;
+    device += t->deviceMs;
+  }
+  // "time per step (steps 3-200): 34.90 ms; the device ran 32.20 ms of it (92.3%); host: ..."
+  std::string line() const {
+    const double n = static_cast<double>(steps);
+    char buf[400];
+    int k = std::snprintf(buf, sizeof buf, "time per step (steps %lld-%lld): %.2f ms", static_cast<long long>(first),
+                          static_cast<long long>(last), wall / n);
+    if (deviceTimed)
+      std::snprintf(buf + k, sizeof buf - k,
+                    "; the device ran %.2f ms of it (%.1f%%); host: inputs and launch %.2f, next batch %.2f (while the "
+                    "device runs), waiting %.2f, outputs %.2f, the rest of the loop %.2f",
+                    device / n, 100 * device / wall, start / n, batch / n, wait / n, read / n,
+                    (wall - start - batch - wait - read) / n);
+    else
+      std::snprintf(buf + k, sizeof buf - k, "; next batch %.2f", batch / n);
+    return buf;
+  }
+};
+
 }  // namespace
 
 Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data, const TrainerSettings& settings,
@@ -80,10 +121,11 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
 
   TrainReport report;
   TensorMap inputs;
+  // Two batches: the next one is read while the backend runs this one (Backend::startStep/finishStep).
   HostTensor tokens(tokensIn->type()), targets(targetsIn->type());
-  inputs["tokens"] = tokens;
-  inputs["targets"] = targets;
+  HostTensor nextTokens(tokensIn->type()), nextTargets(targetsIn->type());
   using Clock = std::chrono::steady_clock;
+  auto msSince = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   const auto start = Clock::now();
   auto lastLog = start;
   int64_t stepsSinceLog = 0;
@@ -104,15 +146,38 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     return progress;
   };
   const int64_t total = settings.trainIters - settings.firstIter + 1;
+  StepTimes times;
+  // This step's start, its batch time, and what to leave out of its time (evaluations, checkpoints).
+  Clock::time_point stepStart{};
+  double stepBatchMs = 0, stepAsideMs = 0;
+  auto closeStep = [&](int64_t it) {
+    if (it >= settings.firstIter + 2) times.add(it, msSince(stepStart) - stepAsideMs, stepBatchMs, backend.lastStepTiming());
+  };
+  if (settings.firstIter <= settings.trainIters)
+    TPC_TRY(data.next(nextTokens.data<int32_t>(), nextTargets.data<int32_t>(), rows, seq));
   for (int64_t it = settings.firstIter; it <= settings.trainIters; ++it) {
-    TPC_TRY(data.next(tokens.data<int32_t>(), targets.data<int32_t>(), rows, seq));
+    if (it > settings.firstIter) closeStep(it - 1);
+    stepStart = Clock::now();
+    stepAsideMs = 0;
+    std::swap(tokens, nextTokens);
+    std::swap(targets, nextTargets);
+    inputs["tokens"] = tokens;
+    inputs["targets"] = targets;
     double lr = settings.lr.at(it);
     const double lossScale = scaler ? scaler->scale() : 0;
     inputs["lr"] = HostTensor::scalarF32(static_cast<float>(lr));
     // Adam's step counts the updates applied: a skipped step does not advance its bias correction.
     inputs["step"] = HostTensor::scalarF32(static_cast<float>(it - progress.skippedSteps));
     if (scaler) inputs["loss_scale"] = HostTensor::scalarF32(static_cast<float>(lossScale));
-    TPC_ASSIGN(TensorMap out, backend.step(inputs, it));
+    TPC_TRY(backend.startStep(inputs, it));
+    // The next batch, while the device runs this step; a failure to read it is reported after the step.
+    const auto batchStart = Clock::now();
+    Status nextBatch = it < settings.trainIters
+                           ? data.next(nextTokens.data<int32_t>(), nextTargets.data<int32_t>(), rows, seq)
+                           : Status::success();
+    stepBatchMs = msSince(batchStart);
+    TPC_ASSIGN(TensorMap out, backend.finishStep());
+    TPC_TRY(nextBatch);
     auto lossIt = out.find("loss");
     if (lossIt == out.end()) return makeError("the training step has no 'loss' output");
     double loss = scalarOf(lossIt->second);
@@ -158,6 +223,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       TPC_ASSIGN(double valid, settings.evaluate());
       if (settings.publish) settings.publish({{"valid_loss", valid}, {"valid_ppl", std::exp(valid)}});
       lastLog += Clock::now() - evalStart;  // tokens/s counts training time only
+      stepAsideMs += msSince(evalStart);
       if (settings.console) {
         char line[160];
         std::snprintf(line, sizeof line, "eval at step %lld | valid loss %.4f | valid ppl %.3f",
@@ -172,7 +238,11 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         jsonl.flush();
       }
     }
-    if (settings.afterStep) TPC_TRY(settings.afterStep(it, currentProgress()));
+    if (settings.afterStep) {
+      const auto asideStart = Clock::now();
+      TPC_TRY(settings.afterStep(it, currentProgress(), it < settings.trainIters ? rows : 0));
+      stepAsideMs += msSince(asideStart);
+    }
     ++stepsSinceLog;
     bool logNow = settings.logInterval > 0 && (it % settings.logInterval == 0 || it == settings.firstIter ||
                                                it == settings.trainIters);
@@ -228,6 +298,8 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       jsonl.flush();
     }
   }
+  if (total > 0) closeStep(settings.trainIters);
+  if (times.steps > 0 && settings.console) console << times.line() << std::endl;
   if (report.losses.empty())
     return makeError("every one of the ", total, " steps had a non-finite loss or gradient norm and was skipped "
                      "(lower --lr, raise --lr-warmup-iters, or --on-nan stop to find the first non-finite value)");

@@ -57,9 +57,11 @@ struct TrainerSettings {
   // Receives every step's figures (step, loss, lr, grad_norm; tokens_per_s and elapsed_s when logged;
   // valid_loss after an evaluation): the --metrics-port endpoint.
   std::function<void(const std::map<std::string, double>&)> publish;
-  // Called after each step's update, with the iteration just completed and the optimizer's progress after
-  // it (checkpoints hang here).
-  std::function<Status(int64_t iteration, const OptimizerProgress&)> afterStep;
+  // Called after each step's update, with the iteration just completed, the optimizer's progress after it
+  // and how many batch rows the trainer has already read for the next step (it reads the next batch while
+  // the backend runs this one; 0 after the last step), which a checkpoint's data position leaves out
+  // (checkpoints hang here).
+  std::function<Status(int64_t iteration, const OptimizerProgress&, int64_t rowsReadAhead)> afterStep;
   OnNonFinite onNonFinite = OnNonFinite::Stop;
   // Dynamic loss scaling (fp16), for a step graph with input %loss_scale: a non-finite step is an overflow,
   // skipped whatever onNonFinite says, and halves the scale; the run fails when it would go below the minimum.

@@ -436,13 +436,14 @@ int runRun(std::vector<std::string> args) {
     };
   }
   const std::string saveDir = flags.get("save");
-  auto saveAt = [&](int64_t it, const OptimizerProgress& progress) -> Status {
+  // rowsReadAhead: windows already read for the next step (TrainerSettings::afterStep), not yet trained on.
+  auto saveAt = [&](int64_t it, const OptimizerProgress& progress, int64_t rowsReadAhead) -> Status {
     CheckpointState cs;
     cs.iteration = it;
     cs.skippedSteps = progress.skippedSteps;
     cs.lossScale = progress.lossScale;
     cs.lossScaleGoodSteps = progress.lossScaleGoodSteps;
-    cs.dataPosition = batches.position();
+    cs.dataPosition = batches.position() - static_cast<uint64_t>(rowsReadAhead);
     cs.seed = config.seed;
     cs.model = path;
     cs.config = cat("tp=", config.tp, " dp=", config.dp, " sp=", config.sp, " micro=", config.microBatch,
@@ -455,14 +456,14 @@ int runRun(std::vector<std::string> args) {
     return {};
   };
   if (!saveDir.empty())
-    settings.afterStep = [&](int64_t it, const OptimizerProgress& progress) -> Status {
+    settings.afterStep = [&](int64_t it, const OptimizerProgress& progress, int64_t rowsReadAhead) -> Status {
       if (it != config.trainIters && (*saveInterval == 0 || it % *saveInterval != 0)) return {};
-      return saveAt(it, progress);
+      return saveAt(it, progress, rowsReadAhead);
     };
   if (flags.on("save-initial")) {
     OptimizerProgress initial;
     if (lossScaling) initial.lossScale = lossScaling->initial;
-    if (Status s = saveAt(0, initial); !s.ok()) return cli::fail("run", s.error());
+    if (Status s = saveAt(0, initial, 0); !s.ok()) return cli::fail("run", s.error());
   }
   settings.onNonFinite = *onNan;
   auto report = train(*backend, *step, batches, settings, std::cout);

@@ -105,6 +105,7 @@ struct DeviceCtx {
   std::vector<HostTensor> staging;
   cudaEvent_t replayStart = nullptr, replayEnd = nullptr;  // around each graph replay
   bool replayTimed = false;
+  bool stepReplayed = false;  // the step in flight is a timed replay (not a debug or profiled step)
   std::vector<TimedLaunch> profile;  // the profiled step's launches (profileStep)
 };
 
@@ -392,15 +393,26 @@ class CudaBackend final : public Backend {
   }
 
   Result<TensorMap> step(const TensorMap& inputs, int64_t stepIndex) override {
+    TPC_TRY(startStep(inputs, stepIndex));
+    return finishStep();
+  }
+
+  // Per GPU: the batch in, the step and hold words, then the replay (or the debug or profiled launches);
+  // returns once every GPU has it queued.
+  Status startStep(const TensorMap& inputs, int64_t stepIndex) override {
     if (!prepared_) return makeError("cuda backend: step() before a successful prepare()");
-    TPC_ASSIGN(auto copies, rankInputs(inputs));
-    // Per GPU: inputs in, the step word, the replay, and a wait bounded by the collective timeout.
+    if (started_) return makeError("cuda backend: startStep() twice without finishStep()");
+    const auto t0 = std::chrono::steady_clock::now();
+    // The host copies stay alive until finishStep(): the copies from them may still be in flight.
+    TPC_ASSIGN(pendingCopies_, rankInputs(inputs));
+    pendingStep_ = stepIndex;
     std::vector<std::string> errors(devs_.size());
-    auto runDevice = [&](size_t i) {
+    auto launchOn = [&](size_t i) {
       DeviceCtx& d = devs_[i];
       auto fail = [&](const std::string& e) { errors[i] = e; };
       if (cudaSetDevice(d.device) != cudaSuccess) return fail(cat("cuda: cannot use GPU ", d.device));
-      if (Status s = stageStep(d, copies, stepIndex); !s.ok()) return fail(s.error());
+      d.stepReplayed = false;
+      if (Status s = stageStep(d, pendingCopies_, stepIndex); !s.ok()) return fail(s.error());
       bool profiling = !debug_ && options_.profileStep == stepIndex;
       if (debug_) {
         Status st = enqueueAll(d, true, stepIndex);
@@ -413,7 +425,33 @@ class CudaBackend final : public Backend {
         if (cudaError_t e = cudaGraphLaunch(d.exec, d.stream); e != cudaSuccess)
           return fail(cat("cuda: step ", stepIndex, ": launching the step graph: ", cudaGetErrorString(e)));
         d.replayTimed = d.replayTimed && cudaEventRecord(d.replayEnd, d.stream) == cudaSuccess;
+        d.stepReplayed = d.replayTimed;
       }
+    };
+    onEveryDevice(launchOn);
+    for (const std::string& e : errors)
+      if (!e.empty()) {
+        if (nccl_) abortCommunicators();
+        pendingCopies_.clear();
+        return Error{e};
+      }
+    started_ = true;
+    timing_ = StepTiming{};
+    timing_.startMs = msSince(t0);
+    return {};
+  }
+
+  // Waits for the step startStep() queued (bounded by the collective timeout) and reads its outputs back.
+  Result<TensorMap> finishStep() override {
+    if (!started_) return makeError("cuda backend: finishStep() without startStep()");
+    started_ = false;
+    const int64_t stepIndex = pendingStep_;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> errors(devs_.size());
+    auto waitOn = [&](size_t i) {
+      DeviceCtx& d = devs_[i];
+      auto fail = [&](const std::string& e) { errors[i] = e; };
+      if (cudaSetDevice(d.device) != cudaSuccess) return fail(cat("cuda: cannot use GPU ", d.device));
       auto start = std::chrono::steady_clock::now();
       for (;;) {
         cudaError_t e = cudaStreamQuery(d.stream);
@@ -430,16 +468,22 @@ class CudaBackend final : public Backend {
         if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     };
-    onEveryDevice(runDevice);
+    onEveryDevice(waitOn);
+    pendingCopies_.clear();
     for (size_t i = 0; i < errors.size(); ++i)
       if (!errors[i].empty()) {
         if (nccl_) abortCommunicators();
         return Error{errors[i]};
       }
+    const auto t1 = std::chrono::steady_clock::now();
+    timing_.waitMs = msSince(t0);
     if (!debug_ && options_.profileStep == stepIndex) TPC_TRY(printProfile(stepIndex));
     // Outputs that do not update a parameter, from rank 0.
     const Graph& g0 = *ranks_[0].graph;
     CU_TRY(cudaSetDevice(dev(0).device), "GPU ", dev(0).device);
+    float replayMs = 0;
+    if (dev(0).stepReplayed && cudaEventElapsedTime(&replayMs, dev(0).replayStart, dev(0).replayEnd) == cudaSuccess)
+      timing_.deviceMs = replayMs;
     TensorMap result;
     for (size_t i = 0; i < g0.outputs().size(); ++i) {
       std::string name = g0.outputName(i);
@@ -451,8 +495,12 @@ class CudaBackend final : public Backend {
     }
     // A non-finite step: the AdamW kernels left the state alone; what ungated nodes updated comes back.
     if (isNonFiniteStep(result)) TPC_TRY(restoreState());
+    timing_.readMs = msSince(t1);
+    lastTiming_ = timing_;
     return result;
   }
+
+  std::optional<StepTiming> lastStepTiming() const override { return lastTiming_; }
 
   // Re-runs the step launch by launch from the current state, checking every input, parameter and node
   // result of every rank on the device as soon as it is complete; the earliest node position wins, then
@@ -886,29 +934,26 @@ class CudaBackend final : public Backend {
         return makeError("cuda backend: no initial value for parameter %", p->name(), " of graph @", rk.graph->name());
       HostTensor t = it->second;
       const bool zeros = t.untouchedZeros();  // AdamW moments at the start: clear instead of uploading
-      void* buf = static_cast<char*>(rk.state) + stateOffset;
       // A parameter initParam left to draw: drawn here on the GPU (the same bits as the host draw) unless it
       // must be sliced for a mesh or converted first.
-      if (const HostTensor::NormalDraw* draw = t.pendingNormalDraw();
-          draw && mesh.empty() && t.type() == p->type()) {
-        TPC_TRY(drawOnGpu(r, buf, p->type().numel(), *draw, p->name()));
-        drew = true;
-        stateOffset += (p->type().bytes() + 255) / 256 * 256;
-        rk.addr[p] = buf;
-        rk.params[p->name()].second = buf;
-        continue;
+      const HostTensor::NormalDraw* draw = t.pendingNormalDraw();
+      if (draw && (!mesh.empty() || t.type() != p->type())) draw = nullptr;
+      if (!draw) {
+        if (!mesh.empty()) {
+          auto local = sliceForRank(t, p->placement(), mesh, static_cast<int64_t>(r));
+          if (!local.ok()) return makeError("cuda backend: parameter %", p->name(), ": ", local.error());
+          t = std::move(local).value();
+        }
+        if (t.shape() != p->shape())
+          return makeError("cuda backend: parameter %", p->name(), " must be ", p->type().str(), ", got ", t.type().str());
+        if (t.dtype() != p->dtype()) t = t.convertTo(p->dtype());
       }
-      if (!mesh.empty()) {
-        auto local = sliceForRank(t, p->placement(), mesh, static_cast<int64_t>(r));
-        if (!local.ok()) return makeError("cuda backend: parameter %", p->name(), ": ", local.error());
-        t = std::move(local).value();
-      }
-      if (t.shape() != p->shape())
-        return makeError("cuda backend: parameter %", p->name(), " must be ", p->type().str(), ", got ", t.type().str());
-      if (t.dtype() != p->dtype()) t = t.convertTo(p->dtype());
+      void* buf = static_cast<char*>(rk.state) + stateOffset;
       stateOffset += (p->type().bytes() + 255) / 256 * 256;  // as planRank counted stateBytes
-      if (zeros) CU_TRY(cudaMemset(buf, 0, t.bytes()), "clearing parameter %", p->name());
+      if (draw) TPC_TRY(drawOnGpu(r, buf, p->type().numel(), *draw, p->name()));
+      else if (zeros) CU_TRY(cudaMemset(buf, 0, t.bytes()), "clearing parameter %", p->name());
       else CU_TRY(cudaMemcpy(buf, std::as_const(t).raw(), t.bytes(), cudaMemcpyHostToDevice), "uploading parameter %", p->name());
+      drew |= draw != nullptr;
       rk.addr[p] = buf;
       rk.params[p->name()].second = buf;
     }
@@ -1466,6 +1511,15 @@ class CudaBackend final : public Backend {
   std::vector<ncclComm_t> allComms_;
   int64_t launchCount_ = 0;
   bool prepared_ = false, debug_ = false;
+  // Between startStep() and finishStep(): the step in flight, its host copies and its timing.
+  bool started_ = false;
+  int64_t pendingStep_ = 0;
+  RankCopies pendingCopies_;
+  StepTiming timing_;
+  std::optional<StepTiming> lastTiming_;
+  static double msSince(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  }
 };
 
 }  // namespace

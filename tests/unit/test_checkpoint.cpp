@@ -72,6 +72,22 @@ TEST_CASE("checkpoint: a resumed run is bit-identical to an uninterrupted one", 
   CHECK(a == b);  // the JSONL keeps 9 digits: bit-identical floats print identically
 }
 
+// A save between steps: the trainer has already read the next step's batch (it reads it while the backend
+// runs the step), and the checkpoint's data position must leave that batch out.
+TEST_CASE("checkpoint: a run resumed from a mid-run save is bit-identical to an uninterrupted one", "[checkpoint][run][cli]") {
+  test::TempDir dir;
+  const std::string d = dir.path.string();
+  auto full = test::runTiny("--train-iters 6 --save-interval 2 --save " + d + "/ck --log-jsonl " + d + "/full.jsonl");
+  REQUIRE(full.exitCode == 0);
+  auto resumed = test::runTiny("--train-iters 6 --load " + d + "/ck/iter_0000002 --log-jsonl " + d + "/part.jsonl");
+  REQUIRE(resumed.exitCode == 0);
+  auto a = test::jsonlField(test::readFile(d + "/full.jsonl"), "loss");
+  auto b = test::jsonlField(test::readFile(d + "/part.jsonl"), "loss");
+  REQUIRE(a.size() == 6);
+  REQUIRE(b.size() == 4);  // steps 3-6
+  CHECK(std::vector<double>(a.begin() + 2, a.end()) == b);
+}
+
 TEST_CASE("checkpoint: saved at tp 4, loaded at tp 1 and tp 2, the next step's loss agrees", "[checkpoint][sharding]") {
   test::TempDir dir;
   REQUIRE(test::runTiny("--tp 4 --train-iters 3 --save-interval 3 --keep 1 --save " + dir.path.string() + "/ck").exitCode == 0);

@@ -57,6 +57,8 @@ TEST_CASE("tpc run: a short run logs JSONL and lowers the loss", "[run][cli]") {
   std::string jsonl = test::readFile(log);
   // Logged steps: the first, every 4th, the last.
   CHECK(std::count(jsonl.begin(), jsonl.end(), '\n') == 4);
+  // Where the time of the steps after the first two went.
+  CHECK(r.out.find("time per step (steps 3-12): ") != std::string::npos);
   for (const char* key : {"\"step\": ", "\"loss\": ", "\"lr\": ", "\"grad_norm\": ", "\"tokens_per_s\": ", "\"elapsed_s\": "})
     CHECK(jsonl.find(key) != std::string::npos);
   CHECK(jsonl.find("{\"step\": 12, ") != std::string::npos);
