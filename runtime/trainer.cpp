@@ -293,6 +293,8 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       if (scaler) j << ", \"loss_scale\": " << scaler->scale();
       if (mfu >= 0) j << ", \"mfu\": " << mfu;
       if (deviceMemory >= 0) j << ", \"gpu_memory_bytes\": " << deviceMemory;
+      // The logged step's own time on the device (the CUDA backend's graph replay), to plot against the wall.
+      if (auto t = backend.lastStepTiming(); t && t->deviceMs >= 0) j << ", \"device_ms\": " << t->deviceMs;
       j << "}";
       jsonl << j.str() << "\n";
       jsonl.flush();
