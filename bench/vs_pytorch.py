@@ -132,6 +132,9 @@ def tpc_runs(a, cfg_name, d, spec, flags):
     m = re.search(r": (\d+) parameters, training step", cold)
     r["params"] = int(m.group(1))
     r["launches"] = int(re.search(r"GPU: (\d+) kernel launches", cold).group(1)) if "kernel launches" in cold else -1
+    # tpc's own split of its step (runtime/trainer.cpp): the device's time per step and the wall time per step.
+    m = re.search(r"time per step \(steps \d+-\d+\): ([\d.]+) ms; the device ran ([\d.]+) ms", cold)
+    r["device_split"] = (float(m.group(1)), float(m.group(2))) if m else None
     steps = [s for s in read_jsonl(os.path.join(d, "tpc.jsonl")) if "loss" in s and s.get("loss") is not None]
     r["losses"] = {s["step"]: s["loss"] for s in steps}
     el = {s["step"]: s["elapsed_s"] for s in steps}
@@ -186,6 +189,10 @@ def report(a, cfg_name, tpc, peers):
     print(f"{'torch max_memory_reserved (GiB)':34}{'':>16}" + "".join(f"{gib(p['max_memory_reserved']):>16}" for p in peers.values()))
     print(f"{'tpc memory / this (cudaMemGetInfo)':34}{'1.00x':>16}" +
           "".join(f"{tpc['device_used'] / p['device_used_bytes']:>15.2f}x" for p in peers.values()))
+    if tpc.get("device_split"):
+        wall, dev = tpc["device_split"]
+        print(f"  tpc step split (steps 3-{a.steps}): the device ran {dev:.2f} of {wall:.2f} ms a step ({100 * dev / wall:.1f}%), "
+              f"the rest is host time the GPU waits for")
     print(f"  tpc plan: activations arena {gib(tpc['arena'])} + parameters and AdamW state {gib(tpc['state'])} + batch "
           f"{gib(tpc['batch'])} + cuBLASLt workspace {gib(tpc['workspace'])} GiB; {tpc['launches']} launches per step")
     print(f"  memory: 'GPU used' is total - free from cudaMemGetInfo, the most seen after a step, in both (it counts the "
