@@ -57,43 +57,55 @@ Error nonFiniteStepError(Backend& backend, const TensorMap& inputs, int64_t it, 
 
 // Where the time of the timed steps went (the first two steps, which warm the caches and the device up, and
 // the evaluations and checkpoints are left out): the trainer's own timing of the batch and the whole step,
-// and the backend's (Backend::lastStepTiming) of the device and its host calls.
-struct StepTimes {
-  int64_t steps = 0, first = 0, last = 0;
-  double wall = 0, batch = 0, start = 0, wait = 0, read = 0, device = 0;
-  bool deviceTimed = true;
-
+// and the backend's (Backend::lastStepTiming) of the device and its host calls. Steps the backend runs but
+// does not time on the device (a --profile-step step, TPC_CUDA_DEBUG) are left out of the device figures.
+class StepTimes {
+ public:
   void add(int64_t it, double wallMs, double batchMs, const std::optional<Backend::StepTiming>& t) {
-    if (steps == 0) first = it;
-    last = it;
-    ++steps;
-    wall += wallMs;
-    batch += batchMs;
-    if (!t || t->deviceMs < 0) {
-      deviceTimed = false;
-      return;
-    }
-    start += t->startMs;
-    wait += t->waitMs;
-    read += t->readMs;
-    device += t->deviceMs;
+    all_.add(it, wallMs, batchMs, nullptr);
+    if (t && t->deviceMs >= 0) timed_.add(it, wallMs, batchMs, &*t);
   }
+  bool empty() const { return all_.steps == 0; }
   // "time per step (steps 3-200): 34.90 ms; the device ran 32.20 ms of it (92.3%); host: ..."
   std::string line() const {
-    const double n = static_cast<double>(steps);
-    char buf[400];
-    int k = std::snprintf(buf, sizeof buf, "time per step (steps %lld-%lld): %.2f ms", static_cast<long long>(first),
-                          static_cast<long long>(last), wall / n);
-    if (deviceTimed)
-      std::snprintf(buf + k, sizeof buf - k,
-                    "; the device ran %.2f ms of it (%.1f%%); host: inputs and launch %.2f, next batch %.2f (while the "
-                    "device runs), waiting %.2f, outputs %.2f, the rest of the loop %.2f",
-                    device / n, 100 * device / wall, start / n, batch / n, wait / n, read / n,
-                    (wall - start - batch - wait - read) / n);
-    else
-      std::snprintf(buf + k, sizeof buf - k, "; next batch %.2f", batch / n);
+    const Sum& s = timed_.steps > 0 ? timed_ : all_;
+    const double n = static_cast<double>(s.steps);
+    char buf[480];
+    int k = std::snprintf(buf, sizeof buf, "time per step (steps %lld-%lld): %.2f ms", static_cast<long long>(s.first),
+                          static_cast<long long>(s.last), s.wall / n);
+    if (timed_.steps == 0) {
+      std::snprintf(buf + k, sizeof buf - k, "; next batch %.2f", s.batch / n);
+      return buf;
+    }
+    k += std::snprintf(buf + k, sizeof buf - k,
+                       "; the device ran %.2f ms of it (%.1f%%); host: inputs and launch %.2f, next batch %.2f (while "
+                       "the device runs), waiting %.2f, outputs %.2f, the rest of the loop %.2f",
+                       s.device / n, 100 * s.device / s.wall, s.start / n, s.batch / n, s.wait / n, s.read / n,
+                       (s.wall - s.start - s.batch - s.wait - s.read) / n);
+    if (all_.steps > timed_.steps)
+      std::snprintf(buf + k, sizeof buf - k, " (%lld steps not timed on the device left out)",
+                    static_cast<long long>(all_.steps - timed_.steps));
     return buf;
   }
+
+ private:
+  struct Sum {
+    int64_t steps = 0, first = 0, last = 0;
+    double wall = 0, batch = 0, start = 0, wait = 0, read = 0, device = 0;
+    void add(int64_t it, double wallMs, double batchMs, const Backend::StepTiming* t) {
+      if (steps == 0) first = it;
+      last = it;
+      ++steps;
+      wall += wallMs;
+      batch += batchMs;
+      if (!t) return;
+      start += t->startMs;
+      wait += t->waitMs;
+      read += t->readMs;
+      device += t->deviceMs;
+    }
+  };
+  Sum all_, timed_;  // every step after the first two; those the device timed
 };
 
 }  // namespace
@@ -301,7 +313,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     }
   }
   if (total > 0) closeStep(settings.trainIters);
-  if (times.steps > 0 && settings.console) console << times.line() << std::endl;
+  if (!times.empty() && settings.console) console << times.line() << std::endl;
   if (report.losses.empty())
     return makeError("every one of the ", total, " steps had a non-finite loss or gradient norm and was skipped "
                      "(lower --lr, raise --lr-warmup-iters, or --on-nan stop to find the first non-finite value)");

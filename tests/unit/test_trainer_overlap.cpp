@@ -1,0 +1,105 @@
+// The trainer reads the next batch while the backend runs a step (Backend::startStep/finishStep), hands every
+// step its own batch (two host buffers, swapped), and ends with where the time per step went, leaving out of
+// the device figures the steps the backend did not time on the device (a profiled step).
+#include <catch2/catch.hpp>
+
+#include <sstream>
+
+#include "gpt_step_support.h"
+#include "runtime/trainer.h"
+
+namespace tpc {
+namespace {
+
+// The batches LearnableBatches gives, with a record of when each was read.
+class LoggedBatches final : public BatchSource {
+ public:
+  explicit LoggedBatches(std::vector<std::string>& events) : inner_(20, 3), events_(events) {}
+  Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
+    TPC_TRY(inner_.next(tokens, targets, rows, seq));
+    firstTokens.push_back(tokens[0] * 1000 + tokens[1] * 31 + tokens[rows * seq - 1]);
+    events_.push_back("read " + std::to_string(firstTokens.size()));
+    return {};
+  }
+  std::vector<int64_t> firstTokens;  // a fingerprint of each batch, in reading order
+
+ private:
+  test::LearnableBatches inner_;
+  std::vector<std::string>& events_;
+};
+
+// A real CPU backend whose steps are split in two halves and timed as a device backend times them: 2 ms on the
+// device, except step 4 (a "profiled" step, not timed on the device).
+class SplitBackend final : public Backend {
+ public:
+  SplitBackend(std::unique_ptr<Backend> inner, std::vector<std::string>& events) : inner_(std::move(inner)), events_(events) {}
+  std::string name() const override { return inner_->name(); }
+  Status prepare(const Graph& g, const TensorMap& s) override { return inner_->prepare(g, s); }
+  Result<TensorMap> step(const TensorMap& in, int64_t i) override { return inner_->step(in, i); }
+  Status startStep(const TensorMap& in, int64_t i) override {
+    const HostTensor& t = in.at("tokens");
+    const int32_t* d = t.data<int32_t>();
+    stepTokens.push_back(d[0] * 1000 + d[1] * 31 + d[t.numel() - 1]);
+    events_.push_back("start " + std::to_string(i));
+    pending_ = i;
+    out_.emplace(inner_->step(in, i));
+    return {};
+  }
+  Result<TensorMap> finishStep() override {
+    events_.push_back("finish " + std::to_string(pending_));
+    Result<TensorMap> r = std::move(*out_);
+    out_.reset();
+    last_ = StepTiming{pending_ == 4 ? -1.0 : 2.0, 0.25, 1.5, 0.125};
+    return r;
+  }
+  std::optional<StepTiming> lastStepTiming() const override { return last_; }
+  Result<HostTensor> readState(const std::string& n) const override { return inner_->readState(n); }
+  std::vector<int64_t> stepTokens;  // the fingerprint of the batch each step was given
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::vector<std::string>& events_;
+  int64_t pending_ = 0;
+  std::optional<Result<TensorMap>> out_;
+  std::optional<StepTiming> last_;
+};
+
+}  // namespace
+
+TEST_CASE("trainer: the next batch is read while a step runs, each step gets its own batch, the timing line", "[run]") {
+  auto g = test::gptStep(test::smallGpt(), 4, "autodiff(clip-grad=1.0),cse,dce");
+  CpuOptions o;
+  o.threads = 2;
+  std::vector<std::string> events;
+  SplitBackend b(test::preparedCpuBackend(*g, o, 1), events);
+  LoggedBatches data(events);
+  TrainerSettings s;
+  s.trainIters = 6;
+  s.logInterval = 3;
+  s.lr.maxLr = s.lr.minLr = 1e-3;
+  s.lr.warmupIters = 0;
+  s.lr.decayIters = 6;
+  std::ostringstream console;
+  auto r = train(b, *g, data, s, console);
+  INFO(console.str());
+  REQUIRE(r.ok());
+  // The first batch before step 1; batch k + 1 between step k's two halves; nothing read after the last step.
+  std::vector<std::string> want = {"read 1"};
+  for (int k = 1; k <= 6; ++k) {
+    want.push_back("start " + std::to_string(k));
+    if (k < 6) want.push_back("read " + std::to_string(k + 1));
+    want.push_back("finish " + std::to_string(k));
+  }
+  CHECK(events == want);
+  REQUIRE(data.firstTokens.size() == 6);
+  CHECK(b.stepTokens == data.firstTokens);  // step k was given batch k, not the one read ahead
+  // Steps 3-6 timed; step 4 not timed on the device: the device figures are over steps 3, 5 and 6.
+  const std::string out = console.str();
+  CHECK(out.find("time per step (steps 3-6): ") != std::string::npos);
+  CHECK(out.find("; the device ran 2.00 ms of it (") != std::string::npos);
+  CHECK(out.find("host: inputs and launch 0.25, next batch ") != std::string::npos);
+  CHECK(out.find(", waiting 1.50, outputs 0.12, the rest of the loop ") != std::string::npos);
+  CHECK(out.find(" (1 steps not timed on the device left out)") != std::string::npos);
+}
+
+}  // namespace tpc
