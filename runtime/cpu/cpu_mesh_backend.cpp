@@ -53,7 +53,14 @@ class CpuMeshBackend final : public Backend {
     options_.communicator = nullptr;
     for (auto& g : graphs) ranks_.push_back(Rank{std::move(g), nullptr, {}, nullptr});
     init_ = check();
-    if (init_.ok()) {
+    if (init_.ok() && meshOptions_.localRank >= 0) {
+      if (meshOptions_.localRank >= static_cast<int64_t>(ranks_.size()) || !meshOptions_.communicator ||
+          !meshOptions_.allGatherWorld)
+        init_ = makeError("cpu mesh backend: rank ", meshOptions_.localRank, " of ", ranks_.size(),
+                          " alone needs its communicator and the world's all-gather");
+      else
+        ranks_[static_cast<size_t>(meshOptions_.localRank)].comm = meshOptions_.communicator;
+    } else if (init_.ok()) {
       auto comms = cpu::createMeshCommunicators(mesh(), meshOptions_.collectiveTimeout);
       for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r].comm = comms[r];
     }
@@ -61,7 +68,8 @@ class CpuMeshBackend final : public Backend {
 
   std::string name() const override {
     // The mesh itself is the step graph's, printed beside the backend by `tpc run`.
-    return cat(options_.fp64 ? "cpu-fp64" : "cpu", ranks_.empty() ? "" : cat(" (", ranks_.size(), " ranks)"));
+    return cat(options_.fp64 ? "cpu-fp64" : "cpu", ranks_.empty() ? "" : cat(" (", ranks_.size(), " ranks)"),
+               meshOptions_.localRank >= 0 ? cat(", this process runs rank ", meshOptions_.localRank) : "");
   }
 
   Status prepare(const Graph&, const TensorMap& initialState) override {
@@ -70,8 +78,8 @@ class CpuMeshBackend final : public Backend {
     DType floatType = options_.fp64 ? DType::f64 : DType::f32;
     int total = options_.threads > 0 ? options_.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     CpuOptions rankOptions = options_;
-    rankOptions.threads = std::max(1, total / static_cast<int>(ranks_.size()));
-    for (size_t r = 0; r < ranks_.size(); ++r) {
+    rankOptions.threads = std::max(1, total / static_cast<int>(local().size()));
+    for (size_t r : local()) {
       Rank& rk = ranks_[r];
       rk.exec.reset();
       rk.state.clear();
@@ -102,11 +110,11 @@ class CpuMeshBackend final : public Backend {
     TPC_ASSIGN(std::vector<std::vector<HostTensor>> outs, runRanks(inputs, stepIndex));
     TensorMap result;
     std::vector<size_t> updates;
-    size_t n = ranks_.size();
-    const Graph& g0 = *ranks_[0].graph;
+    const size_t lead = local()[0];  // the rank whose replicated outputs are returned
+    const Graph& g0 = *ranks_[lead].graph;
     for (size_t i = 0; i < g0.outputs().size(); ++i) {
       std::string name = g0.outputName(i);
-      if (ranks_[0].state.count(name)) {
+      if (ranks_[lead].state.count(name)) {
         updates.push_back(i);
         continue;
       }
@@ -118,32 +126,32 @@ class CpuMeshBackend final : public Backend {
                              ": only replicated outputs (R on every mesh axis) can be returned; all_reduce or "
                              "all_gather it in the graph");
       if (meshOptions_.checkReplicatedOutputs)
-        for (size_t r = 1; r < n; ++r) {
-          const HostTensor &a = outs[0][i], &b = outs[r][i];
+        for (size_t r : local()) {
+          const HostTensor &a = outs[lead][i], &b = outs[r][i];
           if (a.type() != b.type() || a.bytes() != b.bytes() || std::memcmp(a.raw(), b.raw(), a.bytes()) != 0)
             return makeError("cpu mesh backend: replicated output %", name, " differs between ",
                              cpu::rankName(mesh(), 0), " and ", cpu::rankName(mesh(), r), " at step ", stepIndex,
                              " (the per-rank graphs are inconsistent)");
         }
-      result[name] = std::move(outs[0][i]);
+      result[name] = std::move(outs[lead][i]);
     }
     // A non-finite step leaves every rank's state as it was (backend.h); loss and grad_norm are replicated,
     // so rank 0's outputs decide for all.
     if (isNonFiniteStep(result)) return result;
     for (size_t i : updates)
-      for (size_t r = 0; r < n; ++r) ranks_[r].state[g0.outputName(i)] = std::move(outs[r][i]);
+      for (size_t r : local()) ranks_[r].state[g0.outputName(i)] = std::move(outs[r][i]);
     return result;
   }
 
   Result<std::optional<NonFiniteValue>> findFirstNonFinite(const TensorMap& inputs, int64_t stepIndex) override {
     if (!prepared_) return makeError("cpu mesh backend: findFirstNonFinite() before a successful prepare()");
-    for (Rank& rk : ranks_) rk.exec->setFiniteCheck(true);
+    for (size_t r : local()) ranks_[r].exec->setFiniteCheck(true);
     auto outs = runRanks(inputs, stepIndex);
-    for (Rank& rk : ranks_) rk.exec->setFiniteCheck(false);
+    for (size_t r : local()) ranks_[r].exec->setFiniteCheck(false);
     if (!outs.ok()) return Error{outs.error()};
-    // The earliest in execution order, then the lowest rank.
+    // The earliest in execution order, then the lowest rank (of this process's ranks).
     std::optional<NonFiniteValue> first;
-    for (size_t r = 0; r < ranks_.size(); ++r) {
+    for (size_t r : local()) {
       std::optional<NonFiniteValue> f = ranks_[r].exec->firstNonFinite();
       if (!f) continue;
       f->rank = static_cast<int64_t>(r);
@@ -159,7 +167,7 @@ class CpuMeshBackend final : public Backend {
     size_t n = ranks_.size();
     // Each rank's inputs, sliced.
     std::vector<std::vector<HostTensor>> rankInputs(n);
-    for (size_t r = 0; r < n; ++r) {
+    for (size_t r : local()) {
       for (Value* v : ranks_[r].graph->inputs()) {
         auto it = inputs.find(v->name());
         if (it == inputs.end()) return makeError("cpu mesh backend: missing input %", v->name());
@@ -174,7 +182,8 @@ class CpuMeshBackend final : public Backend {
       }
     }
 
-    ranks_[0].comm->reset();
+    const size_t lead = local()[0];
+    ranks_[lead].comm->reset();
     std::vector<std::optional<std::vector<HostTensor>>> outs(n);
     std::vector<std::string> errors(n);
     auto runRank = [&](size_t r) {
@@ -192,27 +201,40 @@ class CpuMeshBackend final : public Backend {
       rk.comm->abort(errors[r]);  // release the ranks waiting for this one
     };
     std::vector<std::thread> threads;
-    for (size_t r = 1; r < n; ++r) threads.emplace_back(runRank, r);
-    runRank(0);
+    for (size_t r : local())
+      if (r != lead) threads.emplace_back(runRank, r);
+    runRank(lead);
     for (auto& t : threads) t.join();
-    if (auto root = ranks_[0].comm->abortReason()) {
-      ranks_[0].comm->reset();
+    if (auto root = ranks_[lead].comm->abortReason()) {
+      ranks_[lead].comm->reset();
       return Error{*root};
     }
-    for (size_t r = 0; r < n; ++r)
+    for (size_t r : local())
       if (!errors[r].empty()) return Error{errors[r]};
-    std::vector<std::vector<HostTensor>> all;
-    for (auto& o : outs) all.push_back(std::move(*o));
+    std::vector<std::vector<HostTensor>> all(n);  // empty for the ranks other processes run
+    for (size_t r : local()) all[r] = std::move(*outs[r]);
     return all;
   }
 
   Result<HostTensor> readState(const std::string& name) const override {
-    if (ranks_.empty() || !ranks_[0].state.count(name))
+    if (ranks_.empty() || !ranks_[local()[0]].state.count(name))
       return makeError("cpu mesh backend: no state tensor named '", name, "'");
     const Value* p = nullptr;
     for (Value* v : ranks_[0].graph->params())
       if (v->name() == name) p = v;
-    const HostTensor& l0 = ranks_[0].state.at(name);
+    const HostTensor& l0 = ranks_[local()[0]].state.at(name);
+    // One rank per process: every rank's block (of one shape under even splits) from every process.
+    std::vector<HostTensor> gathered;
+    if (meshOptions_.localRank >= 0) {
+      std::vector<uint8_t> all(l0.bytes() * ranks_.size());
+      TPC_TRY(meshOptions_.allGatherWorld(l0.raw(), static_cast<int64_t>(l0.bytes()), all.data()));
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        HostTensor t(l0.type());
+        std::memcpy(t.raw(), all.data() + r * l0.bytes(), l0.bytes());
+        gathered.push_back(std::move(t));
+      }
+    }
+    auto stateOf = [&](size_t r) -> const HostTensor& { return gathered.empty() ? ranks_[r].state.at(name) : gathered[r]; };
     TPC_ASSIGN(Shape gshape, globalShape(l0.shape(), p->placement(), mesh()));
     HostTensor global(TensorType(l0.dtype(), gshape));
     std::map<std::vector<int64_t>, size_t> holder;  // block offsets -> the first rank holding that block
@@ -220,13 +242,13 @@ class CpuMeshBackend final : public Backend {
       const Value* pr = nullptr;
       for (Value* v : ranks_[r].graph->params())
         if (v->name() == name) pr = v;
-      const HostTensor& local = ranks_[r].state.at(name);
+      const HostTensor& local = stateOf(r);
       // Ranks holding the same block (replicated over an axis) must agree bit for bit: one rank's copy
       // drifting from the others' (a replicated param updated from grads that differ) is a sharding bug.
       TPC_ASSIGN(ShardBlock b, shardBlock(gshape, pr->placement(), mesh(), static_cast<int64_t>(r)));
       std::vector<int64_t> key(b.offsets.begin(), b.offsets.end());
       if (auto it = holder.find(key); it != holder.end()) {
-        const HostTensor& first = ranks_[it->second].state.at(name);
+        const HostTensor& first = stateOf(it->second);
         if (first.bytes() != local.bytes() || std::memcmp(first.raw(), local.raw(), local.bytes()) != 0)
           return makeError("cpu mesh backend: state %", name, " is replicated between ", cpu::rankName(mesh(), it->second),
                            " and ", cpu::rankName(mesh(), r), " but their copies differ");
@@ -247,6 +269,13 @@ class CpuMeshBackend final : public Backend {
   };
 
   const Mesh& mesh() const { return ranks_[0].graph->mesh(); }
+  // The ranks this process runs: all of them, or meshOptions_.localRank alone.
+  std::vector<size_t> local() const {
+    if (meshOptions_.localRank >= 0) return {static_cast<size_t>(meshOptions_.localRank)};
+    std::vector<size_t> all(ranks_.size());
+    for (size_t r = 0; r < all.size(); ++r) all[r] = r;
+    return all;
+  }
 
   std::string globalShapeStr(const Value& v) const {
     auto s = globalShape(v.shape(), v.placement(), mesh());

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -20,6 +21,14 @@ struct CpuMeshOptions {
   std::chrono::milliseconds collectiveTimeout = std::chrono::seconds(60);
   // Check that every rank returned bit-identical values for each returned (replicated) output.
   bool checkReplicatedOutputs = true;
+  // One process per rank (`mpirun -np N tpc run`): this process runs mesh rank `localRank` alone, its
+  // collectives through `communicator` (cpu/mpi_communicator.h), and readState() assembles the other ranks'
+  // blocks through `allGatherWorld` (every process contributes `bytes` bytes, out gets them in rank order), so
+  // every process of the job must read the same state tensors in the same order. -1: every rank in this
+  // process, a thread each.
+  int64_t localRank = -1;
+  std::shared_ptr<cpu::Communicator> communicator;
+  std::function<Status(const void* in, int64_t bytes, void* out)> allGatherWorld;
 };
 
 // rankGraphs[r] is rank r's program; ranks are row-major over mesh.axes (the last axis fastest).

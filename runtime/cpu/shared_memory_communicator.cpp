@@ -74,12 +74,6 @@ struct MeshState {
   }
 };
 
-template <class E>
-inline E combine(ReduceOp op, E acc, E x) {
-  if (op == ReduceOp::Sum) return acc + x;
-  return (x > acc || x != x) ? x : acc;  // max; a NaN anywhere wins
-}
-
 class SharedMemoryCommunicator final : public Communicator {
  public:
   SharedMemoryCommunicator(std::shared_ptr<MeshState> s, int64_t rank)

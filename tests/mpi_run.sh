@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# `mpirun -np N tpc run ... --backend cpu`: one process per mesh rank, collectives through MPI. The losses must
+# equal the one-process run's bit for bit (tp 2; tp 2 x dp 2), a checkpoint saved by the mpirun job must resume
+# in one process to the same losses, and a wrong process count is one error line, exit 1.
+#   tests/mpi_run.sh TPC_BINARY TINY_MODEL WORKDIR
+# Exits 77 (skipped) where OpenMPI's mpirun is not installed (scripts/setup.sh installs it).
+set -u
+tpc="$1" model="$2" work="$3"
+command -v mpirun >/dev/null || { echo "mpi_run: no mpirun here (apt-get install openmpi-bin): skipped"; exit 77; }
+rm -rf "$work" && mkdir -p "$work"
+mpirun=(mpirun --oversubscribe)
+[ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+common=(--train-iters 6 --log-interval 1 --seed 1 --backend cpu --threads 1)
+failures=0
+losses() { python3 -c "import json,sys; print([json.loads(l)['loss'] for l in open(sys.argv[1]) if '\"loss\"' in l])" "$1"; }
+same() {  # what, a.jsonl, b.jsonl
+  local a b
+  a="$(losses "$2")" b="$(losses "$3")"
+  if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "[]" ]; then echo "ok: $1: $a"
+  else echo "FAIL: $1: $a vs $b"; failures=$((failures + 1)); fi
+}
+
+"$tpc" run "$model" "${common[@]}" --tp 2 --log-jsonl "$work/tp2_one.jsonl" > "$work/tp2_one.log" 2>&1
+timeout 120 "${mpirun[@]}" -np 2 "$tpc" run "$model" "${common[@]}" --tp 2 --log-jsonl "$work/tp2_mpi.jsonl" \
+  > "$work/tp2_mpi.log" 2>&1 || { echo "FAIL: mpirun -np 2: exit $?"; cat "$work/tp2_mpi.log"; failures=$((failures + 1)); }
+same "tp 2: one process vs mpirun -np 2" "$work/tp2_one.jsonl" "$work/tp2_mpi.jsonl"
+
+mesh=(--tp 2 --dp 2 --global-batch-size 16)
+"$tpc" run "$model" "${common[@]}" "${mesh[@]}" --log-jsonl "$work/m4_one.jsonl" > "$work/m4_one.log" 2>&1
+timeout 180 "${mpirun[@]}" -np 4 "$tpc" run "$model" "${common[@]}" "${mesh[@]}" --log-jsonl "$work/m4_mpi.jsonl" \
+  --save "$work/ck" --save-interval 3 > "$work/m4_mpi.log" 2>&1 ||
+  { echo "FAIL: mpirun -np 4: exit $?"; cat "$work/m4_mpi.log"; failures=$((failures + 1)); }
+same "tp 2 x dp 2: one process vs mpirun -np 4" "$work/m4_one.jsonl" "$work/m4_mpi.jsonl"
+# Rank 0 alone writes the checkpoint, with every rank's blocks; one process resumes from it.
+"$tpc" run "$model" "${common[@]}" "${mesh[@]}" --load "$work/ck/iter_0000003" --log-jsonl "$work/resumed.jsonl" \
+  > "$work/resumed.log" 2>&1
+python3 - "$work/m4_one.jsonl" "$work/steps4to6.jsonl" <<'PY'
+import sys
+rows = [l for l in open(sys.argv[1]) if '"step": 4,' in l or '"step": 5,' in l or '"step": 6,' in l]
+open(sys.argv[2], "w").writelines(rows)
+PY
+same "checkpoint of mpirun -np 4 at step 3, resumed in one process: steps 4-6" "$work/steps4to6.jsonl" "$work/resumed.jsonl"
+# Only rank 0 prints: one 'done:' line.
+n="$(grep -c '^done:' "$work/m4_mpi.log")"
+[ "$n" = 1 ] && echo "ok: one 'done:' line from 4 processes" || { echo "FAIL: $n 'done:' lines"; failures=$((failures + 1)); }
+
+# 3 processes for a 2-rank mesh: one error line naming both counts; mpirun exits non-zero.
+err="$(timeout 60 "${mpirun[@]}" -np 3 "$tpc" run "$model" "${common[@]}" --tp 2 2>&1)"
+rc=$?
+want="tpc run: error: mpirun started 3 processes, but the run's mesh(tp=2) has 2 ranks: start one process per rank (mpirun -np 2)"
+if [ $rc -ne 0 ] && [ "$(grep -c "tpc run: error" <<< "$err")" = 1 ] && grep -qF "$want" <<< "$err"; then
+  echo "ok: -np 3 for tp 2 -> $(grep "tpc run: error" <<< "$err")"
+else
+  echo "FAIL: -np 3 for tp 2: exit $rc: $err"
+  failures=$((failures + 1))
+fi
+exit $((failures > 0))
