@@ -79,6 +79,17 @@ PY
 )"
 row "same GPU run twice: bit-identical losses" "$([ "${same%% *}" = identical ] && echo PASS || echo FAIL)" "$same"
 
+# One process per rank through the GPU machine's own OpenMPI (the CPU backend; libmpi.so.40 dlopened): tp 2
+# under mpirun -np 2 must give the one-process run's losses bit for bit.
+if command -v mpirun >/dev/null; then
+  mp=(mpirun -np 2 --oversubscribe); [ "$(id -u)" = 0 ] && mp+=(--allow-run-as-root)
+  "$tpc" run "$tiny" --train-iters 4 --log-interval 1 --seed 1 --backend cpu --tp 2 --log-jsonl "$out/mpi_one.jsonl" > "$out/mpi_one.log" 2>&1
+  timeout 120 "${mp[@]}" "$tpc" run "$tiny" --train-iters 4 --log-interval 1 --seed 1 --backend cpu --tp 2 \
+    --log-jsonl "$out/mpi_two.jsonl" > "$out/mpi_two.log" 2>&1
+  e4="$(cmp_losses "$out/mpi_two.jsonl" "$out/mpi_one.jsonl")"
+  row "mpirun -np 2, tp 2 (CPU) vs one process" "$(python3 -c "import sys; print('PASS' if float(sys.argv[1]) == 0 else 'FAIL')" "${e4%% *}" 2>/dev/null || echo FAIL)" "loss rel diff $e4"
+fi
+
 # 3. gpt2 (124M) on the default corpus.
 for prec in fp32 bf16; do
   "$tpc" run "$gpt2" --backend cuda --precision $prec --train-iters "${GPT2_ITERS:-30}" --log-interval 5 --micro-batch-size 8 \
