@@ -113,7 +113,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   auto secondsSince = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
-  cli::Flags flags("run", "tpc run MODEL.fb|MODEL.json [training flags]");
+  cli::Flags flags("run", "tpc run MODEL.fb|MODEL.json [training flags]\n"
+                          "       mpirun -np N tpc run MODEL.fb --backend cpu --tp/--dp/--sp ... (a process per mesh rank, "
+                          "N = tp x dp x sp)");
   flags.value("save", "checkpoint directory to write (as Megatron-LM's --save)")
       .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
       .value("keep", "keep the newest K checkpoints in --save; 0: all", "0")

@@ -156,3 +156,11 @@ TEST_CASE("tpc run: a .json model file trains like its .fb twin", "[run][cli]") 
 
 }  // namespace
 }  // namespace tpc
+
+TEST_CASE("tpc run --help: the flags and both ways to start a run (one process, or mpirun a process per rank)", "[run][cli]") {
+  auto r = tpc::test::runCommand(tpc::test::tpcBinary() + " run --help");
+  REQUIRE(r.exitCode == 0);
+  CHECK(r.out.find("usage: tpc run MODEL.fb|MODEL.json [training flags]") != std::string::npos);
+  CHECK(r.out.find("mpirun -np N tpc run MODEL.fb --backend cpu") != std::string::npos);
+  CHECK(r.out.find("--collective-timeout") != std::string::npos);
+}
