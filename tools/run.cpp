@@ -337,8 +337,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (rankGraphs.empty())
       return cli::fail("run", cat("mpirun started ", job->world.size, " processes for an unsharded run; add --tp, --dp or "
                                   "--sp so that their product is ", job->world.size));
-    const Mesh meshOfRun = step->mesh();
-    auto comm = cpu::createMpiCommunicator(meshOfRun, job->world);
+    auto comm = cpu::createMpiCommunicator(step->mesh(), job->world);
     if (!comm)
       return cli::fail("run", cat(comm.error(), ", or set --tp/--dp/--sp so that their product is ", job->world.size));
     mesh.localRank = job->world.rank;

@@ -670,23 +670,29 @@ class CudaBackend final : public Backend {
 
   using RankCopies = std::vector<std::vector<std::pair<void*, HostTensor>>>;
 
+  // Rank r's block of the unsharded `t` for graph value `v` (an input or a parameter: `what`), checked against
+  // v's local shape and converted to its dtype.
+  Result<HostTensor> rankBlock(HostTensor t, const Value& v, size_t r, const char* what) const {
+    const Mesh& mesh = ranks_[0].graph->mesh();
+    if (!mesh.empty()) {
+      auto local = sliceForRank(t, v.placement(), mesh, static_cast<int64_t>(r));
+      if (!local.ok()) return makeError("cuda backend: ", what, " %", v.name(), ": ", local.error());
+      t = std::move(local).value();
+    }
+    if (t.shape() != v.shape())
+      return makeError("cuda backend: ", what, " %", v.name(), " must be ", v.type().str(), ", got ", t.type().str());
+    if (t.dtype() != v.dtype()) t = t.convertTo(v.dtype());
+    return t;
+  }
+
   // Each rank's inputs, sliced and converted on the host, with the device buffer each goes to.
   Result<RankCopies> rankInputs(const TensorMap& inputs) {
-    const Mesh& mesh = ranks_[0].graph->mesh();
     RankCopies copies(ranks_.size());
     for (size_t r = 0; r < ranks_.size(); ++r) {
       for (Value* v : ranks_[r].graph->inputs()) {
         auto it = inputs.find(v->name());
         if (it == inputs.end()) return makeError("cuda backend: missing input %", v->name(), " (", v->type().str(), ")");
-        HostTensor t = it->second;
-        if (!mesh.empty()) {
-          auto local = sliceForRank(t, v->placement(), mesh, static_cast<int64_t>(r));
-          if (!local.ok()) return makeError("cuda backend: input %", v->name(), ": ", local.error());
-          t = std::move(local).value();
-        }
-        if (t.shape() != v->shape())
-          return makeError("cuda backend: input %", v->name(), " must be ", v->type().str(), ", got ", t.type().str());
-        if (t.dtype() != v->dtype()) t = t.convertTo(v->dtype());
+        TPC_ASSIGN(HostTensor t, rankBlock(it->second, *v, r, "input"));
         copies[r].push_back({ranks_[r].addr[v], t});
       }
     }
@@ -939,14 +945,7 @@ class CudaBackend final : public Backend {
       const HostTensor::NormalDraw* draw = t.pendingNormalDraw();
       if (draw && (!mesh.empty() || t.type() != p->type())) draw = nullptr;
       if (!draw) {
-        if (!mesh.empty()) {
-          auto local = sliceForRank(t, p->placement(), mesh, static_cast<int64_t>(r));
-          if (!local.ok()) return makeError("cuda backend: parameter %", p->name(), ": ", local.error());
-          t = std::move(local).value();
-        }
-        if (t.shape() != p->shape())
-          return makeError("cuda backend: parameter %", p->name(), " must be ", p->type().str(), ", got ", t.type().str());
-        if (t.dtype() != p->dtype()) t = t.convertTo(p->dtype());
+        TPC_ASSIGN(t, rankBlock(t, *p, r, "parameter"));
       }
       void* buf = static_cast<char*>(rk.state) + stateOffset;
       stateOffset += (p->type().bytes() + 255) / 256 * 256;  // as planRank counted stateBytes
