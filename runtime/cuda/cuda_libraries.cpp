@@ -1,4 +1,4 @@
-// dlopen of NVRTC and cuBLASLt by their CUDA 13 sonames; the driver API through the runtime's entry points.
+// dlopen of NVRTC, cuBLASLt, NCCL and cuDNN by their CUDA 13 sonames; the driver API through the runtime's entry points.
 #include "runtime/cuda/cuda_libraries.h"
 
 #include <dlfcn.h>
@@ -35,6 +35,23 @@ bool sym(void* h, const char* name, F& out, std::string& err) {
   out = reinterpret_cast<F>(dlsym(h, name));
   if (!out && err.empty()) err = cat("symbol ", name, " missing");
   return out != nullptr;
+}
+
+// `soname` from the library path, else from the first Python site-packages folder whose pip wheel
+// (nvidia-<wheel>-cu13) holds it under nvidia/<wheel>/lib; nullptr when neither loads.
+void* openSonameOrWheel(const char* soname, const char* wheel) {
+  if (void* h = dlopen(soname, RTLD_NOW | RTLD_LOCAL)) return h;
+  for (const char* root : {"/usr/local/lib/python3*/dist-packages", "/usr/lib/python3*/dist-packages",
+                           "/usr/local/lib/python3*/site-packages", "/root/.local/lib/python3*/site-packages",
+                           "/opt/*/.venv/lib/python3*/site-packages", "/opt/*/lib/python3*/site-packages"}) {
+    std::string pattern = cat(root, "/nvidia/", wheel, "/lib/", soname);
+    glob_t g{};
+    void* h = nullptr;
+    if (glob(pattern.c_str(), 0, nullptr, &g) == 0 && g.gl_pathc > 0) h = dlopen(g.gl_pathv[0], RTLD_NOW | RTLD_LOCAL);
+    globfree(&g);
+    if (h) return h;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -119,20 +136,7 @@ Result<const Nccl*> nccl() {
   static std::string error;
   static std::once_flag once;
   std::call_once(once, [] {
-    void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      glob_t g{};
-      for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
-                                  "/usr/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
-                                  "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                                  "/root/.local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                                  "/opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                                  "/opt/*/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
-        if (glob(pattern, 0, nullptr, &g) == 0 && g.gl_pathc > 0) h = dlopen(g.gl_pathv[0], RTLD_NOW | RTLD_LOCAL);
-        globfree(&g);
-        if (h) break;
-      }
-    }
+    void* h = openSonameOrWheel("libnccl.so.2", "nccl");
     if (!h) {
       error = "cannot load NCCL (libnccl.so.2, for collectives between GPUs): install it (apt libnccl2, or pip install "
               "nvidia-nccl-cu13) and add its lib folder to LD_LIBRARY_PATH";
@@ -150,6 +154,36 @@ Result<const Nccl*> nccl() {
     sym(h, "ncclGroupStart", lib.groupStart, e);
     sym(h, "ncclGroupEnd", lib.groupEnd, e);
     if (!e.empty()) error = cat("libnccl.so.2: ", e);
+  });
+  if (!error.empty()) return makeError(error);
+  return &lib;
+}
+
+Result<const Cudnn*> cudnn() {
+  static Cudnn lib;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* h = openSonameOrWheel("libcudnn.so.9", "cudnn");
+    if (!h) {
+      error = "cannot load cuDNN (libcudnn.so.9, for fused attention): install it (apt libcudnn9-cuda-13, or pip install "
+              "nvidia-cudnn-cu13) and add its lib folder to LD_LIBRARY_PATH, or set TPC_ATTENTION=tpc";
+      return;
+    }
+    std::string e;
+    sym(h, "cudnnGetVersion", lib.getVersion, e);
+    sym(h, "cudnnGetErrorString", lib.getErrorString, e);
+    sym(h, "cudnnGetLastErrorString", lib.getLastErrorString, e);
+    sym(h, "cudnnCreate", lib.create, e);
+    sym(h, "cudnnDestroy", lib.destroy, e);
+    sym(h, "cudnnSetStream", lib.setStream, e);
+    sym(h, "cudnnBackendCreateDescriptor", lib.createDescriptor, e);
+    sym(h, "cudnnBackendDestroyDescriptor", lib.destroyDescriptor, e);
+    sym(h, "cudnnBackendSetAttribute", lib.setAttribute, e);
+    sym(h, "cudnnBackendGetAttribute", lib.getAttribute, e);
+    sym(h, "cudnnBackendFinalize", lib.finalize, e);
+    sym(h, "cudnnBackendExecute", lib.execute, e);
+    if (!e.empty()) error = cat("libcudnn.so.9: ", e, " (a cuDNN older than 9?)");
   });
   if (!error.empty()) return makeError(error);
   return &lib;

@@ -6,6 +6,7 @@
 
 #include <cublasLt.h>
 #include <cuda.h>
+#include <cudnn_graph.h>
 #include <nccl.h>
 #include <nvrtc.h>
 
@@ -62,11 +63,29 @@ struct Nccl {
   decltype(&::ncclGetVersion) getVersion;
 };
 
+// cuDNN's graph (backend) API, for fused attention (runtime/cuda/cudnn_attention.h).
+struct Cudnn {
+  decltype(&::cudnnGetVersion) getVersion;
+  decltype(&::cudnnGetErrorString) getErrorString;
+  decltype(&::cudnnGetLastErrorString) getLastErrorString;
+  decltype(&::cudnnCreate) create;
+  decltype(&::cudnnDestroy) destroy;
+  decltype(&::cudnnSetStream) setStream;
+  decltype(&::cudnnBackendCreateDescriptor) createDescriptor;
+  decltype(&::cudnnBackendDestroyDescriptor) destroyDescriptor;
+  decltype(&::cudnnBackendSetAttribute) setAttribute;
+  decltype(&::cudnnBackendGetAttribute) getAttribute;
+  decltype(&::cudnnBackendFinalize) finalize;
+  decltype(&::cudnnBackendExecute) execute;
+};
+
 // Loaded once per process; errors are remembered and returned again.
 Result<const Nvrtc*> nvrtc();
 Result<const CublasLt*> cublasLt();
 Result<const Driver*> driver();
 // libnccl.so.2 from the library path, else from a pip wheel (nvidia-nccl-cu13: site-packages/nvidia/nccl/lib).
 Result<const Nccl*> nccl();
+// libcudnn.so.9 from the library path, else from a pip wheel (nvidia-cudnn-cu13: site-packages/nvidia/cudnn/lib).
+Result<const Cudnn*> cudnn();
 
 }  // namespace tpc::cuda

@@ -133,6 +133,12 @@ int runDoctor(std::ostream& out, int matmulSize) {
   } else {
     warn(lt.error());
   }
+  if (auto dnn = cudnn(); dnn.ok()) {
+    size_t v = (*dnn)->getVersion();
+    out << "cuDNN " << v / 10000 << "." << (v / 100) % 100 << "." << v % 100 << " (fused attention)\n";
+  } else {
+    out << "cuDNN: not found (" << dnn.error() << "); attention runs on tpc's kernels, slower\n";
+  }
   if (auto nc = nccl(); nc.ok()) {
     int v = 0;
     (*nc)->getVersion(&v);
