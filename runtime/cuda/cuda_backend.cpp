@@ -23,6 +23,7 @@
 #include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/cuda/cublaslt_matmul.h"
 #include "runtime/cuda/cuda_libraries.h"
+#include "runtime/cuda/cudnn_attention.h"
 #include "runtime/cuda/lowering.h"
 #include "runtime/cuda/memory_plan.h"
 #include "runtime/cuda/nonfinite_scan.h"
@@ -54,12 +55,13 @@ std::string mib(int64_t b) {
 std::string valueName(const Value* v) { return v->hasName() ? "%" + v->name() : cat("%", v->id()); }
 
 struct Launch {
-  enum Kind { Kernel, Matmul, Memset, Copy, Nccl } kind = Kernel;
+  enum Kind { Kernel, Matmul, Memset, Copy, Nccl, Cudnn } kind = Kernel;
   CUfunction fn = nullptr;
   Dim3 grid, block;
   uint32_t smem = 0;
   std::vector<uint64_t> argv;
   int matmul = -1;
+  int cudnn = -1;  // Cudnn: the binding (CudnnAttention::bind) it runs
   EpilogueBuffers epi;  // a matmul_epilogue's bias, aux and residual
   const void* a = nullptr;
   const void* b = nullptr;
@@ -89,6 +91,7 @@ struct DeviceCtx {
   cudaStream_t stream = nullptr;
   std::unique_ptr<CublasLtMatmul> matmul;
   void* matmulWorkspace = nullptr;
+  std::unique_ptr<CudnnAttention> attention;  // CudaOptions::attention: null where our kernels run it
   void* stepWord = nullptr;
   int64_t stepHost = 0;
   void* holdWord = nullptr;  // nonzero: the gated AdamW kernels leave the state alone (checking mode)
@@ -224,6 +227,12 @@ class CudaBackend final : public Backend {
     foldLayerNormGradResidual_ = !isOff("lnres");
     ctx_.xentOnePass = !isOff("xent1");
     TPC_ASSIGN(driver_, driver());
+    // Which attention kernels (CudaOptions::attention; TPC_ATTENTION overrides it).
+    const char* attn = std::getenv("TPC_ATTENTION");
+    attentionMode_ = attn && *attn ? attn : options_.attention;
+    if (attentionMode_ != "auto" && attentionMode_ != "cudnn" && attentionMode_ != "tpc")
+      return makeError(attn && *attn ? "TPC_ATTENTION" : "the attention option", "='", attentionMode_,
+                       "' is not a choice (expected auto, cudnn or tpc)");
     compiler_ = std::make_unique<NvrtcCompiler>(prop.major * 10 + prop.minor, options_.cacheDir);
     // Collectives: NCCL with a GPU per rank, or virtual ranks sharing one GPU (device kernels).
     int deviceCount = 0;
@@ -264,6 +273,12 @@ class CudaBackend final : public Backend {
       CU_TRY(cudaEventCreate(&d.replayStart), "event");
       CU_TRY(cudaEventCreate(&d.replayEnd), "event");
       CU_TRY(cudaMalloc(&d.matmulWorkspace, d.matmul->workspaceBytes()), "cuBLASLt workspace");
+      if (attentionMode_ != "tpc") {
+        auto a = CudnnAttention::create();
+        if (a.ok()) d.attention = std::move(a).value();
+        else if (attentionMode_ == "cudnn") return makeError("TPC_ATTENTION=cudnn: ", a.error());
+        else if (options_.verbose && i == 0) std::printf("cuda: attention through tpc's kernels (%s)\n", a.error().c_str());
+      }
     }
 
     auto t0 = std::chrono::steady_clock::now();
@@ -289,6 +304,7 @@ class CudaBackend final : public Backend {
     std::vector<std::vector<NodeLowering>> lowerings(ranks_.size());
     std::vector<std::vector<int>> matmulPlans(ranks_.size());
     matmulCalls.assign(ranks_.size(), {});
+    attentionPlans_.assign(ranks_.size(), {});
     for (size_t r = 0; r < ranks_.size(); ++r) {
       Rank& rk = ranks_[r];
       auto groups = fusionGroups(*rk.graph);
@@ -318,6 +334,7 @@ class CudaBackend final : public Backend {
         NodeExec how = nodeExec(*n);
         lowerings[r].emplace_back();
         matmulPlans[r].push_back(-1);
+        attentionPlans_[r].push_back(-1);
         if (const FusionGroup* fg = rk.groupOf.lookup(n)) {
           if (fg->members.back() != n) continue;  // the group's kernel runs at its last member
           auto l = isAdamWGroup(*fg)  ? lowerAdamWGroup(*fg, ctx_)
@@ -327,6 +344,19 @@ class CudaBackend final : public Backend {
           lowerings[r].back() = std::move(l).value();
         } else if (nccl_ && n->has(traits::Collective)) {
           lowerings[r].back().workspaceBytes = ncclStagingBytes(*n);
+        } else if (how == NodeExec::Kernels && dev(r).attention && cudnnAttentionTakes(*n)) {
+          auto id = dev(r).attention->plan(*n);
+          if (id.ok()) {
+            attentionPlans_[r].back() = *id;
+            lowerings[r].back().workspaceBytes = dev(r).attention->workspaceBytes(*id);
+          } else if (attentionMode_ == "cudnn") {
+            return makeError(rankPrefix(r), "TPC_ATTENTION=cudnn: ", id.error());
+          } else {
+            if (options_.verbose) std::printf("cuda: %s through tpc's kernels: %s\n", n->opName().data(), id.error().c_str());
+            auto l = lowerNode(*n, ctx_);
+            if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", valueName(n->result()), ": ", l.error());
+            lowerings[r].back() = std::move(l).value();
+          }
         } else if (how == NodeExec::Kernels) {
           auto l = lowerNode(*n, ctx_);
           if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", valueName(n->result()), ": ", l.error());
@@ -380,6 +410,9 @@ class CudaBackend final : public Backend {
                   static_cast<long long>(launchCount_), nccl_ ? " per GPU" : "", devs_[0].matmul->distinctShapes(), st.compiled, st.seconds, st.cacheHits,
                   compiler_->cacheDir().c_str(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (options_.verbose && devs_[0].attention && devs_[0].attention->plans() > 0)
+      std::printf("cuda: attention through %s fused flash attention (%d plans)\n", devs_[0].attention->version().c_str(),
+                  devs_[0].attention->plans());
     debug_ = std::getenv("TPC_CUDA_DEBUG") != nullptr;
     if (!debug_) TPC_TRY(capture());
     if (options_.verbose && !debug_ && commStream_) {
@@ -1114,6 +1147,20 @@ class CudaBackend final : public Backend {
       }
       NodeLowering& nl = lowerings[k];
       char* ws = workspace(rk, plan, k);
+      if (int id = attentionPlans_[r][k]; id >= 0) {
+        std::vector<void*> in, out;
+        for (const Value* v : n.operands()) in.push_back(rk.addr[v]);
+        for (const Value* v : n.results()) out.push_back(rk.addr[v]);
+        Launch l;
+        l.kind = Launch::Cudnn;
+        TPC_ASSIGN(l.cudnn, d.attention->bind(id, in, out, ws));
+        l.op = op;
+        l.what = what + " [cuDNN]";
+        l.flops = d.attention->flops(id);
+        l.gemm = d.attention->what(id);
+        rk.segments.back().push_back(l);
+        continue;
+      }
       if (ws && nl.zeroWorkspace) {
         Launch l;
         l.kind = Launch::Memset;
@@ -1317,6 +1364,7 @@ class CudaBackend final : public Backend {
         return {};
       }
       case Launch::Matmul: return d.matmul->run(l.matmul, l.a, l.b, l.c, l.epi, d.matmulWorkspace, st);
+      case Launch::Cudnn: return d.attention->run(l.cudnn, st);
       case Launch::Memset: CU_TRY(cudaMemsetAsync(l.c, 0, l.bytes, st), l.what, " (zeroing its workspace)"); return {};
       case Launch::Copy: CU_TRY(cudaMemcpyAsync(l.c, l.a, l.bytes, cudaMemcpyDeviceToDevice, st), l.what); return {};
       case Launch::Nccl: {
@@ -1497,6 +1545,8 @@ class CudaBackend final : public Backend {
   std::vector<Rank> ranks_;
   std::vector<llvm::DenseMap<const Value*, std::string>> inPlace_;
   std::vector<std::vector<std::vector<std::array<int64_t, 3>>>> matmulCalls;  // rank -> node -> calls
+  std::string attentionMode_;                        // auto, cudnn or tpc (CudaOptions::attention)
+  std::vector<std::vector<int>> attentionPlans_;     // rank -> node -> CudnnAttention plan (-1: none)
   LoweringContext ctx_;
   bool foldLayerNormGradResidual_ = true;
   std::string deviceName_ = "GPU";

@@ -53,6 +53,10 @@ struct CudaOptions {
   // so that compute that does not depend on one overlaps it (comm_stream_schedule.h); false: one stream.
   // Results are bit-identical either way. The profiled step and TPC_CUDA_DEBUG run on one stream.
   bool collectiveStream = true;
+  // attention and its gradient (16-bit, no dropout, Tq == Tk): "cudnn" through cuDNN's fused flash attention
+  // (cudnn_attention.h; an error where cuDNN is missing or has no engine), "tpc" through our tensor-core
+  // kernels, "auto" cuDNN where it loads and plans, else ours. The environment's TPC_ATTENTION overrides it.
+  std::string attention = "auto";
 };
 
 // The captured step of GPU 0, for tests: its launches, those on the communication stream, the collectives,

@@ -1,0 +1,557 @@
+// cuDNN fused attention through the backend descriptors: a small builder (tensors, matmul, pointwise and
+// reduction operations), the forward and backward operation graphs, heuristics to an execution plan, and
+// variant packs. The graphs follow the cudnn-frontend's SDPA nodes (include/cudnn_frontend/node/
+// scaled_dot_product_flash_attention.h), which is the pattern cuDNN's fused attention engines recognise.
+#include "runtime/cuda/cudnn_attention.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "runtime/cuda/cuda_libraries.h"
+#include "runtime/cuda/kernels/kernel_source.h"
+
+namespace tpc::cuda {
+
+bool cudnnAttentionEligible(const AttnShape& a) {
+  if (a.dt != DType::bf16 && a.dt != DType::f16) return false;
+  if (a.D % 8 != 0 || a.D > 128 || a.Tq != a.Tk || a.dropout > 0) return false;
+  // 16-byte aligned rows: every stride and offset a multiple of 8 elements.
+  for (const AttnRows* r : {&a.q, &a.k, &a.v, &a.o})
+    if (r->off % 8 || r->sb % 8 || r->sh % 8 || r->st % 8) return false;
+  return true;
+}
+
+bool cudnnAttentionTakes(const Node& n) {
+  OpKind k = n.op();
+  if (k != OpKind::Attention && k != OpKind::AttentionGrad && k != OpKind::AttentionQkv && k != OpKind::AttentionQkvGrad)
+    return false;
+  auto a = attnShape(n);
+  // cuDNN up to 9.15 runs a backward whose T is not a multiple of 128 only with a padding mask and
+  // sequence-length tensors in the graph (the frontend's workaround); ours take those.
+  return a.ok() && cudnnAttentionEligible(*a) && (!isAttentionBackward(n) || a->Tq % 128 == 0);
+}
+
+namespace {
+
+// Tensor UIDs of the node's real tensors (the variant pack binds these); virtual ones count up from kFirstVirtual.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV, kNegInf, kOne, kSoftmaxSum, kDQAccum, kFirstVirtual = 100 };
+
+std::string cudnnError(const Cudnn& lib, cudnnStatus_t s) {
+  char last[1024] = {0};
+  lib.getLastErrorString(last, sizeof last);
+  return cat(lib.getErrorString(s), last[0] ? cat(" (", last, ")") : std::string());
+}
+
+#define CUDNN_TRY(call, ...)                                                              \
+  do {                                                                                    \
+    cudnnStatus_t s_ = (call);                                                            \
+    if (s_ != CUDNN_STATUS_SUCCESS) return makeError("cuDNN: ", __VA_ARGS__, ": ", cudnnError(*lib_, s_)); \
+  } while (0)
+
+// One backend descriptor, destroyed with its owner.
+class Desc {
+ public:
+  Desc() = default;
+  Desc(const Cudnn* lib, cudnnBackendDescriptor_t d) : lib_(lib), d_(d) {}
+  Desc(Desc&& o) noexcept : lib_(o.lib_), d_(o.d_) { o.d_ = nullptr; }
+  Desc& operator=(Desc&& o) noexcept {
+    std::swap(lib_, o.lib_);
+    std::swap(d_, o.d_);
+    return *this;
+  }
+  ~Desc() {
+    if (d_) lib_->destroyDescriptor(d_);
+  }
+  cudnnBackendDescriptor_t get() const { return d_; }
+
+ private:
+  const Cudnn* lib_ = nullptr;
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+// A tensor of the graph being built: its descriptor and UID.
+struct Tensor {
+  cudnnBackendDescriptor_t d = nullptr;
+  int64_t uid = 0;
+  std::vector<int64_t> dims, strides;
+  cudnnDataType_t dtype = CUDNN_DATA_FLOAT;
+};
+
+// Builds one operation graph; every descriptor it creates lives as long as the builder (or the plan that takes them).
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(const Cudnn* lib) : lib_(lib), version_(static_cast<int64_t>(lib->getVersion())) {}
+
+  Result<Desc> create(cudnnBackendDescriptorType_t type, const char* what) {
+    cudnnBackendDescriptor_t d = nullptr;
+    CUDNN_TRY(lib_->createDescriptor(type, &d), "creating a ", what, " descriptor");
+    return Desc(lib_, d);
+  }
+  Status set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+             int64_t count, const void* values, const char* what) {
+    CUDNN_TRY(lib_->setAttribute(d, name, type, count, values), "setting attribute ", static_cast<int>(name), " of ", what);
+    return {};
+  }
+  Status finalize(cudnnBackendDescriptor_t d, const char* what) {
+    CUDNN_TRY(lib_->finalize(d), "finalizing ", what);
+    return {};
+  }
+
+  // A real tensor (uid given) or a virtual one (uid 0: the next free one).
+  Result<Tensor> tensor(int64_t uid, std::vector<int64_t> dims, std::vector<int64_t> strides, cudnnDataType_t dt,
+                        bool isVirtual = false, bool byValue = false) {
+    TPC_ASSIGN(Desc d, create(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor"));
+    Tensor t;
+    t.d = d.get();
+    t.uid = uid ? uid : nextVirtual_++;
+    t.dims = std::move(dims);
+    t.strides = std::move(strides);
+    t.dtype = dt;
+    int64_t align = 16, n = static_cast<int64_t>(t.dims.size());
+    TPC_TRY(set(t.d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "a tensor"));
+    TPC_TRY(set(t.d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, n, t.dims.data(), "a tensor"));
+    TPC_TRY(set(t.d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, n, t.strides.data(), "a tensor"));
+    TPC_TRY(set(t.d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &t.uid, "a tensor"));
+    TPC_TRY(set(t.d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align, "a tensor"));
+    if (isVirtual) TPC_TRY(set(t.d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &isVirtual, "a tensor"));
+    if (byValue) TPC_TRY(set(t.d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &byValue, "a tensor"));
+    TPC_TRY(finalize(t.d, "a tensor"));
+    keep_.push_back(std::move(d));
+    return t;
+  }
+  // A virtual tensor shaped like `like` (dims and packed strides) or with the given dims.
+  Result<Tensor> virt(const std::vector<int64_t>& dims, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
+    std::vector<int64_t> strides(dims.size(), 1);
+    for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
+    return tensor(0, dims, strides, dt, true);
+  }
+
+  Status matmul(const Tensor& a, const Tensor& b, const Tensor& c) {
+    TPC_ASSIGN(Desc m, create(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul"));
+    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    TPC_TRY(set(m.get(), CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "a matmul"));
+    TPC_TRY(finalize(m.get(), "a matmul"));
+    TPC_ASSIGN(Desc op, create(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation"));
+    cudnnBackendDescriptor_t md = m.get();
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a.d, "a matmul operation"));
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b.d, "a matmul operation"));
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c.d, "a matmul operation"));
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &md, "a matmul operation"));
+    TPC_TRY(finalize(op.get(), "a matmul operation"));
+    ops_.push_back(op.get());
+    keep_.push_back(std::move(m));
+    keep_.push_back(std::move(op));
+    return {};
+  }
+
+  // y = mode(x[, b][, t]); axis >= 0 for GEN_INDEX.
+  Status pointwise(cudnnPointwiseMode_t mode, const Tensor& x, const Tensor* b, const Tensor& y, const Tensor* t = nullptr,
+                   int64_t axis = -1, cudnnDataType_t prec = CUDNN_DATA_FLOAT) {
+    TPC_ASSIGN(Desc pw, create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise"));
+    TPC_TRY(set(pw.get(), CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "a pointwise"));
+    TPC_TRY(set(pw.get(), CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "a pointwise"));
+    if (axis >= 0) TPC_TRY(set(pw.get(), CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "a pointwise"));
+    TPC_TRY(finalize(pw.get(), "a pointwise"));
+    TPC_ASSIGN(Desc op, create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise operation"));
+    cudnnBackendDescriptor_t pd = pw.get();
+    const char* what = "a pointwise operation";
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pd, what));
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.d, what));
+    if (b) TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b->d, what));
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.d, what));
+    if (t) TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t->d, what));
+    float one = 1.f;
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one, what));
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one, what));
+    TPC_TRY(finalize(op.get(), what));
+    ops_.push_back(op.get());
+    keep_.push_back(std::move(pw));
+    keep_.push_back(std::move(op));
+    return {};
+  }
+
+  Status reduction(cudnnReduceTensorOp_t mode, const Tensor& x, const Tensor& y) {
+    TPC_ASSIGN(Desc r, create(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction"));
+    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    TPC_TRY(set(r.get(), CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "a reduction"));
+    TPC_TRY(set(r.get(), CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "a reduction"));
+    if (version_ >= 91100) {  // as the frontend sets it from 9.11 on
+      bool deterministic = false;
+      TPC_TRY(set(r.get(), CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic, "a reduction"));
+    }
+    TPC_TRY(finalize(r.get(), "a reduction"));
+    TPC_ASSIGN(Desc op, create(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation"));
+    cudnnBackendDescriptor_t rd = r.get();
+    const char* what = "a reduction operation";
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.d, what));
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.d, what));
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, what));
+    TPC_TRY(finalize(op.get(), what));
+    ops_.push_back(op.get());
+    keep_.push_back(std::move(r));
+    keep_.push_back(std::move(op));
+    return {};
+  }
+
+  // y = x viewed with y's strides (the backward's transposes of P, dS and K^T).
+  Status reshape(const Tensor& x, const Tensor& y) {
+    TPC_ASSIGN(Desc op, create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation"));
+    const char* what = "a reshape operation";
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.d, what));
+    TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.d, what));
+    TPC_TRY(finalize(op.get(), what));
+    ops_.push_back(op.get());
+    keep_.push_back(std::move(op));
+    return {};
+  }
+
+  const std::vector<cudnnBackendDescriptor_t>& ops() const { return ops_; }
+  std::vector<Desc> take() { return std::move(keep_); }
+  const Cudnn* lib() const { return lib_; }
+
+ private:
+  const Cudnn* lib_;
+  int64_t version_;
+  int64_t nextVirtual_ = kFirstVirtual;
+  std::vector<Desc> keep_;
+  std::vector<cudnnBackendDescriptor_t> ops_;
+};
+
+
+cudnnDataType_t cudnnType(DType t) { return t == DType::f16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
+
+// [B, H, T, D] with the row layout `r` (stride 1 along D).
+std::vector<int64_t> rowStrides(const AttnRows& r) { return {r.sb, r.sh, r.st, 1}; }
+// The transpose [B, H, D, T] of the same memory.
+std::vector<int64_t> rowStridesT(const AttnRows& r) { return {r.sb, r.sh, 1, r.st}; }
+
+}  // namespace
+
+// One finalized execution plan and what binding it needs: where each real UID's address comes from.
+struct CudnnAttention::Plan {
+  std::vector<Desc> descriptors;  // the graph's (kept alive with the plan)
+  Desc graph, config, plan;
+  int64_t workspace = 0;          // the plan's, after the frontend-style intermediates below
+  int64_t intermediates = 0;      // f32 tensors of ours in the workspace (the backward's softmax sum)
+  struct Source {
+    int64_t uid;
+    KernelArg arg;     // Operand/Result index of the node, or Workspace (byte offset)
+    int64_t elemOff;   // elements past the argument's address
+    int elemBytes;
+  };
+  std::vector<Source> sources;
+  float scale = 1.f, negInf = -INFINITY, one = 1.f;  // the by-value scalars (host addresses in the variant pack)
+  std::string what;
+  double flops = 0;
+};
+
+struct CudnnAttention::Binding {
+  const Plan* plan;
+  Desc pack;
+  std::vector<int64_t> uids;
+  std::vector<void*> pointers;
+};
+
+namespace {
+
+using Plan = CudnnAttention::Plan;
+
+Status buildForward(GraphBuilder& g, const AttnShape& a, Plan& p);
+Status buildBackward(GraphBuilder& g, const AttnShape& a, Plan& p);
+
+}  // namespace
+
+Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create() {
+  TPC_ASSIGN(const Cudnn* lib, cudnn());
+  std::unique_ptr<CudnnAttention> c(new CudnnAttention());
+  cudnnHandle_t h = nullptr;
+  if (cudnnStatus_t s = lib->create(&h); s != CUDNN_STATUS_SUCCESS)
+    return makeError("cuDNN: creating a handle: ", cudnnError(*lib, s));
+  c->handle_ = h;
+  return c;
+}
+
+CudnnAttention::~CudnnAttention() {
+  bindings_.clear();
+  plans_.clear();
+  if (handle_)
+    if (auto lib = cudnn(); lib.ok()) (*lib)->destroy(static_cast<cudnnHandle_t>(handle_));
+}
+
+std::string CudnnAttention::version() const {
+  auto lib = cudnn();
+  if (!lib.ok()) return "cuDNN (not loaded)";
+  size_t v = (*lib)->getVersion();
+  return cat("cuDNN ", v / 10000, ".", v / 100 % 100, ".", v % 100);
+}
+
+Result<int> CudnnAttention::plan(const Node& n) {
+  TPC_ASSIGN(const Cudnn* lib_, cudnn());
+  TPC_ASSIGN(AttnShape a, attnShape(n));
+  if (!cudnnAttentionEligible(a)) return makeError(n.opName(), ": not a shape cuDNN's fused attention takes here");
+  const bool bwd = isAttentionBackward(n);
+  // One plan per distinct op, shape, layout and scale (a model's layers share theirs).
+  std::string key = cat(n.opName(), " ", dtypeName(a.dt), " ", a.B, ",", a.H, ",", a.Tq, ",", a.D, a.causal ? " causal " : " full ",
+                        floatLit(a.scale));
+  for (const AttnRows* r : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv})
+    key += cat(" ", static_cast<int>(r->arg.kind), ":", r->arg.index, "+", r->off, "/", r->sb, ",", r->sh, ",", r->st);
+  key += cat(" lse ", static_cast<int>(a.lse.kind), ":", a.lse.index);
+  if (auto it = planOf_.find(key); it != planOf_.end()) return it->second;
+  auto p = std::make_unique<Plan>();
+  p->scale = static_cast<float>(a.scale);
+  double causalFrac = a.causal ? 0.5 : 1.0;
+  p->flops = (bwd ? 10.0 : 4.0) * a.B * a.H * a.Tq * a.Tk * a.D * causalFrac;  // 2 (fwd) or 5 (bwd) GEMMs
+  p->what = cat(version(), " flash attention ", dtypeName(a.dt), " [", a.B, ",", a.H, ",", a.Tq, ",", a.D, "]",
+                a.causal ? " causal" : "", bwd ? " backward" : " forward");
+  GraphBuilder g(lib_);
+  TPC_TRY(bwd ? buildBackward(g, a, *p) : buildForward(g, a, *p));
+
+  // Operation graph -> heuristics (mode A) -> the first engine config that finalizes into a plan.
+  auto handle = static_cast<cudnnHandle_t>(handle_);
+  TPC_ASSIGN(p->graph, g.create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph"));
+  const auto& ops = g.ops();
+  TPC_TRY(g.set(p->graph.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                static_cast<int64_t>(ops.size()), ops.data(), "the operation graph"));
+  TPC_TRY(g.set(p->graph.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "the operation graph"));
+  TPC_TRY(g.finalize(p->graph.get(), cat("the ", p->what, " operation graph").c_str()));
+  TPC_ASSIGN(Desc heur, g.create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics"));
+  cudnnBackendDescriptor_t gd = p->graph.get();
+  cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+  TPC_TRY(g.set(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &gd, "heuristics"));
+  TPC_TRY(g.set(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics"));
+  TPC_TRY(g.finalize(heur.get(), cat("the heuristics of ", p->what).c_str()));
+  int64_t count = 0;
+  CUDNN_TRY(lib_->getAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+            "counting the engine configs for ", p->what);
+  if (count == 0) return makeError("cuDNN: no engine for ", p->what);
+  std::vector<Desc> cfgs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    TPC_ASSIGN(Desc c, g.create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
+    raw.push_back(c.get());
+    cfgs.push_back(std::move(c));
+  }
+  CUDNN_TRY(lib_->getAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count,
+                               raw.data()),
+            "reading the engine configs for ", p->what);
+  std::string tried;
+  for (int64_t i = 0; i < count && !p->plan.get(); ++i) {
+    TPC_ASSIGN(Desc plan, g.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan"));
+    TPC_TRY(g.set(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "an execution plan"));
+    TPC_TRY(g.set(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw[i],
+                  "an execution plan"));
+    cudnnStatus_t s = lib_->finalize(plan.get());
+    if (s != CUDNN_STATUS_SUCCESS) {
+      tried += cat(tried.empty() ? "" : "; ", "config ", i, ": ", cudnnError(*lib_, s));
+      continue;
+    }
+    p->plan = std::move(plan);
+    p->config = std::move(cfgs[i]);
+  }
+  if (!p->plan.get()) return makeError("cuDNN: none of the ", count, " engine configs for ", p->what, " finalizes: ", tried);
+  int64_t ws = 0, got = 0;
+  CUDNN_TRY(lib_->getAttribute(p->plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got, &ws),
+            "reading the workspace size of ", p->what);
+  p->workspace = ws;
+  p->descriptors = g.take();
+  plans_.push_back(std::move(p));
+  planOf_[key] = static_cast<int>(plans_.size() - 1);
+  return static_cast<int>(plans_.size() - 1);
+}
+
+Status CudnnAttention::checkOperations(const Node& n) {
+  TPC_ASSIGN(const Cudnn* lib, cudnn());
+  TPC_ASSIGN(AttnShape a, attnShape(n));
+  Plan p;
+  GraphBuilder g(lib);
+  return isAttentionBackward(n) ? buildBackward(g, a, p) : buildForward(g, a, p);
+}
+
+int64_t CudnnAttention::workspaceBytes(int plan) const {
+  const Plan& p = *plans_[plan];
+  return p.intermediates + p.workspace;
+}
+
+Result<int> CudnnAttention::bind(int plan, const std::vector<void*>& operands, const std::vector<void*>& results,
+                                 void* workspace) {
+  TPC_ASSIGN(const Cudnn* lib_, cudnn());
+  const Plan& p = *plans_[plan];
+  auto b = std::make_unique<Binding>();
+  b->plan = &p;
+  for (const Plan::Source& s : p.sources) {
+    char* base = nullptr;
+    if (s.uid == kScale) base = reinterpret_cast<char*>(const_cast<float*>(&p.scale));
+    else if (s.uid == kNegInf) base = reinterpret_cast<char*>(const_cast<float*>(&p.negInf));
+    else if (s.uid == kOne) base = reinterpret_cast<char*>(const_cast<float*>(&p.one));
+    else if (s.arg.kind == ArgKind::Operand) base = static_cast<char*>(operands.at(s.arg.index));
+    else if (s.arg.kind == ArgKind::Result) base = static_cast<char*>(results.at(s.arg.index));
+    else base = static_cast<char*>(workspace) + s.arg.index;
+    b->uids.push_back(s.uid);
+    b->pointers.push_back(base + s.elemOff * s.elemBytes);
+  }
+  GraphBuilder g(lib_);
+  TPC_ASSIGN(b->pack, g.create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
+  void* planWorkspace = p.workspace ? static_cast<char*>(workspace) + p.intermediates : nullptr;
+  int64_t n = static_cast<int64_t>(b->uids.size());
+  TPC_TRY(g.set(b->pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, b->uids.data(), "a variant pack"));
+  TPC_TRY(g.set(b->pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, b->pointers.data(),
+                "a variant pack"));
+  TPC_TRY(g.set(b->pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &planWorkspace, "a variant pack"));
+  TPC_TRY(g.finalize(b->pack.get(), "a variant pack"));
+  bindings_.push_back(std::move(b));
+  return static_cast<int>(bindings_.size() - 1);
+}
+
+Status CudnnAttention::run(int binding, cudaStream_t stream) const {
+  TPC_ASSIGN(const Cudnn* lib_, cudnn());
+  const Binding& b = *bindings_[binding];
+  auto h = static_cast<cudnnHandle_t>(handle_);
+  CUDNN_TRY(lib_->setStream(h, stream), "setting the stream");
+  CUDNN_TRY(lib_->execute(h, b.plan->plan.get(), b.pack.get()), "running ", b.plan->what);
+  return {};
+}
+
+const std::string& CudnnAttention::what(int plan) const { return plans_[plan]->what; }
+double CudnnAttention::flops(int plan) const { return plans_[plan]->flops; }
+
+namespace {
+
+constexpr cudnnDataType_t kF32 = CUDNN_DATA_FLOAT;
+
+// The node's real tensor `r` (its layout as the kernels see it) as the variant pack's entry `uid`.
+void source(Plan& p, int64_t uid, const AttnRows& r, DType dt) {
+  p.sources.push_back({uid, r.arg, r.off, static_cast<int>(dtypeSize(dt))});
+}
+void scalarSource(Plan& p, int64_t uid) { p.sources.push_back({uid, KernelArg{ArgKind::Int64}, 0, 4}); }
+
+Result<Tensor> scalar(GraphBuilder& g, Plan& p, int64_t uid) {
+  scalarSource(p, uid);
+  return g.tensor(uid, {1, 1, 1, 1}, {1, 1, 1, 1}, kF32, false, true);
+}
+
+// Where the causal mask hides a score: s -> (row >= col ? s : -inf) (the frontend's composite diagonal band mask).
+Result<Tensor> causalMask(GraphBuilder& g, Plan& p, const Tensor& s) {
+  TPC_ASSIGN(Tensor row, g.virt(s.dims, CUDNN_DATA_INT32));
+  TPC_ASSIGN(Tensor col, g.virt(s.dims, CUDNN_DATA_INT32));
+  TPC_ASSIGN(Tensor mask, g.virt(s.dims, CUDNN_DATA_BOOLEAN));
+  TPC_ASSIGN(Tensor negInf, scalar(g, p, kNegInf));
+  TPC_ASSIGN(Tensor out, g.virt(s.dims));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, 2));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, 3));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, mask, nullptr, -1, CUDNN_DATA_BOOLEAN));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &negInf, out, &mask));
+  return out;
+}
+
+Status buildForward(GraphBuilder& g, const AttnShape& a, Plan& p) {
+  const cudnnDataType_t io = cudnnType(a.dt);
+  const int64_t B = a.B, H = a.H, T = a.Tq, D = a.D;
+  const std::vector<int64_t> bhtd{B, H, T, D}, bhtt{B, H, T, T}, bht1{B, H, T, 1}, bht1Strides{H * T, T, 1, 1};
+  TPC_ASSIGN(Tensor q, g.tensor(kQ, bhtd, rowStrides(a.q), io));
+  TPC_ASSIGN(Tensor kT, g.tensor(kK, {B, H, D, T}, rowStridesT(a.k), io));
+  TPC_ASSIGN(Tensor v, g.tensor(kV, bhtd, rowStrides(a.v), io));
+  TPC_ASSIGN(Tensor o, g.tensor(kO, bhtd, rowStrides(a.o), io));
+  TPC_ASSIGN(Tensor stats, g.tensor(kStats, bht1, bht1Strides, kF32));
+  source(p, kQ, a.q, a.dt);
+  source(p, kK, a.k, a.dt);
+  source(p, kV, a.v, a.dt);
+  source(p, kO, a.o, a.dt);
+  p.sources.push_back({kStats, a.lse, 0, 4});
+  TPC_ASSIGN(Tensor scale, scalar(g, p, kScale));
+  // S = Q K^T, scaled, masked.
+  TPC_ASSIGN(Tensor s, g.virt(bhtt));
+  TPC_TRY(g.matmul(q, kT, s));
+  TPC_ASSIGN(Tensor scaled, g.virt(bhtt));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_MUL, s, &scale, scaled));
+  Tensor masked = scaled;
+  if (a.causal) {
+    TPC_ASSIGN(masked, causalMask(g, p, scaled));
+  }
+  // Softmax with stats = max + log(sum exp(s - max)); P = exp / sum in the I/O dtype for the second matmul.
+  TPC_ASSIGN(Tensor mx, g.virt(bht1));
+  TPC_TRY(g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, mx));
+  TPC_ASSIGN(Tensor z, g.virt(bhtt));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_SUB, masked, &mx, z));
+  TPC_ASSIGN(Tensor e, g.virt(bhtt));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_EXP, z, nullptr, e));
+  TPC_ASSIGN(Tensor sum, g.virt(bht1));
+  TPC_TRY(g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, sum));
+  TPC_ASSIGN(Tensor logSum, g.virt(bht1));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_LOG, sum, nullptr, logSum));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_ADD, mx, &logSum, stats));
+  TPC_ASSIGN(Tensor pr, g.virt(bhtt, io));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_DIV, e, &sum, pr));
+  return g.matmul(pr, v, o);
+}
+
+Status buildBackward(GraphBuilder& g, const AttnShape& a, Plan& p) {
+  const cudnnDataType_t io = cudnnType(a.dt);
+  const int64_t B = a.B, H = a.H, T = a.Tq, D = a.D;
+  const std::vector<int64_t> bhtd{B, H, T, D}, bhdt{B, H, D, T}, bhtt{B, H, T, T}, bht1{B, H, T, 1},
+      bht1Strides{H * T, T, 1, 1}, transposed{H * T * T, T * T, 1, T};
+  TPC_ASSIGN(Tensor q, g.tensor(kQ, bhtd, rowStrides(a.q), io));
+  TPC_ASSIGN(Tensor kT, g.tensor(kK, bhdt, rowStridesT(a.k), io));
+  TPC_ASSIGN(Tensor vT, g.tensor(kV, bhdt, rowStridesT(a.v), io));
+  TPC_ASSIGN(Tensor o, g.tensor(kO, bhtd, rowStrides(a.o), io));
+  TPC_ASSIGN(Tensor dO, g.tensor(kDO, bhtd, rowStrides(a.dout), io));
+  TPC_ASSIGN(Tensor stats, g.tensor(kStats, bht1, bht1Strides, kF32));
+  TPC_ASSIGN(Tensor dQ, g.tensor(kDQ, bhtd, rowStrides(a.dq), io));
+  TPC_ASSIGN(Tensor dK, g.tensor(kDK, bhtd, rowStrides(a.dk), io));
+  TPC_ASSIGN(Tensor dV, g.tensor(kDV, bhtd, rowStrides(a.dv), io));
+  for (auto [uid, rows] : {std::pair{kQ, &a.q}, {kK, &a.k}, {kV, &a.v}, {kO, &a.o}, {kDO, &a.dout}, {kDQ, &a.dq},
+                           {kDK, &a.dk}, {kDV, &a.dv}})
+    source(p, uid, *rows, a.dt);
+  p.sources.push_back({kStats, a.lse, 0, 4});
+  // Ours in the workspace, as the frontend keeps them: dQ accumulated in f32, and rowsum(dO * O).
+  const int64_t accumBytes = B * H * T * D * 4, sumBytes = B * H * T * 4;
+  TPC_ASSIGN(Tensor dQAccum, g.tensor(kDQAccum, bhtd, {H * T * D, T * D, D, 1}, kF32));
+  TPC_ASSIGN(Tensor softmaxSum, g.tensor(kSoftmaxSum, bht1, bht1Strides, kF32));
+  p.sources.push_back({kDQAccum, KernelArg{ArgKind::Workspace, 0}, 0, 4});
+  p.sources.push_back({kSoftmaxSum, KernelArg{ArgKind::Workspace, accumBytes}, 0, 4});
+  p.intermediates = (accumBytes + sumBytes + 255) / 256 * 256;
+  TPC_ASSIGN(Tensor scale, scalar(g, p, kScale));
+  TPC_ASSIGN(Tensor one, scalar(g, p, kOne));
+  // softmax_sum = rowsum(dO * O).
+  TPC_ASSIGN(Tensor dOO, g.tensor(0, bhtd, {H * T * D, T * D, H * D, 1}, kF32, true));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_MUL, dO, &o, dOO));
+  TPC_ASSIGN(Tensor rowSum, g.virt(bht1));
+  TPC_TRY(g.reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, rowSum));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_MUL, rowSum, &one, softmaxSum));
+  // P = exp(scale Q K^T - stats), masked.
+  TPC_ASSIGN(Tensor s, g.virt(bhtt));
+  TPC_TRY(g.matmul(q, kT, s));
+  TPC_ASSIGN(Tensor scaled, g.virt(bhtt));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_MUL, s, &scale, scaled));
+  TPC_ASSIGN(Tensor shifted, g.virt(bhtt));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_SUB, scaled, &stats, shifted));
+  Tensor masked = shifted;
+  if (a.causal) {
+    TPC_ASSIGN(masked, causalMask(g, p, shifted));
+  }
+  TPC_ASSIGN(Tensor pr, g.virt(bhtt));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, pr));
+  // dV = P^T dO.
+  TPC_ASSIGN(Tensor pT, g.tensor(0, bhtt, transposed, io, true));
+  TPC_TRY(g.reshape(pr, pT));
+  TPC_TRY(g.matmul(pT, dO, dV));
+  // dS = P (dO V^T - softmax_sum) scale.
+  TPC_ASSIGN(Tensor dP, g.virt(bhtt));
+  TPC_TRY(g.matmul(dO, vT, dP));
+  TPC_ASSIGN(Tensor t1, g.virt(bhtt));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_SUB, dP, &softmaxSum, t1));
+  TPC_ASSIGN(Tensor t2, g.virt(bhtt));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_MUL, t1, &pr, t2));
+  TPC_ASSIGN(Tensor dS, g.virt(bhtt));
+  TPC_TRY(g.pointwise(CUDNN_POINTWISE_MUL, t2, &scale, dS));
+  // dK = dS^T Q; dQ = dS K (accumulated in f32, then copied).
+  TPC_ASSIGN(Tensor dST, g.tensor(0, bhtt, transposed, io, true));
+  TPC_TRY(g.reshape(dS, dST));
+  TPC_TRY(g.matmul(dST, q, dK));
+  TPC_ASSIGN(Tensor k, g.tensor(0, bhtd, rowStrides(a.k), kF32, true));
+  TPC_TRY(g.reshape(kT, k));
+  TPC_TRY(g.matmul(dS, k, dQAccum));
+  return g.pointwise(CUDNN_POINTWISE_IDENTITY, dQAccum, nullptr, dQ);
+}
+
+}  // namespace
+}  // namespace tpc::cuda
