@@ -154,10 +154,22 @@ def load_tpc_weights(model, path):
             p.copy_(t)
 
 
+def sdpa_choice(torch, B, arch):
+    """The SDPA backend PyTorch dispatches this model's causal bf16 attention to (its private chooser; '?' if gone)."""
+    try:
+        from torch.nn.attention import SDPBackend
+        H, Dh = arch["heads"], arch["hidden"] // arch["heads"]
+        q = torch.zeros(B, H, 1024, Dh, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        return SDPBackend(torch._fused_sdp_choice(q, q, q, None, 0.0, True)).name.lower()
+    except Exception as e:  # noqa: BLE001 (a private API: report, don't fail the run)
+        return f"? ({type(e).__name__})"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model-json", required=True, help="the model file as JSON (tpc new gpt --preset NAME -o X.json)")
-    ap.add_argument("--mode", choices=["eager", "compile"], required=True)
+    ap.add_argument("--mode", choices=["eager", "compile", "compile-cudnn"], required=True,
+                    help="compile-cudnn: torch.compile with SDPA held to cuDNN's attention (the library tpc uses)")
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--micro-batch", type=int, required=True)
     ap.add_argument("--seq", type=int, required=True)
@@ -196,7 +208,13 @@ def main():
     else:
         windows = torch.randint(0, arch["vocab"], (steps, B, T + 1), dtype=torch.int32)
 
-    forward = torch.compile(model) if args.mode == "compile" else model  # compiles forward and backward
+    if args.mode == "compile-cudnn":
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_math_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    sdpa = sdpa_choice(torch, B, arch)
+    forward = torch.compile(model) if args.mode.startswith("compile") else model  # compiles forward and backward
 
     def step_fn(tokens, targets):
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -229,7 +247,7 @@ def main():
         out.flush()
     out.write(json.dumps({"summary": True, "max_memory_allocated": torch.cuda.max_memory_allocated(),
                           "max_memory_reserved": torch.cuda.max_memory_reserved(),
-                          "device_used_bytes": device_used, "torch": torch.__version__,
+                          "device_used_bytes": device_used, "torch": torch.__version__, "sdpa": sdpa,
                           "params": sum(p.numel() for p in params)}) + "\n")
     out.close()
 

@@ -18,7 +18,7 @@ import sys
 import time
 
 PRESETS = ["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]
-PEERS = ["eager", "compile"]
+PEERS = ["eager", "compile", "compile-cudnn"]
 PEAK_BF16 = 989e12  # H200 dense bf16, the peak tpc's MFU divides by (tools/run.cpp)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -37,7 +37,9 @@ def parse_args(argv):
     ap = Parser(description="tpc vs PyTorch eager / torch.compile: speed, memory, and the same math over the first steps")
     ap.add_argument("--tpc", default="build/bin/tpc", help="the tpc binary, built with -DTPC_CUDA=ON (default build/bin/tpc)")
     ap.add_argument("--configs", default="gpt2,gpt2-medium", help=f"comma-separated presets of {', '.join(PRESETS)}")
-    ap.add_argument("--peers", default="eager,compile", help="comma-separated of eager, compile; 'none' for tpc alone")
+    ap.add_argument("--peers", default="eager,compile",
+                    help="comma-separated of eager, compile, compile-cudnn (torch.compile with SDPA held to cuDNN); "
+                         "'none' for tpc alone")
     ap.add_argument("--steps", type=int, default=200, help="training steps per run (default 200)")
     ap.add_argument("--warmup", type=int, default=20, help="steps left out of the timing (default 20)")
     ap.add_argument("--micro-batch", type=int, default=16)
@@ -59,7 +61,7 @@ def parse_args(argv):
     a.peers = [] if a.peers == "none" else [p for p in a.peers.split(",") if p]
     for p in a.peers:
         if p not in PEERS:
-            fail(f"--peers: unknown peer '{p}' (known: eager, compile, or none)")
+            fail(f"--peers: unknown peer '{p}' (known: eager, compile, compile-cudnn, or none)")
     for name in ("steps", "micro_batch", "seq"):
         if getattr(a, name) < 1:
             fail(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
@@ -132,6 +134,8 @@ def tpc_runs(a, cfg_name, d, spec, flags):
     m = re.search(r": (\d+) parameters, training step", cold)
     r["params"] = int(m.group(1))
     r["launches"] = int(re.search(r"GPU: (\d+) kernel launches", cold).group(1)) if "kernel launches" in cold else -1
+    m = re.search(r"attention through (cuDNN [\d.]+) fused flash attention", cold)
+    r["attention"] = m.group(1) if m else "tpc's tensor-core kernels"
     # tpc's own split of its step (runtime/trainer.cpp): the device's time per step and the wall time per step.
     m = re.search(r"time per step \(steps \d+-\d+\): ([\d.]+) ms; the device ran ([\d.]+) ms", cold)
     r["device_split"] = (float(m.group(1)), float(m.group(2))) if m else None
@@ -204,6 +208,7 @@ def report(a, cfg_name, tpc, peers):
     if "compile" in peers:
         p = peers["compile"]
         print(f"  torch.compile: first step {p['first_step_s']:.1f}s (compile + one step); torch {p['torch']}")
+    print("  attention: tpc " + tpc["attention"] + "".join(f"; torch {m} SDPA {p.get('sdpa', '?')}" for m, p in peers.items()))
     for m, p in peers.items():
         common = sorted(set(tpc["losses"]) & set(p["losses"]))
         diffs = {s: abs(tpc["losses"][s] - p["losses"][s]) for s in common}
