@@ -274,7 +274,10 @@ class CudaBackend final : public Backend {
       CU_TRY(cudaEventCreate(&d.replayEnd), "event");
       CU_TRY(cudaMalloc(&d.matmulWorkspace, d.matmul->workspaceBytes()), "cuBLASLt workspace");
       if (attentionMode_ != "tpc") {
-        auto a = CudnnAttention::create();
+        // TPC_CUDNN_DETERMINISTIC=0: the backward with dQ accumulated by atomics (measuring only: steps then
+        // differ in their last bits from run to run).
+        const char* det = std::getenv("TPC_CUDNN_DETERMINISTIC");
+        auto a = CudnnAttention::create(!(det && std::string(det) == "0"));
         if (a.ok()) d.attention = std::move(a).value();
         else if (attentionMode_ == "cudnn") return makeError("TPC_ATTENTION=cudnn: ", a.error());
         else if (options_.verbose && i == 0) std::printf("cuda: attention through tpc's kernels (%s)\n", a.error().c_str());

@@ -80,7 +80,9 @@ struct Tensor {
 // Builds one operation graph; every descriptor it creates lives as long as the builder (or the plan that takes them).
 class GraphBuilder {
  public:
-  explicit GraphBuilder(const Cudnn* lib) : lib_(lib), version_(static_cast<int64_t>(lib->getVersion())) {}
+  GraphBuilder(const Cudnn* lib, bool deterministic = false)
+      : lib_(lib), version_(static_cast<int64_t>(lib->getVersion())), deterministic_(deterministic) {}
+  bool deterministic() const { return deterministic_; }
 
   Result<Desc> create(cudnnBackendDescriptorType_t type, const char* what) {
     cudnnBackendDescriptor_t d = nullptr;
@@ -176,7 +178,7 @@ class GraphBuilder {
     TPC_TRY(set(r.get(), CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "a reduction"));
     TPC_TRY(set(r.get(), CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "a reduction"));
     if (version_ >= 91100) {  // as the frontend sets it from 9.11 on
-      bool deterministic = false;
+      bool deterministic = deterministic_;
       TPC_TRY(set(r.get(), CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic, "a reduction"));
     }
     TPC_TRY(finalize(r.get(), "a reduction"));
@@ -212,6 +214,7 @@ class GraphBuilder {
  private:
   const Cudnn* lib_;
   int64_t version_;
+  bool deterministic_;
   int64_t nextVirtual_ = kFirstVirtual;
   std::vector<Desc> keep_;
   std::vector<cudnnBackendDescriptor_t> ops_;
@@ -261,9 +264,10 @@ Status buildBackward(GraphBuilder& g, const AttnShape& a, Plan& p);
 
 }  // namespace
 
-Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create() {
+Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create(bool deterministic) {
   TPC_ASSIGN(const Cudnn* lib, cudnn());
   std::unique_ptr<CudnnAttention> c(new CudnnAttention());
+  c->deterministic_ = deterministic;
   cudnnHandle_t h = nullptr;
   if (cudnnStatus_t s = lib->create(&h); s != CUDNN_STATUS_SUCCESS)
     return makeError("cuDNN: creating a handle: ", cudnnError(*lib, s));
@@ -302,8 +306,8 @@ Result<int> CudnnAttention::plan(const Node& n) {
   double causalFrac = a.causal ? 0.5 : 1.0;
   p->flops = (bwd ? 10.0 : 4.0) * a.B * a.H * a.Tq * a.Tk * a.D * causalFrac;  // 2 (fwd) or 5 (bwd) GEMMs
   p->what = cat(version(), " flash attention ", dtypeName(a.dt), " [", a.B, ",", a.H, ",", a.Tq, ",", a.D, "]",
-                a.causal ? " causal" : "", bwd ? " backward" : " forward");
-  GraphBuilder g(lib_);
+                a.causal ? " causal" : "", bwd ? (deterministic_ ? " backward" : " backward (dQ by atomics)") : " forward");
+  GraphBuilder g(lib_, deterministic_);
   TPC_TRY(bwd ? buildBackward(g, a, *p) : buildForward(g, a, *p));
 
   // Operation graph -> heuristics (mode A) -> the first engine config that finalizes into a plan.
@@ -359,11 +363,11 @@ Result<int> CudnnAttention::plan(const Node& n) {
   return static_cast<int>(plans_.size() - 1);
 }
 
-Status CudnnAttention::checkOperations(const Node& n) {
+Status CudnnAttention::checkOperations(const Node& n, bool deterministic) {
   TPC_ASSIGN(const Cudnn* lib, cudnn());
   TPC_ASSIGN(AttnShape a, attnShape(n));
   Plan p;
-  GraphBuilder g(lib);
+  GraphBuilder g(lib, deterministic);
   return isAttentionBackward(n) ? buildBackward(g, a, p) : buildForward(g, a, p);
 }
 
@@ -502,11 +506,16 @@ Status buildBackward(GraphBuilder& g, const AttnShape& a, Plan& p) {
                            {kDK, &a.dk}, {kDV, &a.dv}})
     source(p, uid, *rows, a.dt);
   p.sources.push_back({kStats, a.lse, 0, 4});
-  // Ours in the workspace, as the frontend keeps them: dQ accumulated in f32, and rowsum(dO * O).
-  const int64_t accumBytes = B * H * T * D * 4, sumBytes = B * H * T * 4;
-  TPC_ASSIGN(Tensor dQAccum, g.tensor(kDQAccum, bhtd, {H * T * D, T * D, D, 1}, kF32));
+  // Ours in the workspace, as the frontend keeps them: dQ accumulated in f32 (not in the deterministic
+  // graph, whose last matmul writes dQ itself, as the frontend's deterministic mode builds it), and
+  // rowsum(dO * O).
+  const int64_t accumBytes = g.deterministic() ? 0 : B * H * T * D * 4, sumBytes = B * H * T * 4;
+  Tensor dQAccum;
+  if (!g.deterministic()) {
+    TPC_ASSIGN(dQAccum, g.tensor(kDQAccum, bhtd, {H * T * D, T * D, D, 1}, kF32));
+    p.sources.push_back({kDQAccum, KernelArg{ArgKind::Workspace, 0}, 0, 4});
+  }
   TPC_ASSIGN(Tensor softmaxSum, g.tensor(kSoftmaxSum, bht1, bht1Strides, kF32));
-  p.sources.push_back({kDQAccum, KernelArg{ArgKind::Workspace, 0}, 0, 4});
   p.sources.push_back({kSoftmaxSum, KernelArg{ArgKind::Workspace, accumBytes}, 0, 4});
   p.intermediates = (accumBytes + sumBytes + 255) / 256 * 256;
   TPC_ASSIGN(Tensor scale, scalar(g, p, kScale));
@@ -549,6 +558,7 @@ Status buildBackward(GraphBuilder& g, const AttnShape& a, Plan& p) {
   TPC_TRY(g.matmul(dST, q, dK));
   TPC_ASSIGN(Tensor k, g.tensor(0, bhtd, rowStrides(a.k), kF32, true));
   TPC_TRY(g.reshape(kT, k));
+  if (g.deterministic()) return g.matmul(dS, k, dQ);
   TPC_TRY(g.matmul(dS, k, dQAccum));
   return g.pointwise(CUDNN_POINTWISE_IDENTITY, dQAccum, nullptr, dQ);
 }

@@ -27,15 +27,18 @@ bool cudnnAttentionTakes(const Node& n);
 
 class CudnnAttention {
  public:
-  // Loads cuDNN and creates a handle on the current device.
-  static Result<std::unique_ptr<CudnnAttention>> create();
+  // Loads cuDNN and creates a handle on the current device. deterministic: the backward graph the frontend
+  // builds in its deterministic mode (dQ written by the last matmul, the reductions deterministic), so that a
+  // step gives the same bits every time; false: dQ accumulated in an f32 workspace, which cuDNN's engine may
+  // sum in any order.
+  static Result<std::unique_ptr<CudnnAttention>> create(bool deterministic = true);
   ~CudnnAttention();
   // The execution plan of `n`'s shape (built once per distinct op, shape, layout and scale): an error where cuDNN has no engine
   // for it. Its id for workspaceBytes, bind and what.
   Result<int> plan(const Node& n);
   // Builds and finalizes n's tensors and operations, what plan() does before asking for engines: needs
   // cuDNN but no GPU (a unit test checks every attribute the graphs set on this machine).
-  static Status checkOperations(const Node& n);
+  static Status checkOperations(const Node& n, bool deterministic = true);
   // Device bytes the plan needs besides the node's buffers (the backend's workspace for the node).
   int64_t workspaceBytes(int plan) const;
   // A variant pack for `plan` with the node's operand and result addresses (in the node's order) and its
@@ -55,6 +58,7 @@ class CudnnAttention {
  private:
   CudnnAttention() = default;
   void* handle_ = nullptr;
+  bool deterministic_ = true;
   std::vector<std::unique_ptr<Plan>> plans_;
   std::map<std::string, int> planOf_;  // the plan of each distinct op, shape, layout and scale
   std::vector<std::unique_ptr<Binding>> bindings_;

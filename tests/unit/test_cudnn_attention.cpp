@@ -51,8 +51,10 @@ TEST_CASE("cudnn attention: the forward and backward graphs' descriptors finaliz
     OneOp o = oneOp(c.op, c.types, c.attrs);
     if (!cuda::cudnnAttentionTakes(*o.node)) continue;
     INFO(c.name);
-    Status s = cuda::CudnnAttention::checkOperations(*o.node);
-    if (!s.ok()) FAIL(s.error());
+    for (bool deterministic : {true, false}) {
+      Status s = cuda::CudnnAttention::checkOperations(*o.node, deterministic);
+      if (!s.ok()) FAIL((deterministic ? "deterministic: " : "dQ by atomics: ") << s.error());
+    }
     ++built;
     backward += cuda::isAttentionBackward(*o.node);
   }
