@@ -310,6 +310,8 @@ class CudaBackend final : public Backend {
     attentionPlans_.assign(ranks_.size(), {});
     for (size_t r = 0; r < ranks_.size(); ++r) {
       Rank& rk = ranks_[r];
+      // The rank's GPU current: cuDNN's plans and cuBLASLt's timed choices are made on it.
+      CU_TRY(cudaSetDevice(dev(r).device), "GPU ", dev(r).device);
       auto groups = fusionGroups(*rk.graph);
       if (!groups.ok()) return makeError(rankPrefix(r), groups.error());
       rk.groups = std::move(groups).value();
@@ -355,7 +357,9 @@ class CudaBackend final : public Backend {
           } else if (attentionMode_ == "cudnn") {
             return makeError(rankPrefix(r), "TPC_ATTENTION=cudnn: ", id.error());
           } else {
-            if (options_.verbose) std::printf("cuda: %s through tpc's kernels: %s\n", n->opName().data(), id.error().c_str());
+            // Once per reason (a model's layers share their shapes).
+            if (options_.verbose && attentionFallbacks_.insert(id.error()).second)
+              std::printf("cuda: %s through tpc's kernels: %s\n", n->opName().data(), id.error().c_str());
             auto l = lowerNode(*n, ctx_);
             if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", valueName(n->result()), ": ", l.error());
             lowerings[r].back() = std::move(l).value();
@@ -1156,7 +1160,9 @@ class CudaBackend final : public Backend {
         for (const Value* v : n.results()) out.push_back(rk.addr[v]);
         Launch l;
         l.kind = Launch::Cudnn;
-        TPC_ASSIGN(l.cudnn, d.attention->bind(id, in, out, ws));
+        auto bound = d.attention->bind(id, in, out, ws);
+        if (!bound.ok()) return makeError("cuda: ", what, ": ", bound.error());
+        l.cudnn = *bound;
         l.op = op;
         l.what = what + " [cuDNN]";
         l.flops = d.attention->flops(id);
@@ -1530,6 +1536,7 @@ class CudaBackend final : public Backend {
       cudaSetDevice(d.device);
       if (d.exec) cudaGraphExecDestroy(d.exec);
       if (d.graph) cudaGraphDestroy(d.graph);
+      d.attention.reset();  // its plans and handle, on their device, before the stream it was last given
       if (d.stepWord) cudaFree(d.stepWord);
       if (d.holdWord) cudaFree(d.holdWord);
       if (d.replayStart) cudaEventDestroy(d.replayStart);
@@ -1541,6 +1548,8 @@ class CudaBackend final : public Backend {
     }
     devs_.clear();
     inPlace_.clear();
+    attentionPlans_.clear();
+    attentionFallbacks_.clear();
     prepared_ = false;
   }
 
@@ -1550,6 +1559,7 @@ class CudaBackend final : public Backend {
   std::vector<std::vector<std::vector<std::array<int64_t, 3>>>> matmulCalls;  // rank -> node -> calls
   std::string attentionMode_;                        // auto, cudnn or tpc (CudaOptions::attention)
   std::vector<std::vector<int>> attentionPlans_;     // rank -> node -> CudnnAttention plan (-1: none)
+  std::set<std::string> attentionFallbacks_;         // why cuDNN refused an attention node (each printed once)
   LoweringContext ctx_;
   bool foldLayerNormGradResidual_ = true;
   std::string deviceName_ = "GPU";

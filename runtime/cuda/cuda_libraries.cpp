@@ -183,7 +183,7 @@ Result<const Cudnn*> cudnn() {
     sym(h, "cudnnBackendGetAttribute", lib.getAttribute, e);
     sym(h, "cudnnBackendFinalize", lib.finalize, e);
     sym(h, "cudnnBackendExecute", lib.execute, e);
-    if (!e.empty()) error = cat("libcudnn.so.9: ", e, " (a cuDNN older than 9?)");
+    if (!e.empty()) error = cat("libcudnn.so.9: ", e, " (a cuDNN older than 9? update it, or set TPC_ATTENTION=tpc)");
   });
   if (!error.empty()) return makeError(error);
   return &lib;

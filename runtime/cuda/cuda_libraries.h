@@ -1,7 +1,7 @@
 // The CUDA libraries tpc uses beyond the (statically linked) runtime, loaded on first use with dlopen so
 // that the binary starts, and the CPU backend runs, on machines without them: NVRTC (kernel compiler),
-// cuBLASLt (matmuls) and the driver's module/launch API (through cudaGetDriverEntryPointByVersion, so
-// libcuda is never linked). A missing library is an error naming it and how to get it.
+// cuBLASLt (matmuls), NCCL (collectives), cuDNN (fused attention) and the driver's module/launch API (through
+// cudaGetDriverEntryPointByVersion, so libcuda is never linked). A missing library is an error naming it and how to get it.
 #pragma once
 
 #include <cublasLt.h>

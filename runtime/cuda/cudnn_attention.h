@@ -4,8 +4,9 @@
 // run with a variant pack bound to the node's buffers. cuDNN's stats are the same natural-log lse of the
 // scaled scores that our kernels keep, so either backward reads either forward's lse.
 //
-// Taken where `cudnnAttentionEligible` holds (16-bit q/k/v, head_dim a multiple of 8 up to 128, Tq == Tk,
-// no dropout); TPC_ATTENTION=tpc keeps our tensor-core kernels (runtime/cuda/kernels/attention*.cpp).
+// Taken where `cudnnAttentionTakes` holds (16-bit q/k/v, head_dim a multiple of 8 up to 128, Tq == Tk, no
+// dropout, 16-byte aligned rows, and for the backward T % 128 == 0); TPC_ATTENTION=tpc keeps our tensor-core
+// kernels (runtime/cuda/kernels/attention*.cpp), which also run everything else.
 #pragma once
 
 #include <map>
@@ -34,7 +35,7 @@ class CudnnAttention {
   static Result<std::unique_ptr<CudnnAttention>> create(bool deterministic = true);
   ~CudnnAttention();
   // The execution plan of `n`'s shape (built once per distinct op, shape, layout and scale): an error where cuDNN has no engine
-  // for it. Its id for workspaceBytes, bind and what.
+  // for it (remembered: the same shape is not tried again). Its id for workspaceBytes, bind and what.
   Result<int> plan(const Node& n);
   // Builds and finalizes n's tensors and operations, what plan() does before asking for engines: needs
   // cuDNN but no GPU (a unit test checks every attribute the graphs set on this machine).
@@ -57,10 +58,12 @@ class CudnnAttention {
 
  private:
   CudnnAttention() = default;
+  Result<std::unique_ptr<Plan>> build(const AttnShape& a, bool backward) const;
   void* handle_ = nullptr;
   bool deterministic_ = true;
   std::vector<std::unique_ptr<Plan>> plans_;
   std::map<std::string, int> planOf_;  // the plan of each distinct op, shape, layout and scale
+  std::map<std::string, std::string> failed_;  // and why cuDNN has none, for those it refused
   std::vector<std::unique_ptr<Binding>> bindings_;
 };
 
