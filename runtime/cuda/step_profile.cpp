@@ -50,7 +50,7 @@ std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t 
   if (!gemms.empty()) {
     std::vector<std::pair<std::string, Row>> byTime(gemms.begin(), gemms.end());
     std::stable_sort(byTime.begin(), byTime.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-    out += "  GEMMs (cuBLASLt), by time:\n";
+    out += "  GEMMs (cuBLASLt) and fused attention (cuDNN), by time:\n";
     for (const auto& [g, r] : byTime) {
       std::snprintf(buf, sizeof buf, "  %9lld %10.3f ms %7.1f TFLOP/s  %s\n", static_cast<long long>(r.count), r.ms,
                     r.ms > 0 ? gemmFlops[g] / (r.ms * 1e-3) / 1e12 : 0.0, g.c_str());

@@ -16,7 +16,7 @@ struct TimedLaunch {
   double flops = 0;
 };
 
-// The table: per op launches, ms and share of the total, slowest first; then the GEMMs by time with their
+// The table: per op launches, ms and share of the total, slowest first; then the GEMMs (and cuDNN attention calls) by time with their
 // TFLOP/s; then the `top` slowest launches.
 // `replayMs`: the same step as a CUDA graph replay (0: unknown), printed beside the summed time.
 std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t step, double replayMs, int top = 15);

@@ -41,7 +41,7 @@ TEST_CASE("step profile: the GEMMs are summed per shape with their TFLOP/s, slow
                                 {"matmul", "matmul -> %4", 2.0, "matmul bf16[4,8] x bf16[8,16]", 2e12}};
   std::string t = formatStepProfile(l, 3, 0, 0);
   INFO(t);
-  size_t head = t.find("GEMMs (cuBLASLt), by time:");
+  size_t head = t.find("GEMMs (cuBLASLt) and fused attention (cuDNN), by time:");
   REQUIRE(head != std::string::npos);
   size_t big = t.find("        2      4.000 ms  1000.0 TFLOP/s  matmul bf16[4,8] x bf16[8,16]\n");
   size_t small = t.find("        1      1.000 ms   500.0 TFLOP/s  matmul bf16[4,8] x bf16[8,2] with epilogue bias\n");
