@@ -74,7 +74,7 @@ struct Launch {
   ncclRedOp_t redOp = ncclSum;
   std::string op;    // the op it runs for (the step profile's row): "add", "fusion_group=3", "NCCL all_reduce"
   std::string what;  // the node, for errors
-  std::string gemm;  // Matmul: the GEMM's description and FLOPs (the step profile's per-GEMM table)
+  std::string gemm;  // Matmul, Cudnn: the GEMM or attention call and its FLOPs (the step profile's per-GEMM table)
   double flops = 0;
   // Checking mode (findFirstNonFinite): (rank, node index) whose results are complete after this launch.
   std::vector<std::pair<size_t, int>> checks;

@@ -12,7 +12,7 @@ struct TimedLaunch {
   std::string op;    // the row it is summed in: the node's op, "fusion_group=N", "NCCL all_reduce", ...
   std::string what;  // the executor's description: "[rank R: ]op -> %value [kernel entry]" or "NCCL op ..."
   double ms = 0;
-  std::string gemm;  // a cuBLASLt launch: its GEMM ("matmul bf16[...] x ...") and FLOPs; else empty and 0
+  std::string gemm;  // a cuBLASLt or cuDNN launch: its GEMM ("matmul bf16[...] x ...") or attention, and FLOPs; else empty and 0
   double flops = 0;
 };
 
