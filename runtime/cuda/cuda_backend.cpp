@@ -349,25 +349,13 @@ class CudaBackend final : public Backend {
           lowerings[r].back() = std::move(l).value();
         } else if (nccl_ && n->has(traits::Collective)) {
           lowerings[r].back().workspaceBytes = ncclStagingBytes(*n);
-        } else if (how == NodeExec::Kernels && dev(r).attention && cudnnAttentionTakes(*n)) {
-          auto id = dev(r).attention->plan(*n);
-          if (id.ok()) {
-            attentionPlans_[r].back() = *id;
-            lowerings[r].back().workspaceBytes = dev(r).attention->workspaceBytes(*id);
-          } else if (attentionMode_ == "cudnn") {
-            return makeError(rankPrefix(r), "TPC_ATTENTION=cudnn: ", id.error());
-          } else {
-            // Once per reason (a model's layers share their shapes).
-            if (options_.verbose && attentionFallbacks_.insert(id.error()).second)
-              std::printf("cuda: %s through tpc's kernels: %s\n", n->opName().data(), id.error().c_str());
+        } else if (how == NodeExec::Kernels) {
+          TPC_ASSIGN(bool byCudnn, planCudnnAttention(r, *n, lowerings[r].back()));
+          if (!byCudnn) {
             auto l = lowerNode(*n, ctx_);
             if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", valueName(n->result()), ": ", l.error());
             lowerings[r].back() = std::move(l).value();
           }
-        } else if (how == NodeExec::Kernels) {
-          auto l = lowerNode(*n, ctx_);
-          if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", valueName(n->result()), ": ", l.error());
-          lowerings[r].back() = std::move(l).value();
         } else if (how == NodeExec::Matmul) {
           matmulCalls[r].resize(matmulPlans[r].size());
           auto id = dev(r).matmul->plan(*n, &matmulCalls[r].back());
@@ -707,6 +695,23 @@ class CudaBackend final : public Backend {
   std::string rankPrefix(size_t r) const { return ranks_.size() > 1 ? cat("rank ", r, ": ") : ""; }
   DeviceCtx& dev(size_t r) { return devs_[nccl_ ? r : 0]; }
   const DeviceCtx& dev(size_t r) const { return devs_[nccl_ ? r : 0]; }
+
+  // Whether cuDNN runs node n of rank r (an attention op it takes): its plan goes to attentionPlans_ and its
+  // workspace size to `l`. false: our kernels run it (no cuDNN, or, under "auto", cuDNN refused the shape: the
+  // reason printed once); under TPC_ATTENTION=cudnn a refusal is an error.
+  Result<bool> planCudnnAttention(size_t r, const Node& n, NodeLowering& l) {
+    if (!dev(r).attention || !cudnnAttentionTakes(n)) return false;
+    auto id = dev(r).attention->plan(n);
+    if (id.ok()) {
+      attentionPlans_[r].back() = *id;
+      l.workspaceBytes = dev(r).attention->workspaceBytes(*id);
+      return true;
+    }
+    if (attentionMode_ == "cudnn") return makeError(rankPrefix(r), "TPC_ATTENTION=cudnn: ", id.error());
+    if (options_.verbose && attentionFallbacks_.insert(id.error()).second)  // a model's layers share their shapes
+      std::printf("cuda: %s through tpc's kernels: %s\n", n.opName().data(), id.error().c_str());
+    return false;
+  }
 
   using RankCopies = std::vector<std::vector<std::pair<void*, HostTensor>>>;
 

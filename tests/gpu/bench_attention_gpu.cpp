@@ -25,12 +25,6 @@ using namespace tpc::test::kernels;
 
 namespace {
 
-#define BENCH_CUDA(expr)                                                   \
-  do {                                                                     \
-    cudaError_t e_ = (expr);                                               \
-    if (e_ != cudaSuccess) FAIL(#expr << ": " << cudaGetErrorString(e_)); \
-  } while (0)
-
 struct Launchable {
   cudaKernel_t fn;
   KernelSpec spec;
@@ -42,11 +36,11 @@ std::vector<Launchable> load(cuda::NvrtcCompiler& nvrtc, const NodeLowering& low
     auto cubin = nvrtc.compile(k.source, k.entry);
     if (!cubin.ok()) FAIL(cubin.error());
     cudaLibrary_t lib;
-    BENCH_CUDA(cudaLibraryLoadData(&lib, cubin->data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+    CUDA_OK(cudaLibraryLoadData(&lib, cubin->data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
     cudaKernel_t fn;
-    BENCH_CUDA(cudaLibraryGetKernel(&fn, lib, k.entry.c_str()));
+    CUDA_OK(cudaLibraryGetKernel(&fn, lib, k.entry.c_str()));
     if (k.sharedBytes > 48 * 1024)
-      BENCH_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
+      CUDA_OK(cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(k.sharedBytes)));
     out.push_back({fn, k});
   }
@@ -58,10 +52,10 @@ void launchAll(const std::vector<Launchable>& ks, const std::vector<void*>& ops,
   for (const Launchable& l : ks) {
     ArgPack pack(l.spec, ops, res, ws, 4242, step);
     const KernelSpec& k = l.spec;
-    BENCH_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(l.fn), dim3(k.grid.x, k.grid.y, k.grid.z),
+    CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(l.fn), dim3(k.grid.x, k.grid.y, k.grid.z),
                                 dim3(k.block.x, k.block.y, k.block.z), pack.args.data(), k.sharedBytes, 0));
   }
-  BENCH_CUDA(cudaGetLastError());
+  CUDA_OK(cudaGetLastError());
 }
 
 // Milliseconds per run of all of `ks` (2 warm-up runs, then the mean of `iters`).
@@ -69,14 +63,14 @@ double timeMs(const std::vector<Launchable>& ks, const std::vector<void*>& ops, 
               void* step, int iters = 10) {
   for (int i = 0; i < 2; ++i) launchAll(ks, ops, res, ws, step);
   cudaEvent_t a, b;
-  BENCH_CUDA(cudaEventCreate(&a));
-  BENCH_CUDA(cudaEventCreate(&b));
-  BENCH_CUDA(cudaEventRecord(a));
+  CUDA_OK(cudaEventCreate(&a));
+  CUDA_OK(cudaEventCreate(&b));
+  CUDA_OK(cudaEventRecord(a));
   for (int i = 0; i < iters; ++i) launchAll(ks, ops, res, ws, step);
-  BENCH_CUDA(cudaEventRecord(b));
-  BENCH_CUDA(cudaEventSynchronize(b));
+  CUDA_OK(cudaEventRecord(b));
+  CUDA_OK(cudaEventSynchronize(b));
   float ms = 0;
-  BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+  CUDA_OK(cudaEventElapsedTime(&ms, a, b));
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return ms / iters;
@@ -92,8 +86,8 @@ void* deviceBf16(size_t n, std::mt19937& rng) {
     x = static_cast<uint16_t>(bits >> 16);
   }
   void* p = nullptr;
-  BENCH_CUDA(cudaMalloc(&p, n * 2));
-  BENCH_CUDA(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&p, n * 2));
+  CUDA_OK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
   return p;
 }
 
@@ -121,7 +115,7 @@ double relDiff(const void* a, const void* b, size_t n) {
 TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.bench]") {
   requireGpuOrSkip();
   cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
   cuda::LoweringContext ctx;
   ctx.smMajor = prop.major;
@@ -163,8 +157,8 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
     std::mt19937 rng(11);
     void *q = deviceBf16(n, rng), *k = deviceBf16(n, rng), *v = deviceBf16(n, rng), *dO = deviceBf16(n, rng);
     void* stepDev = nullptr;
-    BENCH_CUDA(cudaMalloc(&stepDev, 8));
-    BENCH_CUDA(cudaMemset(stepDev, 0, 8));
+    CUDA_OK(cudaMalloc(&stepDev, 8));
+    CUDA_OK(cudaMemset(stepDev, 0, 8));
     const double fwdFlop = 2.0 * s[0] * s[1] * s[2] * s[2] * s[3], bwdFlop = 2.5 * fwdFlop;
     std::vector<void*> outs[kVariants], lses[kVariants], grads[kVariants];
     double fwdMs[kVariants], bwdMs[kVariants];
@@ -176,16 +170,16 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
       REQUIRE(fl.ok());
       REQUIRE(bl.ok());
       void *o = nullptr, *l = nullptr;
-      BENCH_CUDA(cudaMalloc(&o, n * 2));
-      BENCH_CUDA(cudaMalloc(&l, rows * 4));
+      CUDA_OK(cudaMalloc(&o, n * 2));
+      CUDA_OK(cudaMalloc(&l, rows * 4));
       outs[impl] = {o};
       lses[impl] = {l};
       fwdMs[impl] = timeMs(load(nvrtc, *fl), {q, k, v}, {o, l}, nullptr, stepDev);
       std::vector<void*> g(3);
-      for (void*& p : g) BENCH_CUDA(cudaMalloc(&p, n * 2));
+      for (void*& p : g) CUDA_OK(cudaMalloc(&p, n * 2));
       grads[impl] = g;
       char* ws = nullptr;
-      BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&ws), static_cast<size_t>(std::max<int64_t>(bl->workspaceBytes, 1))));
+      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&ws), static_cast<size_t>(std::max<int64_t>(bl->workspaceBytes, 1))));
       // Each backward takes its own forward's out and lse.
       std::vector<void*> ops = {dO, q, k, v, o, l};
       bwdMs[impl] = timeMs(load(nvrtc, *bl), ops, g, ws, stepDev);
@@ -197,7 +191,7 @@ TEST_CASE("bench: causal bf16 flash attention, CUDA cores vs tensor cores", "[.b
         std::printf("%-26s %-5s %-16s %9.3f %9.1f %8.2fx\n", shapeStr(s).c_str(), pass ? "bwd" : "fwd",
                     variants[impl].name, ms, (pass ? bwdFlop : fwdFlop) / ms / 1e9, main / ms);
       }
-    BENCH_CUDA(cudaDeviceSynchronize());
+    CUDA_OK(cudaDeviceSynchronize());
     for (int impl = 1; impl < kVariants; ++impl) {
       std::printf("%-26s %-16s vs cuda-core: out %.2e, dq %.2e, dk %.2e, dv %.2e (max |diff| / max |old|)\n",
                   shapeStr(s).c_str(), variants[impl].name, relDiff(outs[0][0], outs[impl][0], n),
@@ -221,7 +215,7 @@ TEST_CASE("bench: causal bf16 attention_qkv on the packed projection, narrow vs 
           "[.bench]") {
   requireGpuOrSkip();
   cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
   cuda::LoweringContext ctx;
   ctx.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
@@ -236,8 +230,8 @@ TEST_CASE("bench: causal bf16 attention_qkv on the packed projection, narrow vs 
   const size_t n = static_cast<size_t>(B * T * H * D);
   std::mt19937 rng(12);
   void *x = deviceBf16(3 * n, rng), *dO = deviceBf16(n, rng), *stepDev = nullptr;
-  BENCH_CUDA(cudaMalloc(&stepDev, 8));
-  BENCH_CUDA(cudaMemset(stepDev, 0, 8));
+  CUDA_OK(cudaMalloc(&stepDev, 8));
+  CUDA_OK(cudaMemset(stepDev, 0, 8));
   const double fwdFlop = 2.0 * B * H * T * T * D, bwdFlop = 2.5 * fwdFlop;
   const cuda::TcAttnOptions variants[2] = {cuda::TcAttnOptions::narrow(), {}};
   void *outs[2], *dx[2];
@@ -248,10 +242,10 @@ TEST_CASE("bench: causal bf16 attention_qkv on the packed projection, narrow vs 
     REQUIRE(bl.ok());
     void* l = nullptr;
     char* ws = nullptr;
-    BENCH_CUDA(cudaMalloc(&outs[impl], n * 2));
-    BENCH_CUDA(cudaMalloc(&l, n / D * 4));
-    BENCH_CUDA(cudaMalloc(&dx[impl], 3 * n * 2));
-    BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&ws), static_cast<size_t>(std::max<int64_t>(bl->workspaceBytes, 1))));
+    CUDA_OK(cudaMalloc(&outs[impl], n * 2));
+    CUDA_OK(cudaMalloc(&l, n / D * 4));
+    CUDA_OK(cudaMalloc(&dx[impl], 3 * n * 2));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&ws), static_cast<size_t>(std::max<int64_t>(bl->workspaceBytes, 1))));
     const double f = timeMs(load(nvrtc, *fl), {x}, {outs[impl], l}, nullptr, stepDev);
     const double b = timeMs(load(nvrtc, *bl), {dO, x, outs[impl], l}, {dx[impl]}, ws, stepDev);
     std::printf("attention_qkv [16,1024,3,12,64] %-10s fwd %7.3f ms (%5.1f TFLOP/s)  bwd %7.3f ms (%5.1f TFLOP/s)\n",
@@ -259,7 +253,7 @@ TEST_CASE("bench: causal bf16 attention_qkv on the packed projection, narrow vs 
     cudaFree(l);
     cudaFree(ws);
   }
-  BENCH_CUDA(cudaDeviceSynchronize());
+  CUDA_OK(cudaDeviceSynchronize());
   std::printf("attention_qkv tc-shipped vs tc-narrow: out %.2e, dqkv %.2e (max |diff| / max |old|)\n",
               relDiff(outs[0], outs[1], n), relDiff(dx[0], dx[1], 3 * n));
   CHECK(relDiff(outs[0], outs[1], n) < 2e-2);

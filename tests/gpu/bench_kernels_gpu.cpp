@@ -21,12 +21,6 @@ using namespace tpc::test::kernels;
 
 namespace {
 
-#define KB_CUDA(expr)                                                      \
-  do {                                                                     \
-    cudaError_t e_ = (expr);                                               \
-    if (e_ != cudaSuccess) FAIL(#expr << ": " << cudaGetErrorString(e_)); \
-  } while (0)
-
 // n values of dtype t drawn in [lo, hi) (integers: [lo, hi] rounded down), made from a host block of at
 // most 4M values copied over and over (the values' order does not matter to these kernels).
 void* deviceRandom(DType t, int64_t n, double lo, double hi, std::mt19937& rng) {
@@ -45,9 +39,9 @@ void* deviceRandom(DType t, int64_t n, double lo, double hi, std::mt19937& rng) 
   }
   void* p = nullptr;
   size_t bytes = static_cast<size_t>(n) * es;
-  KB_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+  CUDA_OK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
   for (size_t at = 0; at < bytes; at += h.size())
-    KB_CUDA(cudaMemcpy(static_cast<char*>(p) + at, h.data(), std::min(h.size(), bytes - at), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(static_cast<char*>(p) + at, h.data(), std::min(h.size(), bytes - at), cudaMemcpyHostToDevice));
   return p;
 }
 
@@ -65,11 +59,11 @@ struct Bench {
       auto cubin = nvrtc.compile(k.source, k.entry);
       if (!cubin.ok()) FAIL(cubin.error());
       cudaLibrary_t lib;
-      KB_CUDA(cudaLibraryLoadData(&lib, cubin->data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+      CUDA_OK(cudaLibraryLoadData(&lib, cubin->data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
       cudaKernel_t fn;
-      KB_CUDA(cudaLibraryGetKernel(&fn, lib, k.entry.c_str()));
+      CUDA_OK(cudaLibraryGetKernel(&fn, lib, k.entry.c_str()));
       if (k.sharedBytes > 48 * 1024)
-        KB_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_OK(cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(k.sharedBytes)));
       ks.push_back({fn, k});
     }
@@ -78,39 +72,39 @@ struct Bench {
     for (const Value* v : o.node->operands()) bytes += static_cast<double>(v->type().bytes());
     for (const Value* r : o.node->results()) {
       void* p = nullptr;
-      KB_CUDA(cudaMalloc(&p, std::max<size_t>(static_cast<size_t>(r->type().bytes()), 1)));
+      CUDA_OK(cudaMalloc(&p, std::max<size_t>(static_cast<size_t>(r->type().bytes()), 1)));
       res.push_back(p);
       bytes += static_cast<double>(r->type().bytes());
     }
     char* ws = nullptr;
-    KB_CUDA(cudaMalloc(reinterpret_cast<void**>(&ws), static_cast<size_t>(std::max<int64_t>(low->workspaceBytes, 1))));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&ws), static_cast<size_t>(std::max<int64_t>(low->workspaceBytes, 1))));
     const size_t wsBytes = static_cast<size_t>(std::max<int64_t>(low->workspaceBytes, 1));
     auto all = [&] {
-      if (low->zeroWorkspace) KB_CUDA(cudaMemsetAsync(ws, 0, wsBytes, 0));  // as the runtime does before the kernels
+      if (low->zeroWorkspace) CUDA_OK(cudaMemsetAsync(ws, 0, wsBytes, 0));  // as the runtime does before the kernels
       for (auto& [fn, k] : ks) {
         ArgPack pack(k, ops, res, ws, 4242, step);
-        KB_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(fn), dim3(k.grid.x, k.grid.y, k.grid.z),
+        CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(fn), dim3(k.grid.x, k.grid.y, k.grid.z),
                                  dim3(k.block.x, k.block.y, k.block.z), pack.args.data(), k.sharedBytes, 0));
       }
     };
     for (int i = 0; i < 2; ++i) all();
-    KB_CUDA(cudaGetLastError());
+    CUDA_OK(cudaGetLastError());
     cudaEvent_t a, b;
-    KB_CUDA(cudaEventCreate(&a));
-    KB_CUDA(cudaEventCreate(&b));
-    KB_CUDA(cudaEventRecord(a));
+    CUDA_OK(cudaEventCreate(&a));
+    CUDA_OK(cudaEventCreate(&b));
+    CUDA_OK(cudaEventRecord(a));
     for (int i = 0; i < iters; ++i) all();
-    KB_CUDA(cudaEventRecord(b));
-    KB_CUDA(cudaEventSynchronize(b));
+    CUDA_OK(cudaEventRecord(b));
+    CUDA_OK(cudaEventSynchronize(b));
     float ms = 0;
-    KB_CUDA(cudaEventElapsedTime(&ms, a, b));
+    CUDA_OK(cudaEventElapsedTime(&ms, a, b));
     ms /= static_cast<float>(iters);
     // The first result is finite (a kernel that failed silently leaves NaN bytes or garbage).
     const Value* r0 = o.node->result(0);
     int64_t n0 = std::min<int64_t>(r0->type().numel(), 4096);
     std::vector<float> head(static_cast<size_t>(n0));
     if (r0->dtype() == DType::f32 && n0) {
-      KB_CUDA(cudaMemcpy(head.data(), res[0], static_cast<size_t>(n0) * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(head.data(), res[0], static_cast<size_t>(n0) * 4, cudaMemcpyDeviceToHost));
       for (float v : head) CHECK(std::isfinite(v));
     }
     std::printf("%-52s %3zu launches %9.4f ms %8.0f GB/s\n", what.c_str(), ks.size(), ms, bytes / ms / 1e6);
@@ -139,7 +133,7 @@ std::vector<TensorType> gptParams(int64_t layers, int64_t d) {
 TEST_CASE("bench: loss, layer_norm, embedding_grad, bias reduce_sum and global_norm kernels at gpt2 sizes", "[.bench]") {
   requireGpuOrSkip();
   cudaDeviceProp prop{};
-  KB_CUDA(cudaGetDeviceProperties(&prop, 0));
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
   Bench b{nvrtc, {}, nullptr};
   b.ctx.smMajor = prop.major;
@@ -147,8 +141,8 @@ TEST_CASE("bench: loss, layer_norm, embedding_grad, bias reduce_sum and global_n
   b.ctx.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
   b.ctx.numSMs = prop.multiProcessorCount;
   b.ctx.sharedPerSM = static_cast<int64_t>(prop.sharedMemPerMultiprocessor);
-  KB_CUDA(cudaMalloc(&b.step, 8));
-  KB_CUDA(cudaMemset(b.step, 0, 8));
+  CUDA_OK(cudaMalloc(&b.step, 8));
+  CUDA_OK(cudaMemset(b.step, 0, 8));
   std::mt19937 rng(5);
   const DType bf = DType::bf16, f = DType::f32;
   const int64_t rows = 16 * 1024, V = 50304, C = 50257;
@@ -197,8 +191,8 @@ TEST_CASE("bench: loss, layer_norm, embedding_grad, bias reduce_sum and global_n
     std::vector<int32_t> hostIds(static_cast<size_t>(rows));
     for (int32_t& id : hostIds) id = zipf(rng);
     void* zipfIds = nullptr;
-    KB_CUDA(cudaMalloc(&zipfIds, hostIds.size() * 4));
-    KB_CUDA(cudaMemcpy(zipfIds, hostIds.data(), hostIds.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&zipfIds, hostIds.size() * 4));
+    CUDA_OK(cudaMemcpy(zipfIds, hostIds.data(), hostIds.size() * 4, cudaMemcpyHostToDevice));
     void* uniformIds = deviceRandom(DType::i32, rows, 0, double(C - 1), rng);
     void* DY = deviceRandom(bf, rows * 768, -1, 1, rng);
     OneOp eg = oneOp(OpKind::EmbeddingGrad, {tt(bf, {rows, 768}), tt(DType::i32, {rows})}, attrs({{"vocab", V}}));

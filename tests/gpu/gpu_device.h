@@ -10,15 +10,10 @@
 #include <vector>
 
 #include "adamw_group_cases.h"
+#include "gpu_test_support.h"
 #include "runtime/cuda/nvrtc_compiler.h"
 
 namespace tpc::test {
-
-#define CUDA_OK(expr)                                                      \
-  do {                                                                     \
-    cudaError_t e_ = (expr);                                               \
-    if (e_ != cudaSuccess) FAIL(#expr << ": " << cudaGetErrorString(e_)); \
-  } while (0)
 
 struct GpuDevice final : adamw::Device {
   cuda::NvrtcCompiler nvrtc;

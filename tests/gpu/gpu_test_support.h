@@ -1,11 +1,22 @@
-// For GPU tests: skip (exit 77, CTest's "skipped") when this machine has no usable GPU.
+// For GPU tests: skip (exit 77, CTest's "skipped") when this machine has no usable GPU; CUDA_OK, a CUDA
+// runtime call that fails the test with its error.
 #pragma once
+
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "runtime/cuda/device_info.h"
+
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    cudaError_t e_ = (expr);                                               \
+    if (e_ != cudaSuccess) FAIL(#expr << ": " << cudaGetErrorString(e_)); \
+  } while (0)
 
 namespace tpc::test {
 

@@ -21,12 +21,6 @@ using namespace tpc::test::kernels;
 
 namespace {
 
-#define CUDA_OK(expr)                                                      \
-  do {                                                                     \
-    cudaError_t e_ = (expr);                                               \
-    if (e_ != cudaSuccess) FAIL(#expr << ": " << cudaGetErrorString(e_)); \
-  } while (0)
-
 // inPlace: the op's in-place result (OpInfo::inPlaceResult) is written over its operand's buffer.
 std::vector<HostTensor> runGpu(cuda::NvrtcCompiler& nvrtc, OneOp& o, const NodeLowering& low,
                                const std::vector<HostTensor>& inputs, uint64_t seed, int64_t step, bool inPlace = false) {

@@ -20,12 +20,6 @@ using namespace tpc::test::kernels;
 
 namespace {
 
-#define CUDA_OK(expr)                                                      \
-  do {                                                                     \
-    cudaError_t e_ = (expr);                                               \
-    if (e_ != cudaSuccess) FAIL(#expr << ": " << cudaGetErrorString(e_)); \
-  } while (0)
-
 std::vector<HostTensor> runCudnn(cuda::CudnnAttention& att, int plan, OneOp& o, const std::vector<HostTensor>& inputs) {
   std::vector<void*> ops, res;
   for (const HostTensor& t : inputs) {
@@ -114,26 +108,12 @@ TEST_CASE("cudnn attention: a bf16 GPT trains 10 steps to our kernels' losses, b
     o.verbose = false;
     o.attention = modes[k];
     auto backend = createCudaBackend({}, o);
-    TensorMap state;
-    for (const Value* p : g->params()) state[p->name()] = initParam(*p, 1);
-    Status st = backend->prepare(*g, state);
-    INFO(modes[k] << ": " << (st.ok() ? std::string() : st.error()));
-    REQUIRE(st.ok());
+    INFO(modes[k]);
+    prepareInitialState(*backend, *g, 1);
     std::mt19937 rng(7);
-    for (int64_t s = 0; s < 10; ++s) {
-      TensorMap m;
-      for (const char* name : {"tokens", "targets"}) {
-        HostTensor x(TensorType(DType::i32, {2, 128}));
-        for (int64_t i = 0; i < x.numel(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
-        m[name] = x;
-      }
-      m["lr"] = HostTensor::scalarF32(1e-3f);
-      m["step"] = HostTensor::scalarF32(static_cast<float>(s + 1));
-      auto out = backend->step(m, s + 1);
-      INFO("step " << s << ": " << (out.ok() ? std::string() : out.error()));
-      REQUIRE(out.ok());
-      losses[k].push_back(out->at("loss").data<float>()[0]);
-    }
+    TrainBatches batches;
+    batches.shape = {2, 128};
+    losses[k] = trainLosses(*backend, rng, 10, batches);
     launches[k] = backend->launchesPerStep();
   }
   double worst = 0;

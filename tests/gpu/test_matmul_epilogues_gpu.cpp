@@ -126,26 +126,9 @@ TEST_CASE("cuda epilogues: a 2-layer GPT trains 10 steps to the same losses with
       o.matmulEpilogues = with == 1;
       o.matmulEpilogueKinds = "all";
       auto backend = createCudaBackend({}, o);
-      TensorMap state;
-      for (const Value* p : g->params()) state[p->name()] = initParam(*p, 1);
-      Status st = backend->prepare(*g, state);
-      INFO((st.ok() ? std::string() : st.error()));
-      REQUIRE(st.ok());
+      test::prepareInitialState(*backend, *g, 1);
       std::mt19937 rng(7);
-      for (int64_t s = 0; s < 10; ++s) {
-        TensorMap m;
-        for (const char* name : {"tokens", "targets"}) {
-          HostTensor x(TensorType(DType::i32, {4, 16}));
-          for (int64_t i = 0; i < x.numel(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
-          m[name] = x;
-        }
-        m["lr"] = HostTensor::scalarF32(1e-3f);
-        m["step"] = HostTensor::scalarF32(static_cast<float>(s + 1));
-        auto out = backend->step(m, s + 1);
-        INFO("step " << s << ": " << (out.ok() ? std::string() : out.error()));
-        REQUIRE(out.ok());
-        losses[with].push_back(out->at("loss").data<float>()[0]);
-      }
+      losses[with] = test::trainLosses(*backend, rng, 10);
       launches[with] = backend->launchesPerStep();
     }
     double worst = 0;
