@@ -216,11 +216,12 @@ class CudaBackend final : public Backend {
     ctx_.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
     ctx_.numSMs = prop.multiProcessorCount;
     ctx_.sharedPerSM = static_cast<int64_t>(prop.sharedMemPerMultiprocessor);
-    // TPC_MEMBW_OFF=colreduce,vecew,lnres,lngrad2,embgrad2,xent1 (or all) switches the memory-bound kernel variants off, for measuring.
+    // TPC_MEMBW_OFF=colreduce,colwave,vecew,lnres,lngrad2,embgrad2,xent1 (or all) switches the memory-bound kernel variants off, for measuring.
     const char* off = std::getenv("TPC_MEMBW_OFF");
     std::string membwOff = cat(",", off ? off : "", ",");
     auto isOff = [&](const char* what) { return membwOff == ",all," || membwOff.find(cat(",", what, ",")) != std::string::npos; };
     ctx_.columnReduce = !isOff("colreduce");
+    ctx_.columnReduceWave = !isOff("colwave");
     ctx_.vectorElementwise = !isOff("vecew");
     ctx_.layerNormGradBlocks = !isOff("lngrad2");
     ctx_.embeddingGradSegments = !isOff("embgrad2");

@@ -60,6 +60,7 @@ struct LoweringContext {
   int64_t sharedPerSM = 228 * 1024;
   // Memory-bound kernel variants, on by default; TPC_MEMBW_OFF (cuda_backend.cpp) switches them off to compare.
   bool columnReduce = true;       // reduce_sum/mean/max over leading dims: the chunked 16-byte kernel (reduction.cpp)
+  bool columnReduceWave = true;   // ... in one wave of blocks, 8 rows loaded at a time a thread (else 16 waves, 1 row)
   bool vectorElementwise = true;  // a lone elementwise node through the fused kernel's 16-byte path
   bool xentOnePass = true;        // cross_entropy(_with)_grad: the row-resident pipelined kernel (loss_resident.cpp)
   bool layerNormGradBlocks = true;  // layer_norm_grad (warp rows): dgamma/dbeta partials per block, next row prefetched

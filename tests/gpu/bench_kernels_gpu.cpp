@@ -209,11 +209,13 @@ TEST_CASE("bench: loss, layer_norm, embedding_grad, bias reduce_sum and global_n
     TensorType x = tt(bf, {16, 1024, N});
     void* X = deviceRandom(bf, rows * N, -1, 1, rng);
     OneOp r = oneOp(OpKind::ReduceSum, {x}, attrs({{"axes", std::vector<int64_t>{0, 1}}, {"keepdims", false}}));
-    for (bool chunked : {true, false}) {  // LoweringContext::columnReduce: the 16-byte chunked kernel or the old one
-      b.ctx.columnReduce = chunked;
-      b.run(cat("reduce_sum bf16 [16, 1024, ", N, "] axes [0, 1]", chunked ? "" : " (old)"), r, {X});
+    // LoweringContext::columnReduce(Wave): the 16-byte chunked kernel in one wave, in 16 waves, or the generic one
+    for (int variant : {0, 1, 2}) {
+      b.ctx.columnReduce = variant < 2;
+      b.ctx.columnReduceWave = variant == 0;
+      b.run(cat("reduce_sum bf16 [16, 1024, ", N, "] axes [0, 1]", variant == 1 ? " (16 waves)" : variant == 2 ? " (old)" : ""), r, {X});
     }
-    b.ctx.columnReduce = true;
+    b.ctx.columnReduce = b.ctx.columnReduceWave = true;
     cudaFree(X);
   }
   for (auto [name, layers, d] : std::vector<std::tuple<const char*, int64_t, int64_t>>{{"gpt2", 12, 768}, {"gpt2-medium", 24, 1024}}) {

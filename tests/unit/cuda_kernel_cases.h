@@ -372,6 +372,8 @@ inline std::vector<Case> allCases() {
                                    // the chunked 16-byte column kernel (leading dims reduced): gpt2's widths,
                                    // row counts that leave a short last chunk, f32/f16, a middle dim (old path)
                                    {OpKind::ReduceSum, bf, {1000, 3072}, {0}, false},
+                                   // a thread loads several batches of 8 rows (then a tail) in the one-wave grid
+                                   {OpKind::ReduceSum, bf, {4096, 3072}, {0}, false},
                                    {OpKind::ReduceSum, bf, {3, 77, 2304}, {0, 1}, false},
                                    {OpKind::ReduceSum, f, {517, 24}, {0}, false},
                                    {OpKind::ReduceSum, h, {333, 40}, {0}, true},

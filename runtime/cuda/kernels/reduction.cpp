@@ -24,25 +24,32 @@ std::string offsetFn(const std::string& name, const std::vector<int64_t>& sizes,
 
 // x as [NRED, NOUT] (the leading dims reduced: bias gradients) at memory bandwidth. Kernel 1: a block of
 // BX x BY threads owns BX column pieces of U adjacent columns (16-byte loads when NOUT % 8 == 0) and a chunk
-// of rows; thread (tx, ty) sums rows ty, ty + BY, ... of the chunk in f32 registers, then the BY lanes are
-// added in order (double) and the block writes one partial row [NOUT] (f32). Chunks: enough blocks to fill
-// the GPU several times, at least 8 rows per thread. Kernel 2: per column the chunks' partials in order
-// (32 lanes over chunks, the lanes then in order, double). Fixed order everywhere: deterministic.
-Result<NodeLowering> lowerColumnReduce(const Node& n, DType dt, DType od, int64_t nred, int64_t nout, bool isMax,
-                                       double divisor) {
+// of rows; thread (tx, ty) sums rows ty, ty + BY, ... of the chunk in registers (f32; double for f32 x), then
+// the BY lanes are added in order (double) and the block writes one partial row [NOUT] (f32). Kernel 2: per
+// column the chunks' partials in order (32 lanes over chunks, the lanes then in order, double). Fixed order
+// everywhere: deterministic.
+// Grid (LoweringContext::columnReduceWave): one wave of two 256-thread blocks a SM, each thread loading ROWS
+// rows before it adds them (8 x 16 bytes in flight), so that a [16384, 768] gradient (25 MB, a few
+// microseconds of DRAM time) is not spent in block start-up and tails; without it, enough blocks to fill the
+// GPU 16 times, at least 8 rows a thread, loaded one at a time (the kernel before).
+Result<NodeLowering> lowerColumnReduce(const Node& n, const LoweringContext& ctx, DType dt, DType od, int64_t nred,
+                                       int64_t nout, bool isMax, double divisor) {
   const int64_t U = nout % 8 == 0 ? 8 : 1, pieces = (nout + U - 1) / U;
   int64_t BX = 1;  // a power of two: BX x BY = 256 threads
   while (BX < 32 && BX < pieces) BX *= 2;
   const int64_t BY = 256 / BX;
   const int64_t colBlocks = (pieces + BX - 1) / BX;
-  int64_t chunks = std::clamp<int64_t>((132 * 16 + colBlocks - 1) / colBlocks, 1, std::max<int64_t>(1, nred / (8 * BY)));
+  const bool wave = ctx.columnReduceWave;
+  const int64_t blocks = wave ? 2 * std::max(ctx.numSMs, 1) : 132 * 16;
+  int64_t chunks = std::clamp<int64_t>((blocks + colBlocks - 1) / colBlocks, 1, std::max<int64_t>(1, nred / (8 * BY)));
   chunks = std::min<int64_t>(chunks, 65535);
   const int64_t per = (nred + chunks - 1) / chunks;
   chunks = (nred + per - 1) / per;
   if (chunks < 2) return NodeLowering{};  // too few rows to split: the one-pass kernel (a thread per column)
   std::string head = devicePrelude() + accessors("x", dt) + vectorAccessors("x", dt) + accessors("o", od) +
                      cat("#define NOUT ", i64Lit(nout), "\n#define NRED ", i64Lit(nred), "\n#define U ", U, "\n#define BX ",
-                         BX, "\n#define BY ", BY, "\n#define PER ", i64Lit(per), "\n#define CHUNKS ", i64Lit(chunks),
+                         BX, "\n#define BY ", BY, "\n#define PER ", i64Lit(per), "\n#define CHUNKS ", i64Lit(chunks), "\n#define ROWS ",
+                         wave ? 8 : 1, "\n#define MIN_BLOCKS ", wave ? 2 : 1, "\n#define ACC_T ", dt == DType::f32 ? "double" : "float",
                          "\n#define FINIT ", isMax ? "(-TPC_INF)" : "0.f", "\n#define INIT ",
                          isMax ? "(-(double)TPC_INF)" : "0.0", "\n#define COMBINE(a, b) ",
                          isMax ? "fmax(a, b)" : "((a) + (b))", "\n#define FINISH(v) ",
@@ -53,25 +60,42 @@ Result<NodeLowering> lowerColumnReduce(const Node& n, DType dt, DType od, int64_
     KernelSpec k;
     k.entry = "tpc_reduce_cols_chunk";
     k.source = head + R"(
-extern "C" __global__ void __launch_bounds__(BX * BY) tpc_reduce_cols_chunk(const x_t* X, float* part) {
-  __shared__ float red[BY][BX * U + 1];
+// One row's U columns at r, as floats.
+__device__ __forceinline__ void load_row(const x_t* X, i64 r, i64 col, float* v) {
+#if U == 8
+  x_ld8(X, r * NOUT + col, v);
+#else
+  v[0] = x_ld(X, r * NOUT + col);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(BX * BY, MIN_BLOCKS) tpc_reduce_cols_chunk(const x_t* X, float* part) {
+  __shared__ ACC_T red[BY][BX * U + 1];
   const i64 piece = (i64)blockIdx.x * BX + threadIdx.x, c = blockIdx.y;
   const i64 col = piece * U;
-  float acc[U];
+  ACC_T acc[U];
 #pragma unroll
   for (int k = 0; k < U; ++k) acc[k] = FINIT;
   if (col < NOUT) {
     const i64 end = min((c + 1) * PER, NRED);
-#pragma unroll 4
-    for (i64 r = c * PER + threadIdx.y; r < end; r += BY) {
-      float v[U];
-#if U == 8
-      x_ld8(X, r * NOUT + col, v);
-#else
-      v[0] = x_ld(X, r * NOUT + col);
-#endif
+    i64 r = c * PER + threadIdx.y;
+#if ROWS > 1
+    // ROWS rows loaded, then added in row order.
+    for (; r + (ROWS - 1) * BY < end; r += ROWS * BY) {
+      float v[ROWS][U];
 #pragma unroll
-      for (int k = 0; k < U; ++k) acc[k] = COMBINE(acc[k], v[k]);
+      for (int j = 0; j < ROWS; ++j) load_row(X, r + j * BY, col, v[j]);
+#pragma unroll
+      for (int j = 0; j < ROWS; ++j)
+#pragma unroll
+        for (int k = 0; k < U; ++k) acc[k] = COMBINE(acc[k], (ACC_T)v[j][k]);
+    }
+#endif
+#pragma unroll 4
+    for (; r < end; r += BY) {
+      float v[U];
+      load_row(X, r, col, v);
+#pragma unroll
+      for (int k = 0; k < U; ++k) acc[k] = COMBINE(acc[k], (ACC_T)v[k]);
     }
   }
 #pragma unroll
@@ -194,7 +218,7 @@ extern "C" __global__ void tpc_reduce_rows(const x_t* X, o_t* O) {
     bool leading = true;  // the reduced dims are exactly the leading ones: x is [NRED, NOUT] row-major
     for (int64_t k = 0; k < static_cast<int64_t>(redSize.size()); ++k) leading &= axes.count(k) > 0;
     if (leading) {
-      TPC_ASSIGN(NodeLowering l, lowerColumnReduce(n, dt, od, nred, nout, isMax, isMean ? count : 1.0));
+      TPC_ASSIGN(NodeLowering l, lowerColumnReduce(n, ctx, dt, od, nred, nout, isMax, isMean ? count : 1.0));
       if (!l.kernels.empty()) return l;
     }
   }
