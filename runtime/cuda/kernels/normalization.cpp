@@ -287,17 +287,22 @@ std::string rawPieces(const std::string& name, DType t, int64_t U) {
                  "_t*>(&r), 0, v); }\n");
 }
 
-// Rows per warp of the block kernel: about 2048 warps in all, at least one row each (gpt2's 16384 rows: 512
-// blocks of 4 warps; at 128 registers a thread, 16 warps a SM: one wave on 132 SMs).
-constexpr int64_t kBlockRowsWarps = 2048;
-
 // Kernel 1: block b owns rows [b RPB, (b + 1) RPB), its warp w rows b RPB + w, + WPB, ...; per row the same
 // arithmetic as lowerLayerNormGradWarps (the same dx bits), the next row's x and dy loaded before this row is
-// reduced. dgamma/dbeta: each warp sums its rows (in shared memory), the block adds its warps in order and
-// writes one partial row per block ([NB, D] each, f32; the old kernel wrote one per warp, 3x the bytes). Kernel
-// 2: the NB partials per column in order, in double. Deterministic: every sum's order is fixed by the shapes.
-Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w) {
-  int64_t rpw = std::max<int64_t>(1, (w.rows + kBlockRowsWarps - 1) / kBlockRowsWarps);
+// reduced. dgamma/dbeta: each warp sums its rows, the block adds its warps in order and writes one partial row
+// per block ([NB, D] each, f32; the old kernel wrote one per warp, 3x the bytes). Kernel 2: the NB partials per
+// column in order, in double. Deterministic: every sum's order is fixed by the shapes.
+// Where a warp keeps its dgamma/dbeta sums: in registers (2 NV U of them) where a lane holds at most 32
+// columns of 16-bit x and dy (D <= 1024; 16 of f32: their raw rows take twice the registers; three blocks a SM
+// at up to 168 registers, the grid one wave of them), else in shared
+// memory (two blocks' worth of warps more, 128 registers). On the H200 the shared-memory sums kept the L1/shared
+// pipe 89% busy and DRAM at 25% of its bandwidth (ncu, gpt2's [16384, 768]).
+Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, const LoweringContext& ctx) {
+  const bool wide = n.operand(0)->dtype() == DType::f32 || n.operand(1)->dtype() == DType::f32;
+  const bool regAcc = w.NV * w.U <= (wide ? 16 : 32);
+  const int64_t blocksPerSM = regAcc ? 3 : 4;
+  const int64_t warps = std::max<int64_t>(1, ctx.numSMs) * blocksPerSM * kWarpsPerBlock;
+  int64_t rpw = std::max<int64_t>(1, (w.rows + warps - 1) / warps);
   int64_t rpb = rpw * kWarpsPerBlock;
   int64_t nb = std::max<int64_t>(1, (w.rows + rpb - 1) / rpb);
   int64_t partBytes = nb * w.D * 4;
@@ -311,24 +316,33 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w) 
          (res ? residualLoad() : std::string());
   src += rawPieces("x", n.operand(1)->dtype(), w.U) + rawPieces("dy", n.operand(0)->dtype(), w.U) +
          (res ? rawPieces("r", n.operand(3)->dtype(), w.U) : std::string()) +
-         cat("#define RPB ", i64Lit(rpb), "\n#define NB ", i64Lit(nb), "\n");
+         cat("#define RPB ", i64Lit(rpb), "\n#define NB ", i64Lit(nb), "\n#define REG_ACC ", regAcc ? 1 : 0,
+             "\n#define MIN_BLOCKS ", blocksPerSM, "\n");
   NodeLowering out;
   out.workspaceBytes = 2 * partBytes;
   {
     KernelSpec k;
     k.entry = "tpc_layer_norm_grad_rows";
     k.source = src + R"(
-extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_grad_rows(const dy_t* DY, const x_t* X, const g_t* G,
+extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_norm_grad_rows(const dy_t* DY, const x_t* X, const g_t* G,
 )" + std::string(res ? "    const r_t* R,\n" : "") + R"(    dx_t* DX, float* pg, float* pb) {
-  // Each warp's dgamma and dbeta sums in shared memory (registers are short): element (i, k) of a lane at
-  // [warp][0 or 1][i U + k][lane], so that a warp's accesses hit 32 banks.
+  // Each warp's dgamma and dbeta sums (in registers with REG_ACC, else here), then the block's warps' sums:
+  // element (i, k) of a lane at [warp][0 or 1][i U + k][lane], so that a warp's accesses hit 32 banks.
   extern __shared__ float smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 end = min((i64)blockIdx.x * RPB + RPB, ROWS);
   float* ag = smem + warp * 2 * NV * U * 32 + lane;
   float* ab = ag + NV * U * 32;
+#if REG_ACC
+  float accg[NV * U], accb[NV * U];
+#define AG(j) accg[j]
+#define AB(j) accb[j]
+#else
+#define AG(j) ag[(j) * 32]
+#define AB(j) ab[(j) * 32]
+#endif
 #pragma unroll
-  for (int j = 0; j < NV * U; ++j) { ag[j * 32] = 0.f; ab[j * 32] = 0.f; }
+  for (int j = 0; j < NV * U; ++j) { AG(j) = 0.f; AB(j) = 0.f; }
   x_raw xn[NV];
   dy_raw en[NV];
   i64 row = (i64)blockIdx.x * RPB + warp;
@@ -383,8 +397,8 @@ extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_grad_rows(
         float gv = e[k] * g[k];
         sg += gv;
         sgx += gv * xh;
-        ag[(i * U + k) * 32] += e[k] * xh;
-        ab[(i * U + k) * 32] += e[k];
+        AG(i * U + k) += e[k] * xh;
+        AB(i * U + k) += e[k];
       }
     }
     sg = tpc_warp_sum(sg) / (float)D;
@@ -406,6 +420,10 @@ extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_grad_rows(
       dx_stu(DX + row * D, PIECE, d);
     }
   }
+#if REG_ACC
+#pragma unroll
+  for (int j = 0; j < NV * U; ++j) { ag[j * 32] = accg[j]; ab[j * 32] = accb[j]; }
+#endif
   // The block's warps in order, ((w0 + w1) + w2) + w3, a thread per column: the block's partial row.
   __syncthreads();
   for (int c = threadIdx.x; c < D; c += WPB * 32) {
@@ -440,7 +458,7 @@ Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ct
   const Shape& s = n.operand(1)->shape();
   int64_t D = s.back(), rows = D ? n.operand(1)->type().numel() / D : 0;
   if (WarpRows w = warpRowsOf(D, rows); w.fits())
-    return ctx.layerNormGradBlocks ? lowerLayerNormGradBlocks(n, w) : lowerLayerNormGradWarps(n, w);
+    return ctx.layerNormGradBlocks ? lowerLayerNormGradBlocks(n, w, ctx) : lowerLayerNormGradWarps(n, w);
   const int64_t kRowsPerChunk = 64;
   int64_t chunks = std::max<int64_t>(1, (rows + kRowsPerChunk - 1) / kRowsPerChunk);
   // Workspace: mean[rows], rstd[rows] (double), then dgamma/dbeta partials [chunks][D] (double).
