@@ -129,7 +129,9 @@ Result<Types> inferLayerNormGrad(const Ctx& c) {
   TPC_TRY(checkLayerNormAffine(c, 1, 2, SIZE_MAX));
   TPC_TRY(c.needSame(0, 1, "dy", "x"));
   if (c.in.size() == 4) TPC_TRY(c.needSame(3, 1, "residual", "x"));
-  return Types{c.in[1], c.in[2], c.in[2]};
+  Types out{c.in[1], c.in[2], c.in[2]};
+  if (c.b("sum_dx")) out.push_back(TensorType(c.in[1].dtype, {c.in[1].shape.back()}));
+  return out;
 }
 Result<Types> inferSoftmax(const Ctx& c) {
   TPC_TRY(c.needFloat(0, "operand"));

@@ -55,6 +55,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                "one rank's program: add(residual, dx) after a layer_norm_grad whose dx nothing else reads becomes the "
                "layer_norm_grad's residual operand (one kernel writes dx + residual: the backward residual stream)",
                {}, plain<createFoldLayerNormGradResidualPass>});
+  (void)r.add({"fold-layer-norm-grad-bias-sum",
+               "one rank's program: reduce_sum(dx) over the leading dims after a layer_norm_grad becomes its sum_dx "
+               "result (the kernel writing dx also sums it: the bias gradients read off the residual stream)",
+               {}, [](const PassOptions&) -> Result<std::unique_ptr<Pass>> { return createFoldLayerNormGradBiasSumPass(); }});
   (void)r.add({"pack-qkv-attention",
                "one rank's program: attention (and its gradient) reads q, k, v from the QKV projection's layout and "
                "writes [B, T, H, Dh] (attention_qkv): no transposes, slices, zero-padded concats or adds around it",

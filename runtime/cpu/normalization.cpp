@@ -56,6 +56,7 @@ Status kernelLayerNorm(KernelArgs<T>& a) {
 
 // xhat = (x - mean) rstd, g = dy * gamma: dx = rstd (g - mean(g) - xhat mean(g xhat));
 // dgamma = sum over rows dy xhat; dbeta = sum over rows dy. A residual operand: dx rounded to its dtype, plus it.
+// sum_dx: a fourth result, the rows' sum of dx as stored.
 template <class T>
 Status kernelLayerNormGrad(KernelArgs<T>& a) {
   const Buf<T>&DY = a.operand(0), &X = a.operand(1), &G = a.operand(2);
@@ -102,6 +103,12 @@ Status kernelLayerNormGrad(KernelArgs<T>& a) {
   for (int64_t j = 0; j < D; ++j) {
     a.result(1).f[j] = static_cast<T>(dg[j]);
     a.result(2).f[j] = static_cast<T>(db[j]);
+  }
+  if (a.node.getBool("sum_dx")) {  // reduce_sum(dx) over the rows: dx as stored (rounded to its dtype), in double
+    std::vector<double> s(static_cast<size_t>(D), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < D; ++j) s[j] += rounded(dx[r * D + j]);
+    for (int64_t j = 0; j < D; ++j) a.result(3).f[j] = static_cast<T>(s[j]);
   }
   return {};
 }

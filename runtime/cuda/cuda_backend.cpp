@@ -216,7 +216,7 @@ class CudaBackend final : public Backend {
     ctx_.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
     ctx_.numSMs = prop.multiProcessorCount;
     ctx_.sharedPerSM = static_cast<int64_t>(prop.sharedMemPerMultiprocessor);
-    // TPC_MEMBW_OFF=colreduce,colwave,vecew,lnres,lngrad2,embgrad2,xent1 (or all) switches the memory-bound kernel variants off, for measuring.
+    // TPC_MEMBW_OFF=colreduce,colwave,vecew,lnres,lnsum,lngrad2,embgrad2,xent1 (or all) switches the memory-bound kernel variants off, for measuring.
     const char* off = std::getenv("TPC_MEMBW_OFF");
     std::string membwOff = cat(",", off ? off : "", ",");
     auto isOff = [&](const char* what) { return membwOff == ",all," || membwOff.find(cat(",", what, ",")) != std::string::npos; };
@@ -226,6 +226,7 @@ class CudaBackend final : public Backend {
     ctx_.layerNormGradBlocks = !isOff("lngrad2");
     ctx_.embeddingGradSegments = !isOff("embgrad2");
     foldLayerNormGradResidual_ = !isOff("lnres");
+    foldLayerNormGradBiasSum_ = !isOff("lnsum");
     ctx_.xentOnePass = !isOff("xent1");
     TPC_ASSIGN(driver_, driver());
     // Which attention kernels (CudaOptions::attention; TPC_ATTENTION overrides it).
@@ -299,7 +300,10 @@ class CudaBackend final : public Backend {
           if (!only.empty() && only.find(cat(",", kind, ",")) == std::string::npos) return false;
           return dev(r).matmul->supports(n);
         };
-      if (Status s = rewriteForCuda(*ranks_[r].graph, canRun, foldLayerNormGradResidual_); !s.ok()) return makeError(rankPrefix(r), s.error());
+      std::function<bool(const Node&)> canSumDx;  // bias gradients summed by the layer_norm_grad kernel
+      if (foldLayerNormGradBiasSum_) canSumDx = [this](const Node& n) { return layerNormGradSumsDx(n, ctx_); };
+      if (Status s = rewriteForCuda(*ranks_[r].graph, canRun, foldLayerNormGradResidual_, canSumDx); !s.ok())
+        return makeError(rankPrefix(r), s.error());
       // Collectives as early as they can go: what they pass over overlaps them on the communication stream.
       if (commStream_)
         if (auto h = createHoistCollectivesPass()->run(*ranks_[r].graph); !h.ok()) return makeError(rankPrefix(r), h.error());
@@ -1568,6 +1572,7 @@ class CudaBackend final : public Backend {
   std::set<std::string> attentionFallbacks_;         // why cuDNN refused an attention node (each printed once)
   LoweringContext ctx_;
   bool foldLayerNormGradResidual_ = true;
+  bool foldLayerNormGradBiasSum_ = true;
   std::string deviceName_ = "GPU";
   const Driver* driver_ = nullptr;
   std::unique_ptr<NvrtcCompiler> compiler_;

@@ -44,7 +44,8 @@ NodeExec nodeExec(const Node& n) {
   return NodeExec::Kernels;
 }
 
-Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue, bool foldLayerNormGradResidual) {
+Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue, bool foldLayerNormGradResidual,
+                      const std::function<bool(const Node&)>& canSumLayerNormGradDx) {
   // Attention on the QKV projection's layout: no copies of q, k, v, out and their gradients. Its pattern lies
   // between the QKV projection and attention (it takes the projection's output as it is), so either order
   // with the epilogue fold fires both on GPT steps (test_rewrite_for_cuda.cpp); first, so that it sees the
@@ -57,6 +58,9 @@ Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEp
   if (canRunEpilogue) TPC_TRY(createFoldMatmulEpiloguesPass(canRunEpilogue)->run(g));
   // The backward residual stream's add(r, dx) into the layer_norm_grad kernel: dx is never stored alone.
   if (foldLayerNormGradResidual) TPC_TRY(createFoldLayerNormGradResidualPass()->run(g));
+  // Bias gradients summed off the residual stream by the layer_norm_grad kernel that writes it (after the
+  // residual fold: the sum is of dx + residual, as the reduce_sum read it).
+  if (canSumLayerNormGradDx) TPC_TRY(createFoldLayerNormGradBiasSumPass(canSumLayerNormGradDx)->run(g));
   // The norm reads bf16 gradients: their f32 casts fold into the AdamW kernel with the clip (adamw_groups.h).
   TPC_TRY(createGlobalNormSkipCastsPass()->run(g));
   return {};

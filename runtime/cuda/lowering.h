@@ -25,9 +25,11 @@ NodeExec nodeExec(const Node& n);
 // The graph rewrites the CUDA backend applies to each rank's program before lowering it (passes/ that
 // the CPU reference does not run): pack-qkv-attention, fold-batch-matmul-sum, then fold-matmul-epilogues
 // for the candidates `canRunEpilogue` accepts (none when it is empty), fold-layer-norm-grad-residual (unless
-// `foldLayerNormGradResidual` is false) and global-norm-skip-casts.
+// `foldLayerNormGradResidual` is false), fold-layer-norm-grad-bias-sum for the layer_norm_grads
+// `canSumLayerNormGradDx` accepts (none when it is empty) and global-norm-skip-casts.
 Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue = {},
-                      bool foldLayerNormGradResidual = true);
+                      bool foldLayerNormGradResidual = true,
+                      const std::function<bool(const Node&)>& canSumLayerNormGradDx = {});
 // The kernels of a Kernels node; a collective over an axis of size 1 is lowered as a copy.
 Result<NodeLowering> lowerNode(const Node& n, const LoweringContext& ctx);
 

@@ -224,6 +224,19 @@ inline std::vector<Case> allCases() {
     cs.push_back(simple(cat("layer_norm_grad blocks ", x.str(), res ? " residual" : ""), OpKind::LayerNormGrad, types,
                         attrs({{"eps", 1e-5}}), {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
   }
+  // sum_dx (fold-layer-norm-grad-bias-sum): dx's column sums in registers (gpt2's 768, f32 24, 256) and in shared
+  // memory (1024: gpt2-medium's; 771: element loads), with and without the residual, several rows a warp.
+  for (auto [dt, shape, res] : std::vector<std::tuple<DType, Shape, bool>>{{bf, {2053, 768}, true},
+                                                                        {bf, {1031, 1024}, true},
+                                                                        {f, {4001, 24}, false},
+                                                                        {h, {300, 771}, false},
+                                                                        {bf, {3, 5, 256}, false}}) {
+    TensorType x = tt(dt, shape), g = tt(f, {shape.back()});
+    std::vector<TensorType> types = {x, x, g};
+    if (res) types.push_back(x);
+    cs.push_back(simple(cat("layer_norm_grad sum_dx ", x.str(), res ? " residual" : ""), OpKind::LayerNormGrad, types,
+                        attrs({{"eps", 1e-5}, {"sum_dx", true}}), {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
+  }
   for (auto [dt, shape, axis] : std::vector<std::tuple<DType, Shape, int64_t>>{
            {f, {5, 300}, -1}, {f, {3, 7, 5}, 1}, {bf, {4, 2000}, -1}, {f, {6, 4}, 0}}) {
     cs.push_back(simple(cat("softmax ", tt(dt, shape).str(), " axis ", axis), OpKind::Softmax, {tt(dt, shape)},
@@ -419,7 +432,11 @@ inline LoweringContext oldMembwKernels() {
   c.embeddingGradSegments = false;
   return c;
 }
-inline bool hasOldVariant(const Case& c) { return c.op == OpKind::LayerNormGrad || c.op == OpKind::EmbeddingGrad; }
+// (sum_dx is summed by the block kernel alone: no old variant.)
+inline bool hasOldVariant(const Case& c) {
+  if (c.op == OpKind::LayerNormGrad) return !c.attrs.find("sum_dx");
+  return c.op == OpKind::EmbeddingGrad;
+}
 
 // Whether the new kernel's result r must equal the old kernel's bits (see oldMembwKernels): dx of
 // layer_norm_grad (all of it: `ok` left empty); embedding_grad's rows with at most 32 positions (`ok[v]` set).

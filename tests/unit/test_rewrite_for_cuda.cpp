@@ -247,4 +247,35 @@ TEST_CASE("rewriteForCuda: on the rank programs of megatron-tp 2 both rewrites f
   checkClose(twoSteps(*g, std::move(plain)), twoSteps(*g, std::move(rewritten)), kTol);
 }
 
+// fold-layer-norm-grad-bias-sum (the CUDA backend's canSumLayerNormGradDx accepting every layer_norm_grad): the
+// attention projection's and the second MLP matmul's bias gradients, both sums of the backward residual stream,
+// are the layer_norm_grads' fourth results: ln_2's for the projection, the next block's ln_1 (or ln_f) for the
+// MLP. The step is the same on the CPU backend (its layer_norm_grad sums dx as stored).
+TEST_CASE("rewriteForCuda: the layer_norm_grads sum the residual stream's bias gradients and the step matches",
+          "[cuda][layer-norm]") {
+  std::function<bool(const Node&)> all = [](const Node&) { return true; };
+  for (const std::string& passes : {kTrainPasses, "mixed-precision(dtype=bf16)," + kTrainPasses}) {
+    INFO(passes);
+    std::vector<std::unique_ptr<Graph>> none;
+    auto g = fusedStep(passes, &none);
+    auto summed = g->clone(), plain = g->clone();
+    REQUIRE(cuda::rewriteForCuda(*summed, {}, true, all).ok());
+    REQUIRE(cuda::rewriteForCuda(*plain, {}, true).ok());
+    Status v = verifyGraph(*summed);
+    INFO((v.ok() ? std::string() : v.error()));
+    REQUIRE(v.ok());
+    const int layers = static_cast<int>(gpt().layers);
+    int sums = 0;
+    for (const Node* n : summed->nodes()) {
+      if (n->op() != OpKind::LayerNormGrad || !n->getBool("sum_dx")) continue;
+      ++sums;
+      REQUIRE(n->numResults() == 4);
+      CHECK(n->result(3)->type() == TensorType(n->result(0)->dtype(), {n->operand(1)->shape().back()}));
+    }
+    CHECK(sums == 2 * layers);
+    CHECK(count(*summed, OpKind::ReduceSum) == count(*plain, OpKind::ReduceSum) - 2 * layers);
+    if (passes == kTrainPasses) checkClose(twoSteps(*g, {}), twoSteps(*summed, {}), kTol);
+  }
+}
+
 #endif  // TPC_HAVE_CUDA

@@ -21,6 +21,8 @@ Result<NodeLowering> lowerAttention(const Node& n, const LoweringContext& ctx); 
 Result<NodeLowering> lowerAttentionGrad(const Node& n, const LoweringContext& ctx);   // attention.cpp
 Result<NodeLowering> lowerLayerNorm(const Node& n, const LoweringContext& ctx);       // normalization.cpp
 Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ctx);   // normalization.cpp
+// Whether lowerLayerNormGrad sums dx for layer_norm_grad `n` given sum_dx (fold-layer-norm-grad-bias-sum asks).
+bool layerNormGradSumsDx(const Node& n, const LoweringContext& ctx);  // normalization.cpp
 Result<NodeLowering> lowerSoftmax(const Node& n, const LoweringContext& ctx);         // normalization.cpp
 Result<NodeLowering> lowerSoftmaxGrad(const Node& n, const LoweringContext& ctx);     // normalization.cpp
 Result<NodeLowering> lowerCrossEntropy(const Node& n, const LoweringContext& ctx);    // loss.cpp

@@ -20,10 +20,12 @@ NodeLowering single(KernelSpec k) {
 
 // layer_norm_grad with a residual operand (dx = round(dx) + residual, the bits of the add it replaces): the
 // residual's accessors, RES, and dx_round; without one RES is 0.
+// v rounded to dx's dtype (after dx's accessors).
+constexpr const char* kDxRound = "__device__ __forceinline__ float dx_round(float v) { dx_t t; dx_st(&t, 0, v); return dx_ld(&t, 0); }\n";
+
 std::string residualHead(const Node& n) {
   if (n.numOperands() != 4) return "#define RES 0\n";
-  return accessors("r", n.operand(3)->dtype()) + vectorAccessors("r", n.operand(3)->dtype()) +
-         "#define RES 1\n__device__ __forceinline__ float dx_round(float v) { dx_t t; dx_st(&t, 0, v); return dx_ld(&t, 0); }\n";
+  return accessors("r", n.operand(3)->dtype()) + vectorAccessors("r", n.operand(3)->dtype()) + "#define RES 1\n" + kDxRound;
 }
 
 // r_ldu for the warp-row kernels (after residualHead and warpRowHead).
@@ -163,23 +165,37 @@ namespace {
 
 // The second kernel of both warp-row layer_norm_grad lowerings: dgamma and dbeta as the in-order column
 // sums (tpc_column_sum, in double) of the `rows` f32 partial rows at workspace 0 (dy xhat) and partBytes (dy).
-KernelSpec layerNormGradColumns(const std::string& src, const char* rows, int64_t D, int64_t partBytes) {
+// With sumDx (the block kernel's sum_dx), also dx's column sums from the partial rows at 2 partBytes.
+KernelSpec layerNormGradColumns(const std::string& src, const char* rows, int64_t D, int64_t partBytes, bool sumDx = false) {
   KernelSpec k;
   k.entry = "tpc_layer_norm_grad_columns";
-  k.source = src + R"(
-extern "C" __global__ void tpc_layer_norm_grad_columns(const float* pg, const float* pb, dg_t* DG, db_t* DB) {
+  k.source = src + (sumDx ? "#define SUM_COLUMNS 1\n" : "#define SUM_COLUMNS 0\n") + R"(
+extern "C" __global__ void tpc_layer_norm_grad_columns(const float* pg, const float* pb, dg_t* DG, db_t* DB)" +
+             (sumDx ? ", const float* ps, ds_t* DS" : "") + R"() {
   __shared__ double red[32 * 33];
   const i64 col = (i64)blockIdx.x * 32 + threadIdx.x;
-  double v = tpc_column_sum(blockIdx.y ? pb : pg, )" + rows + R"(, D, col, red);
+#if SUM_COLUMNS
+  const float* p = blockIdx.y == 2 ? ps : blockIdx.y ? pb : pg;
+#else
+  const float* p = blockIdx.y ? pb : pg;
+#endif
+  double v = tpc_column_sum(p, )" + rows + R"(, D, col, red);
   if (threadIdx.y == 0 && col < D) {
+#if SUM_COLUMNS
+    if (blockIdx.y == 2) { ds_st(DS, col, (float)v); return; }
+#endif
     if (blockIdx.y) db_st(DB, col, (float)v);
     else dg_st(DG, col, (float)v);
   }
 }
 )";
   k.block = {32, 32, 1};
-  k.grid = {static_cast<uint32_t>(std::max<int64_t>(1, (D + 31) / 32)), 2, 1};
+  k.grid = {static_cast<uint32_t>(std::max<int64_t>(1, (D + 31) / 32)), sumDx ? 3u : 2u, 1};
   k.args = {workspaceArg(0), workspaceArg(partBytes), resultArg(1), resultArg(2)};
+  if (sumDx) {
+    k.args.push_back(workspaceArg(2 * partBytes));
+    k.args.push_back(resultArg(3));
+  }
   return k;
 }
 
@@ -300,7 +316,12 @@ std::string rawPieces(const std::string& name, DType t, int64_t U) {
 Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, const LoweringContext& ctx) {
   const bool wide = n.operand(0)->dtype() == DType::f32 || n.operand(1)->dtype() == DType::f32;
   const bool regAcc = w.NV * w.U <= (wide ? 16 : 32);
-  const int64_t blocksPerSM = regAcc ? 3 : 4;
+  // sum_dx: dx's column sums as a third set, in registers where a lane holds at most 24 columns (gpt2's 768),
+  // else in shared memory (gpt2-medium's 1024 would spill).
+  const bool sumDx = n.getBool("sum_dx"), sumReg = sumDx && regAcc && w.NV * w.U <= (wide ? 8 : 24);
+  const int64_t nacc = sumDx ? 3 : 2;
+  const int64_t sharedBytes = kWarpsPerBlock * nacc * w.NV * w.U * 32 * 4;
+  const int64_t blocksPerSM = std::max<int64_t>(1, std::min<int64_t>(regAcc ? 3 : 4, ctx.sharedPerSM / (sharedBytes + 1024)));
   const int64_t warps = std::max<int64_t>(1, ctx.numSMs) * blocksPerSM * kWarpsPerBlock;
   int64_t rpw = std::max<int64_t>(1, (w.rows + warps - 1) / warps);
   int64_t rpb = rpw * kWarpsPerBlock;
@@ -310,28 +331,32 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, 
   std::string src = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("x", n.operand(1)->dtype()) +
                     accessors("g", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
                     accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) +
-                    vectorAccessors("dx", n.result(0)->dtype()) + residualHead(n);
+                    vectorAccessors("dx", n.result(0)->dtype()) + residualHead(n) +
+                    (sumDx ? accessors("ds", n.result(3)->dtype()) + (res ? "" : kDxRound) : std::string());
   src += warpRowHead(w, {{"dy", n.operand(0)->dtype()}, {"x", n.operand(1)->dtype()}, {"g", n.operand(2)->dtype()}},
                      "dx", n.getFloat("eps")) +
          (res ? residualLoad() : std::string());
   src += rawPieces("x", n.operand(1)->dtype(), w.U) + rawPieces("dy", n.operand(0)->dtype(), w.U) +
          (res ? rawPieces("r", n.operand(3)->dtype(), w.U) : std::string()) +
          cat("#define RPB ", i64Lit(rpb), "\n#define NB ", i64Lit(nb), "\n#define REG_ACC ", regAcc ? 1 : 0,
-             "\n#define MIN_BLOCKS ", blocksPerSM, "\n");
+             "\n#define MIN_BLOCKS ", blocksPerSM, "\n#define SUM_DX ", sumDx ? 1 : 0, "\n#define SUM_REG ",
+             sumReg ? 1 : 0, "\n#define NACC ", nacc, "\n");
   NodeLowering out;
-  out.workspaceBytes = 2 * partBytes;
+  out.workspaceBytes = nacc * partBytes;
   {
     KernelSpec k;
     k.entry = "tpc_layer_norm_grad_rows";
     k.source = src + R"(
 extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_norm_grad_rows(const dy_t* DY, const x_t* X, const g_t* G,
-)" + std::string(res ? "    const r_t* R,\n" : "") + R"(    dx_t* DX, float* pg, float* pb) {
-  // Each warp's dgamma and dbeta sums (in registers with REG_ACC, else here), then the block's warps' sums:
-  // element (i, k) of a lane at [warp][0 or 1][i U + k][lane], so that a warp's accesses hit 32 banks.
+)" + std::string(res ? "    const r_t* R,\n" : "") + R"(    dx_t* DX, float* pg, float* pb)" +
+                         (sumDx ? ", float* ps" : "") + R"() {
+  // Each warp's dgamma, dbeta (and dx) sums (in registers with REG_ACC / SUM_REG, else here), then the block's
+  // warps' sums: element (i, k) of a lane at [warp][0, 1 or 2][i U + k][lane], so that a warp's accesses hit
+  // 32 banks.
   extern __shared__ float smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 end = min((i64)blockIdx.x * RPB + RPB, ROWS);
-  float* ag = smem + warp * 2 * NV * U * 32 + lane;
+  float* ag = smem + warp * NACC * NV * U * 32 + lane;
   float* ab = ag + NV * U * 32;
 #if REG_ACC
   float accg[NV * U], accb[NV * U];
@@ -343,6 +368,17 @@ extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_nor
 #endif
 #pragma unroll
   for (int j = 0; j < NV * U; ++j) { AG(j) = 0.f; AB(j) = 0.f; }
+#if SUM_DX
+  float* as = ab + NV * U * 32;
+#if SUM_REG
+  float accs[NV * U];
+#define AS(j) accs[j]
+#else
+#define AS(j) as[(j) * 32]
+#endif
+#pragma unroll
+  for (int j = 0; j < NV * U; ++j) AS(j) = 0.f;
+#endif
   x_raw xn[NV];
   dy_raw en[NV];
   i64 row = (i64)blockIdx.x * RPB + warp;
@@ -417,9 +453,17 @@ extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_nor
 #pragma unroll
       for (int k = 0; k < U; ++k) d[k] = dx_round(d[k]) + rv[k];
 #endif
+#if SUM_DX
+#pragma unroll
+      for (int k = 0; k < U; ++k) AS(i * U + k) += dx_round(d[k]);  // dx as stored
+#endif
       dx_stu(DX + row * D, PIECE, d);
     }
   }
+#if SUM_REG
+#pragma unroll
+  for (int j = 0; j < NV * U; ++j) as[j * 32] = accs[j];
+#endif
 #if REG_ACC
 #pragma unroll
   for (int j = 0; j < NV * U; ++j) { ag[j * 32] = accg[j]; ab[j * 32] = accb[j]; }
@@ -430,22 +474,28 @@ extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_nor
     const int at = ((c % U) + (c / U) / 32 * U) * 32 + (c / U) % 32;  // (i U + k) * 32 + lane
     float a = smem[at], b = smem[NV * U * 32 + at];
     for (int w = 1; w < WPB; ++w) {
-      a += smem[w * 2 * NV * U * 32 + at];
-      b += smem[(w * 2 + 1) * NV * U * 32 + at];
+      a += smem[w * NACC * NV * U * 32 + at];
+      b += smem[(w * NACC + 1) * NV * U * 32 + at];
     }
     pg[(i64)blockIdx.x * D + c] = a;
     pb[(i64)blockIdx.x * D + c] = b;
+#if SUM_DX
+    float t = smem[2 * NV * U * 32 + at];
+    for (int w = 1; w < WPB; ++w) t += smem[(w * NACC + 2) * NV * U * 32 + at];
+    ps[(i64)blockIdx.x * D + c] = t;
+#endif
   }
 }
 )";
     k.block.x = static_cast<uint32_t>(32 * kWarpsPerBlock);
     k.grid.x = static_cast<uint32_t>(nb);
-    k.sharedBytes = static_cast<uint32_t>(kWarpsPerBlock * 2 * w.NV * w.U * 32 * 4);
+    k.sharedBytes = static_cast<uint32_t>(sharedBytes);
     k.args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0), workspaceArg(0), workspaceArg(partBytes)};
     if (res) k.args.insert(k.args.begin() + 3, operandArg(3));
+    if (sumDx) k.args.push_back(workspaceArg(2 * partBytes));
     out.kernels.push_back(std::move(k));
   }
-  out.kernels.push_back(layerNormGradColumns(src, "NB", w.D, partBytes));
+  out.kernels.push_back(layerNormGradColumns(src, "NB", w.D, partBytes, sumDx));
   return out;
 }
 }  // namespace
@@ -453,8 +503,16 @@ extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_nor
 // Kernel 1, a block per row: mean and rstd (kept in the workspace), dx = rstd (g - mean(g) - xhat mean(g xhat))
 // with g = dy gamma. Kernel 2: per chunk of rows and column, partial sums of dy xhat and dy (32 columns x
 // 8 row lanes per block, the lanes combined in order). Kernel 3: the chunks summed in order.
+bool layerNormGradSumsDx(const Node& n, const LoweringContext& ctx) {
+  const int64_t D = n.operand(1)->shape().empty() ? 0 : n.operand(1)->shape().back();
+  return ctx.layerNormGradBlocks && D > 0 && warpRowsOf(D, n.operand(1)->type().numel() / D).fits();
+}
+
 Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ctx) {
   for (unsigned k = 0; k < n.numOperands(); ++k) TPC_TRY(checkFloatDType(n, n.operand(k)->dtype(), "dy, x, gamma and residual"));
+  if (n.getBool("sum_dx") && !layerNormGradSumsDx(n, ctx))
+    return makeError("layer_norm_grad: sum_dx is summed by the block kernel only (rows of at most 2048 elements, "
+                     "layerNormGradBlocks on), got ", n.operand(1)->type().str());
   const Shape& s = n.operand(1)->shape();
   int64_t D = s.back(), rows = D ? n.operand(1)->type().numel() / D : 0;
   if (WarpRows w = warpRowsOf(D, rows); w.fits())
