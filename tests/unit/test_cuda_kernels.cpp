@@ -109,9 +109,25 @@ TEST_CASE("cuda kernels: layer_norm_grad and embedding_grad at gpt2 sizes: the n
   REQUIRE(l.ok());
   REQUIRE(l->kernels.size() == 2);
   CHECK(l->kernels[0].entry == "tpc_layer_norm_grad_rows");
-  CHECK(l->kernels[0].grid.x == 512);  // 8 rows a warp, 4 warps a block
+  // One wave of three 4-warp blocks a SM (dgamma/dbeta in registers): 16384 rows over 132 x 12 warps, 11 a warp.
+  CHECK(l->kernels[0].grid.x == 373);
+  CHECK(l->kernels[0].source.find("#define REG_ACC 1") != std::string::npos);
   CHECK(l->kernels[0].args.size() == 7);
-  CHECK(l->workspaceBytes == 2 * 512 * 768 * 4);  // one partial row of dgamma and dbeta per block
+  CHECK(l->workspaceBytes == 2 * 373 * 768 * 4);  // one partial row of dgamma and dbeta per block
+  // sum_dx: a third partial row per block, dx's sums in registers too, a third column sum in the second kernel.
+  OneOp lns = oneOp(OpKind::LayerNormGrad, {x, x, g, x}, attrs({{"eps", 1e-5}, {"sum_dx", true}}));
+  auto ls = (*cuda::findFamilyLowering(OpKind::LayerNormGrad))(*lns.node, sm90());
+  REQUIRE(ls.ok());
+  REQUIRE(ls->kernels.size() == 2);
+  CHECK(ls->kernels[0].source.find("#define SUM_REG 1") != std::string::npos);
+  CHECK(ls->kernels[0].args.size() == 8);
+  CHECK(ls->kernels[1].grid.y == 3);
+  CHECK(ls->workspaceBytes == 3 * 373 * 768 * 4);
+  auto lso = (*cuda::findFamilyLowering(OpKind::LayerNormGrad))(*lns.node, oldMembwKernels());
+  REQUIRE(!lso.ok());  // the old kernel does not sum dx: the fold asks layerNormGradSumsDx first
+  CHECK(lso.error().find("sum_dx") != std::string::npos);
+  CHECK(cuda::layerNormGradSumsDx(*lns.node, sm90()));
+  CHECK(!cuda::layerNormGradSumsDx(*lns.node, oldMembwKernels()));
   auto lo = (*cuda::findFamilyLowering(OpKind::LayerNormGrad))(*ln.node, oldMembwKernels());
   REQUIRE(lo.ok());
   CHECK(lo->kernels[0].entry == "tpc_layer_norm_grad_warp");
