@@ -64,6 +64,9 @@ struct LoweringContext {
   bool vectorElementwise = true;  // a lone elementwise node through the fused kernel's 16-byte path
   bool xentOnePass = true;        // cross_entropy(_with)_grad: the row-resident pipelined kernel (loss_resident.cpp)
   bool layerNormGradBlocks = true;  // layer_norm_grad (warp rows): dgamma/dbeta partials per block, next row prefetched
+  // ... its dgamma/dbeta sums in registers where a lane holds at most this many columns of 16-bit rows (half for
+  // f32), else in shared memory; its dx sums (sum_dx) likewise up to layerNormGradRegSumColumns (0: never).
+  int layerNormGradRegColumns = 24, layerNormGradRegSumColumns = 24;
   bool embeddingGradSegments = true;  // embedding_grad: ranks within an id's segment, a warp per table row (gather.cpp)
 };
 

@@ -308,17 +308,17 @@ std::string rawPieces(const std::string& name, DType t, int64_t U) {
 // reduced. dgamma/dbeta: each warp sums its rows, the block adds its warps in order and writes one partial row
 // per block ([NB, D] each, f32; the old kernel wrote one per warp, 3x the bytes). Kernel 2: the NB partials per
 // column in order, in double. Deterministic: every sum's order is fixed by the shapes.
-// Where a warp keeps its dgamma/dbeta sums: in registers (2 NV U of them) where a lane holds at most 32
-// columns of 16-bit x and dy (D <= 1024; 16 of f32: their raw rows take twice the registers; three blocks a SM
-// at up to 168 registers, the grid one wave of them), else in shared
-// memory (two blocks' worth of warps more, 128 registers). On the H200 the shared-memory sums kept the L1/shared
-// pipe 89% busy and DRAM at 25% of its bandwidth (ncu, gpt2's [16384, 768]).
+// Where a warp keeps its dgamma/dbeta (and dx) sums: in registers (NV U each) where a lane holds few enough
+// columns (LoweringContext::layerNormGradRegColumns / RegSumColumns; f32 rows count twice: their raw rows take
+// twice the registers; three blocks a SM at up to 168 registers, the grid one wave of them), else in shared
+// memory (a block more a SM, 128 registers). On the H200 the shared-memory sums kept the L1/shared pipe 89% busy
+// and DRAM at 25% of its bandwidth (ncu, gpt2's [16384, 768]); in registers a 1024-wide row spilled.
 Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, const LoweringContext& ctx) {
   const bool wide = n.operand(0)->dtype() == DType::f32 || n.operand(1)->dtype() == DType::f32;
-  const bool regAcc = w.NV * w.U <= (wide ? 16 : 32);
-  // sum_dx: dx's column sums as a third set, in registers where a lane holds at most 24 columns (gpt2's 768),
-  // else in shared memory (gpt2-medium's 1024 would spill).
-  const bool sumDx = n.getBool("sum_dx"), sumReg = sumDx && regAcc && w.NV * w.U <= (wide ? 8 : 24);
+  const int64_t cols = w.NV * w.U * (wide ? 2 : 1);  // a lane's columns, counted in 16-bit rows' registers
+  const bool regAcc = cols <= ctx.layerNormGradRegColumns;
+  // sum_dx: dx's column sums as a third set, in registers or shared memory likewise.
+  const bool sumDx = n.getBool("sum_dx"), sumReg = sumDx && regAcc && cols <= ctx.layerNormGradRegSumColumns;
   const int64_t nacc = sumDx ? 3 : 2;
   const int64_t sharedBytes = kWarpsPerBlock * nacc * w.NV * w.U * 32 * 4;
   const int64_t blocksPerSM = std::max<int64_t>(1, std::min<int64_t>(regAcc ? 3 : 4, ctx.sharedPerSM / (sharedBytes + 1024)));
