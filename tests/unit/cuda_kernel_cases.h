@@ -224,8 +224,8 @@ inline std::vector<Case> allCases() {
     cs.push_back(simple(cat("layer_norm_grad blocks ", x.str(), res ? " residual" : ""), OpKind::LayerNormGrad, types,
                         attrs({{"eps", 1e-5}}), {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
   }
-  // sum_dx (fold-layer-norm-grad-bias-sum): dx's column sums in registers (gpt2's 768, f32 24, 256) and in shared
-  // memory (1024: gpt2-medium's; 771: element loads), with and without the residual, several rows a warp.
+  // sum_dx (fold-layer-norm-grad-bias-sum): dx's column sums (in shared memory by default; the GPU family test
+  // also runs them in registers), with and without the residual, several rows a warp, element loads (771).
   for (auto [dt, shape, res] : std::vector<std::tuple<DType, Shape, bool>>{{bf, {2053, 768}, true},
                                                                         {bf, {1031, 1024}, true},
                                                                         {f, {4001, 24}, false},
@@ -236,6 +236,10 @@ inline std::vector<Case> allCases() {
     if (res) types.push_back(x);
     cs.push_back(simple(cat("layer_norm_grad sum_dx ", x.str(), res ? " residual" : ""), OpKind::LayerNormGrad, types,
                         attrs({{"eps", 1e-5}, {"sum_dx", true}}), {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
+    Case regs = cs.back();
+    regs.name += " (sums in registers)";
+    regs.ctx.layerNormGradRegColumns = regs.ctx.layerNormGradRegSumColumns = 32;
+    cs.push_back(std::move(regs));
   }
   for (auto [dt, shape, axis] : std::vector<std::tuple<DType, Shape, int64_t>>{
            {f, {5, 300}, -1}, {f, {3, 7, 5}, 1}, {bf, {4, 2000}, -1}, {f, {6, 4}, 0}}) {

@@ -114,12 +114,13 @@ TEST_CASE("cuda kernels: layer_norm_grad and embedding_grad at gpt2 sizes: the n
   CHECK(l->kernels[0].source.find("#define REG_ACC 1") != std::string::npos);
   CHECK(l->kernels[0].args.size() == 7);
   CHECK(l->workspaceBytes == 2 * 373 * 768 * 4);  // one partial row of dgamma and dbeta per block
-  // sum_dx: a third partial row per block, dx's sums in registers too, a third column sum in the second kernel.
+  // sum_dx: a third partial row per block, dx's sums in shared memory, a third column sum in the second kernel.
   OneOp lns = oneOp(OpKind::LayerNormGrad, {x, x, g, x}, attrs({{"eps", 1e-5}, {"sum_dx", true}}));
   auto ls = (*cuda::findFamilyLowering(OpKind::LayerNormGrad))(*lns.node, sm90());
   REQUIRE(ls.ok());
   REQUIRE(ls->kernels.size() == 2);
-  CHECK(ls->kernels[0].source.find("#define SUM_REG 1") != std::string::npos);
+  CHECK(ls->kernels[0].source.find("#define REG_ACC 1") != std::string::npos);
+  CHECK(ls->kernels[0].source.find("#define SUM_REG 0") != std::string::npos);
   CHECK(ls->kernels[0].args.size() == 8);
   CHECK(ls->kernels[1].grid.y == 3);
   CHECK(ls->workspaceBytes == 3 * 373 * 768 * 4);
