@@ -503,6 +503,198 @@ extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_nor
 // Kernel 1, a block per row: mean and rstd (kept in the workspace), dx = rstd (g - mean(g) - xhat mean(g xhat))
 // with g = dy gamma. Kernel 2: per chunk of rows and column, partial sums of dy xhat and dy (32 columns x
 // 8 row lanes per block, the lanes combined in order). Kernel 3: the chunks summed in order.
+// The block kernel's arithmetic (the same dx bits, the same per-warp dgamma/dbeta order) with the rows staged
+// in shared memory: each warp copies the x, dy (and residual) rows DEPTH rows ahead of the one it reduces with
+// cp.async into NBUF = DEPTH + 1 slots, so that 2 rows a warp are in flight without registers (the block
+// kernel's register prefetch holds one, and its 168 registers allow 12 warps a SM). For 16-bit rows with
+// 16-byte pieces and dgamma/dbeta in registers; dx sums (sum_dx) in shared memory. After the rows, the staging
+// slots hold the warps' dgamma/dbeta sums for the block's partial row.
+Result<NodeLowering> lowerLayerNormGradStaged(const Node& n, const WarpRows& w, const LoweringContext& ctx) {
+  const bool res = n.numOperands() == 4, sumDx = n.getBool("sum_dx");
+  constexpr int64_t kDepth = 2;
+  const int64_t nt = res ? 3 : 2, warpStage = (kDepth + 1) * nt * w.D * 2, accBytes = w.NV * w.U * 32 * 4;
+  const int64_t sharedBytes = kWarpsPerBlock * (warpStage + (sumDx ? accBytes : 0));
+  const int64_t blocksPerSM = std::max<int64_t>(1, std::min<int64_t>(3, ctx.sharedPerSM / (sharedBytes + 1024)));
+  const int64_t warps = std::max<int64_t>(1, ctx.numSMs) * blocksPerSM * kWarpsPerBlock;
+  const int64_t rpw = std::max<int64_t>(1, (w.rows + warps - 1) / warps), rpb = rpw * kWarpsPerBlock;
+  const int64_t nb = std::max<int64_t>(1, (w.rows + rpb - 1) / rpb), partBytes = nb * w.D * 4;
+  const int64_t nacc = sumDx ? 3 : 2;
+  std::string src = devicePrelude() + tensorCorePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("x", n.operand(1)->dtype()) +
+                    accessors("g", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
+                    accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) +
+                    vectorAccessors("dx", n.result(0)->dtype()) + residualHead(n) +
+                    (sumDx ? accessors("ds", n.result(3)->dtype()) + (res ? "" : kDxRound) : std::string());
+  src += warpRowHead(w, {{"dy", n.operand(0)->dtype()}, {"x", n.operand(1)->dtype()}, {"g", n.operand(2)->dtype()}},
+                     "dx", n.getFloat("eps")) +
+         (res ? residualLoad() : std::string());
+  src += rawPieces("x", n.operand(1)->dtype(), w.U) + rawPieces("dy", n.operand(0)->dtype(), w.U) +
+         (res ? rawPieces("r", n.operand(3)->dtype(), w.U) : std::string()) +
+         cat("#define RPB ", i64Lit(rpb), "\n#define NB ", i64Lit(nb), "\n#define MIN_BLOCKS ", blocksPerSM,
+             "\n#define SUM_DX ", sumDx ? 1 : 0, "\n#define NT ", nt, "\n#define NBUF ", kDepth + 1, "\n#define DEPTH ",
+             kDepth, "\n#define WARP_STAGE ", warpStage, "\n");
+  NodeLowering out;
+  out.workspaceBytes = nacc * partBytes;
+  KernelSpec k;
+  k.entry = "tpc_layer_norm_grad_staged";
+  k.source = src + R"(
+// Copies row rw of x, dy (and r) into slot b of this warp's staging area, 16 bytes a piece, each lane its own
+// pieces (a lane reads back only what it copied: no barrier between the lanes).
+#if RES
+#define STAGE_R(rw, base) _Pragma("unroll") FOR_PIECES tpc_cp_async16(base + 2 * D * 2 + PIECE * 2, R + (rw) * D + PIECE, true);
+#else
+#define STAGE_R(rw, base)
+#endif
+#define STAGE(rw, b) { \
+    unsigned char* base_ = stage + (b) * NT * D * 2; \
+    _Pragma("unroll") FOR_PIECES { \
+      tpc_cp_async16(base_ + PIECE * 2, X + (rw) * D + PIECE, true); \
+      tpc_cp_async16(base_ + D * 2 + PIECE * 2, DY + (rw) * D + PIECE, true); \
+    } \
+    STAGE_R(rw, base_) }
+extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_norm_grad_staged(const dy_t* DY, const x_t* X, const g_t* G,
+)" + std::string(res ? "    const r_t* R,\n" : "") + R"(    dx_t* DX, float* pg, float* pb)" +
+             (sumDx ? ", float* ps" : "") + R"() {
+  extern __shared__ float smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 first = (i64)blockIdx.x * RPB + warp, end = min((i64)blockIdx.x * RPB + RPB, ROWS);
+  unsigned char* stage = reinterpret_cast<unsigned char*>(smem) + warp * WARP_STAGE;
+  float accg[NV * U], accb[NV * U];
+#pragma unroll
+  for (int j = 0; j < NV * U; ++j) { accg[j] = 0.f; accb[j] = 0.f; }
+#if SUM_DX
+  float* as = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem) + WPB * WARP_STAGE) + warp * NV * U * 32 + lane;
+#pragma unroll
+  for (int j = 0; j < NV * U; ++j) as[j * 32] = 0.f;
+#endif
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d) {
+    const i64 rw = first + d * WPB;
+    if (rw < end) STAGE(rw, d);
+    tpc_cp_async_commit();
+  }
+  int b = 0;
+  for (i64 row = first; row < end; row += WPB) {
+    const i64 ahead = row + DEPTH * WPB;
+    if (ahead < end) STAGE(ahead, (b + DEPTH) % NBUF);
+    tpc_cp_async_commit();
+    tpc_cp_async_wait_two();  // this row's group: DEPTH groups were committed after it
+    const unsigned char* cur = stage + b * NT * D * 2;
+    x_raw xc[NV];
+    dy_raw ec[NV];
+#pragma unroll
+    FOR_PIECES {
+      x_ldr(reinterpret_cast<const x_t*>(cur), PIECE, xc[i]);
+      dy_ldr(reinterpret_cast<const dy_t*>(cur + D * 2), PIECE, ec[i]);
+    }
+    // tpc_row_stats's arithmetic (the block kernel's, line for line).
+    float s = 0.f;
+#pragma unroll
+    FOR_PIECES {
+      float v[U];
+      x_cvt(xc[i], v);
+#pragma unroll
+      for (int k = 0; k < U; ++k) s += v[k];
+    }
+    const float mean = tpc_warp_sum(s) / (float)D;
+    float q = 0.f;
+#pragma unroll
+    FOR_PIECES {
+      float v[U];
+      x_cvt(xc[i], v);
+#pragma unroll
+      for (int k = 0; k < U; ++k) { float d = v[k] - mean; q += d * d; }
+    }
+    const float rstd = 1.f / sqrtf(tpc_warp_sum(q) / (float)D + EPS);
+    float sg = 0.f, sgx = 0.f;
+#pragma unroll
+    FOR_PIECES {
+      float g[U], v[U], e[U];
+      g_ldu(G, PIECE, g);
+      x_cvt(xc[i], v);
+      dy_cvt(ec[i], e);
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const float xh = (v[k] - mean) * rstd;
+        float gv = e[k] * g[k];
+        sg += gv;
+        sgx += gv * xh;
+        accg[i * U + k] += e[k] * xh;
+        accb[i * U + k] += e[k];
+      }
+    }
+    sg = tpc_warp_sum(sg) / (float)D;
+    sgx = tpc_warp_sum(sgx) / (float)D;
+#pragma unroll
+    FOR_PIECES {
+      float g[U], v[U], e[U], d[U];
+      g_ldu(G, PIECE, g);
+      x_cvt(xc[i], v);
+      dy_cvt(ec[i], e);
+#pragma unroll
+      for (int k = 0; k < U; ++k) d[k] = rstd * (e[k] * g[k] - sg - (v[k] - mean) * rstd * sgx);
+#if RES
+      r_raw rc;
+      r_ldr(reinterpret_cast<const r_t*>(cur + 2 * D * 2), PIECE, rc);
+      float rv[U];
+      r_cvt(rc, rv);
+#pragma unroll
+      for (int k = 0; k < U; ++k) d[k] = dx_round(d[k]) + rv[k];
+#endif
+#if SUM_DX
+#pragma unroll
+      for (int k = 0; k < U; ++k) as[(i * U + k) * 32] += dx_round(d[k]);  // dx as stored
+#endif
+      dx_stu(DX + row * D, PIECE, d);
+    }
+    b = (b + 1) % NBUF;
+  }
+  // The staging slots become the warps' dgamma/dbeta sums: [warp][0 or 1][i U + k][lane].
+  tpc_cp_async_wait_all();
+  __syncthreads();
+  float* ag = smem + warp * 2 * NV * U * 32 + lane;
+#pragma unroll
+  for (int j = 0; j < NV * U; ++j) { ag[j * 32] = accg[j]; ag[(NV * U + j) * 32] = accb[j]; }
+  __syncthreads();
+  // The block's warps in order, ((w0 + w1) + w2) + w3, a thread per column: the block's partial row.
+  for (int c = threadIdx.x; c < D; c += WPB * 32) {
+    const int at = ((c % U) + (c / U) / 32 * U) * 32 + (c / U) % 32;  // (i U + k) * 32 + lane
+    float a = smem[at], bb = smem[NV * U * 32 + at];
+    for (int v = 1; v < WPB; ++v) {
+      a += smem[v * 2 * NV * U * 32 + at];
+      bb += smem[(v * 2 + 1) * NV * U * 32 + at];
+    }
+    pg[(i64)blockIdx.x * D + c] = a;
+    pb[(i64)blockIdx.x * D + c] = bb;
+#if SUM_DX
+    const float* sums = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(smem) + WPB * WARP_STAGE);
+    float t = sums[at];
+    for (int v = 1; v < WPB; ++v) t += sums[v * NV * U * 32 + at];
+    ps[(i64)blockIdx.x * D + c] = t;
+#endif
+  }
+}
+)";
+  k.block.x = static_cast<uint32_t>(32 * kWarpsPerBlock);
+  k.grid.x = static_cast<uint32_t>(nb);
+  k.sharedBytes = static_cast<uint32_t>(sharedBytes);
+  k.args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0), workspaceArg(0), workspaceArg(partBytes)};
+  if (res) k.args.insert(k.args.begin() + 3, operandArg(3));
+  if (sumDx) k.args.push_back(workspaceArg(2 * partBytes));
+  out.kernels.push_back(std::move(k));
+  out.kernels.push_back(layerNormGradColumns(src, "NB", w.D, partBytes, sumDx));
+  return out;
+}
+
+// Whether the staged kernel takes layer_norm_grad `n` (its rows 16-bit in 16-byte pieces, its dgamma/dbeta
+// sums in registers, its warps' sums fitting the staging slots).
+bool stagedLayerNormGrad(const Node& n, const WarpRows& w, const LoweringContext& ctx) {
+  if (!ctx.layerNormGradStaged || w.U != 8 || w.NV * w.U > ctx.layerNormGradRegColumns) return false;
+  for (unsigned k = 0; k < n.numOperands(); ++k)
+    if (k != 2 && dtypeSize(n.operand(k)->dtype()) != 2) return false;
+  const int64_t nt = n.numOperands() == 4 ? 3 : 2;
+  return 2 * w.NV * w.U * 32 * 4 <= 3 * nt * w.D * 2;
+}
+
 bool layerNormGradSumsDx(const Node& n, const LoweringContext& ctx) {
   const int64_t D = n.operand(1)->shape().empty() ? 0 : n.operand(1)->shape().back();
   return ctx.layerNormGradBlocks && D > 0 && warpRowsOf(D, n.operand(1)->type().numel() / D).fits();
@@ -516,7 +708,9 @@ Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ct
   const Shape& s = n.operand(1)->shape();
   int64_t D = s.back(), rows = D ? n.operand(1)->type().numel() / D : 0;
   if (WarpRows w = warpRowsOf(D, rows); w.fits())
-    return ctx.layerNormGradBlocks ? lowerLayerNormGradBlocks(n, w, ctx) : lowerLayerNormGradWarps(n, w);
+    return !ctx.layerNormGradBlocks           ? lowerLayerNormGradWarps(n, w)
+           : stagedLayerNormGrad(n, w, ctx) ? lowerLayerNormGradStaged(n, w, ctx)
+                                            : lowerLayerNormGradBlocks(n, w, ctx);
   const int64_t kRowsPerChunk = 64;
   int64_t chunks = std::max<int64_t>(1, (rows + kRowsPerChunk - 1) / kRowsPerChunk);
   // Workspace: mean[rows], rstd[rows] (double), then dgamma/dbeta partials [chunks][D] (double).
