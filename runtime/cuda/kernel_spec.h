@@ -69,9 +69,6 @@ struct LoweringContext {
   // [16384, 768] with the residual and sum_dx: 0.047 ms with dgamma/dbeta in registers and the dx sums in shared
   // memory, 0.051 all in registers, 0.053 all in shared memory; at 1024 columns registers spill (0.080 vs 0.059).
   int layerNormGradRegColumns = 24, layerNormGradRegSumColumns = 0;
-  // ... and where its sums are in registers and its rows 16-bit with 16-byte pieces, the rows staged in shared
-  // memory by cp.async two rows ahead of the one being reduced (more bytes in flight than registers allow).
-  bool layerNormGradStaged = true;
   bool embeddingGradSegments = true;  // embedding_grad: ranks within an id's segment, a warp per table row (gather.cpp)
 };
 

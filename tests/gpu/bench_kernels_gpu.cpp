@@ -180,20 +180,17 @@ TEST_CASE("bench: loss, layer_norm, embedding_grad, bias reduce_sum and global_n
       b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual", old), lngr, {DY, X, G, R});
     }
     b.ctx.layerNormGradBlocks = true;
-    // With sum_dx (the residual stream's bias gradient) and without: the rows staged by cp.async (the default
-    // where it applies), the block kernel with dgamma/dbeta in registers, and with all sums in shared memory
-    // (LoweringContext::layerNormGradStaged, layerNormGradRegColumns).
+    // With sum_dx (the residual stream's bias gradient), sums in shared memory or registers
+    // (LoweringContext::layerNormGradRegColumns / RegSumColumns).
     OneOp lngs = oneOp(OpKind::LayerNormGrad, {x, x, g, x}, attrs({{"eps", 1e-5}, {"sum_dx", true}}));
-    const cuda::LoweringContext defaults;
-    for (auto [name, staged, reg] : std::vector<std::tuple<const char*, bool, int>>{
-             {"staged", true, defaults.layerNormGradRegColumns}, {"registers", false, defaults.layerNormGradRegColumns}, {"shared", false, 0}}) {
-      b.ctx.layerNormGradStaged = staged;
+    for (auto [reg, regSum] : std::vector<std::pair<int, int>>{{0, 0}, {32, 0}, {32, 32}}) {
       b.ctx.layerNormGradRegColumns = reg;
-      b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual (", name, ")"), lngr, {DY, X, G, R});
-      b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual sum_dx (", name, ")"), lngs, {DY, X, G, R});
+      b.ctx.layerNormGradRegSumColumns = regSum;
+      b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual (regs ", reg, ")"), lngr, {DY, X, G, R});
+      b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual sum_dx (regs ", reg, " ", regSum, ")"), lngs, {DY, X, G, R});
     }
-    b.ctx.layerNormGradStaged = defaults.layerNormGradStaged;
-    b.ctx.layerNormGradRegColumns = defaults.layerNormGradRegColumns;
+    b.ctx.layerNormGradRegColumns = cuda::LoweringContext{}.layerNormGradRegColumns;
+    b.ctx.layerNormGradRegSumColumns = cuda::LoweringContext{}.layerNormGradRegSumColumns;
     for (void* p : {X, DY, G, B, R}) cudaFree(p);
   }
   {

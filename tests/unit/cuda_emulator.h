@@ -211,7 +211,6 @@ inline void tpc_cp_async16(void* dst, const void* src, bool full) {
 inline void tpc_cp_async_commit() {}
 inline void tpc_cp_async_wait_all() {}
 inline void tpc_cp_async_wait_one() {}
-inline void tpc_cp_async_wait_two() {}
 inline float tpc_ex2(float x) { return std::exp2(x); }
 )SHIM";
 }

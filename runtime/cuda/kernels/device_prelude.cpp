@@ -188,8 +188,6 @@ __device__ __forceinline__ void tpc_cp_async_commit() { asm volatile("cp.async.c
 __device__ __forceinline__ void tpc_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 // All but the most recently committed group complete (a two-buffer pipeline's wait).
 __device__ __forceinline__ void tpc_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-// All but the two most recently committed groups complete (a pipeline two rows deep).
-__device__ __forceinline__ void tpc_cp_async_wait_two() { asm volatile("cp.async.wait_group 2;" ::: "memory"); }
 // 2^x in one MUFU.EX2, results below 2^-126 flushed to zero (exp2f without fast math adds a denormal fix-up).
 __device__ __forceinline__ float tpc_ex2(float x) {
   float r;
