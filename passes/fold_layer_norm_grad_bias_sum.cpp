@@ -6,27 +6,13 @@
 // dx keeps its other readers. The bias gradients of the attention projection and the second MLP matmul of
 // a GPT are such sums (the residual stream's gradient). For one rank's program (the CUDA backend runs it in
 // rewriteForCuda, after fold-layer-norm-grad-residual).
-#include <algorithm>
 #include <functional>
 
 #include "passes/builtin_passes.h"
+#include "passes/node_patterns.h"
 
 namespace tpc {
 namespace {
-
-// Whether reduce_sum `n` sums exactly its operand's leading dims into [D].
-bool sumsLeadingDims(const Node& n) {
-  if (n.op() != OpKind::ReduceSum || n.getBool("keepdims")) return false;
-  const int64_t rank = n.operand(0)->type().rank();
-  if (rank < 2) return false;
-  std::vector<int64_t> axes;
-  for (int64_t a : n.getInts("axes")) axes.push_back(a < 0 ? a + rank : a);
-  std::sort(axes.begin(), axes.end());
-  if (static_cast<int64_t>(axes.size()) != rank - 1) return false;
-  for (int64_t k = 0; k < rank - 1; ++k)
-    if (axes[static_cast<size_t>(k)] != k) return false;
-  return true;
-}
 
 class FoldLayerNormGradBiasSumPass final : public Pass {
  public:
@@ -36,7 +22,7 @@ class FoldLayerNormGradBiasSumPass final : public Pass {
   Result<bool> run(Graph& g) override {
     bool changed = false;
     for (Node* sum : g.nodeVector()) {
-      if (!sumsLeadingDims(*sum)) continue;
+      if (!sumsAllButLast(*sum) || sum->result()->placement()) continue;
       Value* dx = sum->operand(0);
       Node* ln = dx->def();
       if (!ln || ln->op() != OpKind::LayerNormGrad || ln->getBool("sum_dx") || dx != ln->result(0)) continue;

@@ -13,10 +13,10 @@
 #include <algorithm>
 #include <functional>
 #include <map>
-#include <numeric>
 
 #include "ir/fusion_group.h"
 #include "passes/builtin_passes.h"
+#include "passes/node_patterns.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
 namespace tpc {
@@ -83,19 +83,6 @@ class FoldMatmulEpiloguesPass final : public Pass {
     if (gv < 0) return false;
     return std::any_of(removed.begin(), removed.end(), [&](const Node* r) { return fusionGroupOf(*r) == gv; });
   }
-  // reduce_sum over every dim but the last (keepdims false), e.g. a bias gradient.
-  static bool sumsAllButLast(const Node& n) {
-    if (n.op() != OpKind::ReduceSum || n.getBool("keepdims")) return false;
-    int64_t r = n.operand(0)->type().rank();
-    std::vector<int64_t> axes = n.getInts("axes");
-    for (int64_t& a : axes)
-      if (a < 0) a += r;
-    std::sort(axes.begin(), axes.end());
-    std::vector<int64_t> want(static_cast<size_t>(std::max<int64_t>(r - 1, 0)));
-    std::iota(want.begin(), want.end(), 0);
-    return r >= 2 && axes == want;
-  }
-
   // Creates matmul_epilogue(operands) from matmul m's flags before `before`; null when canRun_ refuses it.
   Result<Node*> candidate(Graph& g, const Node& m, const std::string& epilogue, llvm::ArrayRef<Value*> operands,
                           Node* before) {

@@ -126,6 +126,16 @@ class GraphBuilder {
     return tensor(0, dims, strides, dt, true);
   }
 
+  // Finalizes operation `op` and appends it to the graph; `op` and the descriptor it points to (`config`: a
+  // matmul, pointwise or reduction descriptor) live as long as the builder.
+  Status addOperation(Desc op, const char* what, Desc config = {}) {
+    TPC_TRY(finalize(op.get(), what));
+    ops_.push_back(op.get());
+    if (config.get()) keep_.push_back(std::move(config));
+    keep_.push_back(std::move(op));
+    return {};
+  }
+
   Status matmul(const Tensor& a, const Tensor& b, const Tensor& c) {
     TPC_ASSIGN(Desc m, create(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul"));
     cudnnDataType_t comp = CUDNN_DATA_FLOAT;
@@ -137,11 +147,7 @@ class GraphBuilder {
     TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b.d, "a matmul operation"));
     TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c.d, "a matmul operation"));
     TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &md, "a matmul operation"));
-    TPC_TRY(finalize(op.get(), "a matmul operation"));
-    ops_.push_back(op.get());
-    keep_.push_back(std::move(m));
-    keep_.push_back(std::move(op));
-    return {};
+    return addOperation(std::move(op), "a matmul operation", std::move(m));
   }
 
   // y = mode(x[, b][, t]); axis >= 0 for GEN_INDEX.
@@ -163,11 +169,7 @@ class GraphBuilder {
     float one = 1.f;
     TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one, what));
     TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one, what));
-    TPC_TRY(finalize(op.get(), what));
-    ops_.push_back(op.get());
-    keep_.push_back(std::move(pw));
-    keep_.push_back(std::move(op));
-    return {};
+    return addOperation(std::move(op), what, std::move(pw));
   }
 
   Status reduction(cudnnReduceTensorOp_t mode, const Tensor& x, const Tensor& y) {
@@ -186,11 +188,7 @@ class GraphBuilder {
     TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.d, what));
     TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.d, what));
     TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, what));
-    TPC_TRY(finalize(op.get(), what));
-    ops_.push_back(op.get());
-    keep_.push_back(std::move(r));
-    keep_.push_back(std::move(op));
-    return {};
+    return addOperation(std::move(op), what, std::move(r));
   }
 
   // y = x viewed with y's strides (the backward's transposes of P, dS and K^T).
@@ -199,10 +197,7 @@ class GraphBuilder {
     const char* what = "a reshape operation";
     TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.d, what));
     TPC_TRY(set(op.get(), CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.d, what));
-    TPC_TRY(finalize(op.get(), what));
-    ops_.push_back(op.get());
-    keep_.push_back(std::move(op));
-    return {};
+    return addOperation(std::move(op), what);
   }
 
   // The same operations into a new virtual tensor (packed, f32 unless `dt`): mode(x[, b]) shaped like x; a
