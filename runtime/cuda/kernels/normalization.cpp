@@ -18,11 +18,11 @@ NodeLowering single(KernelSpec k) {
   return out;
 }
 
-// layer_norm_grad with a residual operand (dx = round(dx) + residual, the bits of the add it replaces): the
-// residual's accessors, RES, and dx_round; without one RES is 0.
-// v rounded to dx's dtype (after dx's accessors).
+// dx_round(v): v rounded to dx's dtype (after dx's accessors).
 constexpr const char* kDxRound = "__device__ __forceinline__ float dx_round(float v) { dx_t t; dx_st(&t, 0, v); return dx_ld(&t, 0); }\n";
 
+// layer_norm_grad with a residual operand (dx = round(dx) + residual, the bits of the add it replaces): the
+// residual's accessors, RES, and dx_round; without one RES is 0.
 std::string residualHead(const Node& n) {
   if (n.numOperands() != 4) return "#define RES 0\n";
   return accessors("r", n.operand(3)->dtype()) + vectorAccessors("r", n.operand(3)->dtype()) + "#define RES 1\n" + kDxRound;
