@@ -77,6 +77,11 @@ int64_t launcherWorldSize() {
   return s ? std::atoll(s) : 1;
 }
 
+int64_t launcherLocalRank() {
+  const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  return s ? std::atoll(s) : 0;
+}
+
 Result<World> init() {
   TPC_ASSIGN(const Api* a, api());
   int done = 0;

@@ -15,6 +15,9 @@ namespace tpc::mpi {
 // (1 otherwise).
 bool launchedByMpirun();
 int64_t launcherWorldSize();
+// This process's index among the job's processes on its machine (OMPI_COMM_WORLD_LOCAL_RANK; 0 otherwise):
+// the GPU it drives.
+int64_t launcherLocalRank();
 
 // An MPI communicator (MPI_Comm), opaque.
 struct Comm {

@@ -88,6 +88,24 @@ if command -v mpirun >/dev/null; then
     --log-jsonl "$out/mpi_two.jsonl" > "$out/mpi_two.log" 2>&1
   e4="$(cmp_losses "$out/mpi_two.jsonl" "$out/mpi_one.jsonl")"
   row "mpirun -np 2, tp 2 (CPU) vs one process" "$(python3 -c "import sys; print('PASS' if float(sys.argv[1]) == 0 else 'FAIL')" "${e4%% *}" 2>/dev/null || echo FAIL)" "loss rel diff $e4"
+  # The CUDA backend under mpirun: -np 1 is the one-process GPU run, bit for bit; -np 2 with tp 2 runs a rank
+  # per process on GPUs 0 and 1 through NCCL (ids through MPI), or, on a machine of one GPU, fails with one
+  # error line from the process that has no GPU of its own, and the job ends.
+  mp1=(mpirun -np 1); [ "$(id -u)" = 0 ] && mp1+=(--allow-run-as-root)
+  timeout 120 "${mp1[@]}" "$tpc" run "$tiny" "${common[@]}" --backend cuda --log-jsonl "$out/mpi_cuda1.jsonl" > "$out/mpi_cuda1.log" 2>&1
+  e5="$(cmp_losses "$out/mpi_cuda1.jsonl" "$out/tiny_gpu.jsonl")"
+  row "mpirun -np 1, GPU vs one process" "$(python3 -c "import sys; print('PASS' if float(sys.argv[1]) == 0 else 'FAIL')" "${e5%% *}" 2>/dev/null || echo FAIL)" "loss rel diff $e5"
+  gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
+  timeout 300 "${mp[@]}" "$tpc" run "$tiny" "${common[@]}" --backend cuda --tp 2 --log-jsonl "$out/mpi_cuda2.jsonl" > "$out/mpi_cuda2.log" 2>&1
+  rc=$?
+  if [ "$gpus" -ge 2 ]; then
+    e6="$(cmp_losses "$out/mpi_cuda2.jsonl" "$out/tiny_gpu_tp2.jsonl")"
+    row "mpirun -np 2, tp 2 (GPU, NCCL) vs virtual" "$(python3 -c "import sys; print('PASS' if float(sys.argv[1]) <= 1e-4 else 'FAIL')" "${e6%% *}" 2>/dev/null || echo FAIL)" "loss rel diff $e6"
+  else
+    n="$(grep -c 'tpc run: error' "$out/mpi_cuda2.log")"
+    row "mpirun -np 2, tp 2 (GPU) on $gpus GPU: error" "$([ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" = 1 ] && echo PASS || echo FAIL)" \
+      "exit $rc: $(grep -m1 'tpc run: error' "$out/mpi_cuda2.log" | cut -c1-120)"
+  fi
 fi
 
 # 3. gpt2 (124M) on the default corpus.

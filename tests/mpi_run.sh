@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `mpirun -np N tpc run ... --backend cpu`: one process per mesh rank, collectives through MPI. The losses must
 # equal the one-process run's bit for bit (tp 2; tp 2 x dp 2), a checkpoint saved by the mpirun job must resume
-# in one process to the same losses, and a wrong process count is one error line, exit 1.
+# in one process to the same losses, and a wrong process count is one error line, exit 1 (as is --backend cuda
+# where there is no GPU).
 #   tests/mpi_run.sh TPC_BINARY TINY_MODEL WORKDIR
 # Exits 77 (skipped) where OpenMPI's mpirun is not installed (scripts/setup.sh installs it).
 set -u
@@ -53,5 +54,17 @@ if [ $rc -ne 0 ] && [ "$(grep -c "tpc run: error" <<< "$err")" = 1 ] && grep -qF
 else
   echo "FAIL: -np 3 for tp 2: exit $rc: $err"
   failures=$((failures + 1))
+fi
+# --backend cuda under mpirun where no process has a GPU (this check runs only on such machines): one error line,
+# a non-zero exit, no process left waiting for the others.
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  err="$(timeout 60 "${mpirun[@]}" -np 2 "$tpc" run "$model" "${common[@]/cpu/cuda}" --tp 2 2>&1)"
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c "tpc run: error" <<< "$err")" = 1 ]; then
+    echo "ok: --backend cuda without a GPU under mpirun -np 2 -> $(grep "tpc run: error" <<< "$err")"
+  else
+    echo "FAIL: --backend cuda without a GPU under mpirun -np 2: exit $rc: $err"
+    failures=$((failures + 1))
+  fi
 fi
 exit $((failures > 0))

@@ -100,8 +100,9 @@ class DatasetBatches final : public BatchSource {
   std::ofstream dump_;
 };
 
-// Under mpirun (one process per mesh rank, CPU backend): this process's place in the job; null otherwise.
-// `training` is set once the first step is about to run (from then on a failing process ends the job).
+// Under mpirun (one process per mesh rank): this process's place in the job; null otherwise.
+// `training` is set once the processes meet: the CUDA backend's prepare (its NCCL communicators), else the first
+// step. From then on a failing process ends the job.
 struct MpiJob {
   mpi::World world;
   bool training = false;
@@ -114,8 +115,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
   cli::Flags flags("run", "tpc run MODEL.fb|MODEL.json [training flags]\n"
-                          "       mpirun -np N tpc run MODEL.fb --backend cpu --tp/--dp/--sp ... (a process per mesh rank, "
-                          "N = tp x dp x sp)");
+                          "       mpirun -np N tpc run MODEL.fb --tp/--dp/--sp ... (a process per mesh rank, N = tp x dp x "
+                          "sp; with --backend cuda each drives the GPU of its local rank, NCCL between them)");
   flags.value("save", "checkpoint directory to write (as Megatron-LM's --save)")
       .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
       .value("keep", "keep the newest K checkpoints in --save; 0: all", "0")
@@ -248,11 +249,22 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     return cli::fail("run", cat("--sharding-policy=", *tpPolicy, " did not put mesh axis tp=", config.tp,
                                 " on the graph (", step->mesh().empty() ? "no mesh" : step->mesh().str(),
                                 "); a sharding policy must call ensureMeshAxis(g, \"tp\", tp, ...)"));
+  if (job && step->mesh().empty() && job->world.size > 1)
+    return cli::fail("run", cat("mpirun started ", job->world.size, " processes for an unsharded run; add --tp, --dp or "
+                                "--sp so that their product is ", job->world.size));
+  if (job && !step->mesh().empty() && step->mesh().numRanks() != job->world.size)
+    return cli::fail("run", cat("mpirun started ", job->world.size, " processes, but the run's ", step->mesh().str(), " has ",
+                                step->mesh().numRanks(), " ranks: start one process per rank (mpirun -np ",
+                                step->mesh().numRanks(), "), or set --tp/--dp/--sp so that their product is ",
+                                job->world.size));
+  // One process per rank on the GPU: this process partitions and compiles its own rank alone.
+  const bool cudaProcess = job && !step->mesh().empty() && *backendKind == BackendKind::Cuda;
   // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
   std::vector<std::unique_ptr<Graph>> rankGraphs;
   if (!step->mesh().empty()) {
     if (Status s = propagatePlacements(*step); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
     for (int64_t r = 0; r < step->mesh().numRanks(); ++r) {
+      if (cudaProcess && r != job->world.rank) continue;
       auto local = partitionForRank(*step, r);
       if (!local) return cli::fail("run", cat(path, ": ", local.error()));
       rankGraphs.push_back(std::move(*local));
@@ -326,17 +338,17 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     cuda.collectiveTimeoutSeconds = *collectiveTimeout;
     cuda.profileStep = *profileStep;
     cuda.collectiveStream = !flags.on("one-stream");
+    if (cudaProcess) {  // mesh rank world.rank on the GPU of its local rank, NCCL ids through MPI
+      cuda.processRank = job->world.rank;
+      cuda.device = static_cast<int>(mpi::launcherLocalRank());
+      mpi::Comm world = job->world.comm;
+      cuda.allGatherWorld = [world](const void* in, int64_t bytes, void* out) { return mpi::allGather(world, in, bytes, out); };
+    }
     backend = createCudaBackend(std::move(rankGraphs), cuda);
   }
 #endif
-  if (job) {
+  if (job && !rankGraphs.empty() && *backendKind == BackendKind::Cpu) {
     // One process per rank: this one runs the rank mpirun numbered it, its collectives through MPI.
-    if (*backendKind != BackendKind::Cpu)
-      return cli::fail("run", "under mpirun, tpc runs one CPU rank per process (--backend cpu); the CUDA backend drives "
-                              "every GPU of a machine from one process: run it without mpirun");
-    if (rankGraphs.empty())
-      return cli::fail("run", cat("mpirun started ", job->world.size, " processes for an unsharded run; add --tp, --dp or "
-                                  "--sp so that their product is ", job->world.size));
     auto comm = cpu::createMpiCommunicator(step->mesh(), job->world);
     if (!comm)
       return cli::fail("run", cat(comm.error(), ", or set --tp/--dp/--sp so that their product is ", job->world.size));
@@ -382,6 +394,17 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   }
   const double stateSeconds = secondsSince(stateStart);
   const auto prepareStart = std::chrono::steady_clock::now();
+  // Under mpirun the processes meet from here on (the CUDA backend's NCCL communicators at prepare, the
+  // collectives of every step): a process that fails ends the job, and says why itself.
+  auto meetOthers = [&job] {
+    if (!job || job->training) return;
+    job->training = true;
+    if (job->stderrFd >= 0) {
+      std::fflush(stderr);
+      dup2(job->stderrFd, 2);
+    }
+  };
+  if (cudaProcess) meetOthers();
   if (Status s = backend->prepare(*step, state); !s.ok()) return cli::fail("run", s.error());
   const double prepareSeconds = secondsSince(prepareStart);
 
@@ -449,6 +472,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       CudaOptions cuda;
       cuda.seed = config.seed;
       cuda.verbose = false;
+      if (job) cuda.device = static_cast<int>(mpi::launcherLocalRank());
       // cse merges the per-use casts mixed-precision adds (the tied embedding's two).
       std::string passes = precision == "bf16" ? "mixed-precision(dtype=bf16),cse" : "";
       e = Evaluator::create(*model->forward, model->lossOutput, createCudaBackend({}, cuda), passes, *backend);
@@ -501,13 +525,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (Status s = saveAt(0, initial, 0); !s.ok()) return cli::fail("run", s.error());
   }
   settings.onNonFinite = *onNan;
-  if (job) {
-    job->training = true;
-    if (job->stderrFd >= 0) {  // from here on an error may be this rank's own: let it be seen
-      std::fflush(stderr);
-      dup2(job->stderrFd, 2);
-    }
-  }
+  meetOthers();
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
   if (evaluator && !testBatches)

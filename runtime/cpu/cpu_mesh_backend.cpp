@@ -226,13 +226,7 @@ class CpuMeshBackend final : public Backend {
     // One rank per process: every rank's block (of one shape under even splits) from every process.
     std::vector<HostTensor> gathered;
     if (meshOptions_.localRank >= 0) {
-      std::vector<uint8_t> all(l0.bytes() * ranks_.size());
-      TPC_TRY(meshOptions_.allGatherWorld(l0.raw(), static_cast<int64_t>(l0.bytes()), all.data()));
-      for (size_t r = 0; r < ranks_.size(); ++r) {
-        HostTensor t(l0.type());
-        std::memcpy(t.raw(), all.data() + r * l0.bytes(), l0.bytes());
-        gathered.push_back(std::move(t));
-      }
+      TPC_ASSIGN(gathered, gatherRankBlocks(l0, static_cast<int64_t>(ranks_.size()), meshOptions_.allGatherWorld));
     }
     auto stateOf = [&](size_t r) -> const HostTensor& { return gathered.empty() ? ranks_[r].state.at(name) : gathered[r]; };
     TPC_ASSIGN(Shape gshape, globalShape(l0.shape(), p->placement(), mesh()));
@@ -377,6 +371,20 @@ Status placeIntoGlobal(const HostTensor& local, const std::optional<Placement>& 
   copyBlock(global.raw(), global.shape(), const_cast<uint8_t*>(local.raw()), b.shape, b.offsets,
             static_cast<size_t>(dtypeSize(global.dtype())), false);
   return {};
+}
+
+Result<std::vector<HostTensor>> gatherRankBlocks(const HostTensor& local, int64_t ranks, const AllGatherWorld& allGatherWorld) {
+  if (!allGatherWorld) return makeError("gathering state across processes: no all-gather over the job's processes");
+  const size_t bytes = local.bytes();
+  std::vector<uint8_t> all(bytes * static_cast<size_t>(ranks));
+  TPC_TRY(allGatherWorld(local.raw(), static_cast<int64_t>(bytes), all.data()));
+  std::vector<HostTensor> blocks;
+  for (int64_t r = 0; r < ranks; ++r) {
+    HostTensor t(local.type());
+    std::memcpy(t.raw(), all.data() + static_cast<size_t>(r) * bytes, bytes);
+    blocks.push_back(std::move(t));
+  }
+  return blocks;
 }
 
 std::unique_ptr<Backend> createCpuMeshBackend(std::vector<std::unique_ptr<Graph>> rankGraphs, CpuOptions options,

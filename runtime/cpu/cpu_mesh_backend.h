@@ -16,6 +16,10 @@
 
 namespace tpc {
 
+// Every process of an mpirun job contributes `bytes` bytes of `in`; out (processes * bytes) receives them in rank
+// order (mpi::allGather over the world).
+using AllGatherWorld = std::function<Status(const void* in, int64_t bytes, void* out)>;
+
 struct CpuMeshOptions {
   // A collective that waits longer than this fails the step with an error naming the rank, op and axis.
   std::chrono::milliseconds collectiveTimeout = std::chrono::seconds(60);
@@ -28,7 +32,7 @@ struct CpuMeshOptions {
   // process, a thread each.
   int64_t localRank = -1;
   std::shared_ptr<cpu::Communicator> communicator;
-  std::function<Status(const void* in, int64_t bytes, void* out)> allGatherWorld;
+  AllGatherWorld allGatherWorld;
 };
 
 // rankGraphs[r] is rank r's program; ranks are row-major over mesh.axes (the last axis fastest).
@@ -61,5 +65,8 @@ Result<HostTensor> sliceForRank(const HostTensor& global, const std::optional<Pl
                                 int64_t rank);
 Status placeIntoGlobal(const HostTensor& local, const std::optional<Placement>& placement, const Mesh& mesh,
                        int64_t rank, HostTensor& global);
+// One process per rank: every rank's block of a state tensor, `local` being this process's (blocks are of one
+// type under even splits), from the `ranks` processes through allGatherWorld, in rank order.
+Result<std::vector<HostTensor>> gatherRankBlocks(const HostTensor& local, int64_t ranks, const AllGatherWorld& allGatherWorld);
 
 }  // namespace tpc

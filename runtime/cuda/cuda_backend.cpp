@@ -21,6 +21,7 @@
 #include "runtime/cuda/cast_groups.h"
 #include "runtime/cuda/comm_stream_schedule.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
+#include "runtime/cpu/shared_memory_communicator.h"
 #include "runtime/cuda/cublaslt_matmul.h"
 #include "runtime/cuda/cuda_libraries.h"
 #include "runtime/cuda/cudnn_attention.h"
@@ -162,6 +163,9 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override { release(); }
 
   std::string name() const override {
+    if (processMode())
+      return cat("cuda (", deviceName_, ", rank ", options_.processRank, " of ", meshRanks(), " on GPU ", options_.device,
+                 ", NCCL across processes)");
     return cat("cuda (", deviceName_,
                ranks_.size() > 1 ? cat(", ", ranks_.size(), nccl_ ? " ranks on their own GPUs, NCCL" : " virtual ranks") : "",
                ")");
@@ -203,7 +207,22 @@ class CudaBackend final : public Backend {
       ranks_.emplace_back();
       ranks_.back().graph = step.clone();
     }
-    if (!ranks_[0].graph->mesh().empty() && ranks_[0].graph->mesh().numRanks() != static_cast<int64_t>(ranks_.size()))
+    if (processMode()) {
+      const Mesh& mesh = ranks_[0].graph->mesh();
+      if (ranks_.size() != 1 || mesh.empty() || options_.processRank >= mesh.numRanks() || !options_.allGatherWorld)
+        return makeError("cuda backend: one process per rank runs one rank graph of a mesh, with the job's all-gather (got ",
+                         ranks_.size(), " graphs for rank ", options_.processRank, " of ",
+                         mesh.empty() ? std::string("no mesh") : mesh.str(), ")");
+      if (options_.collectives == "virtual")
+        return makeError("--collectives=virtual runs every rank in one process on one GPU, but mpirun started a process "
+                         "per rank (each on a GPU of its own, through NCCL): drop --collectives=virtual, or run without mpirun");
+      int count = 0;
+      CU_TRY(cudaGetDeviceCount(&count), "counting GPUs");
+      if (options_.device >= count)
+        return makeError("rank ", options_.processRank, " is process ", options_.device, " on its machine, which has ", count,
+                         count == 1 ? " GPU" : " GPUs", ": start at most one process per GPU on each machine (mpirun -np N "
+                         "--map-by ppr:", count, ":node)");
+    } else if (!ranks_[0].graph->mesh().empty() && ranks_[0].graph->mesh().numRanks() != static_cast<int64_t>(ranks_.size()))
       return makeError("cuda backend: ", ranks_[0].graph->mesh().str(), " has ", ranks_[0].graph->mesh().numRanks(),
                        " ranks, but ", ranks_.size(), " rank graphs were given");
     CU_TRY(cudaSetDevice(options_.device), "cannot use GPU ", options_.device);
@@ -243,18 +262,19 @@ class CudaBackend final : public Backend {
     const size_t R = ranks_.size();
     if (options_.collectives != "auto" && options_.collectives != "virtual" && options_.collectives != "nccl")
       return makeError("--collectives=", options_.collectives, " is not a mode (expected auto, virtual or nccl)");
-    nccl_ = options_.collectives == "nccl" || (options_.collectives == "auto" && R > 1 && deviceCount >= static_cast<int>(R));
-    if (nccl_ && deviceCount < static_cast<int>(R))
+    nccl_ = processMode() || options_.collectives == "nccl" ||
+            (options_.collectives == "auto" && R > 1 && deviceCount >= static_cast<int>(R));
+    if (nccl_ && !processMode() && deviceCount < static_cast<int>(R))
       return makeError("--collectives=nccl: ", R, " ranks need ", R, " GPUs, this machine has ", deviceCount,
                        " (use --collectives=virtual to run the ranks on one GPU)");
     if (nccl_) {
       TPC_ASSIGN(ncclLib_, nccl());
     }
-    commStream_ = options_.collectiveStream && R > 1;
+    commStream_ = options_.collectiveStream && meshRanks() > 1;
     devs_.resize(nccl_ ? R : 1);
     for (size_t i = 0; i < devs_.size(); ++i) {
       DeviceCtx& d = devs_[i];
-      d.device = nccl_ ? static_cast<int>(i) : options_.device;
+      d.device = nccl_ && !processMode() ? static_cast<int>(i) : options_.device;
       CU_TRY(cudaSetDevice(d.device), "cannot use GPU ", d.device);
       CU_TRY(cudaFree(nullptr), "cannot initialize GPU ", d.device);
       // Timing cuBLASLt's first 8 candidates per GEMM (CudaOptions::matmulAutotune; TPC_MATMUL_AUTOTUNE=0|1,
@@ -495,7 +515,7 @@ class CudaBackend final : public Backend {
                           " (run with TPC_CUDA_DEBUG=1 to find the kernel)"));
         double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (nccl_ && waited > options_.collectiveTimeoutSeconds) {
-          std::string rank = cat("rank ", i);
+          std::string rank = cat("rank ", meshRank(i));
           return fail(cat(rank, " (GPU ", d.device, "): step ", stepIndex, " did not finish within --collective-timeout ",
                           options_.collectiveTimeoutSeconds, "s: a collective is stuck (", collectiveSummary(i), ")"));
         }
@@ -558,7 +578,7 @@ class CudaBackend final : public Backend {
       nf.node = k < 0 ? std::string(what) : printNode(*v->def(), names);
       nf.index = k;
       nf.numNodes = static_cast<int64_t>(g.numNodes());
-      nf.rank = R > 1 ? static_cast<int64_t>(r) : -1;
+      nf.rank = meshRanks() > 1 ? meshRank(r) : -1;
       nf.element = bad->element;
       nf.sample = bad->sample;
       found[r] = std::move(nf);
@@ -620,6 +640,12 @@ class CudaBackend final : public Backend {
     const Value* p0 = ranks_[0].params.at(name).first;
     TPC_ASSIGN(Shape gshape, globalShape(l0.shape(), p0->placement(), mesh));
     HostTensor global(TensorType(l0.dtype(), gshape));
+    if (processMode()) {  // every rank's block from its process; the ranks share one program, so one placement
+      TPC_ASSIGN(std::vector<HostTensor> blocks, gatherRankBlocks(l0, mesh.numRanks(), options_.allGatherWorld));
+      for (size_t q = 0; q < blocks.size(); ++q)
+        TPC_TRY(placeIntoGlobal(blocks[q], p0->placement(), mesh, static_cast<int64_t>(q), global));
+      return global;
+    }
     for (size_t r = 0; r < ranks_.size(); ++r) {
       TPC_ASSIGN(HostTensor l, fetch(r));
       TPC_TRY(placeIntoGlobal(l, ranks_[r].params.at(name).first->placement(), mesh, static_cast<int64_t>(r), global));
@@ -635,7 +661,7 @@ class CudaBackend final : public Backend {
       auto [p, buf] = ranks_[r].params.at(name);
       HostTensor t = value;
       if (!mesh.empty()) {
-        auto local = sliceForRank(t, p->placement(), mesh, static_cast<int64_t>(r));
+        auto local = sliceForRank(t, p->placement(), mesh, meshRank(r));
         if (!local.ok()) return makeError("cuda backend: state tensor '", name, "': ", local.error());
         t = std::move(local).value();
       }
@@ -652,7 +678,7 @@ class CudaBackend final : public Backend {
   }
 
   std::optional<DeviceTensor> deviceState(const std::string& name) const override {
-    if (!prepared_ || ranks_.size() != 1 || !ranks_[0].params.count(name)) return std::nullopt;
+    if (!prepared_ || ranks_.size() != 1 || processMode() || !ranks_[0].params.count(name)) return std::nullopt;
     auto [p, buf] = ranks_[0].params.at(name);
     return DeviceTensor{dev(0).device, buf, p->type()};
   }
@@ -662,7 +688,7 @@ class CudaBackend final : public Backend {
   // the copy is on our stream, ahead of our next replay.
   Status copyStateFrom(const Backend& source, const std::string& name) override {
     auto from = source.deviceState(name);
-    if (!prepared_ || ranks_.size() != 1 || !from || !ranks_[0].params.count(name))
+    if (!prepared_ || ranks_.size() != 1 || processMode() || !from || !ranks_[0].params.count(name))
       return Backend::copyStateFrom(source, name);
     auto [p, buf] = ranks_[0].params.at(name);
     if (from->device != dev(0).device || from->type.dtype != p->dtype() || from->type.numel() != p->type().numel())
@@ -698,7 +724,15 @@ class CudaBackend final : public Backend {
     for (auto& t : threads) t.join();
   }
 
-  std::string rankPrefix(size_t r) const { return ranks_.size() > 1 ? cat("rank ", r, ": ") : ""; }
+  std::string rankPrefix(size_t r) const { return meshRanks() > 1 ? cat("rank ", meshRank(r), ": ") : ""; }
+  // One process per mesh rank (CudaOptions::processRank): ranks_ holds this process's rank alone.
+  bool processMode() const { return options_.processRank >= 0; }
+  // The mesh rank of ranks_[r], and how many the mesh has (1 without a mesh).
+  int64_t meshRank(size_t r) const { return processMode() ? options_.processRank : static_cast<int64_t>(r); }
+  int64_t meshRanks() const {
+    if (processMode() && !ranks_.empty()) return ranks_[0].graph->mesh().numRanks();
+    return static_cast<int64_t>(std::max<size_t>(ranks_.size(), 1));
+  }
   DeviceCtx& dev(size_t r) { return devs_[nccl_ ? r : 0]; }
   const DeviceCtx& dev(size_t r) const { return devs_[nccl_ ? r : 0]; }
 
@@ -726,7 +760,7 @@ class CudaBackend final : public Backend {
   Result<HostTensor> rankBlock(HostTensor t, const Value& v, size_t r, const char* what) const {
     const Mesh& mesh = ranks_[0].graph->mesh();
     if (!mesh.empty()) {
-      auto local = sliceForRank(t, v.placement(), mesh, static_cast<int64_t>(r));
+      auto local = sliceForRank(t, v.placement(), mesh, meshRank(r));
       if (!local.ok()) return makeError("cuda backend: ", what, " %", v.name(), ": ", local.error());
       t = std::move(local).value();
     }
@@ -821,6 +855,7 @@ class CudaBackend final : public Backend {
     for (Node* n : ranks_[0].graph->nodes())
       if (n->has(traits::Collective)) axes.insert(n->getStr("axis"));
     comms_.assign(ranks_.size(), {});
+    if (processMode()) return createProcessCommunicators(mesh, axes);
     for (const std::string& axis : axes) {
       int ai = mesh.axisIndex(axis);
       int64_t G = ai < 0 ? 1 : mesh.axes[ai].size, stride = 1;
@@ -843,6 +878,39 @@ class CudaBackend final : public Backend {
           allComms_.push_back(c[q]);
         }
       }
+    }
+    return {};
+  }
+
+  // One process per rank: for every mesh axis the lowest rank of each group draws an NCCL id, and one
+  // all-gather over the job's processes (a slot per mesh axis, whichever axes the collectives use) gives each
+  // process its group leaders' ids; then ncclCommInitRank axis by axis, in mesh order in every process.
+  Status createProcessCommunicators(const Mesh& mesh, const std::set<std::string>& axes) {
+    const int64_t me = options_.processRank, A = static_cast<int64_t>(mesh.axes.size()), N = mesh.numRanks();
+    const std::vector<int64_t> coords = cpu::meshCoords(mesh, me);
+    std::vector<ncclUniqueId> mine(static_cast<size_t>(A)), all(static_cast<size_t>(A * N));
+    for (int64_t a = 0; a < A; ++a)
+      if (coords[a] == 0 && mesh.axes[a].size > 1 && axes.count(mesh.axes[a].name))
+        if (ncclResult_t e = ncclLib_->getUniqueId(&mine[a]); e != ncclSuccess)
+          return makeError("NCCL: rank ", me, " drawing the id of its group over axis ", mesh.axes[a].name,
+                           " failed: ", ncclLib_->getErrorString(e));
+    TPC_TRY(options_.allGatherWorld(mine.data(), A * static_cast<int64_t>(sizeof(ncclUniqueId)), all.data()));
+    CU_TRY(cudaSetDevice(dev(0).device), "GPU ", dev(0).device);
+    for (const std::string& axis : axes) {  // the same order in every process: ncclCommInitRank waits for the group
+      const int a = mesh.axisIndex(axis);
+      const int64_t G = a < 0 ? 1 : mesh.axes[a].size, pos = a < 0 ? 0 : coords[a];
+      std::vector<int64_t> leaderCoords = coords;
+      if (a >= 0) leaderCoords[a] = 0;
+      const int64_t leader = cpu::meshRank(mesh, leaderCoords);
+      ncclUniqueId id{};
+      if (G > 1) id = all[static_cast<size_t>(leader * A + a)];
+      else if (ncclLib_->getUniqueId(&id) != ncclSuccess) return makeError("NCCL: rank ", me, " drawing an id failed");
+      ncclComm_t c = nullptr;
+      if (ncclResult_t e = ncclLib_->commInitRank(&c, static_cast<int>(G), id, static_cast<int>(pos)); e != ncclSuccess)
+        return makeError("NCCL: rank ", me, " joining its group over axis ", axis, " (", G, " processes from rank ", leader,
+                         "; this one on GPU ", dev(0).device, ") failed: ", ncclLib_->getErrorString(e));
+      comms_[0][axis] = c;
+      allComms_.push_back(c);
     }
     return {};
   }

@@ -6,6 +6,7 @@
 // rank's buffer. State and batch come in and go out unsharded, as with the CPU mesh backend.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,14 @@ struct CudaOptions {
   // (cudnn_attention.h; an error where cuDNN is missing or has no engine), "tpc" through our tensor-core
   // kernels, "auto" cuDNN where it loads and plans, else ours. The environment's TPC_ATTENTION overrides it.
   std::string attention = "auto";
+  // One process per mesh rank (`mpirun -np N tpc run --backend cuda`): the one rank graph given is mesh rank
+  // `processRank`, run on GPU `device`. Its NCCL communicators come from ncclCommInitRank, the group leaders'
+  // ids handed round by `allGatherWorld` (every process of the job contributes `bytes` bytes; out receives
+  // them in rank order), which readState() also uses to gather the other ranks' blocks: every process must
+  // prepare, step and read the same state tensors in the same order. -1: every rank of the mesh in this
+  // process.
+  int64_t processRank = -1;
+  std::function<Status(const void* in, int64_t bytes, void* out)> allGatherWorld;
 };
 
 // The captured step of GPU 0, for tests: its launches, those on the communication stream, the collectives,

@@ -145,6 +145,8 @@ Result<const Nccl*> nccl() {
     std::string e;
     sym(h, "ncclGetErrorString", lib.getErrorString, e);
     sym(h, "ncclCommInitAll", lib.commInitAll, e);
+    sym(h, "ncclGetUniqueId", lib.getUniqueId, e);
+    sym(h, "ncclCommInitRank", lib.commInitRank, e);
     sym(h, "ncclCommDestroy", lib.commDestroy, e);
     sym(h, "ncclCommAbort", lib.commAbort, e);
     sym(h, "ncclAllReduce", lib.allReduce, e);

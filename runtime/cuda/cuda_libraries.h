@@ -53,6 +53,8 @@ struct Driver {
 struct Nccl {
   decltype(&::ncclGetErrorString) getErrorString;
   decltype(&::ncclCommInitAll) commInitAll;
+  decltype(&::ncclGetUniqueId) getUniqueId;
+  decltype(&::ncclCommInitRank) commInitRank;
   decltype(&::ncclCommDestroy) commDestroy;
   decltype(&::ncclCommAbort) commAbort;
   decltype(&::ncclAllReduce) allReduce;

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 
 #include "cuda_op_cases.h"
 #include "gpu_test_support.h"
@@ -13,8 +14,11 @@ namespace tpc {
 
 namespace {
 
-// Runs every case (or only the collectives) on the CPU and the GPU; returns the failures.
-std::vector<std::string> compareWithCpu(const std::string& collectives, bool onlyCollectives, int& checked) {
+// Runs every case (or only the collectives) on the CPU and the GPU; returns the failures. worldGathers: run
+// each case as one process of an mpirun job of one (CudaOptions::processRank 0, the job's all-gather a copy
+// that counts its calls here).
+std::vector<std::string> compareWithCpu(const std::string& collectives, bool onlyCollectives, int& checked,
+                                        int* worldGathers = nullptr) {
   std::vector<std::string> failures;
   for (const testing::OpCase& c : testing::cudaOpCases()) {
     if (onlyCollectives && !opInfo(c.op).has(traits::Collective)) continue;
@@ -30,7 +34,17 @@ std::vector<std::string> compareWithCpu(const std::string& collectives, bool onl
     go.seed = 77;
     go.verbose = false;
     go.collectives = collectives;
-    auto gpu = createCudaBackend({}, go);
+    std::vector<std::unique_ptr<Graph>> rankGraphs;
+    if (worldGathers) {
+      go.processRank = 0;
+      go.allGatherWorld = [worldGathers](const void* in, int64_t bytes, void* out) -> Status {
+        ++*worldGathers;
+        std::memcpy(out, in, static_cast<size_t>(bytes));
+        return {};
+      };
+      rankGraphs.push_back((*g)->clone());
+    }
+    auto gpu = createCudaBackend(std::move(rankGraphs), go);
     Status s = cpu->prepare(**g, {});
     REQUIRE(s.ok());
     s = gpu->prepare(**g, {});
@@ -86,6 +100,20 @@ TEST_CASE("cuda ops: collectives through NCCL at one rank match the CPU backend"
   for (const auto& f : failures) UNSCOPED_INFO(f);
   WARN(checked << " collective outputs compared through NCCL, " << failures.size() << " failures");
   CHECK(checked == 3);
+  CHECK(failures.empty());
+}
+
+// One process per rank (mpirun), at one rank: the communicators come from ncclCommInitRank after the job's
+// all-gather of the group leaders' ids. (Two ranks need two GPUs: NCCL refuses two ranks on one.)
+TEST_CASE("cuda ops: collectives of one process of an mpirun job (ncclCommInitRank) match the CPU backend", "[gpu]") {
+  test::requireGpuOrSkip();
+  int checked = 0, gathers = 0;
+  std::vector<std::string> failures = compareWithCpu("auto", true, checked, &gathers);
+  for (const auto& f : failures) UNSCOPED_INFO(f);
+  WARN(checked << " collective outputs compared in process mode, " << gathers << " all-gathers over the job, "
+               << failures.size() << " failures");
+  CHECK(checked == 3);
+  CHECK(gathers == 3);  // one per case: the ids of every mesh axis in one exchange
   CHECK(failures.empty());
 }
 

@@ -161,6 +161,7 @@ TEST_CASE("tpc run --help: the flags and both ways to start a run (one process, 
   auto r = tpc::test::runCommand(tpc::test::tpcBinary() + " run --help");
   REQUIRE(r.exitCode == 0);
   CHECK(r.out.find("usage: tpc run MODEL.fb|MODEL.json [training flags]") != std::string::npos);
-  CHECK(r.out.find("mpirun -np N tpc run MODEL.fb --backend cpu") != std::string::npos);
+  CHECK(r.out.find("mpirun -np N tpc run MODEL.fb --tp/--dp/--sp ... (a process per mesh rank") != std::string::npos);
+  CHECK(r.out.find("with --backend cuda each drives the GPU of its local rank, NCCL between them") != std::string::npos);
   CHECK(r.out.find("--collective-timeout") != std::string::npos);
 }
