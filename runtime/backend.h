@@ -91,6 +91,9 @@ class Backend {
   virtual int64_t deviceMemoryInUse() const { return -1; }
   // Kernel launches (and library calls) per step; -1 where not counted.
   virtual int64_t launchesPerStep() const { return -1; }
+  // The GPUs the whole run computes on (every process of an mpirun job; virtual ranks share one): what MFU
+  // divides the peak by. 0 for a backend without GPUs.
+  virtual int64_t gpusInRun() const { return 0; }
 
  private:
   std::optional<Result<TensorMap>> pending_;  // the default startStep()'s outputs, for finishStep()

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -439,9 +440,13 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     // (PaLM's estimate). The peak is the H200's for the precision the matmuls run in (dense, no sparsity).
     double attention = model->gpt ? 12.0 * static_cast<double>(model->gpt->layers * model->gpt->hidden * config.seqLength) : 0;
     settings.flopsPerToken = 6.0 * static_cast<double>(numParams) + attention;
-    settings.peakFlops = precision == "fp32" ? 67e12 : 989e12;
-    settings.peakName = precision == "fp32" ? "H200 fp32 67 TFLOP/s"
-                        : precision == "fp16" ? "H200 dense fp16 989 TFLOP/s" : "H200 dense bf16 989 TFLOP/s";
+    // A run on N GPUs (NCCL, in one process or a process each) divides by N peaks; virtual ranks share one.
+    const int64_t gpus = std::max<int64_t>(backend->gpusInRun(), 1);
+    settings.peakFlops = static_cast<double>(gpus) * (precision == "fp32" ? 67e12 : 989e12);
+    settings.peakName = (gpus > 1 ? cat(gpus, " x ") : std::string()) +
+                        (precision == "fp32"   ? "H200 fp32 67 TFLOP/s"
+                         : precision == "fp16" ? "H200 dense fp16 989 TFLOP/s"
+                                               : "H200 dense bf16 989 TFLOP/s");
   }
   if (checkpoint) {
     settings.firstIter = checkpoint->state.iteration + 1;

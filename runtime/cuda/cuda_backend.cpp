@@ -176,6 +176,10 @@ class CudaBackend final : public Backend {
     return static_cast<int64_t>(total - freeB);
   }
   int64_t launchesPerStep() const override { return launchCount_; }
+  int64_t gpusInRun() const override {
+    if (!prepared_) return 0;
+    return processMode() ? meshRanks() : static_cast<int64_t>(devs_.size());
+  }
 
   std::optional<CudaStepGraphInfo> graphInfo() const {
     if (!prepared_ || devs_.empty() || !devs_[0].graph) return std::nullopt;
