@@ -14,7 +14,7 @@ foreach(i RANGE ${last})
   if(NOT bad EQUAL -1)
     message(FATAL_ERROR "${in} contains the raw-string delimiter")
   endif()
-  get_filename_component(stem ${in} NAME_WE)
+  get_filename_component(stem ${in} NAME_WLE)  # "gpt-6.7b.json" -> "gpt-6.7b"
   string(APPEND body "inline constexpr std::string_view ${name} = R\"tpc_embed(${text})tpc_embed\";\n")
   string(APPEND table "    {\"${stem}\", ${name}},\n")
 endforeach()

@@ -135,7 +135,7 @@ TEST_CASE("gpt: every preset builds", "[gpt]") {
     ModelFile m = build(p.gpt, p.config);
     CHECK(verifyGraph(*m.forward).ok());
   }
-  CHECK(gptPresetNames() == std::vector<std::string>{"tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"});
+  CHECK(gptPresetNames() == std::vector<std::string>{"tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt-6.7b"});
 }
 
 TEST_CASE("gpt: bad hyperparameters name the field", "[gpt]") {

@@ -219,7 +219,7 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
   CHECK(test::readFile(dir + "/cli_bad.fb").empty());
   auto badPreset = test::runCommand(tpc + " new gpt --preset huge -o " + dir + "/cli_bad.fb");
   CHECK(badPreset.exitCode == 1);
-  CHECK(badPreset.err.find("unknown preset 'huge' (known: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl)") != std::string::npos);
+  CHECK(badPreset.err.find("unknown preset 'huge' (known: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-6.7b)") != std::string::npos);
 
   auto after = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --after=autodiff");
   CHECK(after.exitCode == 0);
