@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `mpirun -np N tpc run ... --backend cpu`: one process per mesh rank, collectives through MPI. The losses must
 # equal the one-process run's bit for bit (tp 2; tp 2 x dp 2), a checkpoint saved by the mpirun job must resume
-# in one process to the same losses, and a wrong process count is one error line, exit 1 (as is --backend cuda
+# in one process to the same losses, -np 1 of an unsharded run must equal the one-process run, and a wrong
+# process count is one error line, exit 1 (as is --backend cuda
 # where there is no GPU).
 #   tests/mpi_run.sh TPC_BINARY TINY_MODEL WORKDIR
 # Exits 77 (skipped) where OpenMPI's mpirun is not installed (scripts/setup.sh installs it).
@@ -55,6 +56,21 @@ else
   echo "FAIL: -np 3 for tp 2: exit $rc: $err"
   failures=$((failures + 1))
 fi
+# mpirun -np 1 of an unsharded run is the one-process run; -np 2 of it is one error line.
+"$tpc" run "$model" "${common[@]}" --log-jsonl "$work/plain_one.jsonl" > "$work/plain_one.log" 2>&1
+timeout 120 "${mpirun[@]}" -np 1 "$tpc" run "$model" "${common[@]}" --log-jsonl "$work/plain_np1.jsonl" > "$work/plain_np1.log" 2>&1 ||
+  { echo "FAIL: mpirun -np 1 of an unsharded run: exit $?"; cat "$work/plain_np1.log"; failures=$((failures + 1)); }
+same "unsharded: one process vs mpirun -np 1" "$work/plain_one.jsonl" "$work/plain_np1.jsonl"
+err="$(timeout 60 "${mpirun[@]}" -np 2 "$tpc" run "$model" "${common[@]}" 2>&1)"
+rc=$?
+want="tpc run: error: mpirun started 2 processes for an unsharded run; add --tp, --dp or --sp so that their product is 2"
+if [ $rc -ne 0 ] && [ "$(grep -c "tpc run: error" <<< "$err")" = 1 ] && grep -qF "$want" <<< "$err"; then
+  echo "ok: -np 2 of an unsharded run -> $(grep "tpc run: error" <<< "$err")"
+else
+  echo "FAIL: -np 2 of an unsharded run: exit $rc: $err"
+  failures=$((failures + 1))
+fi
+
 # --backend cuda under mpirun where no process has a GPU (this check runs only on such machines): one error line,
 # a non-zero exit, no process left waiting for the others.
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
