@@ -2,8 +2,7 @@
 # `mpirun -np N tpc run ... --backend cpu`: one process per mesh rank, collectives through MPI. The losses must
 # equal the one-process run's bit for bit (tp 2; tp 2 x dp 2), a checkpoint saved by the mpirun job must resume
 # in one process to the same losses, -np 1 of an unsharded run must equal the one-process run, and a wrong
-# process count is one error line, exit 1 (as is --backend cuda
-# where there is no GPU).
+# process count is one error line, exit 1 (as is --backend cuda where there is no GPU).
 #   tests/mpi_run.sh TPC_BINARY TINY_MODEL WORKDIR
 # Exits 77 (skipped) where OpenMPI's mpirun is not installed (scripts/setup.sh installs it).
 set -u
