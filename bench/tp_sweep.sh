@@ -16,8 +16,10 @@ tpc="${TPC:-$( [ -x bin/tpc ] && echo bin/tpc || echo build/bin/tpc )}"
 global="${GLOBAL:-8}"
 mkdir -p "$out"
 for c in $configs; do
+  [[ "$c" =~ ^[1-9][0-9]*,[1-9][0-9]*$ ]] || { echo "tp_sweep: error: '$c' is not TP,DP (e.g. 4,2)" >&2; exit 1; }
   tp="${c%,*}" dp="${c#*,}"
   n=$((tp * dp))
+  (( global % dp == 0 )) || { echo "tp_sweep: error: GLOBAL=$global does not split over dp $dp: give a multiple of $dp" >&2; exit 1; }
   launch=()
   if [ "${MPI:-0}" = 1 ] && [ "$n" -gt 1 ]; then
     # shellcheck disable=SC2206
@@ -38,7 +40,8 @@ def rows(name):
     return [r for r in map(json.loads, open(p)) if "loss" in r] if os.path.exists(p) else []
 def how(name):
     p = os.path.join(out, name + ".log")
-    m = re.search(r"on backend (\S+( \([^)]*\))?)", open(p).read()) if os.path.exists(p) else None
+    text = open(p).read() if os.path.exists(p) else ""
+    m = re.search(r"on backend (.*)", text)
     if not m: return "failed", 1
     b = m.group(1)
     if b.startswith("cpu"): return "CPU" + (", a process each" if "this process runs" in b else ""), 1

@@ -100,7 +100,7 @@ if command -v mpirun >/dev/null; then
   rc=$?
   if [ "$gpus" -ge 2 ]; then
     e6="$(cmp_losses "$out/mpi_cuda2.jsonl" "$out/tiny_gpu_tp2.jsonl")"
-    row "mpirun -np 2, tp 2 (GPU, NCCL) vs virtual" "$(python3 -c "import sys; print('PASS' if float(sys.argv[1]) <= 1e-4 else 'FAIL')" "${e6%% *}" 2>/dev/null || echo FAIL)" "loss rel diff $e6"
+    row "mpirun -np 2, tp 2 (GPU, NCCL) vs one process" "$(python3 -c "import sys; print('PASS' if float(sys.argv[1]) <= 1e-4 else 'FAIL')" "${e6%% *}" 2>/dev/null || echo FAIL)" "loss rel diff $e6"
   else
     n="$(grep -c 'tpc run: error' "$out/mpi_cuda2.log")"
     row "mpirun -np 2, tp 2 (GPU) on $gpus GPU: error" "$([ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" = 1 ] && echo PASS || echo FAIL)" \

@@ -110,6 +110,16 @@ struct MpiJob {
   int stderrFd = -1;  // rank > 0: its stderr, silenced until training (rank 0 reports the setup errors all share)
 };
 
+#ifdef TPC_HAVE_CUDA
+// The GPU of this process of an mpirun job: that of its local rank, or the one GPU a launcher left visible to it
+// (CUDA_VISIBLE_DEVICES naming a single device, as Slurm's per-task binding does).
+int processDevice() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible && *visible && !std::strchr(visible, ',')) return 0;
+  return static_cast<int>(mpi::launcherLocalRank());
+}
+#endif
+
 int runRunIn(std::vector<std::string> args, MpiJob* job) {
   const auto runStart = std::chrono::steady_clock::now();
   auto secondsSince = [](std::chrono::steady_clock::time_point t) {
@@ -260,6 +270,18 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                                 job->world.size));
   // One process per rank on the GPU: this process partitions and compiles its own rank alone.
   const bool cudaProcess = job && !step->mesh().empty() && *backendKind == BackendKind::Cuda;
+  // Under mpirun the processes meet from here on: a process that fails ends the job (mpi::abortAll) and says
+  // why itself. The CUDA backend's processes meet early: from partitioning its own rank on, one can fail alone
+  // while the others wait for it (in the NCCL id exchange).
+  auto meetOthers = [&job] {
+    if (!job || job->training) return;
+    job->training = true;
+    if (job->stderrFd >= 0) {
+      std::fflush(stderr);
+      dup2(job->stderrFd, 2);
+    }
+  };
+  if (cudaProcess) meetOthers();
   // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
   std::vector<std::unique_ptr<Graph>> rankGraphs;
   if (!step->mesh().empty()) {
@@ -331,6 +353,19 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   CpuMeshOptions mesh;
   mesh.collectiveTimeout = std::chrono::milliseconds(std::llround(*collectiveTimeout * 1000));
   std::unique_ptr<Backend> backend;
+  // A process of an mpirun job that fails once the processes met ends the job before its backend is destroyed:
+  // destroying NCCL communicators that other processes still wait on may itself wait.
+  struct EndJobOnFailure {
+    MpiJob* job;
+    bool succeeded = false;
+    ~EndJobOnFailure() {
+      if (job && job->training && !succeeded) {
+        std::fflush(stdout);
+        std::fflush(stderr);
+        mpi::abortAll(1);
+      }
+    }
+  } endJobOnFailure{job};
 #ifdef TPC_HAVE_CUDA
   if (*backendKind == BackendKind::Cuda) {
     CudaOptions cuda;
@@ -341,7 +376,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     cuda.collectiveStream = !flags.on("one-stream");
     if (cudaProcess) {  // mesh rank world.rank on the GPU of its local rank, NCCL ids through MPI
       cuda.processRank = job->world.rank;
-      cuda.device = static_cast<int>(mpi::launcherLocalRank());
+      cuda.device = processDevice();
       mpi::Comm world = job->world.comm;
       cuda.allGatherWorld = [world](const void* in, int64_t bytes, void* out) { return mpi::allGather(world, in, bytes, out); };
     }
@@ -395,17 +430,6 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   }
   const double stateSeconds = secondsSince(stateStart);
   const auto prepareStart = std::chrono::steady_clock::now();
-  // Under mpirun the processes meet from here on (the CUDA backend's NCCL communicators at prepare, the
-  // collectives of every step): a process that fails ends the job, and says why itself.
-  auto meetOthers = [&job] {
-    if (!job || job->training) return;
-    job->training = true;
-    if (job->stderrFd >= 0) {
-      std::fflush(stderr);
-      dup2(job->stderrFd, 2);
-    }
-  };
-  if (cudaProcess) meetOthers();
   if (Status s = backend->prepare(*step, state); !s.ok()) return cli::fail("run", s.error());
   const double prepareSeconds = secondsSince(prepareStart);
 
@@ -477,7 +501,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       CudaOptions cuda;
       cuda.seed = config.seed;
       cuda.verbose = false;
-      if (job) cuda.device = static_cast<int>(mpi::launcherLocalRank());
+      if (job) cuda.device = processDevice();
       // cse merges the per-use casts mixed-precision adds (the tied embedding's two).
       std::string passes = precision == "bf16" ? "mixed-precision(dtype=bf16),cse" : "";
       e = Evaluator::create(*model->forward, model->lossOutput, createCudaBackend({}, cuda), passes, *backend);
@@ -554,6 +578,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     std::printf("  GPU: %lld kernel launches and library calls per step, replayed as one CUDA graph; %.2f GiB of GPU memory in use\n",
                 static_cast<long long>(backend->launchesPerStep()),
                 static_cast<double>(backend->deviceMemoryInUse()) / (1ull << 30));
+  endJobOnFailure.succeeded = true;
   return 0;
 }
 

@@ -887,18 +887,45 @@ class CudaBackend final : public Backend {
   }
 
   // One process per rank: for every mesh axis the lowest rank of each group draws an NCCL id, and one
-  // all-gather over the job's processes (a slot per mesh axis, whichever axes the collectives use) gives each
-  // process its group leaders' ids; then ncclCommInitRank axis by axis, in mesh order in every process.
+  // all-gather over the job's processes (a slot per mesh axis, and the axes this rank's collectives use, which
+  // must be the same everywhere) gives each process its group leaders' ids; then ncclCommInitRank axis by
+  // axis, in the same (name) order in every process.
   Status createProcessCommunicators(const Mesh& mesh, const std::set<std::string>& axes) {
     const int64_t me = options_.processRank, A = static_cast<int64_t>(mesh.axes.size()), N = mesh.numRanks();
     const std::vector<int64_t> coords = cpu::meshCoords(mesh, me);
-    std::vector<ncclUniqueId> mine(static_cast<size_t>(A)), all(static_cast<size_t>(A * N));
+    // Each process's contribution: the mesh axes its collectives use (a bit each: every process must join the
+    // same communicators, or ncclCommInitRank would wait forever), then an id slot per mesh axis.
+    const size_t each = sizeof(uint64_t) + static_cast<size_t>(A) * sizeof(ncclUniqueId);
+    std::vector<char> mine(each, 0), all(each * static_cast<size_t>(N));
+    auto axesOf = [&](const char* c) { uint64_t m; std::memcpy(&m, c, sizeof m); return m; };
+    auto idOf = [&](const char* c, int64_t a) {
+      ncclUniqueId id;
+      std::memcpy(&id, c + sizeof(uint64_t) + static_cast<size_t>(a) * sizeof(ncclUniqueId), sizeof id);
+      return id;
+    };
+    uint64_t used = 0;
+    for (int64_t a = 0; a < A && a < 64; ++a)
+      if (axes.count(mesh.axes[a].name)) used |= uint64_t(1) << a;
+    std::memcpy(mine.data(), &used, sizeof used);
     for (int64_t a = 0; a < A; ++a)
-      if (coords[a] == 0 && mesh.axes[a].size > 1 && axes.count(mesh.axes[a].name))
-        if (ncclResult_t e = ncclLib_->getUniqueId(&mine[a]); e != ncclSuccess)
+      if (coords[a] == 0 && mesh.axes[a].size > 1 && axes.count(mesh.axes[a].name)) {
+        ncclUniqueId id;
+        if (ncclResult_t e = ncclLib_->getUniqueId(&id); e != ncclSuccess)
           return makeError("NCCL: rank ", me, " drawing the id of its group over axis ", mesh.axes[a].name,
                            " failed: ", ncclLib_->getErrorString(e));
-    TPC_TRY(options_.allGatherWorld(mine.data(), A * static_cast<int64_t>(sizeof(ncclUniqueId)), all.data()));
+        std::memcpy(mine.data() + sizeof(uint64_t) + static_cast<size_t>(a) * sizeof id, &id, sizeof id);
+      }
+    TPC_TRY(options_.allGatherWorld(mine.data(), static_cast<int64_t>(each), all.data()));
+    auto names = [&](uint64_t m) {
+      std::string n;
+      for (int64_t a = 0; a < A && a < 64; ++a)
+        if (m >> a & 1) n += (n.empty() ? "" : ",") + mesh.axes[a].name;
+      return n.empty() ? std::string("none") : n;
+    };
+    for (int64_t q = 0; q < N; ++q)
+      if (uint64_t theirs = axesOf(all.data() + static_cast<size_t>(q) * each); theirs != used)
+        return makeError("cuda backend: the collectives of rank ", me, " run over mesh axes ", names(used), ", those of rank ",
+                         q, " over ", names(theirs), ": the ranks' programs disagree (a partitioning bug)");
     CU_TRY(cudaSetDevice(dev(0).device), "GPU ", dev(0).device);
     for (const std::string& axis : axes) {  // the same order in every process: ncclCommInitRank waits for the group
       const int a = mesh.axisIndex(axis);
@@ -907,7 +934,7 @@ class CudaBackend final : public Backend {
       if (a >= 0) leaderCoords[a] = 0;
       const int64_t leader = cpu::meshRank(mesh, leaderCoords);
       ncclUniqueId id{};
-      if (G > 1) id = all[static_cast<size_t>(leader * A + a)];
+      if (G > 1) id = idOf(all.data() + static_cast<size_t>(leader) * each, a);
       else if (ncclLib_->getUniqueId(&id) != ncclSuccess) return makeError("NCCL: rank ", me, " drawing an id failed");
       ncclComm_t c = nullptr;
       if (ncclResult_t e = ncclLib_->commInitRank(&c, static_cast<int>(G), id, static_cast<int>(pos)); e != ncclSuccess)

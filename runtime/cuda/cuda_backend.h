@@ -60,10 +60,10 @@ struct CudaOptions {
   std::string attention = "auto";
   // One process per mesh rank (`mpirun -np N tpc run --backend cuda`): the one rank graph given is mesh rank
   // `processRank`, run on GPU `device`. Its NCCL communicators come from ncclCommInitRank, the group leaders'
-  // ids handed round by `allGatherWorld` (every process of the job contributes `bytes` bytes; out receives
-  // them in rank order), which readState() also uses to gather the other ranks' blocks: every process must
-  // prepare, step and read the same state tensors in the same order. -1: every rank of the mesh in this
-  // process.
+  // ids handed round by `allGatherWorld` (every process of the job, one per mesh rank and numbered as the mesh
+  // ranks, contributes `bytes` bytes; out receives them in rank order), which readState() also uses to gather
+  // the other ranks' blocks: every process must prepare, step and read the same state tensors in the same
+  // order. -1: every rank of the mesh in this process.
   int64_t processRank = -1;
   std::function<Status(const void* in, int64_t bytes, void* out)> allGatherWorld;
 };
