@@ -55,6 +55,20 @@ else
   echo "FAIL: -np 3 for tp 2: exit $rc: $err"
   failures=$((failures + 1))
 fi
+# A NaN on rank 1 alone (TPC_TEST_FAULT): the mpirun job names the same first non-finite value, on rank 1, as
+# the one process does (the processes gather their findings), in one error line, and ends with exit != 0.
+fault="step=2,nan=%1,nan-rank=1"
+one="$(TPC_TEST_FAULT="$fault" "$tpc" run "$model" "${common[@]}" --tp 2 2>&1 | grep "tpc run: error")"
+err="$(TPC_TEST_FAULT="$fault" timeout 120 "${mpirun[@]}" -np 2 -x TPC_TEST_FAULT "$tpc" run "$model" "${common[@]}" --tp 2 2>&1)"
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ -n "$one" ] && [ "$(grep -c "tpc run: error" <<< "$err")" = 1 ] &&
+   [ "$(grep "tpc run: error" <<< "$err")" = "$one" ] && grep -q "on rank 1: nan" <<< "$one"; then
+  echo "ok: a NaN on rank 1 under mpirun -np 2 -> the one-process error: ${one:0:160}"
+else
+  echo "FAIL: a NaN on rank 1 under mpirun -np 2: exit $rc: $err (one process: $one)"
+  failures=$((failures + 1))
+fi
+
 # mpirun -np 1 of an unsharded run is the one-process run; -np 2 of it is one error line.
 "$tpc" run "$model" "${common[@]}" --log-jsonl "$work/plain_one.jsonl" > "$work/plain_one.log" 2>&1
 timeout 120 "${mpirun[@]}" -np 1 "$tpc" run "$model" "${common[@]}" --log-jsonl "$work/plain_np1.jsonl" > "$work/plain_np1.log" 2>&1 ||

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "frontend/data_dir.h"
 #include "frontend/indexed_dataset.h"
@@ -107,8 +108,28 @@ class DatasetBatches final : public BatchSource {
 struct MpiJob {
   mpi::World world;
   bool training = false;
-  int stderrFd = -1;  // rank > 0: its stderr, silenced until training (rank 0 reports the setup errors all share)
+  // Rank > 0: its stderr, captured in `captured` (rank 0 reports the errors all processes share); the original
+  // is stderrFd.
+  int stderrFd = -1;
+  std::FILE* captured = nullptr;
 };
+
+// Ends an mpirun job from a process that failed once the processes met (the others may be waiting for it in a
+// collective). Rank 0 says why and ends the job at once. Another rank waits a moment first: where rank 0 fails
+// the same way (a non-finite step, a mesh-wide error), rank 0's one message ends the job meanwhile; where its
+// failure is its own, it then shows what it captured and ends the job itself.
+[[noreturn]] void endJob(MpiJob& job, int rc) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (job.world.rank != 0 && job.captured && job.stderrFd >= 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::rewind(job.captured);
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, job.captured)) > 0;)
+      if (write(job.stderrFd, buf, n) < 0) break;
+  }
+  mpi::abortAll(rc);
+}
 
 #ifdef TPC_HAVE_CUDA
 // The GPU of this process of an mpirun job: that of its local rank, or the one GPU a launcher left visible to it
@@ -274,12 +295,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   // why itself. The CUDA backend's processes meet early: from partitioning its own rank on, one can fail alone
   // while the others wait for it (in the NCCL id exchange).
   auto meetOthers = [&job] {
-    if (!job || job->training) return;
-    job->training = true;
-    if (job->stderrFd >= 0) {
-      std::fflush(stderr);
-      dup2(job->stderrFd, 2);
-    }
+    if (job) job->training = true;
   };
   if (cudaProcess) meetOthers();
   // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
@@ -359,11 +375,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     MpiJob* job;
     bool succeeded = false;
     ~EndJobOnFailure() {
-      if (job && job->training && !succeeded) {
-        std::fflush(stdout);
-        std::fflush(stderr);
-        mpi::abortAll(1);
-      }
+      if (job && job->training && !succeeded) endJob(*job, 1);
     }
   } endJobOnFailure{job};
 #ifdef TPC_HAVE_CUDA
@@ -591,12 +603,13 @@ int runRun(std::vector<std::string> args) {
   if (job.world.rank != 0) {
     std::fflush(stderr);
     job.stderrFd = dup(2);
-    if (!std::freopen("/dev/null", "w", stdout) || !std::freopen("/dev/null", "w", stderr)) return 1;
+    job.captured = std::tmpfile();
+    if (!job.captured || !std::freopen("/dev/null", "w", stdout) || dup2(fileno(job.captured), 2) < 0) return 1;
   }
   int rc = runRunIn(std::move(args), &job);
   std::fflush(stdout);
   // A process that fails while training may leave the others waiting in a collective for it: end the job.
-  if (rc != 0 && job.training) mpi::abortAll(rc);
+  if (rc != 0 && job.training) endJob(job, rc);
   mpi::finalize();
   return rc;
 }

@@ -143,7 +143,8 @@ class Executor final : public CpuExecutor {
       if (!status.ok()) return fail(status.error());
       for (int s : st.out) {
         roundToDType(*bufs_[s]);
-        if (faultStep && s == nanSlot_) injectNan(*bufs_[s]);
+        if (faultStep && s == nanSlot_ && (options_.faults.nanRank < 0 || options_.faults.nanRank == comm_->rank()))
+          injectNan(*bufs_[s]);
         if (check_) checkFinite(s, static_cast<int64_t>(k), nullptr);
       }
       for (int s : st.freeAfter) release(s);

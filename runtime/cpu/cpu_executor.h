@@ -21,6 +21,7 @@ class Communicator;
 struct CpuFaults {
   int64_t step = -1;         // the step at which they strike (-1: never)
   std::string nanValue;      // element 0 of this value (named as printed: "%d.wte", "%57") becomes a NaN
+  int64_t nanRank = -1;      // ... on this mesh rank alone (-1: on every rank)
   int64_t stallRank = -1;    // this mesh rank stops before its first collective and waits until the mesh aborts
 };
 

@@ -2,6 +2,7 @@
 // state and batch per placement, gathering of parameters, and the checks on replicated outputs.
 #include "runtime/cpu/cpu_mesh_backend.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -157,6 +158,8 @@ class CpuMeshBackend final : public Backend {
       f->rank = static_cast<int64_t>(r);
       if (!first || f->index < first->index) first = std::move(f);
     }
+    if (meshOptions_.localRank >= 0)
+      return firstNonFiniteOfJob(first, static_cast<int64_t>(ranks_.size()), meshOptions_.allGatherWorld);
     return first;
   }
 
@@ -385,6 +388,37 @@ Result<std::vector<HostTensor>> gatherRankBlocks(const HostTensor& local, int64_
     blocks.push_back(std::move(t));
   }
   return blocks;
+}
+
+Result<std::optional<NonFiniteValue>> firstNonFiniteOfJob(const std::optional<NonFiniteValue>& mine, int64_t processes,
+                                                          const AllGatherWorld& allGatherWorld) {
+  if (!allGatherWorld) return makeError("finding the first non-finite value: no all-gather over the job's processes");
+  // A fixed-size record per process: found, index, numNodes, rank, element, sample, then the two names (cut to
+  // their slots).
+  constexpr size_t kValue = 256, kNode = 2048, kHead = 5 * sizeof(int64_t) + sizeof(double), kRecord = kHead + kValue + kNode;
+  std::vector<char> rec(kRecord, 0), all(kRecord * static_cast<size_t>(processes));
+  if (mine) {
+    int64_t head[5] = {1, mine->index, mine->numNodes, mine->rank, mine->element};
+    std::memcpy(rec.data(), head, sizeof head);
+    std::memcpy(rec.data() + sizeof head, &mine->sample, sizeof(double));
+    std::memcpy(rec.data() + kHead, mine->value.data(), std::min(mine->value.size(), kValue - 1));
+    std::memcpy(rec.data() + kHead + kValue, mine->node.data(), std::min(mine->node.size(), kNode - 1));
+  }
+  TPC_TRY(allGatherWorld(rec.data(), static_cast<int64_t>(kRecord), all.data()));
+  std::optional<NonFiniteValue> first;
+  for (int64_t p = 0; p < processes; ++p) {
+    const char* r = all.data() + static_cast<size_t>(p) * kRecord;
+    int64_t head[5];
+    std::memcpy(head, r, sizeof head);
+    if (!head[0]) continue;
+    NonFiniteValue f;
+    f.index = head[1], f.numNodes = head[2], f.rank = head[3], f.element = head[4];
+    std::memcpy(&f.sample, r + sizeof head, sizeof(double));
+    f.value = std::string(r + kHead);
+    f.node = std::string(r + kHead + kValue);
+    if (!first || f.index < first->index || (f.index == first->index && f.rank < first->rank)) first = std::move(f);
+  }
+  return first;
 }
 
 std::unique_ptr<Backend> createCpuMeshBackend(std::vector<std::unique_ptr<Graph>> rankGraphs, CpuOptions options,

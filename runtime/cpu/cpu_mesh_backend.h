@@ -68,5 +68,10 @@ Status placeIntoGlobal(const HostTensor& local, const std::optional<Placement>& 
 // One process per rank: every rank's block of a state tensor, `local` being this process's (blocks are of one
 // type under even splits), from the `ranks` processes through allGatherWorld, in rank order.
 Result<std::vector<HostTensor>> gatherRankBlocks(const HostTensor& local, int64_t ranks, const AllGatherWorld& allGatherWorld);
+// One process per rank: the step's first non-finite value over the job (the earliest in execution order, then
+// the lowest rank), from `mine`, this process's own, and the other processes' through allGatherWorld, so that
+// every process reports the one a single process running every rank would.
+Result<std::optional<NonFiniteValue>> firstNonFiniteOfJob(const std::optional<NonFiniteValue>& mine, int64_t processes,
+                                                          const AllGatherWorld& allGatherWorld);
 
 }  // namespace tpc

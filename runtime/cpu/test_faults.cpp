@@ -9,7 +9,7 @@ namespace tpc::cpu {
 Result<CpuFaults> parseTestFaults(const std::string& spec) {
   CpuFaults f;
   auto bad = [&](const auto&... why) {
-    return makeError("TPC_TEST_FAULT=", spec, ": ", why..., " (expected step=N,nan=%VALUE or step=N,stall-rank=R)");
+    return makeError("TPC_TEST_FAULT=", spec, ": ", why..., " (expected step=N,nan=%VALUE[,nan-rank=R] or step=N,stall-rank=R)");
   };
   auto integer = [](const std::string& s, int64_t& out) {
     char* end = nullptr;
@@ -29,6 +29,8 @@ Result<CpuFaults> parseTestFaults(const std::string& spec) {
     } else if (key == "nan") {
       if (val.size() < 2 || val[0] != '%') return bad("nan=", val, " does not name a value (%name)");
       f.nanValue = val;
+    } else if (key == "nan-rank") {
+      if (!integer(val, f.nanRank)) return bad("nan-rank=", val, " is not a rank");
     } else if (key == "stall-rank") {
       if (!integer(val, f.stallRank)) return bad("stall-rank=", val, " is not a rank");
     } else {

@@ -626,6 +626,7 @@ class CudaBackend final : public Backend {
     std::optional<NonFiniteValue> first;
     for (auto& f : found)
       if (f && (!first || f->index < first->index)) first = std::move(f);
+    if (processMode()) return firstNonFiniteOfJob(first, meshRanks(), options_.allGatherWorld);
     return first;
   }
 

@@ -200,10 +200,15 @@ TEST_CASE("TPC_TEST_FAULT: the fault spec parses, and a bad one is an error", "[
   CHECK(a->step == 3);
   CHECK(a->nanValue == "%d.wte");
   CHECK(a->stallRank == -1);
+  CHECK(a->nanRank == -1);
+  auto c = cpu::parseTestFaults("step=3,nan=%1,nan-rank=1");
+  REQUIRE(c.ok());
+  CHECK(c->nanRank == 1);
   auto b = cpu::parseTestFaults("step=2,stall-rank=1");
   REQUIRE(b.ok());
   CHECK(b->stallRank == 1);
-  for (const char* bad : {"", "step=2", "nan=%x", "step=x,nan=%x", "step=1,nan=x", "step=1,stall-rank=-1", "step=1,boom=2"})
+  for (const char* bad : {"", "step=2", "nan=%x", "step=x,nan=%x", "step=1,nan=x", "step=1,stall-rank=-1", "step=1,boom=2",
+                          "step=1,nan=%x,nan-rank=x"})
     CHECK(!cpu::parseTestFaults(bad).ok());
   CHECK(parseOnNonFinite("skip").ok());
   CHECK(!parseOnNonFinite("ignore").ok());
