@@ -6,7 +6,12 @@
 //   - n joins the groups of its operands' producers whose index space is n's result shape (merging them);
 //   - a group is joined only if no node outside it reads a member's result before n (the fused kernel runs
 //     at its last member, so such a reader would see nothing yet); other producers are left alone;
-//   - a group never spans a non-elementwise op: members are linked only through member-to-member operands.
+//   - a group never spans a non-elementwise op: members are linked only through member-to-member operands;
+//   - n joins a group whose last member lies more than kMaxSpan non-elementwise nodes before it only if the
+//     group's inputs are smaller than the value n reads from it: the members move to the group's end, so
+//     their inputs stay live over that stretch instead of that value (joined always, gradient accumulation's
+//     sums would hold every micro-batch's gradients until the last micro-batch; the tied embedding's bf16
+//     head gradient, cast to f32 at the backward's end, is still fused).
 // Members are then moved next to the group's last member, so that a printed group reads as one block. A graph
 // that already has fusion groups is left unchanged.
 #include <algorithm>
@@ -15,6 +20,7 @@
 #include "ir/fusion_group.h"
 #include "passes/builtin_passes.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 
 namespace tpc {
 namespace {
@@ -31,6 +37,9 @@ class FusePass final : public Pass {
       if (fusionGroupOf(*n) >= 0) return false;
     llvm::DenseMap<const Node*, size_t> pos;
     for (size_t k = 0; k < nodes.size(); ++k) pos[nodes[k]] = k;
+    // heavyBefore[k]: the non-elementwise nodes among nodes[0..k).
+    std::vector<size_t> heavyBefore(nodes.size() + 1, 0);
+    for (size_t k = 0; k < nodes.size(); ++k) heavyBefore[k + 1] = heavyBefore[k] + !nodes[k]->has(traits::Elementwise);
     auto users = g.computeUsers();
     // Group id per elementwise node; groups[id] its members (empty once merged into another).
     llvm::DenseMap<const Node*, size_t> groupOf;
@@ -44,6 +53,10 @@ class FusePass final : public Pass {
         size_t id = groupOf[d];
         if (std::find(joined.begin(), joined.end(), id) != joined.end()) continue;
         if (d->result()->shape() != n->result()->shape()) continue;  // a broadcast operand: read from memory
+        size_t last = 0;
+        for (const Node* m : groups[id]) last = std::max(last, pos[m]);
+        if (heavyBefore[pos[n]] - heavyBefore[last + 1] > kMaxSpan && inputBytes(groups[id]) >= v->type().bytes())
+          continue;  // too far back, and holding its inputs costs more than holding v: left alone
         joined.push_back(id);
         if (!readersComeLater(groups, joined, n, pos, users)) joined.pop_back();
       }
@@ -76,6 +89,22 @@ class FusePass final : public Pass {
   }
 
  private:
+  // The most non-elementwise nodes a group may reach across to a new member (a transformer layer's backward
+  // has about a dozen; a micro-batch's forward and backward hundreds).
+  static constexpr size_t kMaxSpan = 32;
+
+  // The bytes of the values the members of `group` read from outside it (inputs and parameters aside: they
+  // are live anyway).
+  static int64_t inputBytes(const std::vector<Node*>& group) {
+    llvm::DenseSet<const Value*> seen;
+    int64_t bytes = 0;
+    for (const Node* m : group)
+      for (const Value* v : m->operands())
+        if (v->def() && std::find(group.begin(), group.end(), v->def()) == group.end() && seen.insert(v).second)
+          bytes += v->type().bytes();
+    return bytes;
+  }
+
   // Whether every node outside the union of `ids` (and n) that reads a member's result comes after n.
   static bool readersComeLater(const std::vector<std::vector<Node*>>& groups, const std::vector<size_t>& ids, const Node* n,
                                const llvm::DenseMap<const Node*, size_t>& pos,

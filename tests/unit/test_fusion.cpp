@@ -189,3 +189,48 @@ TEST_CASE("tpc dump: the standard pipeline ends with fuse, --after=fuse shows th
   CHECK(refused.exitCode == 1);
   CHECK(refused.err.find("--after=fuse: not a pass of the pipeline") != std::string::npos);
 }
+
+// Gradient accumulation: each micro-batch's bf16 gradient is cast to f32 and added to the running sum after
+// that micro-batch's backward, hundreds of nodes after the previous sum. A group reaching that far back is
+// joined only when its inputs are smaller than the value read from it: the first cast (a bf16 input for an
+// f32 value) is, the running sum (two bf16 gradients for one f32 sum) is not, so the sums do not hold every
+// micro-batch's gradients until the last.
+TEST_CASE("fuse: far-apart members join only where their inputs are smaller than what they replace", "[fusion]") {
+  auto backward = [](const std::string& tag) {  // 40 matmuls: a micro-batch's worth of non-elementwise work
+    std::string s;
+    for (int k = 0; k < 40; ++k)
+      s += "  %" + tag + std::to_string(k + 1) + " = matmul(%" + tag + std::to_string(k) + ", %w) : bf16[8,8]\n";
+    return s;
+  };
+  std::string text = "graph @t(%w: bf16[8,8], %a0: bf16[8,8], %b0: bf16[8,8], %c0: bf16[8,8]) {\n" + backward("a") +
+                     "  %g1 = cast(%a40) {to=f32} : f32[8,8]\n" + backward("b") +
+                     "  %g2 = cast(%b40) {to=f32} : f32[8,8]\n"
+                     "  %s2 = add(%g1, %g2) : f32[8,8]\n" +
+                     backward("c") +
+                     "  %g3 = cast(%c40) {to=f32} : f32[8,8]\n"
+                     "  %s3 = add(%s2, %g3) : f32[8,8]\n"
+                     "  return %s3\n}";
+  auto g = parse(text);
+  auto groups = fuse(*g);
+  // %g1's group reaches across 40 matmuls, but holds a bf16 input instead of its f32 value: joined.
+  CHECK(groups["%g1"] >= 0);
+  CHECK(groups["%g1"] == groups["%s2"]);
+  CHECK(groups["%g2"] == groups["%s2"]);
+  // %s2's group would hold %a40 and %b40 (two bf16 values, as large as the f32 %s2) across 40 more: not joined.
+  CHECK(groups["%s3"] != groups["%s2"]);
+  CHECK(groups["%g3"] == groups["%s3"]);
+}
+
+TEST_CASE("fuse: gradient accumulation's planned peak does not grow with the number of micro-batches", "[fusion][cli]") {
+  auto peak = [](int global) {
+    auto r = test::runCommand(test::tpcBinary() + " dump " + test::binaryPath("models/gpt2.fb") +
+                              " --memory --precision bf16 --micro-batch-size 1 --global-batch-size " + std::to_string(global));
+    REQUIRE(r.exitCode == 0);
+    auto at = r.out.find("peak activations");
+    REQUIRE(at != std::string::npos);
+    return r.out.substr(at, r.out.find('\n', at) - at);
+  };
+  std::string four = peak(4), sixteen = peak(16);
+  INFO(four << " / " << sixteen);
+  CHECK(four == sixteen);  // 1.29 GiB both; without the rule 1.55 GiB at 4 micro-batches and 5.19 GiB at 16
+}
