@@ -41,9 +41,24 @@ class FusePass final : public Pass {
     std::vector<size_t> heavyBefore(nodes.size() + 1, 0);
     for (size_t k = 0; k < nodes.size(); ++k) heavyBefore[k + 1] = heavyBefore[k] + !nodes[k]->has(traits::Elementwise);
     auto users = g.computeUsers();
-    // Group id per elementwise node; groups[id] its members (empty once merged into another).
+    // Group id per elementwise node; groups[id] its members (empty once merged into another), lastOf[id] the
+    // position of its last member.
     llvm::DenseMap<const Node*, size_t> groupOf;
     std::vector<std::vector<Node*>> groups;
+    std::vector<size_t> lastOf;
+    // The bytes of the values group `id` reads from outside it (inputs and parameters aside: they are live
+    // anyway).
+    auto inputBytes = [&](size_t id) {
+      llvm::DenseSet<const Value*> seen;
+      int64_t bytes = 0;
+      for (const Node* m : groups[id])
+        for (const Value* v : m->operands()) {
+          auto it = v->def() ? groupOf.find(v->def()) : groupOf.end();
+          bool inside = it != groupOf.end() && it->second == id;
+          if (v->def() && !inside && seen.insert(v).second) bytes += v->type().bytes();
+        }
+      return bytes;
+    };
     for (Node* n : nodes) {
       if (!n->has(traits::Elementwise)) continue;
       std::vector<size_t> joined;
@@ -53,15 +68,13 @@ class FusePass final : public Pass {
         size_t id = groupOf[d];
         if (std::find(joined.begin(), joined.end(), id) != joined.end()) continue;
         if (d->result()->shape() != n->result()->shape()) continue;  // a broadcast operand: read from memory
-        size_t last = 0;
-        for (const Node* m : groups[id]) last = std::max(last, pos[m]);
-        if (heavyBefore[pos[n]] - heavyBefore[last + 1] > kMaxSpan && inputBytes(groups[id]) >= v->type().bytes())
+        if (heavyBefore[pos[n]] - heavyBefore[lastOf[id] + 1] > kMaxSpan && inputBytes(id) >= v->type().bytes())
           continue;  // too far back, and holding its inputs costs more than holding v: left alone
         joined.push_back(id);
         if (!readersComeLater(groups, joined, n, pos, users)) joined.pop_back();
       }
       size_t id = joined.empty() ? groups.size() : joined.front();
-      if (joined.empty()) groups.emplace_back();
+      if (joined.empty()) groups.emplace_back(), lastOf.emplace_back();
       for (size_t k = 1; k < joined.size(); ++k) {
         for (Node* m : groups[joined[k]]) groupOf[m] = id;
         groups[id].insert(groups[id].end(), groups[joined[k]].begin(), groups[joined[k]].end());
@@ -69,6 +82,7 @@ class FusePass final : public Pass {
       }
       groups[id].push_back(n);
       groupOf[n] = id;
+      lastOf[id] = pos[n];  // every member so far comes before n
     }
     // Number the groups of two or more members by their last member; move members next to it.
     std::vector<std::vector<Node*>> fused;
@@ -92,18 +106,6 @@ class FusePass final : public Pass {
   // The most non-elementwise nodes a group may reach across to a new member (a transformer layer's backward
   // has about a dozen; a micro-batch's forward and backward hundreds).
   static constexpr size_t kMaxSpan = 32;
-
-  // The bytes of the values the members of `group` read from outside it (inputs and parameters aside: they
-  // are live anyway).
-  static int64_t inputBytes(const std::vector<Node*>& group) {
-    llvm::DenseSet<const Value*> seen;
-    int64_t bytes = 0;
-    for (const Node* m : group)
-      for (const Value* v : m->operands())
-        if (v->def() && std::find(group.begin(), group.end(), v->def()) == group.end() && seen.insert(v).second)
-          bytes += v->type().bytes();
-    return bytes;
-  }
 
   // Whether every node outside the union of `ids` (and n) that reads a member's result comes after n.
   static bool readersComeLater(const std::vector<std::vector<Node*>>& groups, const std::vector<size_t>& ids, const Node* n,

@@ -13,6 +13,21 @@ mpirun=(mpirun --oversubscribe)
 [ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
 common=(--train-iters 6 --log-interval 1 --seed 1 --backend cpu --threads 1)
 failures=0
+# expect_error WHAT WANT CMD...: CMD (an mpirun job) must exit non-zero, not by timing out, with exactly one
+# 'tpc run: error' line, and that line must contain WANT.
+expect_error() {
+  local what="$1" want="$2" err rc line
+  shift 2
+  err="$(timeout 120 "$@" 2>&1)"
+  rc=$?
+  line="$(grep "tpc run: error" <<< "$err")"
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c "tpc run: error" <<< "$err")" = 1 ] && grep -qF -- "$want" <<< "$line"; then
+    echo "ok: $what -> ${line:0:200}"
+  else
+    echo "FAIL: $what: exit $rc: $err"
+    failures=$((failures + 1))
+  fi
+}
 losses() { python3 -c "import json,sys; print([json.loads(l)['loss'] for l in open(sys.argv[1]) if '\"loss\"' in l])" "$1"; }
 same() {  # what, a.jsonl, b.jsonl
   local a b
@@ -46,26 +61,18 @@ n="$(grep -c '^done:' "$work/m4_mpi.log")"
 [ "$n" = 1 ] && echo "ok: one 'done:' line from 4 processes" || { echo "FAIL: $n 'done:' lines"; failures=$((failures + 1)); }
 
 # 3 processes for a 2-rank mesh: one error line naming both counts; mpirun exits non-zero.
-err="$(timeout 60 "${mpirun[@]}" -np 3 "$tpc" run "$model" "${common[@]}" --tp 2 2>&1)"
-rc=$?
-want="tpc run: error: mpirun started 3 processes, but the run's mesh(tp=2) has 2 ranks: start one process per rank (mpirun -np 2)"
-if [ $rc -ne 0 ] && [ "$(grep -c "tpc run: error" <<< "$err")" = 1 ] && grep -qF "$want" <<< "$err"; then
-  echo "ok: -np 3 for tp 2 -> $(grep "tpc run: error" <<< "$err")"
-else
-  echo "FAIL: -np 3 for tp 2: exit $rc: $err"
-  failures=$((failures + 1))
-fi
+expect_error "-np 3 for tp 2" \
+  "tpc run: error: mpirun started 3 processes, but the run's mesh(tp=2) has 2 ranks: start one process per rank (mpirun -np 2)" \
+  "${mpirun[@]}" -np 3 "$tpc" run "$model" "${common[@]}" --tp 2
 # A NaN on rank 1 alone (TPC_TEST_FAULT): the mpirun job names the same first non-finite value, on rank 1, as
 # the one process does (the processes gather their findings), in one error line, and ends with exit != 0.
 fault="step=2,nan=%1,nan-rank=1"
 one="$(TPC_TEST_FAULT="$fault" "$tpc" run "$model" "${common[@]}" --tp 2 2>&1 | grep "tpc run: error")"
-err="$(TPC_TEST_FAULT="$fault" timeout 120 "${mpirun[@]}" -np 2 -x TPC_TEST_FAULT "$tpc" run "$model" "${common[@]}" --tp 2 2>&1)"
-rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ -n "$one" ] && [ "$(grep -c "tpc run: error" <<< "$err")" = 1 ] &&
-   [ "$(grep "tpc run: error" <<< "$err")" = "$one" ] && grep -q "on rank 1: nan" <<< "$one"; then
-  echo "ok: a NaN on rank 1 under mpirun -np 2 -> the one-process error: ${one:0:160}"
+if grep -q "on rank 1: nan" <<< "$one"; then
+  TPC_TEST_FAULT="$fault" expect_error "a NaN on rank 1 under mpirun -np 2 (the one-process error)" "$one" \
+    "${mpirun[@]}" -np 2 -x TPC_TEST_FAULT "$tpc" run "$model" "${common[@]}" --tp 2
 else
-  echo "FAIL: a NaN on rank 1 under mpirun -np 2: exit $rc: $err (one process: $one)"
+  echo "FAIL: a NaN on rank 1 in one process: '$one' does not name rank 1"
   failures=$((failures + 1))
 fi
 
@@ -74,26 +81,14 @@ fi
 timeout 120 "${mpirun[@]}" -np 1 "$tpc" run "$model" "${common[@]}" --log-jsonl "$work/plain_np1.jsonl" > "$work/plain_np1.log" 2>&1 ||
   { echo "FAIL: mpirun -np 1 of an unsharded run: exit $?"; cat "$work/plain_np1.log"; failures=$((failures + 1)); }
 same "unsharded: one process vs mpirun -np 1" "$work/plain_one.jsonl" "$work/plain_np1.jsonl"
-err="$(timeout 60 "${mpirun[@]}" -np 2 "$tpc" run "$model" "${common[@]}" 2>&1)"
-rc=$?
-want="tpc run: error: mpirun started 2 processes for an unsharded run; add --tp, --dp or --sp so that their product is 2"
-if [ $rc -ne 0 ] && [ "$(grep -c "tpc run: error" <<< "$err")" = 1 ] && grep -qF "$want" <<< "$err"; then
-  echo "ok: -np 2 of an unsharded run -> $(grep "tpc run: error" <<< "$err")"
-else
-  echo "FAIL: -np 2 of an unsharded run: exit $rc: $err"
-  failures=$((failures + 1))
-fi
+expect_error "-np 2 of an unsharded run" \
+  "tpc run: error: mpirun started 2 processes for an unsharded run; add --tp, --dp or --sp so that their product is 2" \
+  "${mpirun[@]}" -np 2 "$tpc" run "$model" "${common[@]}"
 
 # --backend cuda under mpirun where no process has a GPU (this check runs only on such machines): one error line,
 # a non-zero exit, no process left waiting for the others.
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-  err="$(timeout 60 "${mpirun[@]}" -np 2 "$tpc" run "$model" "${common[@]/cpu/cuda}" --tp 2 2>&1)"
-  rc=$?
-  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c "tpc run: error" <<< "$err")" = 1 ]; then
-    echo "ok: --backend cuda without a GPU under mpirun -np 2 -> $(grep "tpc run: error" <<< "$err")"
-  else
-    echo "FAIL: --backend cuda without a GPU under mpirun -np 2: exit $rc: $err"
-    failures=$((failures + 1))
-  fi
+  expect_error "--backend cuda without a GPU under mpirun -np 2" "tpc run: error" \
+    "${mpirun[@]}" -np 2 "$tpc" run "$model" "${common[@]/cpu/cuda}" --tp 2
 fi
 exit $((failures > 0))

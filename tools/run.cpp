@@ -103,8 +103,8 @@ class DatasetBatches final : public BatchSource {
 };
 
 // Under mpirun (one process per mesh rank): this process's place in the job; null otherwise.
-// `training` is set once the processes meet: the CUDA backend's prepare (its NCCL communicators), else the first
-// step. From then on a failing process ends the job.
+// `training` is set once the processes meet: the CUDA backend's before partitioning their own ranks (they exchange
+// NCCL ids at prepare), the CPU backend's at the first step. From then on a failing process ends the job.
 struct MpiJob {
   mpi::World world;
   bool training = false;
@@ -294,10 +294,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   // Under mpirun the processes meet from here on: a process that fails ends the job (mpi::abortAll) and says
   // why itself. The CUDA backend's processes meet early: from partitioning its own rank on, one can fail alone
   // while the others wait for it (in the NCCL id exchange).
-  auto meetOthers = [&job] {
-    if (job) job->training = true;
-  };
-  if (cudaProcess) meetOthers();
+  if (cudaProcess) job->training = true;
   // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
   std::vector<std::unique_ptr<Graph>> rankGraphs;
   if (!step->mesh().empty()) {
@@ -398,8 +395,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (job && !rankGraphs.empty() && *backendKind == BackendKind::Cpu) {
     // One process per rank: this one runs the rank mpirun numbered it, its collectives through MPI.
     auto comm = cpu::createMpiCommunicator(step->mesh(), job->world);
-    if (!comm)
-      return cli::fail("run", cat(comm.error(), ", or set --tp/--dp/--sp so that their product is ", job->world.size));
+    if (!comm) return cli::fail("run", comm.error());
     mesh.localRank = job->world.rank;
     mesh.communicator = *comm;
     mpi::Comm world = job->world.comm;
@@ -566,7 +562,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (Status s = saveAt(0, initial, 0); !s.ok()) return cli::fail("run", s.error());
   }
   settings.onNonFinite = *onNan;
-  meetOthers();
+  if (job) job->training = true;
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
   if (evaluator && !testBatches)

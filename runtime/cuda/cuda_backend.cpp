@@ -896,12 +896,13 @@ class CudaBackend final : public Backend {
     const std::vector<int64_t> coords = cpu::meshCoords(mesh, me);
     // Each process's contribution: the mesh axes its collectives use (a bit each: every process must join the
     // same communicators, or ncclCommInitRank would wait forever), then an id slot per mesh axis.
-    const size_t each = sizeof(uint64_t) + static_cast<size_t>(A) * sizeof(ncclUniqueId);
+    auto slot = [](int64_t a) { return sizeof(uint64_t) + static_cast<size_t>(a) * sizeof(ncclUniqueId); };
+    const size_t each = slot(A);
     std::vector<char> mine(each, 0), all(each * static_cast<size_t>(N));
     auto axesOf = [&](const char* c) { uint64_t m; std::memcpy(&m, c, sizeof m); return m; };
     auto idOf = [&](const char* c, int64_t a) {
       ncclUniqueId id;
-      std::memcpy(&id, c + sizeof(uint64_t) + static_cast<size_t>(a) * sizeof(ncclUniqueId), sizeof id);
+      std::memcpy(&id, c + slot(a), sizeof id);
       return id;
     };
     uint64_t used = 0;
@@ -914,7 +915,7 @@ class CudaBackend final : public Backend {
         if (ncclResult_t e = ncclLib_->getUniqueId(&id); e != ncclSuccess)
           return makeError("NCCL: rank ", me, " drawing the id of its group over axis ", mesh.axes[a].name,
                            " failed: ", ncclLib_->getErrorString(e));
-        std::memcpy(mine.data() + sizeof(uint64_t) + static_cast<size_t>(a) * sizeof id, &id, sizeof id);
+        std::memcpy(mine.data() + slot(a), &id, sizeof id);
       }
     TPC_TRY(options_.allGatherWorld(mine.data(), static_cast<int64_t>(each), all.data()));
     auto names = [&](uint64_t m) {
