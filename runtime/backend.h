@@ -77,16 +77,22 @@ class Backend {
   virtual Status writeState(const std::string& name, const HostTensor& value);
   // Replaces state tensor `name` with `source`'s current value of the same name: the evaluator's way to take
   // the training backend's parameters. The default goes through the host (source.readState, writeState); a
-  // device backend copies device to device where the source exposes the tensor whole (deviceState).
+  // device backend copies device to device, rank by rank, where the source holds each of its ranks' blocks
+  // on the same device in the same layout (deviceState).
   virtual Status copyStateFrom(const Backend& source, const std::string& name);
-  // Where a state tensor lives whole in one device buffer (a single-rank accelerator backend), for
-  // copyStateFrom; nullopt where it does not (host memory, or split over ranks).
+  // Where mesh rank `meshRank`'s block of a state tensor lives in one device buffer of this process (an
+  // accelerator backend; rank 0 of an unsharded one holds the tensor whole), for copyStateFrom; nullopt where
+  // it does not (host memory, or a rank of another process). `layout` says which block it is: the mesh and
+  // the tensor's placement on it ("" unsharded), so that only blocks of the same sharding are copied.
   struct DeviceTensor {
     int device = -1;
     const void* data = nullptr;
     TensorType type;
+    std::string layout;
   };
-  virtual std::optional<DeviceTensor> deviceState(const std::string& /*name*/) const { return std::nullopt; }
+  virtual std::optional<DeviceTensor> deviceState(const std::string& /*name*/, int64_t /*meshRank*/ = 0) const {
+    return std::nullopt;
+  }
   // Device memory this process holds on its accelerator, for the log line; -1 where that means nothing (CPU).
   virtual int64_t deviceMemoryInUse() const { return -1; }
   // Kernel launches (and library calls) per step; -1 where not counted.

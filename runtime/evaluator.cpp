@@ -48,7 +48,17 @@ Result<std::unique_ptr<Evaluator>> Evaluator::create(const Graph& forward, const
 Result<std::unique_ptr<Evaluator>> Evaluator::create(const Graph& forward, const std::string& lossOutput,
                                                      std::unique_ptr<Backend> device, const std::string& passes,
                                                      const Backend& training) {
+  auto given = std::make_shared<std::unique_ptr<Backend>>(std::move(device));
+  return create(forward, lossOutput, [given](Graph&) -> Result<std::unique_ptr<Backend>> { return std::move(*given); },
+                passes, training);
+}
+
+Result<std::unique_ptr<Evaluator>> Evaluator::create(const Graph& forward, const std::string& lossOutput,
+                                                     const BackendFactory& makeBackend, const std::string& passes,
+                                                     const Backend& training) {
   TPC_ASSIGN(auto e, inferenceGraph(forward, lossOutput, passes));
+  TPC_ASSIGN(std::unique_ptr<Backend> device, makeBackend(*e->graph_));
+  if (!device) return makeError("evaluation: no backend to run on");
   TensorMap state;
   for (const Value* p : e->graph_->params()) {
     TPC_ASSIGN(HostTensor t, training.readState(p->name()));

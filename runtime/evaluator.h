@@ -4,10 +4,12 @@
 // - on the CPU reference executor, the parameters read unsharded through Backend::readState (any training
 //   backend and mesh);
 // - on a backend of the training's own kind (the CUDA backend on a GPU), prepared once with the forward
-//   graph, unsharded on one rank, its parameters replaced before each evaluation with
-//   Backend::copyStateFrom (device to device where the training backend allows it).
+//   graph (sharded as the training step is where `tpc run` shards it, on the same ranks), its parameters
+//   replaced before each evaluation with Backend::copyStateFrom (device to device, rank by rank, where the
+//   training backend holds the same blocks).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -29,6 +31,14 @@ class Evaluator {
   // parameters start as `training`'s current ones.
   static Result<std::unique_ptr<Evaluator>> create(const Graph& forward, const std::string& lossOutput,
                                                    std::unique_ptr<Backend> device, const std::string& passes,
+                                                   const Backend& training);
+  // The same with the backend made for the graph the passes give: `passes` may shard it (a tp policy,
+  // data-parallel: tools/compile_pipeline.h's evaluationPipeline), and `makeBackend` then builds a backend
+  // over its partitioned rank programs (it may annotate the graph: propagated placements), so that
+  // evaluation runs on the training's ranks and each rank copies only its own parameter blocks.
+  using BackendFactory = std::function<Result<std::unique_ptr<Backend>>(Graph& evaluated)>;
+  static Result<std::unique_ptr<Evaluator>> create(const Graph& forward, const std::string& lossOutput,
+                                                   const BackendFactory& makeBackend, const std::string& passes,
                                                    const Backend& training);
   // The mean loss over `iters` batches of `data`, with `state`'s current parameters.
   Result<double> meanLoss(const Backend& state, BatchSource& data, int64_t iters);

@@ -69,4 +69,18 @@ std::string standardPipeline(const ModelFile& model, int64_t accum, std::optiona
          (c.recompute == "none" ? std::string() : cat(",recompute(mode=", c.recompute, ")")) + post;
 }
 
+std::string evaluationPipeline(const ModelFile& model, const std::string& precision, const std::string& tpPolicy) {
+  const TrainConfig& c = model.config;
+  std::vector<std::string> passes;
+  if (c.tp > 1 || c.sp) passes.push_back(cat(tpPolicy, "(tp=", c.tp, ")"));
+  if (c.sp) passes.push_back("sequence-parallel");
+  // cse merges the per-use casts mixed-precision adds (the tied embedding's two).
+  if (precision == "bf16") passes.insert(passes.end(), {"mixed-precision(dtype=bf16)", "cse"});
+  if (c.tp > 1 || c.dp > 1 || c.sp) passes.insert(passes.end(), {"dce", "fold-vocab-padding"});
+  if (c.dp > 1) passes.push_back(cat("data-parallel(dp=", c.dp, ")"));
+  std::string out;
+  for (const std::string& p : passes) out += (out.empty() ? "" : ",") + p;
+  return out;
+}
+
 }  // namespace tpc

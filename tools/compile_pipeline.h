@@ -22,4 +22,12 @@ Status matchBatchShape(ModelFile& model, const std::string& path);
 std::string standardPipeline(const ModelFile& model, int64_t accum, std::optional<int64_t> partitionRank = std::nullopt,
                              const std::string& tpPolicy = "megatron-tp");
 
+// The passes that make evaluation's graph (the forward graph after the inference pass) compute as the
+// training step does: the tp policy and sequence parallelism, bf16 under `precision` "bf16" (fp16 and fp32
+// runs evaluate in fp32), and data-parallel, so that with --tp/--dp/--sp it is sharded over the training's
+// mesh with the same placement of every parameter (the evaluator then copies each rank's parameter blocks
+// from the training backend device to device). Empty for an unsharded fp32 run.
+std::string evaluationPipeline(const ModelFile& model, const std::string& precision,
+                               const std::string& tpPolicy = "megatron-tp");
+
 }  // namespace tpc

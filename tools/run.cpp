@@ -298,13 +298,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
   std::vector<std::unique_ptr<Graph>> rankGraphs;
   if (!step->mesh().empty()) {
-    if (Status s = propagatePlacements(*step); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
-    for (int64_t r = 0; r < step->mesh().numRanks(); ++r) {
-      if (cudaProcess && r != job->world.rank) continue;
-      auto local = partitionForRank(*step, r);
-      if (!local) return cli::fail("run", cat(path, ": ", local.error()));
-      rankGraphs.push_back(std::move(*local));
-    }
+    auto ranks = partitionRanks(*step, cudaProcess ? std::optional<int64_t>(job->world.rank) : std::nullopt);
+    if (!ranks) return cli::fail("run", cat(path, ": ", ranks.error()));
+    rankGraphs = std::move(*ranks);
   }
   // The fused classifier and the fusion groups for the CUDA backend, on the program each rank runs (after
   // partition).
@@ -503,16 +499,29 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (*evalInterval > 0) {
     Result<std::unique_ptr<Evaluator>> e = makeError("no evaluator");
 #ifdef TPC_HAVE_CUDA
-    // On the GPU the evaluation runs there too: the forward graph unsharded on one GPU, in the training's
-    // precision, its parameters copied from the training backend before each evaluation.
+    // On the GPU the evaluation runs there too, on the training's ranks and GPUs: the forward graph in the
+    // training's precision, sharded as the training step is (the same mesh, policy and placements), each
+    // rank's parameter blocks copied device to device from the training backend before each evaluation.
     if (*backendKind == BackendKind::Cuda) {
       CudaOptions cuda;
       cuda.seed = config.seed;
       cuda.verbose = false;
+      cuda.collectives = flags.get("collectives");
+      cuda.collectiveTimeoutSeconds = *collectiveTimeout;
       if (job) cuda.device = processDevice();
-      // cse merges the per-use casts mixed-precision adds (the tied embedding's two).
-      std::string passes = precision == "bf16" ? "mixed-precision(dtype=bf16),cse" : "";
-      e = Evaluator::create(*model->forward, model->lossOutput, createCudaBackend({}, cuda), passes, *backend);
+      auto makeBackend = [&](Graph& g) -> Result<std::unique_ptr<Backend>> {
+        if (g.mesh().empty()) return createCudaBackend({}, cuda);
+        TPC_ASSIGN(auto ranks, partitionRanks(g, cudaProcess ? std::optional<int64_t>(job->world.rank) : std::nullopt));
+        CudaOptions sharded = cuda;
+        if (cudaProcess) {
+          sharded.processRank = job->world.rank;
+          mpi::Comm world = job->world.comm;
+          sharded.allGatherWorld = [world](const void* in, int64_t bytes, void* out) { return mpi::allGather(world, in, bytes, out); };
+        }
+        return createCudaBackend(std::move(ranks), sharded);
+      };
+      e = Evaluator::create(*model->forward, model->lossOutput, makeBackend, evaluationPipeline(*model, precision, *tpPolicy),
+                            *backend);
     }
 #endif
     if (*backendKind != BackendKind::Cuda) e = Evaluator::create(*model->forward, model->lossOutput, cpu);

@@ -532,4 +532,15 @@ Status ensureMeshAxis(Graph& g, const std::string& name, int64_t size, const std
   return {};
 }
 
+Result<std::vector<std::unique_ptr<Graph>>> partitionRanks(Graph& g, std::optional<int64_t> onlyRank) {
+  TPC_TRY(propagatePlacements(g));
+  std::vector<std::unique_ptr<Graph>> ranks;
+  for (int64_t r = 0; r < g.mesh().numRanks(); ++r) {
+    if (onlyRank && r != *onlyRank) continue;
+    TPC_ASSIGN(auto local, partitionForRank(g, r));
+    ranks.push_back(std::move(local));
+  }
+  return ranks;
+}
+
 }  // namespace tpc

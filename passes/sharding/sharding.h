@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ Status propagatePlacements(Graph& g);
 // inserted. Params and inputs keep their global names, the mesh and their placements (the runtime slices
 // unsharded state and batches by them).
 Result<std::unique_ptr<Graph>> partitionForRank(const Graph& annotated, int64_t rank);
+
+// Every rank's program of a graph with placement hints (propagatePlacements over `g`, then partitionForRank),
+// or only rank `onlyRank`'s (one process per rank).
+Result<std::vector<std::unique_ptr<Graph>>> partitionRanks(Graph& g, std::optional<int64_t> onlyRank = std::nullopt);
 
 // slice(embedding_grad(..), axis 0) on a rank's program becomes embedding_grad of those rows only
 // (local_folds.cpp); the dead nodes are left for the caller to drop.

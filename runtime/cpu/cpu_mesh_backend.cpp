@@ -219,6 +219,31 @@ class CpuMeshBackend final : public Backend {
     return all;
   }
 
+  // Each local rank's block of the unsharded `value` (as readState gives it; the same elements in another
+  // shape are taken in this graph's global shape), converted to the rank's dtype.
+  Status writeState(const std::string& name, const HostTensor& value) override {
+    if (!prepared_ || !ranks_[local()[0]].state.count(name))
+      return makeError("cpu mesh backend: no state tensor named '", name, "'");
+    for (size_t r : local()) {
+      Rank& rk = ranks_[r];
+      const Value* p = nullptr;
+      for (Value* v : rk.graph->params())
+        if (v->name() == name) p = v;
+      HostTensor& held = rk.state.at(name);
+      TPC_ASSIGN(Shape gshape, globalShape(p->shape(), p->placement(), mesh()));
+      TensorType globalType(value.dtype(), gshape);
+      if (value.numel() != globalType.numel())
+        return makeError("cpu mesh backend: state tensor '", name, "' is ", globalType.str(), " unsharded, cannot take ",
+                         value.type().str());
+      HostTensor whole(globalType);
+      std::memcpy(whole.raw(), value.raw(), value.bytes());
+      TPC_ASSIGN(HostTensor block, sliceForRank(whole, p->placement(), mesh(), static_cast<int64_t>(r)));
+      HostTensor converted = block.convertTo(held.dtype());
+      std::memcpy(held.raw(), converted.raw(), held.bytes());  // in place: the executor may hold the buffer
+    }
+    return {};
+  }
+
   Result<HostTensor> readState(const std::string& name) const override {
     if (ranks_.empty() || !ranks_[local()[0]].state.count(name))
       return makeError("cpu mesh backend: no state tensor named '", name, "'");

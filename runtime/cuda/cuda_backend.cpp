@@ -682,29 +682,41 @@ class CudaBackend final : public Backend {
     return {};
   }
 
-  std::optional<DeviceTensor> deviceState(const std::string& name) const override {
-    if (!prepared_ || ranks_.size() != 1 || processMode() || !ranks_[0].params.count(name)) return std::nullopt;
-    auto [p, buf] = ranks_[0].params.at(name);
-    return DeviceTensor{dev(0).device, buf, p->type()};
+  std::optional<DeviceTensor> deviceState(const std::string& name, int64_t rank = 0) const override {
+    if (!prepared_) return std::nullopt;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      if (meshRank(r) != rank || !ranks_[r].params.count(name)) continue;
+      auto [p, buf] = ranks_[r].params.at(name);
+      return DeviceTensor{dev(r).device, buf, p->type(), blockLayout(*p)};
+    }
+    return std::nullopt;
   }
 
-  // Device to device when the source holds the tensor whole on our GPU in our dtype (a single-rank training
-  // backend); through the host otherwise. The source's step() has finished (it waits for its replay), and
-  // the copy is on our stream, ahead of our next replay.
+  // Device to device, rank by rank, when the source holds every one of our ranks' blocks on the same GPU,
+  // in our dtype and layout (the same mesh and placement: an evaluator sharded as the training is, or both
+  // unsharded); through the host otherwise. The source's step() has finished (it waits for its replay), and
+  // the copies are on our streams, ahead of our next replay. Under mpirun every process decides alike (the
+  // processes run one program), so none waits alone in the host path's gather.
   Status copyStateFrom(const Backend& source, const std::string& name) override {
-    auto from = source.deviceState(name);
-    if (!prepared_ || ranks_.size() != 1 || processMode() || !from || !ranks_[0].params.count(name))
-      return Backend::copyStateFrom(source, name);
-    auto [p, buf] = ranks_[0].params.at(name);
-    if (from->device != dev(0).device || from->type.dtype != p->dtype() || from->type.numel() != p->type().numel())
-      return Backend::copyStateFrom(source, name);
-    CU_TRY(cudaSetDevice(dev(0).device), "GPU ", dev(0).device);
-    CU_TRY(cudaMemcpyAsync(buf, from->data, static_cast<size_t>(p->type().bytes()), cudaMemcpyDeviceToDevice, dev(0).stream),
-           "copying %", name, " from ", source.name());
+    if (!prepared_ || !ranks_[0].params.count(name)) return Backend::copyStateFrom(source, name);
+    std::vector<DeviceTensor> from;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      auto f = source.deviceState(name, meshRank(r));
+      const Value* p = ranks_[r].params.at(name).first;
+      if (!f || f->device != dev(r).device || f->type.dtype != p->dtype() || f->type.numel() != p->type().numel() ||
+          f->layout != blockLayout(*p))
+        return Backend::copyStateFrom(source, name);
+      from.push_back(*f);
+    }
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      auto [p, buf] = ranks_[r].params.at(name);
+      CU_TRY(cudaSetDevice(dev(r).device), "GPU ", dev(r).device);
+      CU_TRY(cudaMemcpyAsync(buf, from[r].data, static_cast<size_t>(p->type().bytes()), cudaMemcpyDeviceToDevice, dev(r).stream),
+             rankPrefix(r), "copying %", name, " from ", source.name());
+    }
     return {};
   }
 
- private:
   // CudaOptions::multiTensorCasts, unless TPC_MULTI_TENSOR_CASTS (0 or 1) says otherwise.
   bool multiTensorCasts() const {
     const char* e = std::getenv("TPC_MULTI_TENSOR_CASTS");
@@ -730,6 +742,12 @@ class CudaBackend final : public Backend {
   }
 
   std::string rankPrefix(size_t r) const { return meshRanks() > 1 ? cat("rank ", meshRank(r), ": ") : ""; }
+  // Which block of a state tensor a rank holds (deviceState): the mesh and its placement; "" unsharded.
+  std::string blockLayout(const Value& p) const {
+    const Mesh& mesh = ranks_[0].graph->mesh();
+    if (mesh.empty()) return "";
+    return mesh.str() + " " + (p.placement() ? p.placement()->str() : std::string("R"));
+  }
   // One process per mesh rank (CudaOptions::processRank): ranks_ holds this process's rank alone.
   bool processMode() const { return options_.processRank >= 0; }
   // The mesh rank of ranks_[r], and how many the mesh has (1 without a mesh).

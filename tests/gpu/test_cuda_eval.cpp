@@ -1,7 +1,8 @@
 // Evaluation on the GPU (tpc run --eval-interval on the CUDA backend): a tiny GPT trained on the GPU with
 // an evaluation every 2 steps gets, from the evaluator on a second CudaBackend, the validation losses the
 // CPU evaluator computes from the same parameters (1e-4 relative in fp32), single-rank (parameters copied
-// device to device) and tp 2 on virtual ranks (through the host).
+// device to device) and tp 2 on virtual ranks (unsharded: through the host; sharded as the training is: each
+// rank's blocks device to device).
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -62,16 +63,28 @@ TEST_CASE("cuda eval: validation losses on the GPU equal the CPU evaluator's on 
     REQUIRE(onGpu.ok());
     CHECK((*onGpu)->where().rfind("cuda (", 0) == 0);  // not the CPU executor
     CHECK((*onCpu)->where() == "cpu executor");
+    // Sharded as the training is (tpc run's evaluator under --tp): the same ranks, each one's parameter blocks
+    // copied device to device from the training backend's same blocks.
+    std::unique_ptr<Evaluator> sharded;
+    if (tp > 1) {
+      auto ranksOf = [&](Graph& eval) -> Result<std::unique_ptr<Backend>> {
+        TPC_ASSIGN(auto evalRanks, partitionRanks(eval));
+        return createCudaBackend(std::move(evalRanks), o);
+      };
+      auto e = Evaluator::create(*m.forward, m.lossOutput, ranksOf, "megatron-tp(tp=2),dce", *training);
+      INFO((e.ok() ? std::string() : e.error()));
+      REQUIRE(e.ok());
+      sharded = std::move(*e);
+      auto block = training->deviceState("h.0.mlp.c_fc.weight", 1);  // rank 1's half of the columns
+      REQUIRE(block.has_value());
+      CHECK(block->layout.find("tp:S(1)") != std::string::npos);
+      CHECK(block->type.numel() * tp == 64 * 256);
+    }
+    std::vector<double> onRanks;
 
     std::vector<double> gpu, cpu;
     double gpuSeconds = 0, cpuSeconds = 0;
-    TrainerSettings t;
-    t.trainIters = 6;
-    t.logInterval = 0;
-    t.lr.maxLr = 3e-3;
-    t.lr.minLr = 3e-4;
-    t.lr.warmupIters = 0;
-    t.lr.decayIters = 6;
+    TrainerSettings t = test::shortRun(6, 3e-3);
     t.evalInterval = 2;
     t.evaluate = [&]() -> Result<double> {
       FixedBatches a, b;
@@ -84,6 +97,11 @@ TEST_CASE("cuda eval: validation losses on the GPU equal the CPU evaluator's on 
       cpuSeconds += std::chrono::duration<double>(t2 - t1).count();
       gpu.push_back(g);
       cpu.push_back(c);
+      if (sharded) {
+        FixedBatches d;
+        TPC_ASSIGN(double r, sharded->meanLoss(*training, d, 3));
+        onRanks.push_back(r);
+      }
       return g;
     };
     FixedBatches data;
@@ -98,6 +116,14 @@ TEST_CASE("cuda eval: validation losses on the GPU equal the CPU evaluator's on 
                << "difference from the CPU evaluator " << worst << "; evaluation time gpu " << gpuSeconds << "s, cpu "
                << cpuSeconds << "s");
     CHECK(worst <= 1e-4);
+    if (sharded) {
+      REQUIRE(onRanks.size() == 3);
+      double worstRanks = 0;
+      for (size_t i = 0; i < onRanks.size(); ++i) worstRanks = std::max(worstRanks, std::abs(onRanks[i] - cpu[i]) / std::abs(cpu[i]));
+      WARN("tp " << tp << ": sharded evaluator's valid losses " << onRanks[0] << ", " << onRanks[1] << ", " << onRanks[2]
+                 << "; worst relative difference from the CPU evaluator " << worstRanks);
+      CHECK(worstRanks <= 1e-4);
+    }
     CHECK(gpu[2] < gpu[0]);  // the parameters are taken anew each time: training shows
   }
 }

@@ -84,6 +84,19 @@ inline std::vector<std::unique_ptr<Graph>> rankGraphs(const Graph& step) {
   return ranks;
 }
 
+// A short run's trainer settings: `iters` steps, lr `maxLr` decaying (cosine) to a tenth of it over the run, no
+// warmup, no log lines.
+inline TrainerSettings shortRun(int64_t iters, double maxLr) {
+  TrainerSettings t;
+  t.trainIters = iters;
+  t.logInterval = 0;
+  t.lr.maxLr = maxLr;
+  t.lr.minLr = maxLr / 10;
+  t.lr.warmupIters = 0;
+  t.lr.decayIters = iters;
+  return t;
+}
+
 // Prepares `b` for `step` with every parameter (and optimizer state) from initParam(seed).
 inline void prepareInitialState(Backend& b, const Graph& step, uint64_t seed) {
   TensorMap state;

@@ -5,10 +5,12 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <sstream>
 
 #include "gpt_step_support.h"
+#include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/evaluator.h"
 
 namespace tpc {
@@ -47,13 +49,7 @@ TEST_CASE("eval on a backend: equal to the CPU executor's, parameters copied at 
   CHECK((*onExec)->where() == "cpu executor");
 
   std::vector<double> viaBackend, viaExec;
-  TrainerSettings t;
-  t.trainIters = 6;
-  t.logInterval = 0;
-  t.lr.maxLr = 1e-2;
-  t.lr.minLr = 1e-3;
-  t.lr.warmupIters = 0;
-  t.lr.decayIters = 6;
+  TrainerSettings t = test::shortRun(6, 1e-2);
   t.evalInterval = 2;
   t.evaluate = [&]() -> Result<double> {
     FixedBatches a, b;
@@ -90,6 +86,72 @@ TEST_CASE("eval on a backend: equal to the CPU executor's, parameters copied at 
   REQUIRE(!wrong.ok());
   CHECK(wrong.error().find("'wpe'") != std::string::npos);
   CHECK(!other->writeState("no_such_tensor", HostTensor(TensorType(DType::f32, {3}))).ok());
+}
+
+// Evaluation sharded as a tp 2 x dp 2 training is (`tpc run` on the GPU): the forward graph through the tp
+// policy and data-parallel, a backend over its four rank programs, each rank's parameter blocks taken from the
+// sharded training backend. The losses equal the unsharded CPU executor's to f32 rounding (the tp sums and
+// the dp mean add in another order), at every evaluation.
+TEST_CASE("eval sharded as the training: tp 2 x dp 2 ranks give the unsharded evaluator's losses", "[eval]") {
+  GptConfig g = test::smallGpt();
+  g.layers = 1;
+  g.hiddenDropout = g.attentionDropout = 0.1;
+  auto m = test::gptModel(g, 4);  // the global batch of both dp ranks
+  std::unique_ptr<Graph> step = m.forward->clone();
+  test::runPasses(*step, test::megatronTp(2) + "autodiff(loss=" + m.lossOutput + ", clip-grad=1.0),cse,dce,data-parallel(dp=2)");
+  CpuOptions co;
+  co.threads = 4;
+  auto training = createCpuMeshBackend(test::rankGraphs(*step), co);
+  test::prepareInitialState(*training, *step, 3);
+
+  int64_t meshRanks = 0;
+  auto shardedRanks = [&](Graph& eval) -> Result<std::unique_ptr<Backend>> {
+    TPC_ASSIGN(auto ranks, partitionRanks(eval));
+    meshRanks = static_cast<int64_t>(ranks.size());
+    return createCpuMeshBackend(std::move(ranks), co);
+  };
+  auto sharded = Evaluator::create(*m.forward, m.lossOutput, shardedRanks, "megatron-tp(tp=2),dce,data-parallel(dp=2)", *training);
+  INFO((sharded.ok() ? std::string() : sharded.error()));
+  REQUIRE(sharded.ok());
+  CHECK(meshRanks == 4);
+  CHECK((*sharded)->where() == "cpu (4 ranks)");
+  auto whole = Evaluator::create(*m.forward, m.lossOutput, co);
+  REQUIRE(whole.ok());
+
+  std::vector<double> a, b;
+  TrainerSettings t = test::shortRun(4, 1e-2);
+  t.evalInterval = 2;
+  t.evaluate = [&]() -> Result<double> {
+    FixedBatches x, y;
+    TPC_ASSIGN(double s, (*sharded)->meanLoss(*training, x, 2));
+    TPC_ASSIGN(double w, (*whole)->meanLoss(*training, y, 2));
+    a.push_back(s);
+    b.push_back(w);
+    return s;
+  };
+  FixedBatches data;
+  std::ostringstream console;
+  auto report = train(*training, *step, data, t, console);
+  INFO(console.str() << (report.ok() ? std::string() : report.error()));
+  REQUIRE(report.ok());
+  REQUIRE(a.size() == 2);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(std::abs(a[i] - b[i]) <= 1e-5 * std::abs(b[i]));
+  CHECK(a[1] < a[0]);  // the parameters are taken anew: training shows
+
+  // The mesh backend's state writes: a tensor that does not fit is refused with its name and shapes; one
+  // that does lands as each rank's block (read back whole).
+  Status wrong = training->writeState("wpe", HostTensor(TensorType(DType::f32, {3})));
+  REQUIRE(!wrong.ok());
+  CHECK(wrong.error().find("'wpe'") != std::string::npos);
+  CHECK(wrong.error().find("f32[3]") != std::string::npos);
+  auto fc = training->readState("h.0.mlp.c_fc.weight");
+  REQUIRE(fc.ok());
+  HostTensor doubled = fc->clone();
+  for (int64_t i = 0; i < doubled.numel(); ++i) doubled.data<float>()[i] *= 2;
+  REQUIRE(training->writeState("h.0.mlp.c_fc.weight", doubled).ok());
+  auto back = training->readState("h.0.mlp.c_fc.weight");
+  REQUIRE(back.ok());
+  CHECK(std::memcmp(back->raw(), doubled.raw(), doubled.bytes()) == 0);
 }
 
 }  // namespace tpc
