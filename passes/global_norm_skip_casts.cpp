@@ -1,4 +1,5 @@
-// `global-norm-skip-casts`: global_norm reads a bf16/f16 gradient itself instead of its f32 cast:
+// `global-norm-skip-casts`: global_norm (and sum_squares, its sharded form: each rank's partial sum before the
+// all-reduce) reads a bf16/f16 gradient itself instead of its f32 cast:
 //   %c = cast(%g: bf16[...]) {to=f32}    %n = global_norm(..., %c, ...)
 //     =>  %n = global_norm(..., %g, ...)
 // Widening bf16/f16 to f32 is exact and global_norm squares in f32 whatever it reads, so the norm is the same
@@ -27,7 +28,7 @@ class GlobalNormSkipCastsPass final : public Pass {
     bool changed = false;
     std::vector<Node*> bypassed;
     for (Node* n : g.nodeVector()) {
-      if (n->op() != OpKind::GlobalNorm) continue;
+      if (n->op() != OpKind::GlobalNorm && n->op() != OpKind::SumSquares) continue;
       for (unsigned k = 0; k < n->numOperands(); ++k) {
         Node* c = n->operand(k)->def();
         // A cast in a fusion group is computed inside the group's kernel; its source may not be stored.
