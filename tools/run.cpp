@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -112,6 +113,11 @@ struct MpiJob {
   // is stderrFd.
   int stderrFd = -1;
   std::FILE* captured = nullptr;
+  // Every process contributes `bytes`, `out` gets them in rank order (the backends' allGatherWorld).
+  std::function<Status(const void* in, int64_t bytes, void* out)> allGather() const {
+    mpi::Comm c = world.comm;
+    return [c](const void* in, int64_t bytes, void* out) { return mpi::allGather(c, in, bytes, out); };
+  }
 };
 
 // Ends an mpirun job from a process that failed once the processes met (the others may be waiting for it in a
@@ -295,10 +301,12 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   // why itself. The CUDA backend's processes meet early: from partitioning its own rank on, one can fail alone
   // while the others wait for it (in the NCCL id exchange).
   if (cudaProcess) job->training = true;
+  // The one mesh rank a CUDA process partitions and runs (the step's and evaluation's); nullopt: every rank.
+  const std::optional<int64_t> ownRank = cudaProcess ? std::optional<int64_t>(job->world.rank) : std::nullopt;
   // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
   std::vector<std::unique_ptr<Graph>> rankGraphs;
   if (!step->mesh().empty()) {
-    auto ranks = partitionRanks(*step, cudaProcess ? std::optional<int64_t>(job->world.rank) : std::nullopt);
+    auto ranks = partitionRanks(*step, ownRank);
     if (!ranks) return cli::fail("run", cat(path, ": ", ranks.error()));
     rankGraphs = std::move(*ranks);
   }
@@ -382,8 +390,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (cudaProcess) {  // mesh rank world.rank on the GPU of its local rank, NCCL ids through MPI
       cuda.processRank = job->world.rank;
       cuda.device = processDevice();
-      mpi::Comm world = job->world.comm;
-      cuda.allGatherWorld = [world](const void* in, int64_t bytes, void* out) { return mpi::allGather(world, in, bytes, out); };
+      cuda.allGatherWorld = job->allGather();
     }
     backend = createCudaBackend(std::move(rankGraphs), cuda);
   }
@@ -394,8 +401,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (!comm) return cli::fail("run", comm.error());
     mesh.localRank = job->world.rank;
     mesh.communicator = *comm;
-    mpi::Comm world = job->world.comm;
-    mesh.allGatherWorld = [world](const void* in, int64_t bytes, void* out) { return mpi::allGather(world, in, bytes, out); };
+    mesh.allGatherWorld = job->allGather();
   }
   if (!backend)
     backend = rankGraphs.empty() ? createCpuBackend(cpu) : createCpuMeshBackend(std::move(rankGraphs), cpu, mesh);
@@ -511,12 +517,11 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       if (job) cuda.device = processDevice();
       auto makeBackend = [&](Graph& g) -> Result<std::unique_ptr<Backend>> {
         if (g.mesh().empty()) return createCudaBackend({}, cuda);
-        TPC_ASSIGN(auto ranks, partitionRanks(g, cudaProcess ? std::optional<int64_t>(job->world.rank) : std::nullopt));
+        TPC_ASSIGN(auto ranks, partitionRanks(g, ownRank));
         CudaOptions sharded = cuda;
         if (cudaProcess) {
           sharded.processRank = job->world.rank;
-          mpi::Comm world = job->world.comm;
-          sharded.allGatherWorld = [world](const void* in, int64_t bytes, void* out) { return mpi::allGather(world, in, bytes, out); };
+          sharded.allGatherWorld = job->allGather();
         }
         return createCudaBackend(std::move(ranks), sharded);
       };

@@ -717,6 +717,7 @@ class CudaBackend final : public Backend {
     return {};
   }
 
+ private:
   // CudaOptions::multiTensorCasts, unless TPC_MULTI_TENSOR_CASTS (0 or 1) says otherwise.
   bool multiTensorCasts() const {
     const char* e = std::getenv("TPC_MULTI_TENSOR_CASTS");
