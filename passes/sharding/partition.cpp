@@ -64,6 +64,7 @@ class Sweep {
   Status run();
   std::map<const Value*, Placement> placed;  // the placement each value is produced in (after any hint)
   std::unique_ptr<Graph> local_;
+  std::set<const Value*> zeroShares;  // the local zeros of R -> P on a rank other than the axis's first
 
  private:
   struct Cur {
@@ -146,7 +147,9 @@ Result<Value*> Sweep::step(Value* x, const std::string& axis, AP from, AP to, co
   }
   if (from.isR() && to.isP()) {  // rank 0 of the axis holds the value, the others zeros
     if (coord(axis) == 0) return x;
-    return emit(OpKind::Scale, {x}, attrs({{"factor", 0.0}}));
+    TPC_ASSIGN(Value * z, emit(OpKind::Scale, {x}, attrs({{"factor", 0.0}})));
+    zeroShares.insert(z);
+    return z;
   }
   TPC_ASSERT(false, "sharding: no conversion from " + from.str() + " to " + to.str());
   return x;
@@ -487,6 +490,8 @@ Result<std::unique_ptr<Graph>> partitionForRank(const Graph& annotated, int64_t 
   TPC_TRY(s.run());
   std::unique_ptr<Graph> local = std::move(s.local_);
   foldSlicedEmbeddingGrads(*local);
+  foldZeroShareAdds(*local, s.zeroShares);
+  foldStackedQkv(*local);
   // Emitted but unused (e.g. a gather a later rule made unnecessary): drop.
   bool changed = true;
   while (changed) {

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,17 @@ Result<std::vector<std::unique_ptr<Graph>>> partitionRanks(Graph& g, std::option
 // slice(embedding_grad(..), axis 0) on a rank's program becomes embedding_grad of those rows only
 // (local_folds.cpp); the dead nodes are left for the caller to drop.
 void foldSlicedEmbeddingGrads(Graph& local);
+
+// megatron-tp's QKV projection (a matmul batched over the q, k, v blocks of the [D, 3, D] view) and its
+// gradients read the rank's [D, 3, D/tp] block as one packed [D, 3D/tp] matrix again, as on one rank: one
+// GEMM each way, no per-block reduce_sums or transposes, and the one-rank folds (bias epilogues, the packed
+// attention layout) apply (local_folds.cpp). The dead nodes are left for the caller to drop.
+void foldStackedQkv(Graph& local);
+
+// add(x, z) => x where z is one of `zeros`: the zeros a rank other than the axis's first holds for a
+// replicated value turned partial (the partitioner's R -> P: rank 0 holds the value, the others 0), e.g. the
+// row-parallel bias and the residual before the all-reduce. Only the first rank adds them.
+void foldZeroShareAdds(Graph& local, const std::set<const Value*>& zeros);
 
 // Sets `v`'s placement on `axis` for a policy; a different placement already set there by another policy
 // is an error naming the value, the axis and both placements.

@@ -104,8 +104,9 @@ TEST_CASE("fold-batch-matmul-sum: on the rank programs of dp 2 x tp 2 the folded
     CHECK(n == foldedPerRank);
     folded.push_back(std::move(*l));
   }
-  // The QKV weight under tp is [3, D, D/tp] broadcast against [B, 1, T, D]: left as it was; the others fold.
-  CHECK(foldedPerRank == 2 * 3 + 1);
+  // Every weight gradient, the QKV one too: partition reads the rank's [D, 3, D/tp] QKV block as one packed
+  // matrix (foldStackedQkv), so its gradient is a plain [B, T, D]^T x [B, T, 3D/tp] as on one rank.
+  CHECK(foldedPerRank == 2 * 4 + 1);
   // A global graph after propagation is not touched (its values carry placements).
   auto global = g->clone();
   auto r = createFoldBatchMatmulSumPass()->run(*global);
