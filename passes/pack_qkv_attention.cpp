@@ -8,7 +8,8 @@
 //   %dq, %dk, %dv = attention_grad(transpose(%dy) {perm=[0,2,1,3]}, %q, %k, %v, %o, %lse)
 //   %dqkv = transpose(sum of concat(zeros..., reshape(%dq | %dk | %dv), zeros...)) {perm=P^-1}
 //     =>  %dqkv = attention_qkv_grad(%dy, %qkv, %y, %lse) {perm=P}
-// An attention is rewritten only when the pattern holds for it and every gradient that reads it, and each
+// The gradient may read q, k, v recomputed from %qkv by the same transpose, slices and reshapes (selective
+// recompute). An attention is rewritten only when the pattern holds for it and every gradient that reads it, and each
 // fusion group of the adds is wholly inside the pattern (it vanishes with them); otherwise it is left alone.
 // Same numbers: the kernels are attention's own with other strides, the dropout mask is drawn on the same
 // [B, H, Tq, Tk] index space. For one rank's program (placements gone); the CUDA backend runs it.
@@ -137,6 +138,26 @@ class PackQkvAttentionPass final : public Pass {
     return s->result()->shape() == want ? t : nullptr;
   }
 
+  // Whether a and b are the same value or computed alike (same op, attributes but fusion groups, result index and
+  // operands, to `depth` nodes up): a recomputed copy, e.g. selective recompute's bias add and reshape of qkv.
+  static bool sameValue(const Value* a, const Value* b, int depth) {
+    if (a == b) return true;
+    const Node *da = a->def(), *db = b->def();
+    if (depth == 0 || !da || !db || da->op() != db->op() || a->type() != b->type() ||
+        da->numOperands() != db->numOperands() || da->numResults() != db->numResults())
+      return false;
+    if (da->has(traits::Random) || da->has(traits::Collective)) return false;
+    AttrDict aa = da->attrs(), ab = db->attrs();
+    aa.erase("fusion_group");
+    ab.erase("fusion_group");
+    if (!(aa == ab)) return false;
+    for (unsigned r = 0; r < da->numResults(); ++r)
+      if ((da->result(r) == a) != (db->result(r) == b)) return false;
+    for (unsigned i = 0; i < da->numOperands(); ++i)
+      if (!sameValue(da->operand(i), db->operand(i), depth - 1)) return false;
+    return true;
+  }
+
   // Zeros: full(0), or a slice, reshape or transpose of zeros (the partitioner slices a global full).
   static bool isZero(const Value* v, std::vector<Node*>& seen) {
     const Node* d = v->def();
@@ -194,8 +215,18 @@ class PackQkvAttentionPass final : public Pass {
 
   std::optional<GradMatch> matchGrad(const Graph& g, const Node& a, Node& gr, const Value& qkv,
                                      const std::vector<int64_t>& perm, std::vector<Node*>& seen) const {
-    for (int k = 0; k < 3; ++k)
-      if (gr.operand(k + 1) != a.operand(k)) return std::nullopt;
+    // q, k, v as the forward read them, or recomputed from the same projection output the same way (selective
+    // recompute copies movement ops before the backward); the copies die with the rewrite.
+    for (int k = 0; k < 3; ++k) {
+      const Value* v = gr.operand(k + 1);
+      if (v == a.operand(k)) continue;
+      Node* t = packedSource(v, k);
+      if (!t || !sameValue(t->operand(0), &qkv, 8) || t->getInts("perm") != perm || v->type() != a.operand(k)->type())
+        return std::nullopt;
+      seen.push_back(v->def());
+      seen.push_back(v->def()->operand(0)->def());
+      seen.push_back(t);
+    }
     if (gr.operand(4) != a.result(0) || gr.operand(5) != a.result(1) || !(gr.attrs() == a.attrs()))
       return std::nullopt;
     Node* t = gr.operand(0)->def();

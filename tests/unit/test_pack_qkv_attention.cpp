@@ -153,6 +153,27 @@ TEST_CASE("pack-qkv-attention: a GPT step's attentions read the QKV layout, no c
   checkClose(twoSteps({}, *g), twoSteps({}, *packed));
 }
 
+// Selective recompute copies the bias add, the reshape, transpose and slices of q, k, v before each block's
+// backward: attention_grad reads the copies, which are the forward's computed alike; packed all the same.
+TEST_CASE("pack-qkv-attention: under selective recompute the gradient's recomputed q, k, v pack too", "[passes][pack-qkv]") {
+  auto g = gptStep("", ",recompute(mode=selective)");
+  auto packed = g->clone();
+  REQUIRE(count(*packed, OpKind::Attention) == kLayers);
+  for (const Node* n : packed->nodes())  // the premise: the gradients read recomputed copies
+    if (n->op() == OpKind::AttentionGrad) {
+      const Node* fwd = n->operand(4)->def();
+      REQUIRE(fwd);
+      CHECK(n->operand(1) != fwd->operand(0));
+    }
+  CHECK(pack(*packed));
+  CHECK(count(*packed, OpKind::Attention) == 0);
+  CHECK(count(*packed, OpKind::AttentionGrad) == 0);
+  CHECK(count(*packed, OpKind::AttentionQkv) == kLayers);
+  CHECK(count(*packed, OpKind::AttentionQkvGrad) == kLayers);
+  CHECK(count(*packed, OpKind::Transpose) == 0);  // the recomputed copies died with the rewrite
+  checkClose(twoSteps({}, *g), twoSteps({}, *packed));
+}
+
 TEST_CASE("pack-qkv-attention: after the fuse pass the slice gradient's fusion groups vanish with it", "[passes][pack-qkv]") {
   auto g = gptStep("", ",fuse");
   auto packed = g->clone();
