@@ -140,7 +140,8 @@ class PackQkvAttentionPass final : public Pass {
 
   // Whether a and b are the same value or computed alike (same op, attributes but fusion groups, result index and
   // operands, to `depth` nodes up): a recomputed copy, e.g. selective recompute's bias add and reshape of qkv.
-  static bool sameValue(const Value* a, const Value* b, int depth) {
+  // The nodes of a's side that differ from b's are appended to `copies` (they die with the rewrite).
+  static bool sameValue(const Value* a, const Value* b, int depth, std::vector<Node*>& copies) {
     if (a == b) return true;
     const Node *da = a->def(), *db = b->def();
     if (depth == 0 || !da || !db || da->op() != db->op() || a->type() != b->type() ||
@@ -154,7 +155,8 @@ class PackQkvAttentionPass final : public Pass {
     for (unsigned r = 0; r < da->numResults(); ++r)
       if ((da->result(r) == a) != (db->result(r) == b)) return false;
     for (unsigned i = 0; i < da->numOperands(); ++i)
-      if (!sameValue(da->operand(i), db->operand(i), depth - 1)) return false;
+      if (!sameValue(da->operand(i), db->operand(i), depth - 1, copies)) return false;
+    copies.push_back(const_cast<Node*>(da));
     return true;
   }
 
@@ -221,7 +223,8 @@ class PackQkvAttentionPass final : public Pass {
       const Value* v = gr.operand(k + 1);
       if (v == a.operand(k)) continue;
       Node* t = packedSource(v, k);
-      if (!t || !sameValue(t->operand(0), &qkv, 8) || t->getInts("perm") != perm || v->type() != a.operand(k)->type())
+      if (!t || t->getInts("perm") != perm || v->type() != a.operand(k)->type() ||
+          !sameValue(t->operand(0), &qkv, 8, seen))
         return std::nullopt;
       seen.push_back(v->def());
       seen.push_back(v->def()->operand(0)->def());

@@ -78,9 +78,9 @@ class StackedQkvFold {
 
   void run() {
     for (Node* n : g_.nodeVector()) {
-      if (isTranspose(n, {1, 0, 3, 2, 4})) {
-        if (!forward(n)) backward(n);
-      }
+      if (!isTranspose(n, {1, 0, 3, 2, 4})) continue;
+      // The forward's transpose reads the stacked projection, the backward's the heads' gradients.
+      if (!forward(n)) backward(n);
     }
   }
 
@@ -135,12 +135,22 @@ class StackedQkvFold {
     Value* b = br->operand(0);
     const Shape &ws = wc->shape(), &h5 = r5->result()->shape();  // [B, 3, T, h, Dh]
     const int64_t G = ws[1], d = ws[2];
-    if (b->shape() != Shape{G, d} || br->result()->shape() != Shape{1, G, 1, d} || h5[1] != G || h5[3] * h5[4] != d)
+    const Shape& xs = x->shape();  // [B, T, D]
+    if (b->shape() != Shape{G, d} || br->result()->shape() != Shape{1, G, 1, d} || h5[0] != xs[0] || h5[1] != G ||
+        h5[2] != xs[1] || h5[3] * h5[4] != d || ws[0] != xs[2])
       return false;
     auto done = [&]() -> Result<Value*> {
-      TPC_ASSIGN(Value * wf, flatWeight(wc, heads));
-      TPC_ASSIGN(Value * y, mk(OpKind::Matmul, {x, wf}, {}, heads));
-      TPC_ASSIGN(Value * bf, reshape(b, {G * d}, heads));
+      // One packed GEMM and bias view per stacked matmul and bias: selective recompute's copy of the bias add
+      // reads the same matmul, and its copy then reads the same packed GEMM (pack-qkv-attention matches it).
+      Value*& y = packedMm_[mm->result()];
+      if (!y) {
+        TPC_ASSIGN(Value * wf, flatWeight(wc, mm));
+        TPC_ASSIGN(y, mk(OpKind::Matmul, {x, wf}, {}, mm));
+      }
+      Value*& bf = flatBias_[b];
+      if (!bf) {
+        TPC_ASSIGN(bf, reshape(b, {G * d}, heads));
+      }
       TPC_ASSIGN(Value * yb, mk(OpKind::Add, {y, bf}, {}, heads));
       TPC_ASSIGN(Value * y5, reshape(yb, {h5[0], h5[2], G, h5[3], h5[4]}, heads));
       return mk(OpKind::Transpose, {y5}, oneAttr("perm", std::vector<int64_t>{2, 0, 3, 1, 4}), heads);
@@ -151,15 +161,16 @@ class StackedQkvFold {
   }
 
   // g4 = reshape(transpose(gs: [3,B,h,T,Dh], [1,0,3,2,4]), [B,3,T,d]) feeds the stacked projection's
-  // gradients: reduce_sum over [0,2] (bias), reduce_sum(matmul(g4, Wt)^T, [1]) (input),
+  // gradients: reduce_sum over [0,2] (bias), reduce_sum(matmul(g4, Wt) {transpose_b}, [1]) (input),
   // transpose(reduce_sum(matmul(x4^T, g4), [0]), [1,0,2]) (weight). Each becomes the packed form on
   // gp = reshape(transpose(gs, [1,3,0,2,4]), [B,T,3d]), as on one rank.
   void backward(Node* tb) {
     Node* r4 = onlyUser(users_, g_, tb->result());
     if (!r4 || r4->op() != OpKind::Reshape || r4->result()->type().rank() != 4) return;
     Value* gs = tb->operand(0);
-    const Shape& s4 = r4->result()->shape();  // [B, 3, T, d]
+    const Shape &s4 = r4->result()->shape(), &t5 = tb->result()->shape();  // [B, 3, T, d] of [B, 3, T, h, Dh]
     const int64_t B = s4[0], G = s4[1], T = s4[2], d = s4[3];
+    if (t5[0] != B || t5[1] != G || t5[2] != T || t5[3] * t5[4] != d) return;
     Value* gp = nullptr;
     auto packed = [&]() -> Result<Value*> {
       if (gp) return gp;
@@ -208,8 +219,7 @@ class StackedQkvFold {
 
   Graph& g_;
   llvm::DenseMap<const Value*, llvm::SmallVector<Node*, 4>> users_;
-  std::map<Value*, Value*> flat_;
-  std::map<Value*, Value*> gathered_;
+  std::map<Value*, Value*> flat_, gathered_, packedMm_, flatBias_;
 };
 
 }  // namespace
@@ -222,6 +232,7 @@ void foldZeroShareAdds(Graph& local, const std::set<const Value*>& zeros) {
     for (unsigned i = 0; i < 2; ++i) {
       Value* other = n->operand(1 - i);
       if (zeros.count(n->operand(i)) && other->type() == n->result()->type()) {
+        if (n->result()->hasName() && !other->hasName()) other->setName(n->result()->name());
         local.replaceAllUsesWith(n->result(), other);
         break;
       }

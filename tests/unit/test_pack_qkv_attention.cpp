@@ -170,8 +170,50 @@ TEST_CASE("pack-qkv-attention: under selective recompute the gradient's recomput
   CHECK(count(*packed, OpKind::AttentionGrad) == 0);
   CHECK(count(*packed, OpKind::AttentionQkv) == kLayers);
   CHECK(count(*packed, OpKind::AttentionQkvGrad) == kLayers);
-  CHECK(count(*packed, OpKind::Transpose) == 0);  // the recomputed copies died with the rewrite
+  CHECK(count(*packed, OpKind::Transpose) == 0);
+  // The recomputed copies (the bias add and reshape too) died with the rewrite: nothing is left for dce, and
+  // each QKV bias is added once, by the forward (selective recomputed it before).
+  auto dced = packed->clone();
+  auto d = createDCEPass()->run(*dced);
+  REQUIRE(d.ok());
+  CHECK(!*d);
+  auto biasAdds = [](const Graph& graph) {
+    int n = 0;
+    for (const Node* node : graph.nodes())
+      for (const Value* v : node->operands())
+        n += node->op() == OpKind::Add && v->hasName() && v->name().find("attn.c_attn.bias") != std::string::npos;
+    return n;
+  };
+  CHECK(biasAdds(*g) == 2 * kLayers);
+  CHECK(biasAdds(*packed) == kLayers);
   checkClose(twoSteps({}, *g), twoSteps({}, *packed));
+}
+
+// Under megatron-tp the recomputed bias add reads the same stacked QKV matmul as the forward's: partition packs
+// both onto one GEMM (no GEMM is recomputed: selective keeps matmul results), and the attention packs.
+TEST_CASE("pack-qkv-attention: megatron-tp 2 with selective recompute: one QKV GEMM a layer, packed, same step",
+          "[passes][pack-qkv][sharding]") {
+  auto g = gptStep("megatron-tp(tp=2),", ",recompute(mode=selective)");
+  auto ref = gptStep("megatron-tp(tp=2),");
+  std::vector<std::unique_ptr<Graph>> plain, packed;
+  for (int64_t r = 0; r < g->mesh().numRanks(); ++r) {
+    INFO("rank " << r);
+    auto l = partitionForRank(*g, r);
+    auto lr = partitionForRank(*ref, r);
+    REQUIRE(l.ok());
+    REQUIRE(lr.ok());
+    CHECK(count(**l, OpKind::Matmul) == count(**lr, OpKind::Matmul));
+    plain.push_back((*l)->clone());
+    CHECK(pack(**l));
+    CHECK(count(**l, OpKind::AttentionQkv) == kLayers);
+    CHECK(count(**l, OpKind::Attention) == 0);
+    CHECK(count(**l, OpKind::Transpose) == 0);
+    auto d = createDCEPass()->run(**l);
+    REQUIRE(d.ok());
+    CHECK(!*d);
+    packed.push_back(std::move(*l));
+  }
+  checkClose(twoSteps(std::move(plain), *g), twoSteps(std::move(packed), *g));
 }
 
 TEST_CASE("pack-qkv-attention: after the fuse pass the slice gradient's fusion groups vanish with it", "[passes][pack-qkv]") {
