@@ -69,6 +69,34 @@ KernelSpec virtualReduceScatter(DType t, int G, bool max, llvm::ArrayRef<int64_t
   return k;
 }
 
+KernelSpec virtualAllGather(DType t, int G, llvm::ArrayRef<int64_t> inShape, int64_t dim) {
+  int64_t outer = 1, inner = 1, len = inShape[dim];
+  for (int64_t d = 0; d < dim; ++d) outer *= inShape[d];
+  for (size_t d = static_cast<size_t>(dim) + 1; d < inShape.size(); ++d) inner *= inShape[d];
+  const int64_t n = outer * G * len * inner;
+  std::string sig;
+  for (int q = 0; q < G; ++q) sig += cat(q ? ", " : "", "u64 in", q);
+  for (int q = 0; q < G; ++q) sig += cat(", u64 out", q);
+  sig += ", i64 n, i64 len, i64 inner";
+  // Output element i = (o, j, k) over [outer, G len, inner]: shard q = j / len, its element (o, j % len, k).
+  std::string body = "(" + sig + ") {\n  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {\n" +
+                     "    i64 k = i % inner, j = (i / inner) % (" + std::to_string(G) + " * len), o = i / (inner * " +
+                     std::to_string(G) + " * len);\n    i64 q = j / len, src = (o * len + j % len) * inner + k;\n    u64 in = in0;\n";
+  for (int q = 1; q < G; ++q) body += cat("    if (q == ", q, ") in = in", q, ";\n");
+  body += "    " + ctype(t) + " v = ((const " + ctype(t) + "*)in)[src];\n";
+  for (int q = 0; q < G; ++q) body += cat("    ((", ctype(t), "*)out", q, ")[i] = v;\n");
+  body += "  }\n}\n";
+  KernelSpec k;
+  k.entry = entryName("tpc_vall_gather", body);
+  k.source = withPrelude("extern \"C\" __global__ void " + k.entry + body);
+  elementwiseGeometry(k, n);
+  for (int q = 0; q < 2 * G; ++q) k.args.push_back({ArgKind::Int64, 0, 0});
+  k.args.push_back({ArgKind::Int64, 0, n});
+  k.args.push_back({ArgKind::Int64, 0, len});
+  k.args.push_back({ArgKind::Int64, 0, inner});
+  return k;
+}
+
 KernelSpec virtualAllGatherPiece(DType t, llvm::ArrayRef<int64_t> inShape, llvm::ArrayRef<int64_t> outShape, int64_t dim,
                                  int q) {
   std::vector<int64_t> src = strides(inShape), dst = strides(outShape);

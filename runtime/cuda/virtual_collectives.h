@@ -16,6 +16,9 @@ KernelSpec virtualAllReduce(DType t, int groupSize, bool max, int64_t numel);
 // Rank r's block of dim `dim` of (op over q of in_q): in shapes `inShape`, out `inShape` with dim / G.
 // Args: in_0..in_{G-1}, out, then sizes.
 KernelSpec virtualReduceScatter(DType t, int groupSize, bool max, llvm::ArrayRef<int64_t> inShape, int64_t dim, int rank);
+// Every rank's gathered output in one launch: out_r's block q of dim `dim` is in_q (a copy of the bits). Args:
+// in_0..in_{G-1}, out_0..out_{G-1}, then sizes.
+KernelSpec virtualAllGather(DType t, int groupSize, llvm::ArrayRef<int64_t> inShape, int64_t dim);
 // Rank q's shard placed into one rank's gathered output (a strided copy). Args: out, in_q, then sizes.
 KernelSpec virtualAllGatherPiece(DType t, llvm::ArrayRef<int64_t> inShape, llvm::ArrayRef<int64_t> outShape, int64_t dim,
                                  int q);

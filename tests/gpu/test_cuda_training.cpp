@@ -12,12 +12,12 @@
 namespace tpc {
 namespace {
 
-std::unique_ptr<Graph> gptStep(int64_t tp, bool dropout) {
+std::unique_ptr<Graph> gptStep(int64_t tp, bool dropout, bool sp = false) {
   GptConfig g = test::smallGpt();
   g.heads = 8;
   g.paddedVocab = 1024;
   g.hiddenDropout = g.attentionDropout = dropout ? 0.1 : 0.0;
-  return test::gptStep(g, 4, test::megatronTp(tp) + test::kTrainPasses);
+  return test::gptStep(g, 4, test::megatronTp(tp) + (sp ? "sequence-parallel," : "") + test::kTrainPasses);
 }
 
 struct Trace {
@@ -70,12 +70,14 @@ TEST_CASE("cuda training: 2-layer GPT 10 fp32 steps on the GPU match the CPU (lo
   }
 }
 
-TEST_CASE("cuda training: tp 2 and 4 on virtual ranks match tp 1 on the GPU", "[gpu]") {
+// With sp the virtual ranks' all-gathers and reduce-scatters run too (one launch per group each).
+TEST_CASE("cuda training: tp 2 and 4 on virtual ranks, sp off and on, match tp 1 on the GPU", "[gpu]") {
   test::requireGpuOrSkip();
   auto g1 = gptStep(1, false);
   Trace ref = train(*g1, gpuBackend(*g1), 3);
-  for (int64_t tp : {2, 4}) {
-    auto g = gptStep(tp, false);
+  for (auto [tp, sp] : {std::pair<int64_t, bool>{2, false}, {4, false}, {2, true}, {4, true}}) {
+    INFO("tp " << tp << " sp " << sp);
+    auto g = gptStep(tp, false, sp);
     Trace got = train(*g, gpuBackend(*g), 3);
     double err = worstLossErr(got, ref), worstParam = 0;
     for (const auto& [name, v] : ref.params) {
@@ -87,7 +89,7 @@ TEST_CASE("cuda training: tp 2 and 4 on virtual ranks match tp 1 on the GPU", "[
       for (size_t i = 0; i < a.size(); ++i) num = std::max(num, double(std::abs(a[i] - b[i]))), den = std::max(den, double(std::abs(b[i])));
       worstParam = std::max(worstParam, num / std::max(den, 1e-30));
     }
-    WARN("tp " << tp << " virtual ranks vs tp 1 on the GPU: loss rel err " << err << ", worst param rel err " << worstParam);
+    WARN("tp " << tp << (sp ? " sp" : "") << " virtual ranks vs tp 1 on the GPU: loss rel err " << err << ", worst param rel err " << worstParam);
     CHECK(err <= 1e-5);
     CHECK(worstParam <= 5e-4);  // the CPU mesh test's bound for tp (reordered fp32 sums through AdamW)
   }

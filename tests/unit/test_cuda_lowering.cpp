@@ -75,7 +75,8 @@ TEST_CASE("cuda lowering: every op lowers and every generated kernel compiles wi
     kernels.push_back({cat("virtual all_reduce sum G=", G), virtualAllReduce(DType::f32, G, false, 100)});
     kernels.push_back({cat("virtual all_reduce max G=", G), virtualAllReduce(DType::f32, G, true, 100)});
     kernels.push_back({cat("virtual reduce_scatter G=", G), virtualReduceScatter(DType::f32, G, false, {8, 12}, 1, 1)});
-    kernels.push_back({cat("virtual all_gather G=", G), virtualAllGatherPiece(DType::bf16, {8, 3}, {8, 3 * G}, 1, 1)});
+    kernels.push_back({cat("virtual all_gather piece G=", G), virtualAllGatherPiece(DType::bf16, {8, 3}, {8, 3 * G}, 1, 1)});
+    kernels.push_back({cat("virtual all_gather G=", G), virtualAllGather(DType::bf16, G, {8, 3, 5}, 1)});
   }
   auto compileFailures = compileAll(nvrtc, kernels);
   failed.insert(failed.end(), compileFailures.begin(), compileFailures.end());
