@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <variant>
 #include <vector>
@@ -58,6 +59,13 @@ class AttrDict {
  private:
   std::vector<std::pair<std::string, Attr>> items_;
 };
+
+// An AttrDict from literal pairs, in order: attrs({{"axis", 1}, {"keepdims", true}}).
+inline AttrDict attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
+  AttrDict d;
+  for (const auto& [k, v] : kv) d.set(k, v);
+  return d;
+}
 
 // Formats a double so that parsing it back gives the same bits; always shows it is a float ("1.0").
 std::string formatFloat(double v);

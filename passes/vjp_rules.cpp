@@ -56,11 +56,6 @@ namespace {
 using Grads = std::vector<Value*>;
 using R = Result<Grads>;
 
-AttrDict attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
-  AttrDict d;
-  for (const auto& [k, v] : kv) d.set(k, v);
-  return d;
-}
 std::vector<int64_t> vec(llvm::ArrayRef<int64_t> s) { return std::vector<int64_t>(s.begin(), s.end()); }
 
 Error noGradient(const VjpArgs& a, const std::string& why) {

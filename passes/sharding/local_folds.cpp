@@ -31,12 +31,6 @@ void foldSlicedEmbeddingGrads(Graph& local) {
 
 namespace {
 
-AttrDict oneAttr(const char* k, Attr v) {
-  AttrDict d;
-  d.set(k, std::move(v));
-  return d;
-}
-
 bool isTranspose(const Node* n, std::vector<int64_t> perm) {
   return n && n->op() == OpKind::Transpose && n->getInts("perm") == perm;
 }
@@ -90,7 +84,7 @@ class StackedQkvFold {
     return n->result(0);
   }
   Result<Value*> reshape(Value* v, std::vector<int64_t> shape, Node* before) {
-    return mk(OpKind::Reshape, {v}, oneAttr("shape", std::move(shape)), before);
+    return mk(OpKind::Reshape, {v}, attrs({{"shape", std::move(shape)}}), before);
   }
   void replace(Value* from, Value* to) {
     if (from->hasName() && !to->hasName()) to->setName(from->name());
@@ -153,7 +147,7 @@ class StackedQkvFold {
       }
       TPC_ASSIGN(Value * yb, mk(OpKind::Add, {y, bf}, {}, heads));
       TPC_ASSIGN(Value * y5, reshape(yb, {h5[0], h5[2], G, h5[3], h5[4]}, heads));
-      return mk(OpKind::Transpose, {y5}, oneAttr("perm", std::vector<int64_t>{2, 0, 3, 1, 4}), heads);
+      return mk(OpKind::Transpose, {y5}, attrs({{"perm", std::vector<int64_t>{2, 0, 3, 1, 4}}}), heads);
     }();
     if (!done.ok() || (*done)->type() != heads->result()->type()) return false;
     replace(heads->result(), *done);
@@ -174,7 +168,7 @@ class StackedQkvFold {
     Value* gp = nullptr;
     auto packed = [&]() -> Result<Value*> {
       if (gp) return gp;
-      TPC_ASSIGN(Value * t, mk(OpKind::Transpose, {gs}, oneAttr("perm", std::vector<int64_t>{1, 3, 0, 2, 4}), r4));
+      TPC_ASSIGN(Value * t, mk(OpKind::Transpose, {gs}, attrs({{"perm", std::vector<int64_t>{1, 3, 0, 2, 4}}}), r4));
       TPC_ASSIGN(gp, reshape(t, {B, T, G * d}, r4));
       return gp;
     };
@@ -182,7 +176,7 @@ class StackedQkvFold {
       if (reduceOver(u, {0, 2})) {  // bias
         auto nv = [&]() -> Result<Value*> {
           TPC_ASSIGN(Value * p, packed());
-          TPC_ASSIGN(Value * s, mk(OpKind::ReduceSum, {p}, oneAttr("axes", std::vector<int64_t>{0, 1}), u));
+          TPC_ASSIGN(Value * s, mk(OpKind::ReduceSum, {p}, attrs({{"axes", std::vector<int64_t>{0, 1}}}), u));
           return reshape(s, {G, d}, u);
         }();
         if (nv.ok() && (*nv)->type() == u->result()->type()) replace(u->result(), *nv);
@@ -209,7 +203,7 @@ class StackedQkvFold {
           AttrDict t;
           t.set("transpose_a", true);
           TPC_ASSIGN(Value * m, mk(OpKind::Matmul, {x, p}, std::move(t), tr));
-          TPC_ASSIGN(Value * s, mk(OpKind::ReduceSum, {m}, oneAttr("axes", std::vector<int64_t>{0}), tr));
+          TPC_ASSIGN(Value * s, mk(OpKind::ReduceSum, {m}, attrs({{"axes", std::vector<int64_t>{0}}}), tr));
           return reshape(s, {x->shape()[2], G, d}, tr);
         }();
         if (nv.ok() && (*nv)->type() == tr->result()->type()) replace(tr->result(), *nv);

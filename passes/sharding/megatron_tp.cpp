@@ -11,11 +11,6 @@
 namespace tpc {
 namespace {
 
-AttrDict attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
-  AttrDict d;
-  for (const auto& [k, v] : kv) d.set(k, v);
-  return d;
-}
 
 const char* kPolicy = "megatron-tp";
 

@@ -43,11 +43,6 @@ bool names(const Placement& hint, const std::string& axis) {
   return false;
 }
 
-AttrDict attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
-  AttrDict d;
-  for (const auto& [k, v] : kv) d.set(k, v);
-  return d;
-}
 
 class Sweep {
  public:

@@ -58,11 +58,7 @@ inline Case simple(std::string name, OpKind op, std::vector<TensorType> types, A
   return Case{std::move(name), op, std::move(types), std::move(attrs), std::move(make)};
 }
 
-inline AttrDict attrs(std::initializer_list<std::pair<const char*, Attr>> kv) {
-  AttrDict d;
-  for (auto& [k, v] : kv) d.set(k, v);
-  return d;
-}
+using tpc::attrs;  // ir/attr.h
 
 inline std::vector<HostTensor> toCpuInputs(const std::vector<HostTensor>& in) {
   std::vector<HostTensor> out;

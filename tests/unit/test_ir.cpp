@@ -12,11 +12,6 @@ using namespace tpc;
 
 namespace {
 
-AttrDict attrs(std::initializer_list<std::pair<const char*, Attr>> items) {
-  AttrDict d;
-  for (const auto& [k, v] : items) d.set(k, v);
-  return d;
-}
 
 TensorType f32(Shape s) { return TensorType(DType::f32, std::move(s)); }
 
