@@ -28,7 +28,6 @@ void foldSlicedEmbeddingGrads(Graph& local) {
   }
 }
 
-
 namespace {
 
 bool isTranspose(const Node* n, std::vector<int64_t> perm) {
