@@ -186,9 +186,7 @@ class StackedQkvFold {
         auto nv = [&]() -> Result<Value*> {
           TPC_ASSIGN(Value * p, packed());
           TPC_ASSIGN(Value * wf, flatWeight(wc, u));
-          AttrDict t;
-          t.set("transpose_b", true);
-          return mk(OpKind::Matmul, {p, wf}, std::move(t), sum);
+          return mk(OpKind::Matmul, {p, wf}, attrs({{"transpose_b", true}}), sum);
         }();
         if (nv.ok() && (*nv)->type() == sum->result()->type()) replace(sum->result(), *nv);
       } else if (plainMatmul(u, true, false) && u->operand(1) == r4->result()) {  // weight
@@ -199,9 +197,7 @@ class StackedQkvFold {
         if (!x || !isTranspose(tr, {1, 0, 2})) continue;
         auto nv = [&]() -> Result<Value*> {
           TPC_ASSIGN(Value * p, packed());
-          AttrDict t;
-          t.set("transpose_a", true);
-          TPC_ASSIGN(Value * m, mk(OpKind::Matmul, {x, p}, std::move(t), tr));
+          TPC_ASSIGN(Value * m, mk(OpKind::Matmul, {x, p}, attrs({{"transpose_a", true}}), tr));
           TPC_ASSIGN(Value * s, mk(OpKind::ReduceSum, {m}, attrs({{"axes", std::vector<int64_t>{0}}}), tr));
           return reshape(s, {x->shape()[2], G, d}, tr);
         }();

@@ -11,7 +11,6 @@
 namespace tpc {
 namespace {
 
-
 const char* kPolicy = "megatron-tp";
 
 Status splitParam(Value* p, int64_t dim, int64_t tp) {

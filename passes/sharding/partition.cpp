@@ -43,7 +43,6 @@ bool names(const Placement& hint, const std::string& axis) {
   return false;
 }
 
-
 class Sweep {
  public:
   // rank < 0: propagation only (records placements on `g`'s values); else builds that rank's program.
