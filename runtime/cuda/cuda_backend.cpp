@@ -304,7 +304,8 @@ class CudaBackend final : public Backend {
         // TPC_CUDNN_DETERMINISTIC=0: the backward with dQ accumulated by atomics (measuring only: steps then
         // differ in their last bits from run to run).
         const char* det = std::getenv("TPC_CUDNN_DETERMINISTIC");
-        auto a = CudnnAttention::create(!(det && std::string(det) == "0"));
+        // Its engine configs are timed as cuBLASLt's algorithms are, under the same switch.
+        auto a = CudnnAttention::create(!(det && std::string(det) == "0"), candidates > 1);
         if (a.ok()) d.attention = std::move(a).value();
         else if (attentionMode_ == "cudnn") return makeError("TPC_ATTENTION=cudnn: ", a.error());
         else if (options_.verbose && i == 0) std::printf("cuda: attention through tpc's kernels (%s)\n", a.error().c_str());

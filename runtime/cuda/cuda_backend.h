@@ -48,7 +48,8 @@ struct CudaOptions {
   std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu";
   // Per distinct GEMM, time cuBLASLt's first 8 heuristic candidates on the GPU and keep the fastest, remembered
   // in the kernel cache folder so later runs use the same algorithm (matmul_autotune.h); false: the
-  // heuristic's first choice. The environment's TPC_MATMUL_AUTOTUNE=0|1 overrides it (measuring).
+  // heuristic's first choice. cuDNN attention's engine configs likewise (cudnn_attention.h). The environment's
+  // TPC_MATMUL_AUTOTUNE=0|1 overrides it (measuring).
   bool matmulAutotune = true;
   // Several ranks: the captured step runs the collectives on a communication stream of their own (per GPU),
   // so that compute that does not depend on one overlaps it (comm_stream_schedule.h); false: one stream.

@@ -4,10 +4,16 @@
 // scaled_dot_product_flash_attention.h), which is the pattern cuDNN's fused attention engines recognise.
 #include "runtime/cuda/cudnn_attention.h"
 
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include "runtime/cuda/cuda_libraries.h"
+#include "runtime/cuda/disk_cache.h"
 #include "runtime/cuda/kernels/kernel_source.h"
 
 namespace tpc::cuda {
@@ -234,6 +240,38 @@ class GraphBuilder {
 };
 
 
+// "engine 2, knobs 24=7": an engine config's engine and knob choices, to tell the heuristics' configs apart
+// and to find a remembered one again.
+std::string describeConfig(const Cudnn& lib, cudnnBackendDescriptor_t cfg) {
+  std::string out = "engine ?";
+  int64_t n = 0;
+  cudnnBackendDescriptor_t engine = nullptr;
+  if (lib.createDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) == CUDNN_STATUS_SUCCESS) {
+    int64_t index = -1;
+    if (lib.getAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) == CUDNN_STATUS_SUCCESS &&
+        lib.getAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index) == CUDNN_STATUS_SUCCESS)
+      out = cat("engine ", index);
+    lib.destroyDescriptor(engine);
+  }
+  constexpr int kMaxKnobs = 32;
+  std::vector<cudnnBackendDescriptor_t> knobs(kMaxKnobs, nullptr);
+  int64_t made = 0;
+  while (made < kMaxKnobs && lib.createDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knobs[made]) == CUDNN_STATUS_SUCCESS) ++made;
+  if (lib.getAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, made, &n, knobs.data()) ==
+          CUDNN_STATUS_SUCCESS && n > 0) {
+    out += ", knobs";
+    for (int64_t i = 0; i < std::min(n, made); ++i) {
+      cudnnBackendKnobType_t type{};
+      int64_t value = 0, m = 0;
+      lib.getAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &m, &type);
+      lib.getAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &m, &value);
+      out += cat(" ", static_cast<int>(type), "=", value);
+    }
+  }
+  for (int64_t i = 0; i < made; ++i) lib.destroyDescriptor(knobs[i]);
+  return out;
+}
+
 cudnnDataType_t cudnnType(DType t) { return t == DType::f16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
 
 }  // namespace
@@ -242,6 +280,7 @@ cudnnDataType_t cudnnType(DType t) { return t == DType::f16 ? CUDNN_DATA_HALF : 
 struct CudnnAttention::Plan {
   std::vector<Desc> descriptors;  // the graph's (kept alive with the plan)
   Desc graph, config, plan;
+  std::string engine;             // describeConfig of `config`
   int64_t workspace = 0;          // the plan's, after the frontend-style intermediates below
   int64_t intermediates = 0;      // f32 tensors of ours in the workspace (the backward's softmax sum; dQ's
                                   // f32 accumulator ahead of it in the non-deterministic graph)
@@ -256,6 +295,13 @@ struct CudnnAttention::Plan {
   float scale = 1.f, negInf = -INFINITY, one = 1.f;  // the by-value scalars (host addresses in the variant pack)
   std::string what;
   double flops = 0;
+  // While planning: the distinct configs of the heuristics that finalized, for timing (plan() keeps one).
+  struct Candidate {
+    Desc config, plan;
+    std::string engine;
+    int64_t workspace = 0;
+  };
+  std::vector<Candidate> candidates;
 };
 
 struct CudnnAttention::Binding {
@@ -271,13 +317,88 @@ using Plan = CudnnAttention::Plan;
 
 Status buildForward(GraphBuilder& g, const AttnShape& a, Plan& p);
 Status buildBackward(GraphBuilder& g, const AttnShape& a, Plan& p);
+// The variant pack of `p` over the node's operand and result addresses and its workspace (the binding keeps
+// the uids and pointers alive with it).
+Status makePack(const Cudnn* lib_, const Plan& p, const std::vector<void*>& operands, const std::vector<void*>& results,
+                void* workspace, CudnnAttention::Binding& b);
 
 }  // namespace
 
-Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create(bool deterministic) {
+namespace {
+
+// Engine configs chosen in this process, by full key (GPU, cuDNN version, determinism, the plan's key).
+std::mutex& engineMemoMutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, std::string>& engineMemo() {
+  static std::map<std::string, std::string> m;
+  return m;
+}
+
+// Runs per candidate: one to warm up (and to see it runs at all), then the timed ones.
+constexpr int kTimedRuns = 5;
+
+}  // namespace
+
+Result<size_t> CudnnAttention::fastestCandidate(const Node& n, Plan& p) const {
+  TPC_ASSIGN(const Cudnn* lib_, cudnn());
+  // Scratch for the node's operands and results and the workspace, freed on return; small finite values
+  // (0x3c3c: 0.0115 in bf16, 1.06 in f16; the lse 0.0115 in f32).
+  std::vector<void*> scratch;
+  struct Free {
+    std::vector<void*>& v;
+    ~Free() {
+      for (void* q : v) cudaFree(q);
+    }
+  } freeAll{scratch};
+  auto get = [&](int64_t bytes) -> void* {
+    void* q = nullptr;
+    if (cudaMalloc(&q, static_cast<size_t>(std::max<int64_t>(bytes, 256))) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    scratch.push_back(q);
+    cudaMemset(q, 0x3c, static_cast<size_t>(std::max<int64_t>(bytes, 256)));
+    return q;
+  };
+  std::vector<void*> operands, results;
+  for (const Value* v : n.operands()) operands.push_back(get(v->type().bytes()));
+  for (const Value* v : n.results()) results.push_back(get(v->type().bytes()));
+  void* ws = get(p.intermediates + p.workspace);
+  for (void* q : scratch)
+    if (!q) return size_t{0};  // no memory to time in: the heuristics' first
+  Binding b;
+  TPC_TRY(makePack(lib_, p, operands, results, ws, b));
+  auto h = static_cast<cudnnHandle_t>(handle_);
+  CUDNN_TRY(lib_->setStream(h, nullptr), "setting the stream");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  size_t best = 0;
+  float bestMs = -1;
+  for (size_t i = 0; i < p.candidates.size(); ++i) {
+    cudnnBackendDescriptor_t plan = p.candidates[i].plan.get();
+    if (lib_->execute(h, plan, b.pack.get()) != CUDNN_STATUS_SUCCESS) continue;
+    cudaEventRecord(start, nullptr);
+    bool ran = true;
+    for (int k = 0; k < kTimedRuns && ran; ++k) ran = lib_->execute(h, plan, b.pack.get()) == CUDNN_STATUS_SUCCESS;
+    cudaEventRecord(stop, nullptr);
+    float ms = 0;
+    if (!ran || cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) continue;
+    if (bestMs < 0 || ms < bestMs) best = i, bestMs = ms;
+  }
+  cudaDeviceSynchronize();
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
+Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create(bool deterministic, bool autotune) {
   TPC_ASSIGN(const Cudnn* lib, cudnn());
   std::unique_ptr<CudnnAttention> c(new CudnnAttention());
   c->deterministic_ = deterministic;
+  c->autotune_ = autotune;
   cudnnHandle_t h = nullptr;
   if (cudnnStatus_t s = lib->create(&h); s != CUDNN_STATUS_SUCCESS)
     return makeError("cuDNN: creating a handle: ", cudnnError(*lib, s));
@@ -311,17 +432,44 @@ Result<int> CudnnAttention::plan(const Node& n) {
   key += cat(" lse ", static_cast<int>(a.lse.kind), ":", a.lse.index);
   if (auto it = planOf_.find(key); it != planOf_.end()) return it->second;
   if (auto it = failed_.find(key); it != failed_.end()) return makeError(it->second);
-  auto built = build(a, bwd);
+  // The engine config timed fastest for this key on this GPU and cuDNN, in this process or an earlier one.
+  const std::string fullKey = cat(currentGpuKey(), " ", version(), deterministic_ ? " deterministic | " : " | ", key);
+  std::string remembered;
+  bool known = false;
+  if (autotune_) {
+    std::lock_guard<std::mutex> lock(engineMemoMutex());
+    auto it = engineMemo().find(fullKey);
+    if (it != engineMemo().end()) remembered = it->second, known = true;
+    else known = readRememberedChoice(fullKey, "cudnn-engine", &remembered);
+  }
+  auto built = build(a, bwd, known ? &remembered : nullptr);
   if (!built.ok()) {
     failed_[key] = built.error();
     return Error{built.error()};
+  }
+  Plan& p = **built;
+  size_t chosen = 0;
+  if (p.candidates.size() > 1) {
+    TPC_ASSIGN(chosen, fastestCandidate(n, p));
+    timed_ += static_cast<int>(p.candidates.size());
+  }
+  Plan::Candidate& c = p.candidates[chosen];
+  p.config = std::move(c.config);
+  p.plan = std::move(c.plan);
+  p.engine = std::move(c.engine);
+  p.workspace = c.workspace;
+  p.candidates.clear();
+  if (autotune_ && !(known && remembered == p.engine)) {
+    std::lock_guard<std::mutex> lock(engineMemoMutex());
+    if (engineMemo().emplace(fullKey, p.engine).second) rememberChoice(fullKey, "cudnn-engine", p.engine);
   }
   plans_.push_back(std::move(built).value());
   planOf_[key] = static_cast<int>(plans_.size() - 1);
   return static_cast<int>(plans_.size() - 1);
 }
 
-Result<std::unique_ptr<CudnnAttention::Plan>> CudnnAttention::build(const AttnShape& a, bool bwd) const {
+Result<std::unique_ptr<CudnnAttention::Plan>> CudnnAttention::build(const AttnShape& a, bool bwd,
+                                                                    const std::string* remembered) const {
   TPC_ASSIGN(const Cudnn* lib_, cudnn());
   auto p = std::make_unique<Plan>();
   p->scale = static_cast<float>(a.scale);
@@ -332,7 +480,8 @@ Result<std::unique_ptr<CudnnAttention::Plan>> CudnnAttention::build(const AttnSh
   GraphBuilder g(lib_, deterministic_);
   TPC_TRY(bwd ? buildBackward(g, a, *p) : buildForward(g, a, *p));
 
-  // Operation graph -> heuristics (mode A) -> the first engine config that finalizes into a plan.
+  // Operation graph -> heuristics (mode A) -> engine configs that finalize into plans: the first one, or
+  // (autotune) the remembered one or each distinct one up to kMaxCandidates, for plan() to time.
   auto handle = static_cast<cudnnHandle_t>(handle_);
   TPC_ASSIGN(p->graph, g.create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph"));
   const auto& ops = g.ops();
@@ -361,24 +510,31 @@ Result<std::unique_ptr<CudnnAttention::Plan>> CudnnAttention::build(const AttnSh
                                raw.data()),
             "reading the engine configs for ", p->what);
   std::string tried;
-  for (int64_t i = 0; i < count && !p->plan.get(); ++i) {
-    TPC_ASSIGN(Desc plan, g.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan"));
-    TPC_TRY(g.set(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "an execution plan"));
-    TPC_TRY(g.set(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw[i],
-                  "an execution plan"));
-    cudnnStatus_t s = lib_->finalize(plan.get());
-    if (s != CUDNN_STATUS_SUCCESS) {
-      tried += cat(tried.empty() ? "" : "; ", "config ", i, ": ", cudnnError(*lib_, s));
-      continue;
+  std::set<std::string> seen;
+  // Two passes when a remembered config is given: that one alone, then (not found) the usual ones.
+  for (int pass = remembered ? 0 : 1; pass < 2 && p->candidates.empty(); ++pass) {
+    for (int64_t i = 0; i < count; ++i) {
+      const size_t limit = !autotune_ || pass == 0 ? 1 : kMaxCandidates;
+      if (p->candidates.size() >= limit) break;
+      std::string engine = describeConfig(*lib_, raw[i]);
+      if ((pass == 0 && engine != *remembered) || !seen.insert(cat(pass, engine)).second) continue;
+      TPC_ASSIGN(Desc plan, g.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan"));
+      TPC_TRY(g.set(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "an execution plan"));
+      TPC_TRY(g.set(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw[i],
+                    "an execution plan"));
+      cudnnStatus_t s = lib_->finalize(plan.get());
+      if (s != CUDNN_STATUS_SUCCESS) {
+        tried += cat(tried.empty() ? "" : "; ", "config ", i, ": ", cudnnError(*lib_, s));
+        continue;
+      }
+      int64_t ws = 0, got = 0;
+      CUDNN_TRY(lib_->getAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got, &ws),
+                "reading the workspace size of ", p->what);
+      p->candidates.push_back({std::move(cfgs[i]), std::move(plan), std::move(engine), ws});
     }
-    p->plan = std::move(plan);
-    p->config = std::move(cfgs[i]);
   }
-  if (!p->plan.get()) return makeError("cuDNN: none of the ", count, " engine configs for ", p->what, " finalizes: ", tried);
-  int64_t ws = 0, got = 0;
-  CUDNN_TRY(lib_->getAttribute(p->plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got, &ws),
-            "reading the workspace size of ", p->what);
-  p->workspace = ws;
+  if (p->candidates.empty()) return makeError("cuDNN: none of the ", count, " engine configs for ", p->what, " finalizes: ", tried);
+  for (const Plan::Candidate& c : p->candidates) p->workspace = std::max(p->workspace, c.workspace);
   p->descriptors = g.take();
   return p;
 }
@@ -400,32 +556,8 @@ Result<int> CudnnAttention::bind(int plan, const std::vector<void*>& operands, c
                                  void* workspace) {
   TPC_ASSIGN(const Cudnn* lib_, cudnn());
   if (plan < 0 || plan >= static_cast<int>(plans_.size())) return makeError("cuDNN attention: no plan ", plan);
-  const Plan& p = *plans_[plan];
   auto b = std::make_unique<Binding>();
-  b->plan = &p;
-  for (const Plan::Source& s : p.sources) {
-    char* base = nullptr;
-    if (s.host) base = reinterpret_cast<char*>(const_cast<float*>(s.host));
-    else if (s.arg.kind == ArgKind::Workspace) base = static_cast<char*>(workspace) + s.arg.index;
-    else {
-      const bool op = s.arg.kind == ArgKind::Operand;
-      const std::vector<void*>& from = op ? operands : results;
-      if (s.arg.index < 0 || s.arg.index >= static_cast<int64_t>(from.size()))
-        return makeError(p.what, ": ", op ? "operand " : "result ", s.arg.index, " missing (", from.size(), " given)");
-      base = static_cast<char*>(from[s.arg.index]);
-    }
-    b->uids.push_back(s.uid);
-    b->pointers.push_back(base + s.elemOff * s.elemBytes);
-  }
-  GraphBuilder g(lib_);
-  TPC_ASSIGN(b->pack, g.create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
-  void* planWorkspace = p.workspace ? static_cast<char*>(workspace) + p.intermediates : nullptr;
-  int64_t n = static_cast<int64_t>(b->uids.size());
-  TPC_TRY(g.set(b->pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, b->uids.data(), "a variant pack"));
-  TPC_TRY(g.set(b->pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, b->pointers.data(),
-                "a variant pack"));
-  TPC_TRY(g.set(b->pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &planWorkspace, "a variant pack"));
-  TPC_TRY(g.finalize(b->pack.get(), "a variant pack"));
+  TPC_TRY(makePack(lib_, *plans_[plan], operands, results, workspace, *b));
   bindings_.push_back(std::move(b));
   return static_cast<int>(bindings_.size() - 1);
 }
@@ -440,6 +572,7 @@ Status CudnnAttention::run(int binding, cudaStream_t stream) const {
 }
 
 const std::string& CudnnAttention::what(int plan) const { return plans_[plan]->what; }
+const std::string& CudnnAttention::engine(int plan) const { return plans_[plan]->engine; }
 double CudnnAttention::flops(int plan) const { return plans_[plan]->flops; }
 
 namespace {
@@ -565,4 +698,37 @@ Status buildBackward(GraphBuilder& g, const AttnShape& a, Plan& p) {
 }
 
 }  // namespace
+namespace {
+
+Status makePack(const Cudnn* lib_, const Plan& p, const std::vector<void*>& operands, const std::vector<void*>& results,
+                void* workspace, CudnnAttention::Binding& b) {
+  b.plan = &p;
+  for (const Plan::Source& s : p.sources) {
+    char* base = nullptr;
+    if (s.host) base = reinterpret_cast<char*>(const_cast<float*>(s.host));
+    else if (s.arg.kind == ArgKind::Workspace) base = static_cast<char*>(workspace) + s.arg.index;
+    else {
+      const bool op = s.arg.kind == ArgKind::Operand;
+      const std::vector<void*>& from = op ? operands : results;
+      if (s.arg.index < 0 || s.arg.index >= static_cast<int64_t>(from.size()))
+        return makeError(p.what, ": ", op ? "operand " : "result ", s.arg.index, " missing (", from.size(), " given)");
+      base = static_cast<char*>(from[s.arg.index]);
+    }
+    b.uids.push_back(s.uid);
+    b.pointers.push_back(base + s.elemOff * s.elemBytes);
+  }
+  GraphBuilder g(lib_);
+  TPC_ASSIGN(b.pack, g.create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
+  void* planWorkspace = p.workspace ? static_cast<char*>(workspace) + p.intermediates : nullptr;
+  int64_t n = static_cast<int64_t>(b.uids.size());
+  TPC_TRY(g.set(b.pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, b.uids.data(), "a variant pack"));
+  TPC_TRY(g.set(b.pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, b.pointers.data(),
+                "a variant pack"));
+  TPC_TRY(g.set(b.pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &planWorkspace, "a variant pack"));
+  TPC_TRY(g.finalize(b.pack.get(), "a variant pack"));
+  return {};
+}
+
+}  // namespace
+
 }  // namespace tpc::cuda

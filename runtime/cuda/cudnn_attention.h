@@ -32,7 +32,10 @@ class CudnnAttention {
   // builds in its deterministic mode (dQ written by the last matmul, the reductions deterministic), so that a
   // step gives the same bits every time; false: dQ accumulated in an f32 workspace, which cuDNN's engine may
   // sum in any order.
-  static Result<std::unique_ptr<CudnnAttention>> create(bool deterministic = true);
+  // autotune: per distinct plan, time each distinct engine config of cuDNN's heuristics (up to 8) on scratch
+  // buffers and keep the fastest, remembered by this process and in the cache folder (disk_cache.h) under
+  // the GPU, cuDNN's version and the plan; false: the heuristics' first config that finalizes.
+  static Result<std::unique_ptr<CudnnAttention>> create(bool deterministic = true, bool autotune = true);
   ~CudnnAttention();
   // The execution plan of `n`'s shape (built once per distinct op, shape, layout and scale): an error where cuDNN has no engine
   // for it (remembered: the same shape is not tried again). Its id for workspaceBytes, bind and what.
@@ -52,15 +55,24 @@ class CudnnAttention {
   double flops(int plan) const;
   std::string version() const;
   int plans() const { return static_cast<int>(plans_.size()); }
+  // The engine config a plan runs ("engine 2, knobs 24=7"), and how many configs this object has timed.
+  const std::string& engine(int plan) const;
+  int timedConfigs() const { return timed_; }
 
   struct Plan;
   struct Binding;
 
  private:
   CudnnAttention() = default;
-  Result<std::unique_ptr<Plan>> build(const AttnShape& a, bool backward) const;
+  static constexpr size_t kMaxCandidates = 8;
+  // The plan with its candidate configs: the remembered one when given and it still finalizes, else the
+  // first that finalizes, or (autotune_) each distinct one up to kMaxCandidates.
+  Result<std::unique_ptr<Plan>> build(const AttnShape& a, bool backward, const std::string* remembered) const;
+  Result<size_t> fastestCandidate(const Node& n, Plan& p) const;  // the index of the fastest of p's candidates
   void* handle_ = nullptr;
   bool deterministic_ = true;
+  bool autotune_ = true;
+  int timed_ = 0;
   std::vector<std::unique_ptr<Plan>> plans_;
   std::map<std::string, int> planOf_;  // the plan of each distinct op, shape, layout and scale
   std::map<std::string, std::string> failed_;  // and why cuDNN has none, for those it refused

@@ -7,9 +7,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <sstream>
+
+#include <cuda_runtime_api.h>
 
 namespace tpc::cuda {
 
@@ -57,6 +60,39 @@ std::string defaultKernelCacheDir() {
   if (const char* d = std::getenv("TPC_CACHE_DIR"); d && *d) return d;
   if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/tpc/kernels";
   return "/tmp/tpc-kernels";
+}
+
+std::string currentGpuKey() {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, dev);
+  return cat(prop.name, " sm", prop.major, prop.minor, " x", prop.multiProcessorCount);
+}
+
+namespace {
+
+std::string choicePath(const std::string& fullKey, const char* ext) {
+  char name[40];
+  std::snprintf(name, sizeof name, "%016llx.", static_cast<unsigned long long>(fnv1a(fullKey)));
+  return cat(defaultKernelCacheDir(), "/", name, ext);
+}
+
+}  // namespace
+
+bool readRememberedChoice(const std::string& fullKey, const char* ext, std::string* bytes) {
+  std::vector<char> file;
+  if (!readCacheFile(choicePath(fullKey, ext), file)) return false;
+  if (file.size() <= fullKey.size() || file[fullKey.size()] != '\n' ||
+      std::memcmp(file.data(), fullKey.data(), fullKey.size()) != 0)
+    return false;  // a hash collision or a torn file: time again
+  bytes->assign(file.begin() + static_cast<std::ptrdiff_t>(fullKey.size()) + 1, file.end());
+  return true;
+}
+
+void rememberChoice(const std::string& fullKey, const char* ext, const std::string& bytes) {
+  std::string file = fullKey + "\n" + bytes;
+  if (makeDirs(defaultKernelCacheDir()).ok()) writeCacheFileAtomically(choicePath(fullKey, ext), file.data(), file.size());
 }
 
 }  // namespace tpc::cuda

@@ -26,38 +26,6 @@ std::map<std::string, cublasLtMatmulAlgo_t>& memo() {
   return m;
 }
 
-// The GPU's name and SM count and cuBLASLt's version: an algorithm timed elsewhere is not reused.
-std::string machineKey(const CublasLt& lt) {
-  int dev = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, dev);
-  return cat(prop.name, " sm", prop.major, prop.minor, " x", prop.multiProcessorCount, " cublasLt ", lt.getVersion());
-}
-
-std::string cachePath(const std::string& fullKey) {
-  char name[40];
-  std::snprintf(name, sizeof name, "%016llx.lt-algo", static_cast<unsigned long long>(fnv1a(fullKey)));
-  return cat(defaultKernelCacheDir(), "/", name);
-}
-
-// A cache file holds the full key, a newline and the algorithm's bytes (cuBLASLt documents
-// cublasLtMatmulAlgo_t as trivially serializable for the same library version).
-bool readRemembered(const std::string& fullKey, cublasLtMatmulAlgo_t* algo) {
-  std::vector<char> bytes;
-  if (!readCacheFile(cachePath(fullKey), bytes)) return false;
-  if (bytes.size() != fullKey.size() + 1 + sizeof *algo || std::memcmp(bytes.data(), fullKey.data(), fullKey.size()) != 0)
-    return false;  // a hash collision or a torn file: time again
-  std::memcpy(algo, bytes.data() + fullKey.size() + 1, sizeof *algo);
-  return true;
-}
-
-void remember(const std::string& fullKey, const cublasLtMatmulAlgo_t& algo) {
-  std::string bytes = fullKey + "\n";
-  bytes.append(reinterpret_cast<const char*>(&algo), sizeof algo);
-  if (makeDirs(defaultKernelCacheDir()).ok()) writeCacheFileAtomically(cachePath(fullKey), bytes.data(), bytes.size());
-}
-
 // Device scratch freed on scope exit; null pointers where cudaMalloc failed.
 struct Scratch {
   std::vector<void*> ptrs;
@@ -125,12 +93,17 @@ Result<cublasLtMatmulAlgo_t> chooseMatmulAlgo(const CublasLt& lt, const GemmProb
                                               int candidates) {
   std::string fullKey;
   if (candidates > 1) {
-    fullKey = cat(machineKey(lt), " | ", key, " | ", candidates, " candidates");
+    fullKey = cat(currentGpuKey(), " cublasLt ", lt.getVersion(), " | ", key, " | ", candidates, " candidates");
     std::lock_guard<std::mutex> lock(memoMutex());
     auto it = memo().find(fullKey);
     if (it != memo().end()) return it->second;
+    // cuBLASLt documents cublasLtMatmulAlgo_t as trivially serializable for the same library version.
+    std::string bytes;
     cublasLtMatmulAlgo_t algo;
-    if (readRemembered(fullKey, &algo)) return memo()[fullKey] = algo;
+    if (readRememberedChoice(fullKey, "lt-algo", &bytes) && bytes.size() == sizeof algo) {
+      std::memcpy(&algo, bytes.data(), sizeof algo);
+      return memo()[fullKey] = algo;
+    }
   }
   cublasLtMatmulPreference_t pref;
   if (lt.preferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return makeError("cuBLASLt: preference for ", g.what, " failed");
@@ -148,7 +121,7 @@ Result<cublasLtMatmulAlgo_t> chooseMatmulAlgo(const CublasLt& lt, const GemmProb
   cublasLtMatmulAlgo_t algo = results[found > 1 ? fastest(lt, g, results) : 0].algo;
   std::lock_guard<std::mutex> lock(memoMutex());
   auto [it, fresh] = memo().emplace(fullKey, algo);  // another thread may have timed it meanwhile: keep the first
-  if (fresh) remember(fullKey, algo);
+  if (fresh) rememberChoice(fullKey, "lt-algo", std::string(reinterpret_cast<const char*>(&algo), sizeof algo));
   return it->second;
 }
 

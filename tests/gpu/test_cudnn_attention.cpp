@@ -6,7 +6,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <dirent.h>
+
 #include <cstring>
+#include <fstream>
 
 #include "cuda_kernel_cases.h"
 #include "gpt_step_support.h"
@@ -90,6 +93,75 @@ TEST_CASE("cudnn attention: every attention case cuDNN takes matches the CPU bac
     CHECK(taken >= 8);
     CHECK(compared >= 2 * taken);
   }
+}
+
+// Autotune (the default): the heuristics' distinct engine configs timed once per plan, the fastest remembered
+// in the cache folder under the GPU, cuDNN's version and the shape, and a second planner in the process takes
+// it without timing; the tuned and the untuned plans both match the CPU backend. The packed causal forward at
+// scale 0.2 is a key no other test plans; cuDNN 9.14 on the H200 offers 7 distinct configs for it.
+TEST_CASE("cudnn attention: the fastest engine config is timed once, remembered, and matches the CPU", "[gpu][autotune]") {
+  requireGpuOrSkip();
+  char tmpl[] = "/tmp/tpc-cudnn-autotune-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const char* old = std::getenv("TPC_CACHE_DIR");
+  const std::string saved = old ? old : "";
+  setenv("TPC_CACHE_DIR", tmpl, 1);
+  const int64_t B = 4, T = 512, H = 12, D = 64;
+  const std::vector<int64_t> perm{2, 0, 3, 1, 4};
+  AttrDict at = attrs({{"causal", true}, {"scale", 0.2}});
+  at.set("perm", perm);
+  Case c{"packed causal bf16 forward at scale 0.2", OpKind::AttentionQkv, {tt(DType::bf16, packedShape(B, T, H, D, perm))}, at,
+         nullptr};
+  OneOp o = oneOp(c.op, c.types, c.attrs);
+  REQUIRE(cuda::cudnnAttentionTakes(*o.node));
+  std::mt19937 rng(11);
+  std::vector<HostTensor> in{uniformT(c.types[0], rng)};
+  std::vector<HostTensor> want = runCpu(c, in, 4242, 7);
+
+  auto tuned = cuda::CudnnAttention::create(true, true);
+  if (!tuned.ok()) FAIL(tuned.error());
+  auto p1 = (*tuned)->plan(*o.node);
+  if (!p1.ok()) FAIL(p1.error());
+  INFO((*tuned)->what(*p1) << ": " << (*tuned)->engine(*p1));
+  CHECK((*tuned)->timedConfigs() >= 2);
+  std::vector<HostTensor> got = runCudnn(**tuned, *p1, o, in);
+  CHECK(compareResults(o, got, want, tcAttentionTol(c, cuda::TcAttnOptions{})) == 2);
+
+  std::vector<std::string> files;
+  if (DIR* d = opendir(tmpl)) {
+    while (dirent* e = readdir(d))
+      if (std::string name = e->d_name; name.size() > 13 && name.substr(name.size() - 13) == ".cudnn-engine")
+        files.push_back(std::string(tmpl) + "/" + name);
+    closedir(d);
+  }
+  REQUIRE(files.size() == 1);
+  std::ifstream f(files[0], std::ios::binary);
+  std::string key, engine;
+  std::getline(f, key);
+  std::getline(f, engine);
+  INFO(key);
+  CHECK(key.find("cuDNN") != std::string::npos);
+  CHECK(key.find(",512,") != std::string::npos);  // the shape is part of the key
+  CHECK(engine == (*tuned)->engine(*p1));
+
+  auto again = cuda::CudnnAttention::create(true, true);
+  REQUIRE(again.ok());
+  auto p2 = (*again)->plan(*o.node);
+  REQUIRE(p2.ok());
+  CHECK((*again)->timedConfigs() == 0);
+  CHECK((*again)->engine(*p2) == (*tuned)->engine(*p1));
+  std::vector<HostTensor> got2 = runCudnn(**again, *p2, o, in);
+  for (size_t r = 0; r < got.size(); ++r) CHECK(std::memcmp(got[r].raw(), got2[r].raw(), got[r].bytes()) == 0);
+
+  auto first = cuda::CudnnAttention::create(true, false);
+  REQUIRE(first.ok());
+  auto p3 = (*first)->plan(*o.node);
+  REQUIRE(p3.ok());
+  CHECK((*first)->timedConfigs() == 0);
+  WARN("cuDNN's first config " << (*first)->engine(*p3) << ", timed fastest " << (*tuned)->engine(*p1));
+  CHECK(compareResults(o, runCudnn(**first, *p3, o, in), want, tcAttentionTol(c, cuda::TcAttnOptions{})) == 2);
+  if (old) setenv("TPC_CACHE_DIR", saved.c_str(), 1);
+  else unsetenv("TPC_CACHE_DIR");
 }
 
 // Whole bf16 training steps of a 2-layer GPT at T 128 (so that cuDNN takes the backward too), attention through
@@ -188,9 +260,9 @@ TEST_CASE("bench: cuDNN attention at gpt2's shape with a deterministic backward 
       CUDA_OK(cudaMemcpy(bits.back().data(), dGrad, bits.back().size(), cudaMemcpyDeviceToHost));
     }
     const bool same = bits[0] == bits[1] && bits[1] == bits[2];
-    std::printf("%s\n  forward %.3f ms (%.1f TFLOP/s), backward %.3f ms (%.1f TFLOP/s), workspace %.1f MiB; "
+    std::printf("%s\n  forward (%s) %.3f ms (%.1f TFLOP/s), backward (%s) %.3f ms (%.1f TFLOP/s), workspace %.1f MiB; "
                 "gradients of 3 runs %s\n",
-                (*att)->what(*pb).c_str(), fms, (*att)->flops(*pf) / fms / 1e9, bms, (*att)->flops(*pb) / bms / 1e9,
+                (*att)->what(*pb).c_str(), (*att)->engine(*pf).c_str(), fms, (*att)->flops(*pf) / fms / 1e9, (*att)->engine(*pb).c_str(), bms, (*att)->flops(*pb) / bms / 1e9,
                 (*att)->workspaceBytes(*pb) / 1048576.0, same ? "bit-identical" : "DIFFER");
     if (deterministic) CHECK(same);
     cudaFree(ws);
