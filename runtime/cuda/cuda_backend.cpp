@@ -239,7 +239,7 @@ class CudaBackend final : public Backend {
     ctx_.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
     ctx_.numSMs = prop.multiProcessorCount;
     ctx_.sharedPerSM = static_cast<int64_t>(prop.sharedMemPerMultiprocessor);
-    // TPC_MEMBW_OFF=colreduce,colwave,vecew,lnres,lnsum,lngrad2,lnregs,embgrad2,xent1 (or all) switches the memory-bound kernel variants off, for measuring.
+    // TPC_MEMBW_OFF=colreduce,colwave,vecew,lnres,lnsum,lngrad2,lnregs,lngamma,embgrad2,xent1 (or all) switches the memory-bound kernel variants off, for measuring.
     const char* off = std::getenv("TPC_MEMBW_OFF");
     std::string membwOff = cat(",", off ? off : "", ",");
     auto isOff = [&](const char* what) { return membwOff == ",all," || membwOff.find(cat(",", what, ",")) != std::string::npos; };
@@ -248,6 +248,7 @@ class CudaBackend final : public Backend {
     ctx_.vectorElementwise = !isOff("vecew");
     ctx_.layerNormGradBlocks = !isOff("lngrad2");
     if (isOff("lnregs")) ctx_.layerNormGradRegColumns = ctx_.layerNormGradRegSumColumns = 0;  // its sums in shared memory
+    if (isOff("lngamma")) ctx_.layerNormGradGammaShared = false;  // its gamma from global memory
     ctx_.embeddingGradSegments = !isOff("embgrad2");
     foldLayerNormGradResidual_ = !isOff("lnres");
     foldLayerNormGradBiasSum_ = !isOff("lnsum");

@@ -69,6 +69,8 @@ struct LoweringContext {
   // [16384, 768] with the residual and sum_dx: 0.047 ms with dgamma/dbeta in registers and the dx sums in shared
   // memory, 0.051 all in registers, 0.053 all in shared memory; at 1024 columns registers spill (0.080 vs 0.059).
   int layerNormGradRegColumns = 24, layerNormGradRegSumColumns = 0;
+  // ... gamma (read twice a row) from shared memory, loaded once a block, where that is faster (normalization.cpp).
+  bool layerNormGradGammaShared = true;
   bool embeddingGradSegments = true;  // embedding_grad: ranks within an id's segment, a warp per table row (gather.cpp)
 };
 

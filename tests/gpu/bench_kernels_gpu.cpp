@@ -107,7 +107,15 @@ struct Bench {
       CUDA_OK(cudaMemcpy(head.data(), res[0], static_cast<size_t>(n0) * 4, cudaMemcpyDeviceToHost));
       for (float v : head) CHECK(std::isfinite(v));
     }
-    std::printf("%-52s %3zu launches %9.4f ms %8.0f GB/s\n", what.c_str(), ks.size(), ms, bytes / ms / 1e6);
+    // A hash of every result's bits, to tell whether two variants of a kernel agree bit for bit.
+    uint64_t h = 1469598103934665603ull;
+    for (size_t r = 0; r < res.size(); ++r) {
+      std::vector<unsigned char> host(static_cast<size_t>(o.node->result(r)->type().bytes()));
+      CUDA_OK(cudaMemcpy(host.data(), res[r], host.size(), cudaMemcpyDeviceToHost));
+      for (unsigned char c : host) h = (h ^ c) * 1099511628211ull;
+    }
+    std::printf("%-52s %3zu launches %9.4f ms %8.0f GB/s  bits %016llx\n", what.c_str(), ks.size(), ms, bytes / ms / 1e6,
+                static_cast<unsigned long long>(h));
     std::fflush(stdout);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
@@ -191,6 +199,15 @@ TEST_CASE("bench: loss, layer_norm, embedding_grad, bias reduce_sum and global_n
     }
     b.ctx.layerNormGradRegColumns = cuda::LoweringContext{}.layerNormGradRegColumns;
     b.ctx.layerNormGradRegSumColumns = cuda::LoweringContext{}.layerNormGradRegSumColumns;
+    // gamma from shared memory where that is faster, or always from global memory (LoweringContext::
+    // layerNormGradGammaShared; TPC_MEMBW_OFF=lngamma).
+    for (bool shared : {true, false}) {
+      b.ctx.layerNormGradGammaShared = shared;
+      const char* how = shared ? "" : " (gamma global)";
+      b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual", how), lngr, {DY, X, G, R});
+      b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual sum_dx", how), lngs, {DY, X, G, R});
+    }
+    b.ctx.layerNormGradGammaShared = true;
     for (void* p : {X, DY, G, B, R}) cudaFree(p);
   }
   {
