@@ -130,6 +130,15 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
   const fs::path tmp = fs::path(dir) / (".tmp." + iterName(state.iteration));
   fs::create_directories(tmp, ec);
   if (ec) return makeError(tmp.string(), ": error: cannot create: ", ec.message());
+  // A save that fails (a full disk, a tensor that does not fit its layout) leaves nothing behind.
+  struct RemoveOnError {
+    const fs::path& p;
+    bool done = false;
+    ~RemoveOnError() {
+      std::error_code e;
+      if (!done) fs::remove_all(p, e);
+    }
+  } cleanup{tmp};
   SafetensorsFile file;
   for (const CheckpointTensor& t : tensors) {
     TPC_ASSIGN(HostTensor v, read(t.name));
@@ -152,10 +161,15 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
   fs::remove_all(final, ec);
   fs::rename(tmp, final, ec);
   if (ec) return makeError(final.string(), ": error: cannot move the checkpoint into place: ", ec.message());
+  cleanup.done = true;
   TPC_TRY(writeFileAtomically((fs::path(dir) / kLatest).string(), std::to_string(state.iteration) + "\n"));
   if (keep > 0) {
-    auto all = checkpointsIn(dir);
-    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i].second, ec);
+    // The one just written (the latest file's) stays, with the newest keep - 1 others: a folder that holds a
+    // longer earlier run's iterations never loses the checkpoint its latest file names.
+    std::vector<std::pair<int64_t, fs::path>> others;
+    for (auto& c : checkpointsIn(dir))
+      if (c.first != state.iteration) others.push_back(std::move(c));
+    for (size_t i = 0; i + static_cast<size_t>(keep - 1) < others.size(); ++i) fs::remove_all(others[i].second, ec);
   }
   return {};
 }

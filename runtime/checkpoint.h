@@ -37,7 +37,7 @@ struct CheckpointTensor {
 
 // Saves `tensors` (read through `read`, which returns each one unsharded; it is reshaped to `shape`),
 // `state` and `extraFiles` (name -> bytes; the model file, so that a checkpoint is self-contained) as
-// DIR/iter_<iteration>; then keeps only the newest `keep` checkpoints (0: all).
+// DIR/iter_<iteration>; then keeps only `keep` checkpoints (0: all): this one and the newest keep - 1 others.
 Status saveCheckpoint(const std::string& dir, const CheckpointState& state, const std::vector<CheckpointTensor>& tensors,
                       const std::function<Result<HostTensor>(const std::string&)>& read, int64_t keep,
                       const std::map<std::string, std::string>& extraFiles = {});

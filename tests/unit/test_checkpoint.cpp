@@ -106,6 +106,25 @@ TEST_CASE("checkpoint: saved at tp 4, loaded at tp 1 and tp 2, the next step's l
   CHECK(std::abs(next[2] - next[0]) <= 1e-5 * next[0]);
 }
 
+TEST_CASE("checkpoint: --keep never removes the checkpoint just written, even below a longer run's", "[checkpoint][cli]") {
+  test::TempDir dir;
+  const std::string ck = dir.path.string() + "/ck";
+  REQUIRE(test::runTiny("--train-iters 4 --save-interval 2 --save " + ck).exitCode == 0);  // iter 2 and 4
+  auto r = test::runTiny("--train-iters 1 --keep 1 --save " + ck);                          // iter 1, keep 1
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  CHECK(std::filesystem::exists(ck + "/iter_0000001/state.json"));
+  CHECK(!std::filesystem::exists(ck + "/iter_0000004"));
+  CHECK(test::readFile(ck + "/latest_checkpointed_iteration.txt") == "1\n");
+  CHECK(test::runTiny("--train-iters 2 --load " + ck).exitCode == 0);
+  // keep 2: this one and the newest other.
+  REQUIRE(test::runTiny("--train-iters 6 --save-interval 2 --keep 2 --save " + ck).exitCode == 0);
+  CHECK(std::filesystem::exists(ck + "/iter_0000006"));
+  CHECK(std::filesystem::exists(ck + "/iter_0000004"));
+  CHECK(!std::filesystem::exists(ck + "/iter_0000002"));
+  CHECK(!std::filesystem::exists(ck + "/iter_0000001"));
+}
+
 TEST_CASE("checkpoint: a save killed halfway leaves the previous checkpoint as the latest", "[checkpoint][cli]") {
   test::TempDir dir;
   std::string ck = dir.path.string() + "/ck";
