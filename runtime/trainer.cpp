@@ -130,6 +130,13 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     jsonl.open(settings.logJsonl, settings.firstIter > 1 ? std::ios::app : std::ios::trunc);
     if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log");
   }
+  // One line of the JSONL log, flushed; a write that fails (a full disk) ends the run rather than lose the log.
+  auto jsonlLine = [&](const std::string& line) -> Status {
+    jsonl << line << "\n";
+    jsonl.flush();
+    if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log (is the disk full?)");
+    return {};
+  };
 
   TrainReport report;
   TensorMap inputs;
@@ -218,10 +225,12 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
           console << " (non-finite; --on-nan skip: parameters and optimizer state kept)" << std::endl;
       }
       if (jsonl.is_open()) {
-        jsonl << "{\"step\": " << it << ", \"skipped\": true, \"loss\": null, \"lr\": " << std::setprecision(9) << lr
-              << ", \"grad_norm\": null";
-        if (scaler) jsonl << ", \"loss_scale\": " << scaler->scale();
-        jsonl << "}\n" << std::flush;
+        std::ostringstream j;
+        j << "{\"step\": " << it << ", \"skipped\": true, \"loss\": null, \"lr\": " << std::setprecision(9) << lr
+          << ", \"grad_norm\": null";
+        if (scaler) j << ", \"loss_scale\": " << scaler->scale();
+        j << "}";
+        TPC_TRY(jsonlLine(j.str()));
       }
       if (settings.publish && scaler) settings.publish({{"loss_scale", scaler->scale()}});
       ++stepsSinceLog;
@@ -246,8 +255,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         std::ostringstream j;
         j << std::setprecision(9) << "{\"step\": " << it << ", \"valid_loss\": " << valid
           << ", \"valid_ppl\": " << std::exp(valid) << "}";
-        jsonl << j.str() << "\n";
-        jsonl.flush();
+        TPC_TRY(jsonlLine(j.str()));
       }
     }
     if (settings.afterStep) {
@@ -274,7 +282,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     const int64_t deviceMemory = backend.deviceMemoryInUse();
     if (settings.publish && mfu >= 0) settings.publish({{"mfu", mfu}});
     if (settings.publish && deviceMemory >= 0) settings.publish({{"gpu_memory_bytes", double(deviceMemory)}});
-    if (settings.console) {
+    if (settings.console && settings.stepLines) {
       char line[256];
       std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | elapsed %s | ETA %s",
                     static_cast<long long>(it), static_cast<long long>(settings.trainIters), loss, lr, gradNorm,
@@ -308,8 +316,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       // The logged step's own time on the device (the CUDA backend's graph replay), to plot against the wall.
       if (auto t = backend.lastStepTiming(); t && t->deviceMs >= 0) j << ", \"device_ms\": " << t->deviceMs;
       j << "}";
-      jsonl << j.str() << "\n";
-      jsonl.flush();
+      TPC_TRY(jsonlLine(j.str()));
     }
   }
   if (total > 0) closeStep(settings.trainIters);

@@ -46,6 +46,7 @@ struct TrainerSettings {
   int64_t firstIter = 1;         // > 1 when resuming
   std::string logJsonl;          // one JSON object per logged step, when set
   bool console = true;           // print a line every log interval
+  bool stepLines = true;         // false (--quiet): those lines left out; the JSONL log and metrics keep them
   std::string tokensInput = "tokens", targetsInput = "targets";
   // MFU in the log line when both are set: model FLOPs per trained token (6N + attention) over the peak.
   double flopsPerToken = 0, peakFlops = 0;

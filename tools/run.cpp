@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -186,7 +187,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       .value("initial-loss-scale", "--precision fp16: the loss scale to start from", "65536")
       .value("loss-scale-window", "--precision fp16: finite steps in a row after which the loss scale doubles", "1000")
       .value("min-loss-scale", "--precision fp16: the run fails when an overflow would halve the scale below this", "1")
-      .toggle("quiet", "no per-step lines (the summary is still printed)");
+      .toggle("quiet", "no per-step lines on the console (the summary is still printed; --log-jsonl and the metrics keep every step)");
   cli::declareTrainingFlags(flags);
   cli::declarePipelineFlags(flags);
   int rc = 0;
@@ -218,6 +219,19 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     return cli::fail("run", "--save-initial writes iteration 0 into the --save folder; add --save DIR");
   if (flags.on("save-initial") && flags.has("load"))
     return cli::fail("run", "--save-initial writes the initial state of a fresh run; drop it when resuming with --load");
+  if (!flags.has("save") && (*saveInterval > 0 || *keep > 0))
+    return cli::fail("run", cat(*saveInterval > 0 ? "--save-interval" : "--keep",
+                                " applies to the checkpoints of --save; add --save DIR"));
+  if (flags.has("save")) {
+    // A folder that cannot hold checkpoints is found now, not after the training that was to fill it.
+    std::error_code ec;
+    const std::filesystem::path dir = flags.get("save");
+    std::filesystem::create_directories(dir, ec);
+    const std::filesystem::path probe = dir / cat(".tpc-write-test.", getpid());  // one per process (mpirun)
+    if (ec || !std::ofstream(probe) || !std::filesystem::remove(probe, ec))
+      return cli::fail("run", cat("--save ", dir.string(), ": error: cannot write checkpoints into this folder",
+                                  ec ? cat(" (", ec.message(), ")") : std::string(), "; pick a writable folder"));
+  }
   std::optional<LoadedCheckpoint> checkpoint;
   if (flags.has("load")) {
     auto c = loadCheckpoint(flags.get("load"));
@@ -462,7 +476,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
 
   TrainerSettings settings;
   settings.trainIters = config.trainIters;
-  settings.logInterval = flags.on("quiet") ? 0 : config.logInterval;
+  settings.logInterval = config.logInterval;
+  settings.stepLines = !flags.on("quiet");
   settings.lr.maxLr = config.lr;
   settings.lr.minLr = config.minLr;
   settings.lr.warmupIters = config.warmupIters;

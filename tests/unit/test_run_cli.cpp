@@ -33,6 +33,11 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
       {tiny() + " --train-iters 0", "tpc run: error: --train-iters=0 is out of range [1, 1099511627776]\n"},
       {tiny() + " --backend tpu", "tpc run: error: --backend=tpu is not a backend (expected auto, cpu or cuda)\n"},
       {"/nonexistent/model.fb", ""},
+      {"/tmp", "/tmp: error: is a directory, not a model file (MODEL.fb or MODEL.json; tpc new writes one)\n"},
+      {tiny() + " --keep 2", "tpc run: error: --keep applies to the checkpoints of --save; add --save DIR\n"},
+      {tiny() + " --save-interval 5", "tpc run: error: --save-interval applies to the checkpoints of --save; add --save DIR\n"},
+      // An unusable checkpoint folder before any training, not after it.
+      {tiny() + " --save /proc/tpc-ck", ""},
   };
   for (const Case& c : cases) {
     auto r = test::runCommand(test::tpcBinary() + " run " + c.args);
@@ -41,6 +46,9 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
     if (!c.expected.empty()) CHECK(r.err == c.expected);
   }
+  auto save = test::runCommand(test::tpcBinary() + " run " + tiny() + " --save /proc/tpc-ck --log-interval 1");
+  CHECK(save.err.find("--save /proc/tpc-ck: error: cannot write checkpoints into this folder") != std::string::npos);
+  CHECK(save.out.find("step ") == std::string::npos);  // no step ran
   auto seq = test::runCommand(test::tpcBinary() + " run " + tiny() + " --seq-length 65");
   CHECK(seq.err.find("65") != std::string::npos);
   CHECK(seq.err.find("positions") != std::string::npos);
@@ -62,6 +70,16 @@ TEST_CASE("tpc run: a short run logs JSONL and lowers the loss", "[run][cli]") {
   for (const char* key : {"\"step\": ", "\"loss\": ", "\"lr\": ", "\"grad_norm\": ", "\"tokens_per_s\": ", "\"elapsed_s\": "})
     CHECK(jsonl.find(key) != std::string::npos);
   CHECK(jsonl.find("{\"step\": 12, ") != std::string::npos);
+}
+
+TEST_CASE("tpc run --quiet: no step lines on the console, every logged step still in the JSONL log", "[run][cli]") {
+  test::TempDir dir;
+  const std::string log = dir.path.string() + "/q.jsonl";
+  auto r = test::runTiny("--train-iters 3 --quiet --log-jsonl " + log);  // runTiny logs every step
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  CHECK(r.out.find("step      1/3") == std::string::npos);
+  CHECK(test::jsonlField(test::readFile(log), "loss").size() == 3);
 }
 
 TEST_CASE("tpc run: the same seed gives the same losses", "[run][cli]") {
