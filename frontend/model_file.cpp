@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -634,6 +635,9 @@ Result<ModelFile> loadModelFromBytes(std::string_view bytes, const std::string& 
 }
 
 Result<ModelFile> loadModelFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return makeError(path, ": error: is a directory, not a model file (MODEL.fb or MODEL.json; tpc new writes one)");
   std::ifstream f(path, std::ios::binary);
   if (!f) return makeError(path, ": error: cannot open: ", std::strerror(errno));
   f.seekg(0, std::ios::end);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -569,6 +570,8 @@ Result<std::string> readTextFile(const std::string& path) {
     std::string s((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
     return s;
   }
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return makeError(path, ": error: is a directory, not a file");
   std::ifstream f(path, std::ios::binary);
   if (!f) return makeError(path, ": error: cannot open file: ", std::strerror(errno));
   std::stringstream ss;

@@ -14,7 +14,10 @@ Status loadPassPlugin(const std::string& path, PassRegistry& registry) {
   if (!S_ISREG(st.st_mode)) return makeError(path, ": error: pass plugin is not a regular file");
   // RTLD_NOW: unresolved symbols are reported here, not as a crash later. Never dlclosed: passes
   // registered by the plugin live as long as the registry.
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // A bare name is the file found above (stat saw it in the current folder), not a library search: dlopen
+  // reads a name without a slash as one.
+  const std::string file = path.find('/') == std::string::npos ? "./" + path : path;
+  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     std::string why = dlerror();
     return makeError(path, ": error: cannot load pass plugin: ", why);

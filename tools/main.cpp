@@ -1,5 +1,7 @@
 // tpc: the command line. Sub-commands live one per file in tools/ and register themselves.
+#include <exception>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -36,5 +38,15 @@ int main(int argc, char** argv) {
     std::cerr << "tpc: error: unknown command '" << args[0] << "' (run 'tpc --help' for the list)\n";
     return 1;
   }
-  return it->second.run(std::vector<std::string>(args.begin() + 1, args.end()));
+  // What escapes a sub-command is a host allocation that failed (an activations plan larger than memory on the
+  // CPU backend) or a bug: one error line, exit 1, never an abort with a stack trace.
+  try {
+    return it->second.run(std::vector<std::string>(args.begin() + 1, args.end()));
+  } catch (const std::bad_alloc&) {
+    std::cerr << "tpc " << args[0] << ": error: out of host memory (lower --micro-batch-size or --seq-length; "
+              << "'tpc dump MODEL --memory' prints the planned peak)\n";
+  } catch (const std::exception& e) {
+    std::cerr << "tpc " << args[0] << ": error: " << e.what() << "\n";
+  }
+  return 1;
 }

@@ -3,6 +3,7 @@
 // Several logs overlay, one colour each, so runs compare at a glance.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -87,9 +88,16 @@ int runPlot(std::vector<std::string> args) {
   if (!flags.parse(args, rc)) return rc;
   if (!flags.has("o")) return cli::fail("plot", "-o CURVES.svg is required");
   if (flags.positional().empty()) return cli::fail("plot", "expected one or more JSONL logs (tpc run --log-jsonl)");
+  for (const std::string& path : flags.positional()) {
+    std::error_code ec;
+    if (std::filesystem::equivalent(path, flags.get("o"), ec))
+      return cli::fail("plot", cat("-o ", flags.get("o"), " is one of the logs to plot: name another file for the SVG"));
+  }
   std::vector<Series> losses, speed;
   size_t colour = 0;
   for (const std::string& path : flags.positional()) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) return cli::fail("plot", path + ": error: is a directory, not a JSONL log");
     std::ifstream in(path);
     if (!in) return cli::fail("plot", path + ": error: cannot open");
     std::string name = path.substr(path.find_last_of('/') + 1);

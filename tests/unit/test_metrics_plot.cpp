@@ -71,6 +71,14 @@ TEST_CASE("plot: loss, validation loss and tokens/s of one or more logs as SVG",
   auto bad = test::runCommand(test::tpcBinary() + " plot " + (dir / "bad.jsonl") + " -o " + (dir / "d.svg"));
   CHECK(bad.exitCode == 1);
   CHECK(bad.err.find("bad.jsonl:2: error: not a tpc run log line") != std::string::npos);
+  // -o naming a log to plot would overwrite it.
+  auto self = test::runCommand(test::tpcBinary() + " plot " + (dir / "a.jsonl") + " -o " + (dir / "a.jsonl"));
+  CHECK(self.exitCode == 1);
+  CHECK(self.err.find("is one of the logs to plot") != std::string::npos);
+  CHECK(test::readFile(dir / "a.jsonl").rfind("{\"step\": 1", 0) == 0);
+  auto folder = test::runCommand(test::tpcBinary() + " plot " + dir.path.string() + " -o " + (dir / "e.svg"));
+  CHECK(folder.exitCode == 1);
+  CHECK(folder.err.find("is a directory, not a JSONL log") != std::string::npos);
 }
 
 }  // namespace tpc

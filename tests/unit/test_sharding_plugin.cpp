@@ -49,6 +49,13 @@ TEST_CASE("sharding plugin: mlp-tp's collectives are the MLPs' all_reduces only"
   // tiny has 2 layers: per layer fc2's output (forward) and fc1's input grad (backward); plus the grad norm.
   CHECK(r.out.find("all_reduce(tp, sum): 5 ops") != std::string::npos);
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 3);  // header, that line, total: nothing else
+  // The plugin named without a folder, from the folder it is in: loaded as that file, not searched for.
+  const std::string path = plugin(), folder = path.substr(0, path.rfind('/')), name = path.substr(path.rfind('/') + 1);
+  auto bare = test::runCommand("cd " + folder + " && " + test::tpcBinary() + " dump " + tiny() + " --tp 2 --pass-plugin " +
+                               name + " --sharding-policy mlp-tp --after=partition --summary");
+  INFO(bare.err);
+  CHECK(bare.exitCode == 0);
+  CHECK(bare.out == r.out);
 }
 
 TEST_CASE("sharding plugin: --sharding-policy errors name the flag and the fix", "[sharding][plugin][cli]") {
