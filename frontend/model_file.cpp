@@ -608,7 +608,11 @@ Result<ModelFile> loadModelFromBytes(std::string_view bytes, const std::string& 
   if (bytes.size() > kMaxFileBytes) return makeError(file, ": error: the file is larger than ", kMaxFileBytes, " bytes");
   std::vector<uint8_t> buf;
   if (endsWith(file, ".json")) {
-    TPC_ASSIGN(buf, jsonToBuffer(bytes, file, nullptr));
+    auto parsed = jsonToBuffer(bytes, file, nullptr);
+    if (!parsed.ok() && parsed.error().find("required field is missing: graph") != std::string::npos)
+      return makeError(parsed.error(), " (a preset or a config, not a model file? 'tpc new gpt --preset NAME -o MODEL.json' "
+                       "writes a model file)");
+    TPC_ASSIGN(buf, std::move(parsed));
   } else if (endsWith(file, ".fb")) {
     buf.assign(bytes.begin(), bytes.end());  // a fresh, aligned copy
   } else {

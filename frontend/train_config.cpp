@@ -46,7 +46,8 @@ Status validateTrainConfig(const TrainConfig& c) {
   };
   auto finiteAtLeast = [](const char* f, double v, double lo, bool strict) -> Status {
     if (!std::isfinite(v) || v < lo || (strict && v == lo))
-      return makeError("config.", f, " must be ", strict ? "> " : ">= ", formatFloat(lo), ", got ", formatFloat(v));
+      return makeError("config.", f, " must be ", std::isfinite(v) ? "" : "a finite number ", strict ? "> " : ">= ",
+                       formatFloat(lo), ", got ", formatFloat(v));
     return {};
   };
   if (c.optimizer != "adamw") return makeError("config.optimizer must be adamw, got '", c.optimizer, "'");
@@ -76,7 +77,8 @@ Status validateTrainConfig(const TrainConfig& c) {
   if (c.globalBatch % (c.microBatch * c.dp) != 0)
     return makeError("config.global_batch_size=", c.globalBatch, " must be a multiple of micro_batch_size x data_parallel_size = ",
                      c.microBatch * c.dp);
-  if (!validSplit(c.split)) return makeError("config.split must be three integers like 949,50,1, got '", c.split, "'");
+  if (!validSplit(c.split))
+    return makeError("config.split must be three integers like 949,50,1, at least one of them > 0, got '", c.split, "'");
   if (!oneOf(c.tokenizer, {"gpt2", "byte"})) return makeError("config.tokenizer_type must be gpt2 or byte, got '", c.tokenizer, "'");
   TPC_TRY(nonNegative("log_interval", c.logInterval));
   TPC_TRY(nonNegative("eval_interval", c.evalInterval));

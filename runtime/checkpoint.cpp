@@ -177,7 +177,7 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
 Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir) {
   fs::path p(dir);
   std::error_code ec;
-  if (!fs::is_directory(p, ec)) return makeError(dir, ": error: no such checkpoint directory (--load)");
+  if (!fs::is_directory(p, ec)) return makeError(dir, ": error: no such checkpoint directory");
   if (!fs::exists(p / "state.json", ec)) {
     fs::path latest = p / kLatest;
     std::ifstream f(latest);
@@ -185,7 +185,7 @@ Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir) {
       auto all = checkpointsIn(p);
       return makeError(latest.string(), ": error: missing, so ", dir, " holds no complete checkpoint",
                        all.empty() ? std::string() : " (found " + all.back().second.filename().string() +
-                                                         "; pass that directory to --load to use it)");
+                                                         "; pass that directory to use it)");
     }
     long long it = -1;
     if (!(f >> it) || it < 0) return makeError(latest.string(), ": error: does not hold an iteration number");

@@ -102,7 +102,8 @@ std::string graphToDot(const Graph& g) {
 
 int runDump(std::vector<std::string> args) {
   cli::Flags flags("dump", "tpc dump MODEL.fb|MODEL.json [--after=PASS] [training flags]");
-  flags.value("after", "print the graph after this pass of the pipeline (default: the forward graph)")
+  flags.value("after", "print the graph after this pass of the pipeline (default: the forward graph; with --passes, "
+                       "--summary or --memory: the last pass)")
       .value("passes", "the pipeline to run instead of the standard one")
       .toggle("print-pipeline", "print the pipeline that would run and exit")
       .value("rank", "with --tp/--dp: the rank whose program `partition` builds", "0")
@@ -134,14 +135,19 @@ int runDump(std::vector<std::string> args) {
                                              : standardPipeline(*model, *accum, *rank, *tpPolicy) +
                                                    (flags.on("no-fuse-classifier") ? "" : ",fuse-classifier") +
                                                    (flags.on("no-fuse") ? "" : ",fuse");
+  auto entries = parsePipeline(pipeline);
+  if (!entries) return cli::fail("dump", entries.error());
+  if (PassManager check; flags.has("passes")) {  // unknown passes and bad options, before anything prints
+    if (Status s = check.addEntries(*entries); !s.ok()) return cli::fail("dump", s.error());
+  }
   if (flags.on("print-pipeline")) {
     std::cout << pipeline << "\n";
     return 0;
   }
   std::string after = flags.get("after");
-  auto entries = parsePipeline(pipeline);
-  if (!entries) return cli::fail("dump", entries.error());
-  if (after.empty() && flags.on("memory") && !entries->empty()) after = entries->back().name;
+  // --memory, --summary and --passes mean the pipeline's output: its last pass, unless --after names another.
+  if (after.empty() && (flags.on("memory") || flags.on("summary") || flags.has("passes")) && !entries->empty())
+    after = entries->back().name;
   if (after.empty()) {
     std::cout << printGraph(*model->forward);
     return 0;

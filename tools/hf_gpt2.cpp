@@ -96,8 +96,13 @@ Status writeHfGpt2(const std::string& dir, const GptConfig& gpt, const std::map<
   SafetensorsFile file;
   file.metadata["format"] = "pt";  // what transformers expects of a PyTorch checkpoint
   for (const auto& [name, t] : params) file.tensors.push_back({hfNameOf(name), t.convertTo(DType::f32)});
-  TPC_TRY(writeSafetensors(tmp + "/model.safetensors", file));
-  TPC_TRY(writeFileAtomically(tmp + "/config.json", hfConfigJson(gpt)));
+  // A write that fails (a full disk) leaves no half-written folder behind.
+  Status written = writeSafetensors(tmp + "/model.safetensors", file);
+  if (written.ok()) written = writeFileAtomically(tmp + "/config.json", hfConfigJson(gpt));
+  if (!written.ok()) {
+    fs::remove_all(tmp, ec);
+    return written;
+  }
   if (fs::exists(dir, ec)) {
     if (!fs::exists(fs::path(dir) / "config.json", ec) && !fs::is_empty(dir, ec)) {
       fs::remove_all(tmp, ec);

@@ -37,6 +37,16 @@ int runImport(std::vector<std::string> args) {
   config.tokenizer = flags.has("tokenizer") ? flags.get("tokenizer") : gpt.vocab == 257 ? "byte" : "gpt2";
   if (config.tokenizer == "byte") config.dataPath = "data/brown/brown_byte";
   if (Status s = cli::applyTrainingFlags(flags, config); !s.ok()) return cli::fail("import", s.error());
+  const std::string out = flags.get("o");
+  // What `tpc run` would refuse of the written model, refused before anything is written.
+  if (!(out.size() > 3 && out.compare(out.size() - 3, 3, ".fb") == 0) && !(out.size() > 5 && out.compare(out.size() - 5, 5, ".json") == 0))
+    return cli::fail("import", cat("-o ", out, ": error: unknown model file extension (expected .fb or .json)"));
+  if (config.tokenizer == "gpt2" && gpt.vocab < 50257)
+    return cli::fail("import", cat("--tokenizer gpt2 needs a vocabulary of at least 50257 tokens; this model has ", gpt.vocab,
+                                   " (use --tokenizer byte for 257)"));
+  if (config.tp > 1 && gpt.heads % config.tp != 0)
+    return cli::fail("import", cat("--tp ", config.tp, " does not divide the model's ", gpt.heads,
+                                   " attention heads; pick a tp that does"));
   auto model = buildGpt(gpt, config);
   if (!model) return cli::fail("import", model.error());
   const std::string stPath = flags.get("hf") + "/model.safetensors";
@@ -53,7 +63,6 @@ int runImport(std::vector<std::string> args) {
     layout.push_back({p->name(), shape});
     count += it->second.numel();
   }
-  const std::string out = flags.get("o");
   auto bytes = serializeModel(*model, false);
   if (!bytes) return cli::fail("import", bytes.error());
   CheckpointState st;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -88,8 +89,11 @@ class DatasetBatches final : public BatchSource {
     for (int64_t r = 0; r < rows; ++r) {
       TPC_TRY(windows_.next(buf_.data()));
       if (dump_.is_open() && !dump_.write(reinterpret_cast<const char*>(buf_.data()),
-                                          static_cast<std::streamsize>(buf_.size() * sizeof(int32_t))).flush())
+                                          static_cast<std::streamsize>(buf_.size() * sizeof(int32_t))).flush()) {
+        dump_.close();
+        std::remove(dumpPath_.c_str());  // no truncated dump left behind
         return makeError("--dump-batches ", dumpPath_, ": writing the batches failed (is the disk full?)");
+      }
       std::copy(buf_.begin(), buf_.begin() + seq, tokens + r * seq);
       std::copy(buf_.begin() + 1, buf_.end(), targets + r * seq);
     }

@@ -74,7 +74,8 @@ int runSample(std::vector<std::string> args) {
   auto threads = flags.getInt("threads", 0, 1024);
   for (const Status& s : {maxTokens.status(), topK.status(), seed.status(), temperature.status(), threads.status()})
     if (!s.ok()) return cli::fail("sample", s.error());
-  if (*temperature < 0) return cli::fail("sample", "--temperature must be >= 0 (0: greedy)");
+  if (!(*temperature >= 0) || !std::isfinite(*temperature))
+    return cli::fail("sample", "--temperature must be a finite number >= 0 (0: greedy), got " + flags.get("temperature"));
   const std::string window = flags.get("window");
   if (window != "fixed" && window != "grow")
     return cli::fail("sample", "--window=" + window + " is not a window mode (expected fixed or grow)");

@@ -87,6 +87,12 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
   if (flags.on("sp")) config.sp = true;
   if (flags.on("use-distributed-optimizer")) config.distributedOptimizer = true;
   if (flags.on("bf16") && flags.on("fp16")) return makeError("--bf16 and --fp16 exclude each other; give one");
+  for (const char* alias : {"bf16", "fp16"})
+    if (flags.on(alias) && flags.has("precision") && flags.get("precision") != alias)
+      return makeError("--", alias, " and --precision ", flags.get("precision"), " exclude each other; give one");
+  // Megatron-LM asserts the same: warmup inside the decay (an explicit --lr-decay-iters; 0 is --train-iters).
+  if (flags.has("lr-decay-iters") && config.decayIters > 0 && config.warmupIters >= config.decayIters)
+    return makeError("--lr-warmup-iters ", config.warmupIters, " must be less than --lr-decay-iters ", config.decayIters);
   if (flags.on("bf16")) config.precision = "bf16";
   if (flags.on("fp16")) config.precision = "fp16";
   return {};

@@ -153,7 +153,7 @@ TEST_CASE("checkpoint: bad checkpoints give one error naming the tensor or file,
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
     CHECK(r.err.find(expected) != std::string::npos);
   };
-  fail("--train-iters 2 --load " + dir.path.string() + "/none", "no such checkpoint directory (--load)");
+  fail("--train-iters 2 --load " + dir.path.string() + "/none", "no such checkpoint directory");
   // Another model shape: a wider hidden size.
   std::string other = dir.path.string() + "/wide.fb";
   REQUIRE(test::runCommand(test::tpcBinary() + " new gpt --preset tiny --hidden 64 --heads 4 -o " + other).exitCode == 0);

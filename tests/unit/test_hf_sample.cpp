@@ -83,6 +83,20 @@ TEST_CASE("hf: foreign or broken Hugging Face directories are refused by name", 
   test::writeFile(dir / "hf/config.json", wide);
   fail("model.safetensors: error: tensor transformer.wte.weight is f32[257,128], config.json implies f32[257,256]");
   test::writeFile(dir / "hf/config.json", good);
+  // What `tpc run` would refuse of the written model is refused before anything is written.
+  for (auto [flags, expected] : std::vector<std::pair<std::string, std::string>>{
+           {" --tp 3", "--tp 3 does not divide the model's 4 attention heads"},
+           {" --tokenizer gpt2", "--tokenizer gpt2 needs a vocabulary of at least 50257 tokens; this model has 257"}}) {
+    auto r = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb") + flags);
+    CHECK(r.exitCode == 1);
+    CHECK(r.err.find(expected) != std::string::npos);
+    CHECK(!std::filesystem::exists(dir / "x.fb"));
+    CHECK(!std::filesystem::exists(dir / "x.fb.weights"));
+  }
+  auto txt = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.txt"));
+  CHECK(txt.exitCode == 1);
+  CHECK(txt.err.find("unknown model file extension") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "x.txt.weights"));
   auto st = readSafetensors(dir / "hf/model.safetensors");
   REQUIRE(st.ok());
   st->tensors.erase(std::find_if(st->tensors.begin(), st->tensors.end(),
@@ -117,7 +131,8 @@ TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped lo
   CHECK(g.out == "The jury" + std::string(1, static_cast<char>(next)) + "\n");
   auto bad = tpc("sample --load " + ck + " --temperature -1");
   CHECK(bad.exitCode == 1);
-  CHECK(bad.err.find("--temperature must be >= 0") != std::string::npos);
+  CHECK(bad.err.find("--temperature must be a finite number >= 0") != std::string::npos);
+  CHECK(tpc("sample --load " + ck + " --temperature nan").exitCode == 1);
 }
 
 TEST_CASE("sample: the fixed window (one graph) gives today's greedy output, also past the position table", "[sample][cli]") {

@@ -231,6 +231,19 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
   auto dce = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --after=dce");
   CHECK(dce.exitCode == 0);
   CHECK(dce.out.find("return %loss") != std::string::npos);
+  // --passes and --summary mean the pipeline's output; an unknown pass is an error, printed pipeline or not.
+  auto passes = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --passes=autodiff,dce");
+  CHECK(passes.exitCode == 0);
+  CHECK(passes.out.find("adamw_update(") != std::string::npos);  // the training step, not the forward graph
+  for (const char* extra : {"", " --print-pipeline"}) {
+    auto bogus = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --passes=bogus" + extra);
+    CHECK(bogus.exitCode == 1);
+    CHECK(bogus.err.find("unknown pass 'bogus'") != std::string::npos);
+    CHECK(bogus.out.empty());
+  }
+  auto summary = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --tp 2 --summary");
+  CHECK(summary.exitCode == 0);
+  CHECK(summary.out.rfind("collectives per step (mesh(tp=2)):", 0) == 0);
 
   std::string junk = dir + "/cli_junk.fb";
   { std::ofstream(junk) << "hello"; }
