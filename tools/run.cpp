@@ -257,6 +257,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     }
   }
 
+  if (const std::string c = flags.get("collectives"); c != "auto" && c != "nccl" && c != "virtual")
+    return cli::fail("run", "--collectives=" + c + " is not a collectives mode (expected auto, nccl or virtual)");
   auto onNan = parseOnNonFinite(flags.get("on-nan"));
   if (!onNan) return cli::fail("run", onNan.error());
   auto collectiveTimeout = flags.getDouble("collective-timeout");
