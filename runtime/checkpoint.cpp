@@ -160,16 +160,21 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
   TPC_TRY(writeFileAtomically((tmp / "state.json").string(), stateJson(state)));
   fs::remove_all(final, ec);
   fs::rename(tmp, final, ec);
-  if (ec) return makeError(final.string(), ": error: cannot move the checkpoint into place: ", ec.message());
-  cleanup.done = true;
+  cleanup.done = true;  // from here on tmp may be the only complete copy
+  if (ec)
+    return makeError(final.string(), ": error: cannot move the checkpoint into place (it is complete in ", tmp.string(),
+                     "): ", ec.message());
   TPC_TRY(writeFileAtomically((fs::path(dir) / kLatest).string(), std::to_string(state.iteration) + "\n"));
   if (keep > 0) {
-    // The one just written (the latest file's) stays, with the newest keep - 1 others: a folder that holds a
-    // longer earlier run's iterations never loses the checkpoint its latest file names.
+    // The one just written (the latest file's) stays, with keep - 1 others: the newest before it, then (too few)
+    // the lowest after it. A folder that holds a longer earlier run's iterations never loses the checkpoint
+    // its latest file names, nor this run's previous ones to that run's.
     std::vector<std::pair<int64_t, fs::path>> others;
     for (auto& c : checkpointsIn(dir))
       if (c.first != state.iteration) others.push_back(std::move(c));
-    for (size_t i = 0; i + static_cast<size_t>(keep - 1) < others.size(); ++i) fs::remove_all(others[i].second, ec);
+    auto rank = [&](int64_t it) { return it < state.iteration ? state.iteration - it : it; };  // smaller: kept first
+    std::sort(others.begin(), others.end(), [&](const auto& a, const auto& b) { return rank(a.first) < rank(b.first); });
+    for (size_t i = static_cast<size_t>(keep - 1); i < others.size(); ++i) fs::remove_all(others[i].second, ec);
   }
   return {};
 }

@@ -145,9 +145,9 @@ int runDump(std::vector<std::string> args) {
     return 0;
   }
   std::string after = flags.get("after");
-  // --memory, --summary and --passes mean the pipeline's output: its last pass, unless --after names another.
-  if (after.empty() && (flags.on("memory") || flags.on("summary") || flags.has("passes")) && !entries->empty())
-    after = entries->back().name;
+  // --memory, --summary and --passes mean the pipeline's output (all of it), unless --after names a pass.
+  const bool whole = after.empty() && (flags.on("memory") || flags.on("summary") || flags.has("passes")) && !entries->empty();
+  if (whole) after = entries->back().name;
   if (after.empty()) {
     std::cout << printGraph(*model->forward);
     return 0;
@@ -156,7 +156,7 @@ int runDump(std::vector<std::string> args) {
   std::vector<PipelineEntry> prefix;
   for (const PipelineEntry& e : *entries) {
     prefix.push_back(e);
-    if (e.name == after) break;
+    if (e.name == after && !whole) break;
   }
   if (prefix.back().name != after) {
     std::string names;

@@ -41,7 +41,7 @@ int runImport(std::vector<std::string> args) {
   // What `tpc run` would refuse of the written model, refused before anything is written.
   if (!(out.size() > 3 && out.compare(out.size() - 3, 3, ".fb") == 0) && !(out.size() > 5 && out.compare(out.size() - 5, 5, ".json") == 0))
     return cli::fail("import", cat("-o ", out, ": error: unknown model file extension (expected .fb or .json)"));
-  if (config.tokenizer == "gpt2" && gpt.vocab < 50257)
+  if (flags.has("tokenizer") && config.tokenizer == "gpt2" && gpt.vocab < 50257)
     return cli::fail("import", cat("--tokenizer gpt2 needs a vocabulary of at least 50257 tokens; this model has ", gpt.vocab,
                                    " (use --tokenizer byte for 257)"));
   if (config.tp > 1 && gpt.heads % config.tp != 0)

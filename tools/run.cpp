@@ -226,16 +226,6 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (!flags.has("save") && (*saveInterval > 0 || *keep > 0))
     return cli::fail("run", cat(*saveInterval > 0 ? "--save-interval" : "--keep",
                                 " applies to the checkpoints of --save; add --save DIR"));
-  if (flags.has("save")) {
-    // A folder that cannot hold checkpoints is found now, not after the training that was to fill it.
-    std::error_code ec;
-    const std::filesystem::path dir = flags.get("save");
-    std::filesystem::create_directories(dir, ec);
-    const std::filesystem::path probe = dir / cat(".tpc-write-test.", getpid());  // one per process (mpirun)
-    if (ec || !std::ofstream(probe) || !std::filesystem::remove(probe, ec))
-      return cli::fail("run", cat("--save ", dir.string(), ": error: cannot write checkpoints into this folder",
-                                  ec ? cat(" (", ec.message(), ")") : std::string(), "; pick a writable folder"));
-  }
   std::optional<LoadedCheckpoint> checkpoint;
   if (flags.has("load")) {
     auto c = loadCheckpoint(flags.get("load"));
@@ -373,6 +363,16 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   DatasetBatches batches(std::move(dataset).value(), splits->train, static_cast<uint32_t>(config.seqLength), config.seed);
   if (Status s = batches.status(); !s.ok()) return cli::fail("run", s.error());
   const bool speaks = !job || job->world.rank == 0;  // under mpirun, rank 0 alone logs and writes files
+  if (flags.has("save") && speaks) {
+    // A folder that cannot hold checkpoints is found now, not after the training that was to fill it.
+    std::error_code ec;
+    const std::filesystem::path dir = flags.get("save");
+    std::filesystem::create_directories(dir, ec);
+    const std::filesystem::path probe = dir / cat(".tpc-write-test.", getpid());
+    if (ec || !std::ofstream(probe) || !std::filesystem::remove(probe, ec))
+      return cli::fail("run", cat("--save ", dir.string(), ": error: cannot write checkpoints into this folder",
+                                  ec ? cat(" (", ec.message(), ")") : std::string(), "; pick a writable folder"));
+  }
   if (flags.has("dump-batches") && speaks)
     if (Status s = batches.dumpTo(flags.get("dump-batches")); !s.ok()) return cli::fail("run", s.error());
 
@@ -583,7 +583,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     TPC_TRY(saveCheckpoint(saveDir, cs, checkpointTensors,
                            [&](const std::string& n) { return backend->readState(n); }, *keep,
                            {{"model.fb", modelBytes}}));
-    if (settings.logInterval > 0) std::cout << "saved checkpoint " << saveDir << " iteration " << it << std::endl;
+    if (settings.logInterval > 0 && settings.stepLines) std::cout << "saved checkpoint " << saveDir << " iteration " << it << std::endl;
     return {};
   };
   if (!saveDir.empty())

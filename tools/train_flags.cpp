@@ -92,7 +92,8 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
       return makeError("--", alias, " and --precision ", flags.get("precision"), " exclude each other; give one");
   // Megatron-LM asserts the same: warmup inside the decay (an explicit --lr-decay-iters; 0 is --train-iters).
   if (flags.has("lr-decay-iters") && config.decayIters > 0 && config.warmupIters >= config.decayIters)
-    return makeError("--lr-warmup-iters ", config.warmupIters, " must be less than --lr-decay-iters ", config.decayIters);
+    return makeError(flags.has("lr-warmup-iters") ? "--lr-warmup-iters " : "the model file's lr_warmup_iters ", config.warmupIters,
+                     " must be less than --lr-decay-iters ", config.decayIters);
   if (flags.on("bf16")) config.precision = "bf16";
   if (flags.on("fp16")) config.precision = "fp16";
   return {};

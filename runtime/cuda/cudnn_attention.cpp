@@ -433,14 +433,14 @@ Result<int> CudnnAttention::plan(const Node& n) {
   if (auto it = planOf_.find(key); it != planOf_.end()) return it->second;
   if (auto it = failed_.find(key); it != failed_.end()) return makeError(it->second);
   // The engine config timed fastest for this key on this GPU and cuDNN, in this process or an earlier one.
-  const std::string fullKey = cat(currentGpuKey(), " ", version(), deterministic_ ? " deterministic | " : " | ", key);
-  std::string remembered;
+  std::string fullKey, remembered;
   bool known = false;
   if (autotune_) {
+    fullKey = cat(currentGpuKey(), " ", version(), deterministic_ ? " deterministic | " : " | ", key);
     std::lock_guard<std::mutex> lock(engineMemoMutex());
     auto it = engineMemo().find(fullKey);
     if (it != engineMemo().end()) remembered = it->second, known = true;
-    else known = readRememberedChoice(fullKey, "cudnn-engine", &remembered);
+    else if (readRememberedChoice(fullKey, "cudnn-engine", &remembered)) engineMemo()[fullKey] = remembered, known = true;
   }
   auto built = build(a, bwd, known ? &remembered : nullptr);
   if (!built.ok()) {
@@ -450,7 +450,8 @@ Result<int> CudnnAttention::plan(const Node& n) {
   Plan& p = **built;
   size_t chosen = 0;
   if (p.candidates.size() > 1) {
-    TPC_ASSIGN(chosen, fastestCandidate(n, p));
+    auto fastest = fastestCandidate(n, p);  // timing that cannot run leaves the heuristics' first
+    chosen = fastest.ok() ? *fastest : 0;
     timed_ += static_cast<int>(p.candidates.size());
   }
   Plan::Candidate& c = p.candidates[chosen];
@@ -530,6 +531,8 @@ Result<std::unique_ptr<CudnnAttention::Plan>> CudnnAttention::build(const AttnSh
       int64_t ws = 0, got = 0;
       CUDNN_TRY(lib_->getAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got, &ws),
                 "reading the workspace size of ", p->what);
+      // A config needing more workspace than the heuristics' first would raise the step's memory for its speed.
+      if (!p->candidates.empty() && ws > p->candidates.front().workspace) continue;
       p->candidates.push_back({std::move(cfgs[i]), std::move(plan), std::move(engine), ws});
     }
   }

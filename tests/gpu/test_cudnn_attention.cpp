@@ -9,6 +9,7 @@
 #include <dirent.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "cuda_kernel_cases.h"
@@ -103,9 +104,21 @@ TEST_CASE("cudnn attention: the fastest engine config is timed once, remembered,
   requireGpuOrSkip();
   char tmpl[] = "/tmp/tpc-cudnn-autotune-XXXXXX";
   REQUIRE(mkdtemp(tmpl));
-  const char* old = std::getenv("TPC_CACHE_DIR");
-  const std::string saved = old ? old : "";
-  setenv("TPC_CACHE_DIR", tmpl, 1);
+  // The cache folder for this test alone: restored and removed however the test ends.
+  struct CacheDir {
+    std::string dir, saved;
+    bool had;
+    explicit CacheDir(const char* d) : dir(d), had(std::getenv("TPC_CACHE_DIR") != nullptr) {
+      if (had) saved = std::getenv("TPC_CACHE_DIR");
+      setenv("TPC_CACHE_DIR", d, 1);
+    }
+    ~CacheDir() {
+      if (had) setenv("TPC_CACHE_DIR", saved.c_str(), 1);
+      else unsetenv("TPC_CACHE_DIR");
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cacheDir(tmpl);
   const int64_t B = 4, T = 512, H = 12, D = 64;
   const std::vector<int64_t> perm{2, 0, 3, 1, 4};
   AttrDict at = attrs({{"causal", true}, {"scale", 0.2}});
@@ -160,8 +173,6 @@ TEST_CASE("cudnn attention: the fastest engine config is timed once, remembered,
   CHECK((*first)->timedConfigs() == 0);
   WARN("cuDNN's first config " << (*first)->engine(*p3) << ", timed fastest " << (*tuned)->engine(*p1));
   CHECK(compareResults(o, runCudnn(**first, *p3, o, in), want, tcAttentionTol(c, cuda::TcAttnOptions{})) == 2);
-  if (old) setenv("TPC_CACHE_DIR", saved.c_str(), 1);
-  else unsetenv("TPC_CACHE_DIR");
 }
 
 // Whole bf16 training steps of a 2-layer GPT at T 128 (so that cuDNN takes the backward too), attention through

@@ -123,6 +123,13 @@ TEST_CASE("checkpoint: --keep never removes the checkpoint just written, even be
   CHECK(std::filesystem::exists(ck + "/iter_0000004"));
   CHECK(!std::filesystem::exists(ck + "/iter_0000002"));
   CHECK(!std::filesystem::exists(ck + "/iter_0000001"));
+  // A longer earlier run's checkpoint (8) gives way to this run's previous one, not the other way round.
+  const std::string ck2 = dir.path.string() + "/ck2";
+  REQUIRE(test::runTiny("--train-iters 8 --save-interval 8 --save " + ck2).exitCode == 0);
+  REQUIRE(test::runTiny("--train-iters 6 --save-interval 2 --keep 2 --save " + ck2).exitCode == 0);
+  CHECK(std::filesystem::exists(ck2 + "/iter_0000006"));
+  CHECK(std::filesystem::exists(ck2 + "/iter_0000004"));
+  CHECK(!std::filesystem::exists(ck2 + "/iter_0000008"));
 }
 
 TEST_CASE("checkpoint: a save killed halfway leaves the previous checkpoint as the latest", "[checkpoint][cli]") {
