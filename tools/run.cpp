@@ -162,7 +162,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                           "sp; with --backend cuda each drives the GPU of its local rank, NCCL between them)");
   flags.value("save", "checkpoint directory to write (as Megatron-LM's --save)")
       .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
-      .value("keep", "keep the newest K checkpoints in --save; 0: all", "0")
+      .value("keep", "keep K checkpoints in --save: the one just written and the newest before it; 0: all", "0")
       .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp")
       .value("metrics-port", "serve the run's figures for Prometheus at http://127.0.0.1:PORT/metrics")
       .value("eval-interval", "steps between evaluations on the validation split; 0: none", "0")
