@@ -15,11 +15,62 @@ Result<int64_t> accumulationSteps(const TrainConfig& c) {
   return c.globalBatch / (c.microBatch * c.dp);
 }
 
+namespace {
+
+// The shapes of a graph's attention operands, sorted: what its heads and head size make of q, k and v.
+std::vector<std::string> attentionShapes(const Graph& g) {
+  std::vector<std::string> out;
+  for (const Node* n : g.nodes())
+    if (n->op() == OpKind::Attention || n->op() == OpKind::AttentionQkv)
+      for (const Value* v : n->operands()) out.push_back(v->type().str());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A model file's graph and its arch block must describe one model: a run that keeps the graph trains the
+// graph's, one that rebuilds it (another batch, sequence or tp) trains arch's. Compared at the graph's own
+// batch: the parameters (names and shapes; wte's padded rows may differ) and the attention operands (heads).
+Status checkGraphMatchesArch(const ModelFile& model, const Value* tokens, const std::string& path) {
+  const GptConfig& gpt = *model.gpt;
+  TrainConfig bc = model.config;
+  bc.microBatch = bc.globalBatch = tokens->shape()[0];
+  bc.seqLength = tokens->shape()[1];
+  bc.dp = bc.tp = 1;
+  bc.sp = false;
+  auto rebuilt = buildGpt(gpt, bc);
+  if (!rebuilt.ok()) return {};  // arch itself is checked, with its own message, where a run rebuilds from it
+  auto params = [](const Graph& g) {
+    std::vector<std::pair<std::string, Shape>> out;
+    for (const Value* p : g.params()) out.push_back({p->name(), p->shape()});
+    return out;
+  };
+  auto have = params(*model.forward), want = params(*rebuilt->forward);
+  std::string diff;
+  for (size_t i = 0; i < std::max(have.size(), want.size()) && diff.empty(); ++i) {
+    if (i >= have.size()) diff = cat("arch implies parameter ", want[i].first, ", which the graph lacks");
+    else if (i >= want.size()) diff = cat("the graph's parameter ", have[i].first, " is not in arch's model");
+    else if (have[i].first != want[i].first) diff = cat("parameter ", i, " is ", have[i].first, " in the graph, ", want[i].first, " in arch's model");
+    else if (have[i].second != want[i].second &&
+             !(have[i].first == "wte" && have[i].second.size() == 2 && have[i].second[1] == want[i].second[1] &&
+               have[i].second[0] >= gpt.vocab))
+      diff = cat("parameter ", have[i].first, " is ", TensorType(DType::f32, have[i].second).str(), " in the graph, ",
+                 TensorType(DType::f32, want[i].second).str(), " in arch's model");
+  }
+  if (diff.empty() && attentionShapes(*model.forward) != attentionShapes(*rebuilt->forward))
+    diff = "the graph's attention splits the hidden size into other heads than arch.heads";
+  if (diff.empty()) return {};
+  return makeError(path, ": error: the graph does not match the file's arch block (arch.layers=", gpt.layers, ", arch.hidden=",
+                   gpt.hidden, ", arch.heads=", gpt.heads, "): ", diff, "; write the file again with 'tpc new' or fix arch");
+}
+
+}  // namespace
+
 Status matchBatchShape(ModelFile& model, const std::string& path) {
   const TrainConfig& c = model.config;
   const Value* tokens = nullptr;
   for (const Value* v : model.forward->inputs())
     if (v->name() == "tokens") tokens = v;
+  if (model.gpt && tokens && tokens->type().rank() == 2) TPC_TRY(checkGraphMatchesArch(model, tokens, path));
   // The global graph holds the batch of every dp rank: data-parallel splits it again.
   const int64_t batch = c.microBatch * c.dp;
   bool vocabOk = true;

@@ -1,6 +1,7 @@
 // Model files: .fb/.json round trips, one-line errors naming file and field, and a mutation fuzz test.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <fstream>
 #include <random>
 
@@ -244,6 +245,24 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
   auto summary = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --tp 2 --summary");
   CHECK(summary.exitCode == 0);
   CHECK(summary.out.rfind("collectives per step (mesh(tp=2)):", 0) == 0);
+
+  // A graph that its arch block does not describe is refused, whatever flags would rebuild it from arch.
+  std::string text = test::readFile(dir + "/cli_tiny.json");
+  for (auto [from, to, expected] : std::vector<std::array<std::string, 3>>{
+           {"\"heads\": 4", "\"heads\": 8", "other heads than arch.heads"},
+           {"\"layers\": 1", "\"layers\": 3", "h.1.ln_1.weight in arch's model"}}) {
+    std::string edited = text;
+    REQUIRE(edited.find(from) != std::string::npos);
+    edited.replace(edited.find(from), from.size(), to);
+    { std::ofstream(dir + "/cli_edited.json") << edited; }
+    for (const char* flags : {"", " --seq-length 32"}) {
+      auto r = test::runCommand(tpc + " run " + dir + "/cli_edited.json --backend cpu --train-iters 1" + flags);
+      INFO(to << flags << ": " << r.err);
+      CHECK(r.exitCode == 1);
+      CHECK(r.err.find("the graph does not match the file's arch block") != std::string::npos);
+      CHECK(r.err.find(expected) != std::string::npos);
+    }
+  }
 
   std::string junk = dir + "/cli_junk.fb";
   { std::ofstream(junk) << "hello"; }
