@@ -4,14 +4,12 @@
 // scaled_dot_product_flash_attention.h), which is the pattern cuDNN's fused attention engines recognise.
 #include "runtime/cuda/cudnn_attention.h"
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <set>
 
+#include "runtime/cuda/candidate_timing.h"
 #include "runtime/cuda/cuda_libraries.h"
 #include "runtime/cuda/disk_cache.h"
 #include "runtime/cuda/kernels/kernel_source.h"
@@ -320,78 +318,53 @@ Status buildBackward(GraphBuilder& g, const AttnShape& a, Plan& p);
 // The variant pack of `p` over the node's operand and result addresses and its workspace (the binding keeps
 // the uids and pointers alive with it).
 Status makePack(const Cudnn* lib_, const Plan& p, const std::vector<void*>& operands, const std::vector<void*>& results,
-                void* workspace, CudnnAttention::Binding& b);
-
-}  // namespace
-
-namespace {
-
-// Engine configs chosen in this process, by full key (GPU, cuDNN version, determinism, the plan's key).
-std::mutex& engineMemoMutex() {
-  static std::mutex m;
-  return m;
+                void* workspace, CudnnAttention::Binding& b) {
+  b.plan = &p;
+  for (const Plan::Source& s : p.sources) {
+    char* base = nullptr;
+    if (s.host) base = reinterpret_cast<char*>(const_cast<float*>(s.host));
+    else if (s.arg.kind == ArgKind::Workspace) base = static_cast<char*>(workspace) + s.arg.index;
+    else {
+      const bool op = s.arg.kind == ArgKind::Operand;
+      const std::vector<void*>& from = op ? operands : results;
+      if (s.arg.index < 0 || s.arg.index >= static_cast<int64_t>(from.size()))
+        return makeError(p.what, ": ", op ? "operand " : "result ", s.arg.index, " missing (", from.size(), " given)");
+      base = static_cast<char*>(from[s.arg.index]);
+    }
+    b.uids.push_back(s.uid);
+    b.pointers.push_back(base + s.elemOff * s.elemBytes);
+  }
+  GraphBuilder g(lib_);
+  TPC_ASSIGN(b.pack, g.create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
+  void* planWorkspace = p.workspace ? static_cast<char*>(workspace) + p.intermediates : nullptr;
+  int64_t n = static_cast<int64_t>(b.uids.size());
+  TPC_TRY(g.set(b.pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, b.uids.data(), "a variant pack"));
+  TPC_TRY(g.set(b.pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, b.pointers.data(),
+                "a variant pack"));
+  TPC_TRY(g.set(b.pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &planWorkspace, "a variant pack"));
+  TPC_TRY(g.finalize(b.pack.get(), "a variant pack"));
+  return {};
 }
-std::map<std::string, std::string>& engineMemo() {
-  static std::map<std::string, std::string> m;
-  return m;
-}
-
-// Runs per candidate: one to warm up (and to see it runs at all), then the timed ones.
-constexpr int kTimedRuns = 5;
 
 }  // namespace
 
 Result<size_t> CudnnAttention::fastestCandidate(const Node& n, Plan& p) const {
   TPC_ASSIGN(const Cudnn* lib_, cudnn());
-  // Scratch for the node's operands and results and the workspace, freed on return; small finite values
-  // (0x3c3c: 0.0115 in bf16, 1.06 in f16; the lse 0.0115 in f32).
-  std::vector<void*> scratch;
-  struct Free {
-    std::vector<void*>& v;
-    ~Free() {
-      for (void* q : v) cudaFree(q);
-    }
-  } freeAll{scratch};
-  auto get = [&](int64_t bytes) -> void* {
-    void* q = nullptr;
-    if (cudaMalloc(&q, static_cast<size_t>(std::max<int64_t>(bytes, 256))) != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    scratch.push_back(q);
-    cudaMemset(q, 0x3c, static_cast<size_t>(std::max<int64_t>(bytes, 256)));
-    return q;
-  };
+  // Scratch for the node's operands and results and the workspace (at least 256 bytes each: no null address).
+  DeviceScratch scratch;
+  auto get = [&](int64_t bytes) { return scratch.get(static_cast<size_t>(std::max<int64_t>(bytes, 256))); };
   std::vector<void*> operands, results;
   for (const Value* v : n.operands()) operands.push_back(get(v->type().bytes()));
   for (const Value* v : n.results()) results.push_back(get(v->type().bytes()));
   void* ws = get(p.intermediates + p.workspace);
-  for (void* q : scratch)
-    if (!q) return size_t{0};  // no memory to time in: the heuristics' first
+  if (!scratch.ok()) return size_t{0};  // no memory to time in: the heuristics' first
   Binding b;
   TPC_TRY(makePack(lib_, p, operands, results, ws, b));
   auto h = static_cast<cudnnHandle_t>(handle_);
   CUDNN_TRY(lib_->setStream(h, nullptr), "setting the stream");
-  cudaEvent_t start = nullptr, stop = nullptr;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  size_t best = 0;
-  float bestMs = -1;
-  for (size_t i = 0; i < p.candidates.size(); ++i) {
-    cudnnBackendDescriptor_t plan = p.candidates[i].plan.get();
-    if (lib_->execute(h, plan, b.pack.get()) != CUDNN_STATUS_SUCCESS) continue;
-    cudaEventRecord(start, nullptr);
-    bool ran = true;
-    for (int k = 0; k < kTimedRuns && ran; ++k) ran = lib_->execute(h, plan, b.pack.get()) == CUDNN_STATUS_SUCCESS;
-    cudaEventRecord(stop, nullptr);
-    float ms = 0;
-    if (!ran || cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) continue;
-    if (bestMs < 0 || ms < bestMs) best = i, bestMs = ms;
-  }
-  cudaDeviceSynchronize();
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return best;
+  return cuda::fastestCandidate(p.candidates.size(), [&](size_t i) {
+    return lib_->execute(h, p.candidates[i].plan.get(), b.pack.get()) == CUDNN_STATUS_SUCCESS;
+  });
 }
 
 Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create(bool deterministic, bool autotune) {
@@ -437,10 +410,7 @@ Result<int> CudnnAttention::plan(const Node& n) {
   bool known = false;
   if (autotune_) {
     fullKey = cat(currentGpuKey(), " ", version(), deterministic_ ? " deterministic | " : " | ", key);
-    std::lock_guard<std::mutex> lock(engineMemoMutex());
-    auto it = engineMemo().find(fullKey);
-    if (it != engineMemo().end()) remembered = it->second, known = true;
-    else if (readRememberedChoice(fullKey, "cudnn-engine", &remembered)) engineMemo()[fullKey] = remembered, known = true;
+    known = readRememberedChoice(fullKey, "cudnn-engine", &remembered);
   }
   auto built = build(a, bwd, known ? &remembered : nullptr);
   if (!built.ok()) {
@@ -460,10 +430,7 @@ Result<int> CudnnAttention::plan(const Node& n) {
   p.engine = std::move(c.engine);
   p.workspace = c.workspace;
   p.candidates.clear();
-  if (autotune_ && !(known && remembered == p.engine)) {
-    std::lock_guard<std::mutex> lock(engineMemoMutex());
-    if (engineMemo().emplace(fullKey, p.engine).second) rememberChoice(fullKey, "cudnn-engine", p.engine);
-  }
+  if (autotune_) rememberChoice(fullKey, "cudnn-engine", p.engine);
   plans_.push_back(std::move(built).value());
   planOf_[key] = static_cast<int>(plans_.size() - 1);
   return static_cast<int>(plans_.size() - 1);
@@ -514,9 +481,8 @@ Result<std::unique_ptr<CudnnAttention::Plan>> CudnnAttention::build(const AttnSh
   std::set<std::string> seen;
   // Two passes when a remembered config is given: that one alone, then (not found) the usual ones.
   for (int pass = remembered ? 0 : 1; pass < 2 && p->candidates.empty(); ++pass) {
-    for (int64_t i = 0; i < count; ++i) {
-      const size_t limit = !autotune_ || pass == 0 ? 1 : kMaxCandidates;
-      if (p->candidates.size() >= limit) break;
+    const size_t limit = !autotune_ || pass == 0 ? 1 : kMaxCandidates;
+    for (int64_t i = 0; i < count && p->candidates.size() < limit; ++i) {
       std::string engine = describeConfig(*lib_, raw[i]);
       if ((pass == 0 && engine != *remembered) || !seen.insert(cat(pass, engine)).second) continue;
       TPC_ASSIGN(Desc plan, g.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan"));
@@ -698,38 +664,6 @@ Status buildBackward(GraphBuilder& g, const AttnShape& a, Plan& p) {
   if (g.deterministic()) return g.matmul(dS, k, dQ);
   TPC_TRY(g.matmul(dS, k, dQAccum));
   return g.pointwise(CUDNN_POINTWISE_IDENTITY, dQAccum, nullptr, dQ);
-}
-
-}  // namespace
-namespace {
-
-Status makePack(const Cudnn* lib_, const Plan& p, const std::vector<void*>& operands, const std::vector<void*>& results,
-                void* workspace, CudnnAttention::Binding& b) {
-  b.plan = &p;
-  for (const Plan::Source& s : p.sources) {
-    char* base = nullptr;
-    if (s.host) base = reinterpret_cast<char*>(const_cast<float*>(s.host));
-    else if (s.arg.kind == ArgKind::Workspace) base = static_cast<char*>(workspace) + s.arg.index;
-    else {
-      const bool op = s.arg.kind == ArgKind::Operand;
-      const std::vector<void*>& from = op ? operands : results;
-      if (s.arg.index < 0 || s.arg.index >= static_cast<int64_t>(from.size()))
-        return makeError(p.what, ": ", op ? "operand " : "result ", s.arg.index, " missing (", from.size(), " given)");
-      base = static_cast<char*>(from[s.arg.index]);
-    }
-    b.uids.push_back(s.uid);
-    b.pointers.push_back(base + s.elemOff * s.elemBytes);
-  }
-  GraphBuilder g(lib_);
-  TPC_ASSIGN(b.pack, g.create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
-  void* planWorkspace = p.workspace ? static_cast<char*>(workspace) + p.intermediates : nullptr;
-  int64_t n = static_cast<int64_t>(b.uids.size());
-  TPC_TRY(g.set(b.pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, b.uids.data(), "a variant pack"));
-  TPC_TRY(g.set(b.pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, b.pointers.data(),
-                "a variant pack"));
-  TPC_TRY(g.set(b.pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &planWorkspace, "a variant pack"));
-  TPC_TRY(g.finalize(b.pack.get(), "a variant pack"));
-  return {};
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include <cuda_runtime_api.h>
@@ -72,6 +74,15 @@ std::string currentGpuKey() {
 
 namespace {
 
+std::mutex& memoMutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, std::string>& memo() {  // by ext + full key
+  static std::map<std::string, std::string> m;
+  return m;
+}
+
 std::string choicePath(const std::string& fullKey, const char* ext) {
   char name[40];
   std::snprintf(name, sizeof name, "%016llx.", static_cast<unsigned long long>(fnv1a(fullKey)));
@@ -81,18 +92,30 @@ std::string choicePath(const std::string& fullKey, const char* ext) {
 }  // namespace
 
 bool readRememberedChoice(const std::string& fullKey, const char* ext, std::string* bytes) {
+  std::lock_guard<std::mutex> lock(memoMutex());
+  const std::string memoKey = cat(ext, " ", fullKey);
+  if (auto it = memo().find(memoKey); it != memo().end()) {
+    *bytes = it->second;
+    return true;
+  }
   std::vector<char> file;
   if (!readCacheFile(choicePath(fullKey, ext), file)) return false;
   if (file.size() <= fullKey.size() || file[fullKey.size()] != '\n' ||
       std::memcmp(file.data(), fullKey.data(), fullKey.size()) != 0)
     return false;  // a hash collision or a torn file: time again
   bytes->assign(file.begin() + static_cast<std::ptrdiff_t>(fullKey.size()) + 1, file.end());
+  memo()[memoKey] = *bytes;
   return true;
 }
 
-void rememberChoice(const std::string& fullKey, const char* ext, const std::string& bytes) {
-  std::string file = fullKey + "\n" + bytes;
-  if (makeDirs(defaultKernelCacheDir()).ok()) writeCacheFileAtomically(choicePath(fullKey, ext), file.data(), file.size());
+std::string rememberChoice(const std::string& fullKey, const char* ext, const std::string& bytes) {
+  std::lock_guard<std::mutex> lock(memoMutex());
+  auto [it, fresh] = memo().emplace(cat(ext, " ", fullKey), bytes);
+  if (fresh) {
+    std::string file = fullKey + "\n" + bytes;
+    if (makeDirs(defaultKernelCacheDir()).ok()) writeCacheFileAtomically(choicePath(fullKey, ext), file.data(), file.size());
+  }
+  return it->second;
 }
 
 }  // namespace tpc::cuda

@@ -18,12 +18,14 @@ Status makeDirs(const std::string& path);
 bool readCacheFile(const std::string& path, std::vector<char>& out);
 bool writeCacheFileAtomically(const std::string& path, const char* data, size_t n);
 
-// A library's choice timed on this machine (a cuBLASLt algorithm, a cuDNN engine config), remembered in the
-// cache folder as the full key, a newline and the choice's bytes, in a file named by the key's hash and
-// `ext`. The key should name the GPU (currentGpuKey) and the library's version: a choice timed elsewhere
-// is not reused. False when nothing is remembered under the key (or the file is torn or collides).
+// A library's choice timed on this machine (a cuBLASLt algorithm, a cuDNN engine config), remembered by this
+// process and in the cache folder as the full key, a newline and the choice's bytes, in a file named by the
+// key's hash and `ext`. The key should name the GPU (currentGpuKey) and the library's version: a choice timed
+// elsewhere is not reused. read: false when nothing is remembered under the key (or the file is torn or
+// collides). remember: the choice now remembered under the key, the first one given (threads that timed the
+// same problem at once agree), written to the folder when it is new.
 std::string currentGpuKey();  // "NVIDIA H200 sm90 x132": the current device's name, compute capability and SMs
 bool readRememberedChoice(const std::string& fullKey, const char* ext, std::string* bytes);
-void rememberChoice(const std::string& fullKey, const char* ext, const std::string& bytes);
+std::string rememberChoice(const std::string& fullKey, const char* ext, const std::string& bytes);
 
 }  // namespace tpc::cuda

@@ -1,109 +1,44 @@
 // Timing cuBLASLt's candidates and remembering the fastest (matmul_autotune.h).
 #include "runtime/cuda/matmul_autotune.h"
 
-#include <cuda_runtime_api.h>
-
-#include <cstdio>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <vector>
 
+#include "runtime/cuda/candidate_timing.h"
 #include "runtime/cuda/disk_cache.h"
 
 namespace tpc::cuda {
 namespace {
 
-// Runs per candidate: one to warm up (and to see it runs at all), then the timed ones.
-constexpr int kTimedRuns = 5;
-
-std::mutex& memoMutex() {
-  static std::mutex m;
-  return m;
-}
-std::map<std::string, cublasLtMatmulAlgo_t>& memo() {
-  static std::map<std::string, cublasLtMatmulAlgo_t> m;
-  return m;
-}
-
-// Device scratch freed on scope exit; null pointers where cudaMalloc failed.
-struct Scratch {
-  std::vector<void*> ptrs;
-  bool ok = true;
-  void* get(size_t bytes) {
-    if (bytes == 0) return nullptr;
-    void* p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free error state of a failed allocation
-      ok = false;
-      return nullptr;
-    }
-    ptrs.push_back(p);
-    return p;
-  }
-  ~Scratch() {
-    for (void* p : ptrs) cudaFree(p);
-  }
-};
-
 // The index of the fastest candidate, or 0 when timing cannot run.
 size_t fastest(const CublasLt& lt, const GemmProblem& g, const std::vector<cublasLtMatmulHeuristicResult_t>& c) {
-  Scratch s;
+  DeviceScratch s;
   void *a = s.get(g.bytesA), *b = s.get(g.bytesB), *d = s.get(g.bytesC), *bias = s.get(g.biasBytes),
        *aux = s.get(g.auxBytes), *ws = s.get(g.workspaceBytes);
-  if (!s.ok) return 0;
-  // Small finite values (0x3c3c is 0.0115 in bf16, 0x3c3c3c3c 0.0115 in f32; 1.1 in f16): all-zero inputs
-  // would flatter the tensor cores' power draw.
-  for (auto [p, n] : {std::pair{a, g.bytesA}, std::pair{b, g.bytesB}, std::pair{d, g.bytesC}, std::pair{aux, g.auxBytes}})
-    if (p) cudaMemset(p, 0x3c, n);
+  if (!s.ok()) return 0;
   if (bias) lt.matmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
   if (aux) lt.matmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
-  cudaEvent_t start, stop;
-  if (cudaEventCreate(&start) != cudaSuccess) return 0;
-  if (cudaEventCreate(&stop) != cudaSuccess) {
-    cudaEventDestroy(start);
-    return 0;
-  }
   const float alpha = 1.f;
-  size_t best = 0;
-  float bestMs = -1;
-  for (size_t i = 0; i < c.size(); ++i) {
-    auto once = [&] {
-      return lt.matmul(g.handle, g.desc, &alpha, b, g.la, a, g.lb, &g.beta, d, g.lc, d, g.lc, &c[i].algo, ws,
-                       g.workspaceBytes, nullptr);
-    };
-    if (once() != CUBLAS_STATUS_SUCCESS) continue;
-    cudaEventRecord(start, nullptr);
-    bool ran = true;
-    for (int k = 0; k < kTimedRuns && ran; ++k) ran = once() == CUBLAS_STATUS_SUCCESS;
-    cudaEventRecord(stop, nullptr);
-    float ms = 0;
-    if (!ran || cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) continue;
-    if (bestMs < 0 || ms < bestMs) best = i, bestMs = ms;
-  }
-  cudaDeviceSynchronize();
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return best;
+  return fastestCandidate(c.size(), [&](size_t i) {
+    return lt.matmul(g.handle, g.desc, &alpha, b, g.la, a, g.lb, &g.beta, d, g.lc, d, g.lc, &c[i].algo, ws,
+                     g.workspaceBytes, nullptr) == CUBLAS_STATUS_SUCCESS;
+  });
 }
 
 }  // namespace
 
 Result<cublasLtMatmulAlgo_t> chooseMatmulAlgo(const CublasLt& lt, const GemmProblem& g, const std::string& key,
                                               int candidates) {
-  std::string fullKey;
+  // cuBLASLt documents cublasLtMatmulAlgo_t as trivially serializable for the same library version.
+  auto asAlgo = [](const std::string& bytes) {
+    cublasLtMatmulAlgo_t algo;
+    std::memcpy(&algo, bytes.data(), sizeof algo);
+    return algo;
+  };
+  std::string fullKey, bytes;
   if (candidates > 1) {
     fullKey = cat(currentGpuKey(), " cublasLt ", lt.getVersion(), " | ", key, " | ", candidates, " candidates");
-    std::lock_guard<std::mutex> lock(memoMutex());
-    auto it = memo().find(fullKey);
-    if (it != memo().end()) return it->second;
-    // cuBLASLt documents cublasLtMatmulAlgo_t as trivially serializable for the same library version.
-    std::string bytes;
-    cublasLtMatmulAlgo_t algo;
-    if (readRememberedChoice(fullKey, "lt-algo", &bytes) && bytes.size() == sizeof algo) {
-      std::memcpy(&algo, bytes.data(), sizeof algo);
-      return memo()[fullKey] = algo;
-    }
+    if (readRememberedChoice(fullKey, "lt-algo", &bytes) && bytes.size() == sizeof(cublasLtMatmulAlgo_t)) return asAlgo(bytes);
   }
   cublasLtMatmulPreference_t pref;
   if (lt.preferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return makeError("cuBLASLt: preference for ", g.what, " failed");
@@ -118,11 +53,10 @@ Result<cublasLtMatmulAlgo_t> chooseMatmulAlgo(const CublasLt& lt, const GemmProb
     return makeError("cuBLASLt: no algorithm for ", g.what, " (status ", int(st), ")");
   results.resize(static_cast<size_t>(found));
   if (candidates <= 1) return results[0].algo;
-  cublasLtMatmulAlgo_t algo = results[found > 1 ? fastest(lt, g, results) : 0].algo;
-  std::lock_guard<std::mutex> lock(memoMutex());
-  auto [it, fresh] = memo().emplace(fullKey, algo);  // another thread may have timed it meanwhile: keep the first
-  if (fresh) rememberChoice(fullKey, "lt-algo", std::string(reinterpret_cast<const char*>(&algo), sizeof algo));
-  return it->second;
+  const cublasLtMatmulAlgo_t& algo = results[found > 1 ? fastest(lt, g, results) : 0].algo;
+  // Another thread may have timed it meanwhile: the first choice stays.
+  const std::string kept = rememberChoice(fullKey, "lt-algo", std::string(reinterpret_cast<const char*>(&algo), sizeof algo));
+  return kept.size() == sizeof algo ? asAlgo(kept) : algo;
 }
 
 }  // namespace tpc::cuda
