@@ -94,9 +94,14 @@ struct DeviceCtx {
   void* matmulWorkspace = nullptr;
   std::unique_ptr<CudnnAttention> attention;  // CudaOptions::attention: null where our kernels run it
   void* stepWord = nullptr;
-  int64_t stepHost = 0;
   void* holdWord = nullptr;  // nonzero: the gated AdamW kernels leave the state alone (checking mode)
-  int32_t holdHost = 0;
+  // Page-locked host memory for the step's small transfers (pinnedLayout()): the batch and the step and hold
+  // words on the way in, rank 0's outputs on the way out, copied right behind the step so that finishStep()
+  // reads host memory. Copies from pageable memory each cost the host a synchronous staging; between two
+  // steps the device waits for all of them.
+  void* pinned = nullptr;
+  size_t stepOffset = 0, holdOffset = 0;
+  double lastWaitS = 0;  // how long finishStep() last waited for the step
   std::unordered_map<std::string, CUfunction> functions;
   std::vector<Launch> launches;
   // The collectives' stream in the captured step (CudaOptions::collectiveStream), its fork and join
@@ -150,6 +155,15 @@ struct Rank {
     int64_t offset = 0, bytes = 0;  // in `kept`
   };
   std::vector<Kept> keptParams;
+  std::vector<size_t> inputOffset;  // graph input k's place in its device's pinned block
+  // Rank 0's outputs that finishStep() returns (those that do not update a parameter): name, value, and
+  // their place in the pinned block.
+  struct Out {
+    std::string name;
+    const Value* value = nullptr;
+    size_t offset = 0;
+  };
+  std::vector<Out> outs;
 };
 
 class CudaBackend final : public Backend {
@@ -426,6 +440,7 @@ class CudaBackend final : public Backend {
     }
 
     for (size_t r = 0; r < ranks_.size(); ++r) TPC_TRY(allocateRank(r, state, plans[r]));
+    TPC_TRY(pinnedLayout());
     if (nccl_) TPC_TRY(createCommunicators());
     for (size_t r = 0; r < ranks_.size(); ++r)
       TPC_TRY(buildLaunches(r, lowerings[r], matmulPlans[r], plans[r]));
@@ -487,6 +502,8 @@ class CudaBackend final : public Backend {
         d.replayTimed = d.replayTimed && cudaEventRecord(d.replayEnd, d.stream) == cudaSuccess;
         d.stepReplayed = d.replayTimed;
       }
+      if (&d == &dev(0))
+        if (Status st = queueOutputs(d); !st.ok()) return fail(st.error());
     };
     onEveryDevice(launchOn);
     for (const std::string& e : errors)
@@ -525,8 +542,12 @@ class CudaBackend final : public Backend {
           return fail(cat(rank, " (GPU ", d.device, "): step ", stepIndex, " did not finish within --collective-timeout ",
                           options_.collectiveTimeoutSeconds, "s: a collective is stuck (", collectiveSummary(i), ")"));
         }
-        if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        // Sleep while the step is far from done, then poll without sleeping: a sleep overshoots by tens of
+        // microseconds, all of them idle device time between two steps. The last wait says when it ends.
+        if (waited < d.lastWaitS - 5e-4 || waited > d.lastWaitS + 2e-3)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
+      d.lastWaitS = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
     onEveryDevice(waitOn);
     pendingCopies_.clear();
@@ -538,20 +559,16 @@ class CudaBackend final : public Backend {
     const auto t1 = std::chrono::steady_clock::now();
     timing_.waitMs = msSince(t0);
     if (!debug_ && options_.profileStep == stepIndex) TPC_TRY(printProfile(stepIndex));
-    // Outputs that do not update a parameter, from rank 0.
-    const Graph& g0 = *ranks_[0].graph;
     CU_TRY(cudaSetDevice(dev(0).device), "GPU ", dev(0).device);
     float replayMs = 0;
     if (dev(0).stepReplayed && cudaEventElapsedTime(&replayMs, dev(0).replayStart, dev(0).replayEnd) == cudaSuccess)
       timing_.deviceMs = replayMs;
+    // Outputs that do not update a parameter, from rank 0 (queueOutputs() copied them behind the step).
     TensorMap result;
-    for (size_t i = 0; i < g0.outputs().size(); ++i) {
-      std::string name = g0.outputName(i);
-      if (ranks_[0].params.count(name)) continue;
-      const Value* v = g0.outputs()[i].value;
-      HostTensor t(v->type());
-      CU_TRY(cudaMemcpy(t.raw(), ranks_[0].addr[v], t.bytes(), cudaMemcpyDeviceToHost), "reading output %", name);
-      result[name] = isFloat(t.dtype()) && t.dtype() != DType::f32 ? t.convertTo(DType::f32) : t;
+    for (const Rank::Out& o : ranks_[0].outs) {
+      HostTensor t(o.value->type());
+      std::memcpy(t.raw(), static_cast<const char*>(dev(0).pinned) + o.offset, t.bytes());
+      result[o.name] = isFloat(t.dtype()) && t.dtype() != DType::f32 ? t.convertTo(DType::f32) : t;
     }
     // A non-finite step: the AdamW kernels left the state alone; what ungated nodes updated comes back.
     if (isNonFiniteStep(result)) TPC_TRY(restoreState());
@@ -810,9 +827,48 @@ class CudaBackend final : public Backend {
     return copies;
   }
 
+  // Each device's pinned block (DeviceCtx::pinned): its ranks' graph inputs, the step and hold words, and on
+  // rank 0's device the outputs finishStep() returns, each at a 64-byte boundary.
+  Status pinnedLayout() {
+    std::vector<size_t> used(devs_.size(), 0);
+    auto place = [](size_t& at, int64_t bytes) {
+      size_t o = at;
+      at += (static_cast<size_t>(bytes) + 63) / 64 * 64;
+      return o;
+    };
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      Rank& rk = ranks_[r];
+      size_t& at = used[static_cast<size_t>(&dev(r) - devs_.data())];
+      rk.inputOffset.clear();
+      for (Value* v : rk.graph->inputs()) rk.inputOffset.push_back(place(at, v->type().bytes()));
+    }
+    Rank& r0 = ranks_[0];
+    const Graph& g0 = *r0.graph;
+    r0.outs.clear();
+    for (size_t i = 0; i < g0.outputs().size(); ++i) {
+      std::string name = g0.outputName(i);
+      if (r0.params.count(name)) continue;
+      const Value* v = g0.outputs()[i].value;
+      auto a = r0.addr.find(v);
+      if (a == r0.addr.end() || !a->second) return makeError("cuda backend: output %", name, " has no device buffer");
+      r0.outs.push_back({name, v, place(used[0], v->type().bytes())});
+    }
+    for (size_t i = 0; i < devs_.size(); ++i) {
+      DeviceCtx& d = devs_[i];
+      d.stepOffset = place(used[i], sizeof(int64_t));
+      d.holdOffset = place(used[i], sizeof(int32_t));
+      CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
+      CU_TRY(cudaHostAlloc(&d.pinned, used[i], cudaHostAllocPortable), "page-locked host memory for the step's transfers (",
+             used[i], " bytes)");
+    }
+    return {};
+  }
+
   // On d's stream (its device current): keep a copy of the parameters its ranks' ungated nodes update (a
-  // non-finite step gets them back), then the batch, the step word and the hold word (`hold`: checking mode).
+  // non-finite step gets them back), then the batch, the step word and the hold word (`hold`: checking mode),
+  // through d's pinned block: the previous step has finished with it (finishStep() waited for it).
   Status stageStep(DeviceCtx& d, RankCopies& copies, int64_t stepIndex, bool hold = false) {
+    char* pinned = static_cast<char*>(d.pinned);
     for (size_t r = 0; r < ranks_.size(); ++r) {
       if (&dev(r) != &d) continue;
       Rank& rk = ranks_[r];
@@ -820,14 +876,29 @@ class CudaBackend final : public Backend {
         CU_TRY(cudaMemcpyAsync(static_cast<char*>(rk.kept) + k.offset, rk.params[k.name].second, static_cast<size_t>(k.bytes),
                                cudaMemcpyDeviceToDevice, d.stream),
                "keeping %", k.name, " of step ", stepIndex, " on GPU ", d.device);
-      for (auto& [ptr, t] : copies[r])
-        CU_TRY(cudaMemcpyAsync(ptr, t.raw(), t.bytes(), cudaMemcpyHostToDevice, d.stream), "copying the batch to GPU ",
-               d.device);
+      for (size_t k = 0; k < copies[r].size(); ++k) {
+        auto& [ptr, t] = copies[r][k];
+        char* slot = pinned + rk.inputOffset[k];
+        std::memcpy(slot, t.raw(), t.bytes());
+        CU_TRY(cudaMemcpyAsync(ptr, slot, t.bytes(), cudaMemcpyHostToDevice, d.stream), "copying the batch to GPU ", d.device);
+      }
     }
-    d.stepHost = stepIndex;
-    CU_TRY(cudaMemcpyAsync(d.stepWord, &d.stepHost, sizeof d.stepHost, cudaMemcpyHostToDevice, d.stream), "step word");
-    d.holdHost = hold ? 1 : 0;
-    CU_TRY(cudaMemcpyAsync(d.holdWord, &d.holdHost, sizeof d.holdHost, cudaMemcpyHostToDevice, d.stream), "hold word");
+    const int64_t step = stepIndex;
+    const int32_t holdWord = hold ? 1 : 0;
+    std::memcpy(pinned + d.stepOffset, &step, sizeof step);
+    std::memcpy(pinned + d.holdOffset, &holdWord, sizeof holdWord);
+    CU_TRY(cudaMemcpyAsync(d.stepWord, pinned + d.stepOffset, sizeof step, cudaMemcpyHostToDevice, d.stream), "step word");
+    CU_TRY(cudaMemcpyAsync(d.holdWord, pinned + d.holdOffset, sizeof holdWord, cudaMemcpyHostToDevice, d.stream), "hold word");
+    return {};
+  }
+
+  // On rank 0's device, right behind the step: its outputs into the pinned block, for finishStep().
+  Status queueOutputs(DeviceCtx& d) {
+    char* pinned = static_cast<char*>(d.pinned);
+    for (const Rank::Out& o : ranks_[0].outs)
+      CU_TRY(cudaMemcpyAsync(pinned + o.offset, ranks_[0].addr.lookup(o.value), static_cast<size_t>(o.value->type().bytes()),
+                             cudaMemcpyDeviceToHost, d.stream),
+             "reading output %", o.name);
     return {};
   }
 
@@ -1673,6 +1744,7 @@ class CudaBackend final : public Backend {
       d.attention.reset();  // its plans and handle, on their device, before the stream it was last given
       if (d.stepWord) cudaFree(d.stepWord);
       if (d.holdWord) cudaFree(d.holdWord);
+      if (d.pinned) cudaFreeHost(d.pinned);
       if (d.replayStart) cudaEventDestroy(d.replayStart);
       if (d.replayEnd) cudaEventDestroy(d.replayEnd);
       if (d.matmulWorkspace) cudaFree(d.matmulWorkspace);
