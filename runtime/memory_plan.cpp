@@ -40,8 +40,10 @@ int64_t planMemory(std::vector<PlannedBuffer>& buffers, int64_t alignment) {
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf,
                               llvm::function_ref<bool(const Node&)> isView, int64_t alignment,
-                              llvm::function_ref<bool(const Node&)> onCommStream) {
+                              llvm::function_ref<bool(const Node&)> onCommStream,
+                              const llvm::DenseSet<const Value*>* external) {
   StepMemoryPlan plan;
+  auto isExternal = [external](const Value* v) { return external && external->count(v); };
   std::vector<Node*> nodes = g.nodeVector();
   const int end = static_cast<int>(nodes.size());
   llvm::DenseMap<const Node*, int> index;
@@ -114,7 +116,7 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
     const Value* mem = root(n->operand(static_cast<unsigned>(n->info().inPlaceOperand)));
     if (auto it = overwrites.find(mem); it != overwrites.end()) mem = it->second;  // itself written in place
     const FusionGroup* mg = mem->def() && groupOf ? groupOf->lookup(mem->def()) : nullptr;
-    if (!mem->def() || plan.inPlace.count(mem) || (mg && mg->isInternal(mem)) || mem->dtype() != res->dtype() ||
+    if (!mem->def() || isExternal(mem) || plan.inPlace.count(mem) || (mg && mg->isInternal(mem)) || mem->dtype() != res->dtype() ||
         mem->type().numel() != res->type().numel())
       continue;
     if (lastUse.lookup(mem) != at[k]) continue;
@@ -129,7 +131,7 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
   for (int k = 0; k < end; ++k) {
     const FusionGroup* fg = (groupOf ? groupOf->lookup(nodes[k]) : nullptr);
     for (const Value* v : nodes[k]->results()) {
-      if (plan.inPlace.count(v) || plan.viewOf.count(v) || (fg && fg->isInternal(v))) continue;
+      if (plan.inPlace.count(v) || plan.viewOf.count(v) || (fg && fg->isInternal(v)) || isExternal(v)) continue;
       auto lu = lastUse.find(v);
       plan.bufferOf[v] = static_cast<int>(plan.buffers.size());
       plan.buffers.push_back({v->type().bytes(), at[k], lu == lastUse.end() ? at[k] : std::max(at[k], lu->second)});

@@ -13,6 +13,8 @@ namespace tpc::cuda {
 
 bool isAdamWGroup(const FusionGroup& g) { return !g.members.empty() && g.members.front()->op() == OpKind::AdamWUpdate; }
 
+bool adamwGroupKeepsCopies(const FusionGroup& g) { return g.outputs.size() == 4 * g.members.size(); }
+
 bool adamwGroupScales(const FusionGroup& g) {
   return std::any_of(g.absorbed.begin(), g.absorbed.end(), [](const Node* n) { return n->op() == OpKind::Mul; });
 }
@@ -61,9 +63,28 @@ GradSource gradSource(const Graph& g, Node& update, const llvm::DenseMap<const V
   return s;
 }
 
+// The 16-bit copy update's kernel can keep: the result of a cast of its parameter p (f32) to bf16/f16, as a
+// cast group takes it (castGroups: in no fusion group), when its p' is the step's output named p (the next
+// step's p). Null when there is none.
+Value* sixteenBitCopy(const Graph& g, const Node& update, const llvm::DenseMap<const Value*, llvm::SmallVector<Node*, 4>>& users,
+                      const llvm::DenseMap<const Node*, const FusionGroup*>* fused) {
+  const Value* p = update.operand(0);
+  if (!p->isParam() || p->dtype() != DType::f32) return nullptr;
+  bool next = false;
+  for (size_t i = 0; i < g.outputs().size(); ++i) next |= g.outputs()[i].value == update.result(0) && g.outputName(i) == p->name();
+  auto u = users.find(p);
+  if (!next || u == users.end()) return nullptr;
+  for (Node* c : u->second) {
+    DType to = c->op() == OpKind::Cast ? c->result()->dtype() : DType::f32;
+    if ((to == DType::bf16 || to == DType::f16) && fusionGroupOf(*c) < 0 && !(fused && fused->lookup(c))) return c->result();
+  }
+  return nullptr;
+}
+
 }  // namespace
 
-std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const Node*, const FusionGroup*>* fused) {
+std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const Node*, const FusionGroup*>* fused,
+                                     bool sixteenBitCopies) {
   std::vector<Node*> nodes = g.nodeVector();
   llvm::DenseMap<const Node*, int> index;
   for (int k = 0; k < static_cast<int>(nodes.size()); ++k) index[nodes[k]] = k;
@@ -80,9 +101,11 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
     for (size_t i = 0; i < g.outputs().size(); ++i)
       if (g.outputName(i) == name) gates.push_back(g.outputs()[i].value);
   auto users = g.computeUsers();
-  using Key = std::tuple<std::vector<DType>, double, double, double, const Value*, const Value*, const Value*>;
+  // The copy's dtype is in the key: a group keeps a copy for every member or for none.
+  using Key = std::tuple<std::vector<DType>, double, double, double, const Value*, const Value*, const Value*, int>;
   OrderedBuckets<Key> buckets;
   llvm::DenseMap<const Node*, GradSource> sources;
+  llvm::DenseMap<const Node*, Value*> copies;
   for (Node* n : nodes) {
     if (n->op() != OpKind::AdamWUpdate) continue;
     bool read = false;
@@ -92,7 +115,11 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
     std::vector<DType> dtypes;
     for (unsigned k = 0; k < 4; ++k) dtypes.push_back(k == 1 ? src.grad->dtype() : n->operand(k)->dtype());
     for (Value* r : n->results()) dtypes.push_back(r->dtype());
-    buckets.add(Key{dtypes, n->getFloat("beta1"), n->getFloat("beta2"), n->getFloat("eps"), n->operand(4), n->operand(5), src.scale}, n);
+    Value* copy = sixteenBitCopies ? sixteenBitCopy(g, *n, users, fused) : nullptr;
+    if (copy) copies[n] = copy;
+    buckets.add(Key{dtypes, n->getFloat("beta1"), n->getFloat("beta2"), n->getFloat("eps"), n->operand(4), n->operand(5), src.scale,
+                    copy ? static_cast<int>(copy->dtype()) : -1},
+                n);
     sources[n] = std::move(src);
   }
   std::vector<FusionGroup> groups;
@@ -111,6 +138,7 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
       const GradSource& src = sources[n];
       for (unsigned k = 0; k < 4; ++k) fg.inputs.push_back(k == 1 ? src.grad : n->operand(k));
       for (Value* r : n->results()) fg.outputs.push_back(r);
+      if (Value* c = copies.lookup(n)) fg.outputs.push_back(c);
       fg.absorbed.insert(fg.absorbed.end(), src.absorbed.begin(), src.absorbed.end());
     }
     fg.inputs.push_back(members.front()->operand(4));

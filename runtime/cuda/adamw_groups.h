@@ -19,13 +19,19 @@ namespace tpc::cuda {
 // absorbs the clip multiply mul(g', clip_scale) and the cast g' = cast(g) {to=f32} of a bf16/f16 g (nothing
 // else reading them): the kernel multiplies float(g) by the scale, the same f32 product, and the f32 copy
 // of every gradient and two launches per parameter are gone.
+// With `sixteenBitCopies`, a group may also keep its parameters' 16-bit copies (adamwGroupKeepsCopies): its
+// outputs are then p', m', v' and the copy c of each member, where c is the result of the step's cast of p
+// to bf16/f16 (a cast a cast group takes). The kernel stores cast(p') there, the bits the next step's cast
+// would give, so that cast can be skipped (cast_groups.h); a gated step leaves p and c alike.
 bool isAdamWGroup(const FusionGroup& g);
+bool adamwGroupKeepsCopies(const FusionGroup& g);
 bool adamwGroupScales(const FusionGroup& g);  // the clip scale is an input (the group absorbed multiplies)
 size_t adamwGroupGates(const FusionGroup& g);
 
 // The groups of `g`: every adamw_update whose gates are computed before the group runs (`fused`: the step's
 // elementwise fusion groups, whose values are ready at their last member) and whose results no node reads
 // (only graph outputs). An adamw_update left out runs on its own, ungated.
-std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const Node*, const FusionGroup*>* fused = nullptr);
+std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const Node*, const FusionGroup*>* fused = nullptr,
+                                     bool sixteenBitCopies = false);
 
 }  // namespace tpc::cuda

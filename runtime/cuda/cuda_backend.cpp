@@ -95,12 +95,13 @@ struct DeviceCtx {
   std::unique_ptr<CudnnAttention> attention;  // CudaOptions::attention: null where our kernels run it
   void* stepWord = nullptr;
   void* holdWord = nullptr;  // nonzero: the gated AdamW kernels leave the state alone (checking mode)
+  void* freshWord = nullptr;  // nonzero: the AdamW kernels' 16-bit copies hold the parameters' casts (copiesFresh_)
   // Page-locked host memory for the step's small transfers (pinnedLayout()): the batch and the step and hold
   // words on the way in, rank 0's outputs on the way out, copied right behind the step so that finishStep()
   // reads host memory. Copies from pageable memory each cost the host a synchronous staging; between two
   // steps the device waits for all of them.
   void* pinned = nullptr;
-  size_t stepOffset = 0, holdOffset = 0;
+  size_t stepOffset = 0, holdOffset = 0, freshOffset = 0;
   double lastWaitS = 0;  // how long finishStep() last waited for the step
   std::unordered_map<std::string, CUfunction> functions;
   std::vector<Launch> launches;
@@ -155,6 +156,10 @@ struct Rank {
     int64_t offset = 0, bytes = 0;  // in `kept`
   };
   std::vector<Kept> keptParams;
+  // The casts of parameters whose 16-bit copies the AdamW kernels keep (adamw_groups.h): their results live
+  // in the state block, after the parameters, from one step to the next.
+  std::vector<const Value*> copies;
+  llvm::DenseSet<const Value*> copySet;
   std::vector<size_t> inputOffset;  // graph input k's place in its device's pinned block
   // Rank 0's outputs that finishStep() returns (those that do not update a parameter): name, value, and
   // their place in the pinned block.
@@ -200,6 +205,7 @@ class CudaBackend final : public Backend {
     const DeviceCtx& d = devs_[0];
     CudaStepGraphInfo info;
     info.launches = static_cast<int64_t>(d.launches.size());
+    for (const Rank& rk : ranks_) info.keptCopies += static_cast<int64_t>(rk.copies.size());
     if (d.comm) {
       for (int c : d.schedule.collectiveOf) info.commLaunches += c >= 0;
       info.collectives = static_cast<int64_t>(d.schedule.collectives.size());
@@ -253,7 +259,7 @@ class CudaBackend final : public Backend {
     ctx_.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
     ctx_.numSMs = prop.multiProcessorCount;
     ctx_.sharedPerSM = static_cast<int64_t>(prop.sharedMemPerMultiprocessor);
-    // TPC_MEMBW_OFF=colreduce,colwave,vecew,lnres,lnsum,lngrad2,lnregs,lngamma,embgrad2,xent1 (or all) switches the memory-bound kernel variants off, for measuring.
+    // TPC_MEMBW_OFF=colreduce,colwave,vecew,lnres,lnsum,lngrad2,lnregs,lngamma,embgrad2,xent1,adamcopy (or all) switches the memory-bound kernel variants off, for measuring.
     const char* off = std::getenv("TPC_MEMBW_OFF");
     std::string membwOff = cat(",", off ? off : "", ",");
     auto isOff = [&](const char* what) { return membwOff == ",all," || membwOff.find(cat(",", what, ",")) != std::string::npos; };
@@ -267,6 +273,7 @@ class CudaBackend final : public Backend {
     foldLayerNormGradResidual_ = !isOff("lnres");
     foldLayerNormGradBiasSum_ = !isOff("lnsum");
     ctx_.xentOnePass = !isOff("xent1");
+    adamwCopies_ = !isOff("adamcopy");
     TPC_ASSIGN(driver_, driver());
     // Which attention kernels (CudaOptions::attention; TPC_ATTENTION overrides it).
     const char* attn = std::getenv("TPC_ATTENTION");
@@ -312,6 +319,8 @@ class CudaBackend final : public Backend {
       CU_TRY(cudaMalloc(&d.stepWord, sizeof(int64_t)), "step word");
       CU_TRY(cudaMalloc(&d.holdWord, sizeof(int32_t)), "hold word");
       CU_TRY(cudaMemset(d.holdWord, 0, sizeof(int32_t)), "hold word");
+      CU_TRY(cudaMalloc(&d.freshWord, sizeof(int32_t)), "fresh word");
+      CU_TRY(cudaMemset(d.freshWord, 0, sizeof(int32_t)), "fresh word");
       CU_TRY(cudaEventCreate(&d.replayStart), "event");
       CU_TRY(cudaEventCreate(&d.replayEnd), "event");
       CU_TRY(cudaMalloc(&d.matmulWorkspace, d.matmul->workspaceBytes()), "cuBLASLt workspace");
@@ -365,7 +374,15 @@ class CudaBackend final : public Backend {
         for (const Node* m : fg.members) rk.groupOf[m] = &fg;
       // The AdamW updates as multi-tensor kernels, gated on the step's loss and grad_norm (adamw_groups.h).
       std::vector<FusionGroup> adamw;
-      if (options_.multiTensorAdamW) adamw = adamwGroups(*rk.graph, &rk.groupOf);
+      if (options_.multiTensorAdamW) adamw = adamwGroups(*rk.graph, &rk.groupOf, multiTensorCasts() && adamwCopies_);
+      rk.copies.clear();
+      rk.copySet.clear();
+      for (const FusionGroup& fg : adamw)
+        if (adamwGroupKeepsCopies(fg))
+          for (size_t j = 0; j < fg.members.size(); ++j) {
+            rk.copies.push_back(fg.outputs[4 * j + 3]);
+            rk.copySet.insert(fg.outputs[4 * j + 3]);
+          }
       for (FusionGroup& fg : adamw) rk.groups.push_back(std::move(fg));
       auto regroup = [&rk] {
         rk.groupOf.clear();
@@ -389,7 +406,7 @@ class CudaBackend final : public Backend {
         if (const FusionGroup* fg = rk.groupOf.lookup(n)) {
           if (fg->members.back() != n) continue;  // the group's kernel runs at its last member
           auto l = isAdamWGroup(*fg)  ? lowerAdamWGroup(*fg, ctx_)
-                   : isCastGroup(*fg) ? lowerCastGroup(*fg, ctx_)
+                   : isCastGroup(*fg) ? lowerCastGroup(*fg, ctx_, 2048, keptFlags(rk, *fg))
                                       : lowerFusionGroup(*fg, ctx_);
           if (!l.ok()) return makeError(rankPrefix(r), "lowering ", groupName(*fg), ": ", l.error());
           lowerings[r].back() = std::move(l).value();
@@ -513,6 +530,7 @@ class CudaBackend final : public Backend {
         return Error{e};
       }
     started_ = true;
+    copiesFresh_ = true;  // the step's cast groups wrote the copies if they were stale; its AdamW kernels keep them
     timing_ = StepTiming{};
     timing_.startMs = msSince(t0);
     return {};
@@ -680,6 +698,7 @@ class CudaBackend final : public Backend {
   // Each rank's slice of `value`, uploaded into that rank's buffer (as prepare() does with the initial state).
   Status writeState(const std::string& name, const HostTensor& value) override {
     if (!prepared_ || !ranks_[0].params.count(name)) return makeError("cuda backend: no state tensor named '", name, "'");
+    copiesFresh_ = false;
     const Mesh& mesh = ranks_[0].graph->mesh();
     for (size_t r = 0; r < ranks_.size(); ++r) {
       auto [p, buf] = ranks_[r].params.at(name);
@@ -718,6 +737,7 @@ class CudaBackend final : public Backend {
   // processes run one program), so none waits alone in the host path's gather.
   Status copyStateFrom(const Backend& source, const std::string& name) override {
     if (!prepared_ || !ranks_[0].params.count(name)) return Backend::copyStateFrom(source, name);
+    copiesFresh_ = false;
     std::vector<DeviceTensor> from;
     for (size_t r = 0; r < ranks_.size(); ++r) {
       auto f = source.deviceState(name, meshRank(r));
@@ -741,6 +761,13 @@ class CudaBackend final : public Backend {
   bool multiTensorCasts() const {
     const char* e = std::getenv("TPC_MULTI_TENSOR_CASTS");
     return e && *e ? std::string(e) != "0" : options_.multiTensorCasts;
+  }
+
+  // Which tensors of cast group fg have a copy the AdamW kernels keep (lowerCastGroup).
+  static std::vector<bool> keptFlags(const Rank& rk, const FusionGroup& fg) {
+    std::vector<bool> kept;
+    for (const Value* v : fg.outputs) kept.push_back(rk.copySet.count(v) > 0);
+    return kept;
   }
 
   static std::string groupName(const FusionGroup& fg) {
@@ -857,6 +884,7 @@ class CudaBackend final : public Backend {
       DeviceCtx& d = devs_[i];
       d.stepOffset = place(used[i], sizeof(int64_t));
       d.holdOffset = place(used[i], sizeof(int32_t));
+      d.freshOffset = place(used[i], sizeof(int32_t));
       CU_TRY(cudaSetDevice(d.device), "GPU ", d.device);
       CU_TRY(cudaHostAlloc(&d.pinned, used[i], cudaHostAllocPortable), "page-locked host memory for the step's transfers (",
              used[i], " bytes)");
@@ -887,6 +915,9 @@ class CudaBackend final : public Backend {
     const int32_t holdWord = hold ? 1 : 0;
     std::memcpy(pinned + d.stepOffset, &step, sizeof step);
     std::memcpy(pinned + d.holdOffset, &holdWord, sizeof holdWord);
+    const int32_t fresh = copiesFresh_ ? 1 : 0;
+    std::memcpy(pinned + d.freshOffset, &fresh, sizeof fresh);
+    CU_TRY(cudaMemcpyAsync(d.freshWord, pinned + d.freshOffset, sizeof fresh, cudaMemcpyHostToDevice, d.stream), "fresh word");
     CU_TRY(cudaMemcpyAsync(d.stepWord, pinned + d.stepOffset, sizeof step, cudaMemcpyHostToDevice, d.stream), "step word");
     CU_TRY(cudaMemcpyAsync(d.holdWord, pinned + d.holdOffset, sizeof holdWord, cudaMemcpyHostToDevice, d.stream), "hold word");
     return {};
@@ -904,6 +935,7 @@ class CudaBackend final : public Backend {
 
   // The parameters ungated nodes update, as they were before the last step (the copies stageStep kept).
   Status restoreState() {
+    copiesFresh_ = false;
     for (size_t r = 0; r < ranks_.size(); ++r) {
       Rank& rk = ranks_[r];
       if (rk.keptParams.empty()) continue;
@@ -1138,8 +1170,10 @@ class CudaBackend final : public Backend {
     auto onCommStream = [ncclRanks](const Node& n) {
       return ncclRanks ? n.has(traits::Collective) : nodeExec(n) == NodeExec::Collective;
     };
-    plan = commStream_ ? planStepMemory(g, workspace, &rk.groupOf, 256, onCommStream) : planStepMemory(g, workspace, &rk.groupOf);
+    plan = commStream_ ? planStepMemory(g, workspace, &rk.groupOf, 256, onCommStream, &rk.copySet)
+                       : planStepMemory(g, workspace, &rk.groupOf, 256, {}, &rk.copySet);
     rk.arenaBytes = plan.arenaBytes;
+    for (const Value* c : rk.copies) rk.stateBytes += (c->type().bytes() + 255) / 256 * 256;  // after the parameters
     // Parameters an output replaces that no gated AdamW kernel writes: kept aside for non-finite steps.
     for (size_t i = 0; i < g.outputs().size(); ++i) {
       auto it = rk.params.find(g.outputName(i));
@@ -1201,6 +1235,10 @@ class CudaBackend final : public Backend {
       rk.params[p->name()].second = buf;
     }
     if (drew) CU_TRY(cudaDeviceSynchronize(), rankPrefix(r), "drawing the parameters on the GPU");
+    for (const Value* c : rk.copies) {  // written by the first step's cast group (copiesFresh_ is false)
+      rk.addr[c] = static_cast<char*>(rk.state) + stateOffset;
+      stateOffset += (c->type().bytes() + 255) / 256 * 256;
+    }
     for (auto& [v, name] : inPlace_[r]) rk.addr[v] = rk.params[name].second;
     for (auto& [v, owner] : plan.viewOf) {  // no copy, no buffer of its own
       void* at = rk.addr.lookup(owner);
@@ -1422,6 +1460,7 @@ class CudaBackend final : public Backend {
             case ArgKind::Seed: v = options_.seed; break;
             case ArgKind::StepPtr: v = reinterpret_cast<uint64_t>(d.stepWord); break;
             case ArgKind::HoldPtr: v = reinterpret_cast<uint64_t>(d.holdWord); break;
+            case ArgKind::FreshPtr: v = reinterpret_cast<uint64_t>(d.freshWord); break;
             case ArgKind::Table: {
               if (a.index < 0 || a.index >= static_cast<int64_t>(ks.tables.size()))
                 return makeError("cuda: ", l.what, ": bad address table ", a.index);
@@ -1744,6 +1783,7 @@ class CudaBackend final : public Backend {
       d.attention.reset();  // its plans and handle, on their device, before the stream it was last given
       if (d.stepWord) cudaFree(d.stepWord);
       if (d.holdWord) cudaFree(d.holdWord);
+      if (d.freshWord) cudaFree(d.freshWord);
       if (d.pinned) cudaFreeHost(d.pinned);
       if (d.replayStart) cudaEventDestroy(d.replayStart);
       if (d.replayEnd) cudaEventDestroy(d.replayEnd);
@@ -1757,6 +1797,7 @@ class CudaBackend final : public Backend {
     attentionPlans_.clear();
     attentionFallbacks_.clear();
     prepared_ = false;
+    copiesFresh_ = false;
   }
 
   CudaOptions options_;
@@ -1769,6 +1810,10 @@ class CudaBackend final : public Backend {
   LoweringContext ctx_;
   bool foldLayerNormGradResidual_ = true;
   bool foldLayerNormGradBiasSum_ = true;
+  // The AdamW kernels keep the parameters' 16-bit copies (adamw_groups.h; TPC_MEMBW_OFF=adamcopy: not), which
+  // hold their casts while copiesFresh_: false until a step has run and after anything else writes the state.
+  bool adamwCopies_ = true;
+  bool copiesFresh_ = false;
   std::string deviceName_ = "GPU";
   const Driver* driver_ = nullptr;
   std::unique_ptr<NvrtcCompiler> compiler_;

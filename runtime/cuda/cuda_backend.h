@@ -75,6 +75,7 @@ struct CudaOptions {
 struct CudaStepGraphInfo {
   int64_t launches = 0, commLaunches = 0, collectives = 0, forks = 0, joins = 0, overlapped = 0;
   int64_t graphNodes = 0, graphEdges = 0;
+  int64_t keptCopies = 0;  // 16-bit parameter copies the AdamW kernels keep (adamw_groups.h), over all ranks
 };
 // nullopt for a backend that is not a prepared CUDA backend (or one in TPC_CUDA_DEBUG mode: no graph).
 std::optional<CudaStepGraphInfo> cudaStepGraphInfo(const Backend& backend);

@@ -23,6 +23,8 @@ enum class ArgKind {
   Seed,       // unsigned long long: the run's dropout seed
   StepPtr,    // const long long*: device word holding the current step (changes per CUDA-graph replay)
   HoldPtr,    // const int*: device word, nonzero while the step must leave the state alone (checking mode)
+  FreshPtr,   // const int*: device word, nonzero while the AdamW kernels' 16-bit copies of the parameters hold
+              // their casts (adamw_groups.h), so the cast group skips them
   Table,      // const unsigned long long*: a device array, written once at prepare, of the addresses of
               // KernelSpec::tables[index] (Operand and Result entries): a multi-tensor kernel's tensors
 };

@@ -12,6 +12,7 @@ using tpc::StepMemoryPlan;
 
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf = nullptr,
-                              int64_t alignment = 256, llvm::function_ref<bool(const Node&)> onCommStream = {});
+                              int64_t alignment = 256, llvm::function_ref<bool(const Node&)> onCommStream = {},
+                              const llvm::DenseSet<const Value*>* external = nullptr);
 
 }  // namespace tpc::cuda

@@ -58,7 +58,7 @@ struct GpuDevice final : adamw::Device {
       char* t = alloc(std::max<size_t>(a.size(), 1) * 8);
       upload(t, a.data(), a.size() * 8);
       return t;
-    });
+    }, hold);  // hold doubles as the fresh word (no kernel reads both)
     CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kern), dim3(k.grid.x, k.grid.y, k.grid.z),
                              dim3(k.block.x, k.block.y, k.block.z), pack.args.data(), k.sharedBytes, 0));
     CUDA_OK(cudaGetLastError());

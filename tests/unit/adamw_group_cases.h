@@ -22,6 +22,7 @@ struct Device {
   virtual char* alloc(size_t bytes) = 0;  // freed with the device
   virtual void upload(char* dst, const void* src, size_t bytes) = 0;
   virtual void download(void* dst, const char* src, size_t bytes) = 0;
+  // `hold` is both the hold word and the fresh word (ArgKind::FreshPtr): no kernel reads both.
   virtual void launch(const cuda::KernelSpec& k, const std::vector<void*>& ops, const std::vector<void*>& res, int hold) = 0;
 };
 
@@ -39,9 +40,11 @@ constexpr float kClipScale = 0.37037036f;
 // adamw_update nodes on params of dtype `pdt` (grads too; moments f32), one per size, weight decay on every
 // other one, gated by a loss and a grad_norm (graph inputs returned as those outputs) of the given values.
 // `clipped`: each gradient is mul(cast(g: bf16) {to=f32}, clip_scale(grad_norm)), as autodiff writes it under
-// mixed precision, so that the group absorbs the cast and the multiply (params f32 then).
+// mixed precision, so that the group absorbs the cast and the multiply (params f32 then). `copies`: the params
+// are graph parameters, each cast to bf16 (the forward's copy) and replaced by its p' output, so that the group
+// keeps their bf16 copies (adamwGroupKeepsCopies: a fourth result per tensor).
 inline GroupCase makeGroupCase(DType pdt, const std::vector<int64_t>& sizes, std::mt19937& rng, float loss = 2.5f,
-                               float gradNorm = 0.7f, bool clipped = false) {
+                               float gradNorm = 0.7f, bool clipped = false, bool copies = false) {
   GroupCase c;
   c.graph = std::make_unique<Graph>("adamw");
   Graph& g = *c.graph;
@@ -70,7 +73,13 @@ inline GroupCase makeGroupCase(DType pdt, const std::vector<int64_t>& sizes, std
       if (!mul.ok()) FAIL(mul.error());
       grad = (*mul)->result();
     }
-    Value* ops[] = {g.addInput("p" + i, pt), grad, g.addInput("m" + i, ft), g.addInput("v" + i, ft), lr, step};
+    Value* p = copies ? g.addParam("p" + i, pt) : g.addInput("p" + i, pt);
+    if (copies) {
+      auto cast = g.create(OpKind::Cast, {p}, [] { AttrDict a; a.set("to", DType::bf16); return a; }());
+      if (!cast.ok()) FAIL(cast.error());
+      g.addOutput((*cast)->result(), "copy" + i);
+    }
+    Value* ops[] = {p, grad, g.addInput("m" + i, ft), g.addInput("v" + i, ft), lr, step};
     AttrDict a;
     a.set("beta1", 0.9);
     a.set("beta2", 0.95);
@@ -79,14 +88,15 @@ inline GroupCase makeGroupCase(DType pdt, const std::vector<int64_t>& sizes, std
     auto n = g.create(OpKind::AdamWUpdate, {ops[0], ops[1], ops[2], ops[3], ops[4], ops[5]}, std::move(a));
     if (!n.ok()) FAIL(n.error());
     c.nodes.push_back(*n);
-    for (unsigned r = 0; r < 3; ++r) g.addOutput((*n)->result(r), "out" + i + "_" + std::to_string(r));
+    for (unsigned r = 0; r < 3; ++r) g.addOutput((*n)->result(r), copies && r == 0 ? "p" + i : "out" + i + "_" + std::to_string(r));
   }
-  std::vector<FusionGroup> groups = cuda::adamwGroups(g);
+  std::vector<FusionGroup> groups = cuda::adamwGroups(g, nullptr, copies);
   REQUIRE(groups.size() == 1);
   REQUIRE(groups[0].members == c.nodes);
   REQUIRE(cuda::adamwGroupGates(groups[0]) == 2);
   REQUIRE(cuda::adamwGroupScales(groups[0]) == clipped);
   REQUIRE(groups[0].absorbed.size() == (clipped ? 2 * sizes.size() : 0));
+  REQUIRE(cuda::adamwGroupKeepsCopies(groups[0]) == copies);
   c.group = std::move(groups[0]);
   for (const Value* v : c.group.inputs) {
     if (v == scale) c.inputs.push_back(HostTensor::scalarF32(kClipScale));
@@ -148,17 +158,22 @@ inline std::vector<std::string> perTensor(Device& d, const GroupCase& c) {
   return out;
 }
 
+// Results per tensor: p', m', v', and the bf16 copy when the group keeps one.
+inline size_t resultsPerTensor(const GroupCase& c) { return cuda::adamwGroupKeepsCopies(c.group) ? 4 : 3; }
+
 // The group's results by the multi-tensor kernel: out of place (results start as NaN bytes) or in place
-// (p', m', v' in the buffers of p, m, v), every buffer `skew` bytes past a 16-byte boundary.
+// (p', m', v' in the buffers of p, m, v; a copy in its own, from NaN bytes), every buffer `skew` bytes past a
+// 16-byte boundary.
 inline std::vector<std::string> multiTensor(Device& d, const GroupCase& c, bool inPlace, size_t skew, int hold) {
   auto low = cuda::lowerAdamWGroup(c.group, kernels::sm90());
   REQUIRE(low.ok());
   REQUIRE(low->kernels.size() == 1);
   std::vector<void*> ops, res;
   for (const HostTensor& t : c.inputs) ops.push_back(put(d, t, skew));
+  const size_t R = resultsPerTensor(c);
   for (size_t i = 0; i < c.group.outputs.size(); ++i) {
-    if (inPlace) {
-      res.push_back(ops[4 * (i / 3) + (i % 3 == 0 ? 0 : i % 3 + 1)]);  // p' -> p, m' -> m, v' -> v
+    if (inPlace && i % R < 3) {
+      res.push_back(ops[4 * (i / R) + (i % R == 0 ? 0 : i % R + 1)]);  // p' -> p, m' -> m, v' -> v
       continue;
     }
     HostTensor nan(c.group.outputs[i]->type());
@@ -188,7 +203,7 @@ inline void checkAgainstCpu(const GroupCase& c, const std::vector<std::string>& 
     std::vector<HostTensor> mine;
     for (unsigned r = 0; r < 3; ++r) {
       HostTensor t(n.result(r)->type());
-      std::memcpy(t.raw(), got[3 * k + r].data(), t.bytes());
+      std::memcpy(t.raw(), got[resultsPerTensor(c) * k + r].data(), t.bytes());
       mine.push_back(t);
     }
     OneOp o = oneOp(OpKind::AdamWUpdate, types, n.attrs());
@@ -202,14 +217,26 @@ inline void checkAgainstCpu(const GroupCase& c, const std::vector<std::string>& 
 inline int checkAdamWGroups(Device& d, const std::vector<int64_t>& base, int random, int64_t maxRandom) {
   int compared = 0;
   std::mt19937 rng(2024);
-  for (auto [pdt, clipped] : {std::pair{DType::f32, false}, {DType::bf16, false}, {DType::f32, true}}) {
+  for (auto [pdt, clipped, copies] :
+       {std::tuple{DType::f32, false, false}, {DType::bf16, false, false}, {DType::f32, true, false}, {DType::f32, true, true}}) {
     std::vector<int64_t> sizes = base;
     for (int k = 0; k < random; ++k) sizes.push_back(1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(maxRandom)));
     std::shuffle(sizes.begin(), sizes.end(), rng);
     INFO(dtypeName(pdt) << " params" << (clipped ? ", bf16 gradients cast and clipped inside the group" : "")
-                        << ", sizes " << shapeStr(sizes));
-    GroupCase c = makeGroupCase(pdt, sizes, rng, 2.5f, 0.7f, clipped);
+                        << (copies ? ", bf16 copies kept" : "") << ", sizes " << shapeStr(sizes));
+    GroupCase c = makeGroupCase(pdt, sizes, rng, 2.5f, 0.7f, clipped, copies);
     std::vector<std::string> want = perTensor(d, c);
+    const size_t R = resultsPerTensor(c);
+    if (copies) {  // the copy: cast(p') to bf16, the bits the cast kernel gives (as the CPU backend's cast)
+      std::vector<std::string> with;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        HostTensor p(TensorType(DType::f32, {sizes[k]}));
+        std::memcpy(p.raw(), want[3 * k].data(), p.bytes());
+        for (size_t r = 0; r < 3; ++r) with.push_back(want[3 * k + r]);
+        with.push_back(bytesOf(p.convertTo(DType::bf16)));
+      }
+      want = std::move(with);
+    }
     for (bool inPlace : {false, true})
       for (size_t skew : {size_t{0}, size_t{4}}) {
         INFO((inPlace ? "in place" : "out of place") << ", buffers " << skew << " bytes past 16-byte alignment");
@@ -217,7 +244,7 @@ inline int checkAdamWGroups(Device& d, const std::vector<int64_t>& base, int ran
         REQUIRE(got.size() == want.size());
         if (!inPlace && skew == 0) checkAgainstCpu(c, got);
         for (size_t i = 0; i < got.size(); ++i) {
-          INFO("tensor " << i / 3 << " (" << sizes[i / 3] << " elements), result " << i % 3);
+          INFO("tensor " << i / R << " (" << sizes[i / R] << " elements), result " << i % R);
           CHECK(got[i] == want[i]);
         }
         compared += static_cast<int>(sizes.size());
@@ -226,12 +253,13 @@ inline int checkAdamWGroups(Device& d, const std::vector<int64_t>& base, int ran
     for (auto [loss, norm, hold] : {std::tuple<float, float, int>{NAN, 0.7f, 0}, {2.5f, INFINITY, 0}, {2.5f, 0.7f, 1}}) {
       INFO("loss " << loss << ", grad_norm " << norm << ", hold " << hold);
       std::mt19937 again(7);
-      GroupCase g = makeGroupCase(pdt, sizes, again, loss, norm, clipped);
+      GroupCase g = makeGroupCase(pdt, sizes, again, loss, norm, clipped, copies);
       for (bool inPlace : {false, true}) {
         std::vector<std::string> got = multiTensor(d, g, inPlace, 0, hold);
         for (size_t i = 0; i < got.size(); ++i) {
-          INFO("tensor " << i / 3 << ", result " << i % 3 << (inPlace ? " in place" : " out of place"));
-          CHECK(got[i] == bytesOf(g.inputs[4 * (i / 3) + (i % 3 == 0 ? 0 : i % 3 + 1)]));
+          INFO("tensor " << i / R << ", result " << i % R << (inPlace ? " in place" : " out of place"));
+          if (i % R == 3) CHECK(got[i] == std::string(got[i].size(), '\xff'));  // the copy: untouched
+          else CHECK(got[i] == bytesOf(g.inputs[4 * (i / R) + (i % R == 0 ? 0 : i % R + 1)]));
         }
       }
     }

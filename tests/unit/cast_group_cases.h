@@ -76,10 +76,12 @@ inline std::vector<std::string> perNode(Device& d, const CastCase& c) {
   return out;
 }
 
-// The group's kernel, tensor t's buffers skew(t) bytes past a 16-byte boundary, at most `maxBlocks` blocks.
+// The group's kernel, tensor t's buffers skew(t) bytes past a 16-byte boundary, at most `maxBlocks` blocks;
+// `kept`/`fresh`: the tensors whose copies the AdamW kernels keep, and the fresh word (lowerCastGroup).
 template <class Skew>
-std::vector<std::string> multiTensor(Device& d, const CastCase& c, Skew skew, int64_t maxBlocks) {
-  auto low = cuda::lowerCastGroup(c.group, kernels::sm90(), maxBlocks);
+std::vector<std::string> multiTensor(Device& d, const CastCase& c, Skew skew, int64_t maxBlocks,
+                                     const std::vector<bool>& kept = {}, int fresh = 0) {
+  auto low = cuda::lowerCastGroup(c.group, kernels::sm90(), maxBlocks, kept);
   INFO((low.ok() ? std::string() : low.error()));
   REQUIRE(low.ok());
   REQUIRE(low->kernels.size() == 1);
@@ -89,7 +91,7 @@ std::vector<std::string> multiTensor(Device& d, const CastCase& c, Skew skew, in
     ops.push_back(adamw::put(d, c.inputs[t], skew(t)));
     res.push_back(adamw::put(d, nanBytes(c.group.outputs[t]->type()), skew(t)));
   }
-  d.launch(low->kernels[0], ops, res, 0);
+  d.launch(low->kernels[0], ops, res, fresh);
   std::vector<std::string> out;
   for (size_t t = 0; t < res.size(); ++t)
     out.push_back(adamw::get(d, static_cast<char*>(res[t]), static_cast<size_t>(c.group.outputs[t]->type().bytes())));
@@ -143,7 +145,23 @@ inline int checkCastGroups(Device& d, const std::vector<std::pair<DType, DType>>
     runs.emplace_back("4 bytes past alignment", multiTensor(d, c, skewed, 2048));
     runs.emplace_back("every third tensor 4 bytes past alignment", multiTensor(d, c, mixed, 2048));
     runs.emplace_back("aligned, 2 blocks striding over the chunks", multiTensor(d, c, aligned, 2));
+    // Every other tensor's copy kept by the AdamW kernels: with the fresh word clear, all are cast.
+    std::vector<bool> kept(sizes.size());
+    for (size_t t = 0; t < kept.size(); ++t) kept[t] = t % 2 == 0;
+    runs.emplace_back("every other tensor kept, the fresh word clear", multiTensor(d, c, aligned, 2048, kept, 0));
     checkAgainstCpu(c, runs[0].second);
+    {  // With it set the kept tensors' results are left as they were (NaN bytes here), the rest cast.
+      INFO("every other tensor kept, the fresh word set");
+      std::vector<std::string> got = multiTensor(d, c, mixed, 64, kept, 1);
+      REQUIRE(got.size() == want.size());
+      for (size_t t = 0; t < got.size(); ++t) {
+        INFO("tensor " << t << " (" << sizes[t] << " elements)");
+        CHECK(got[t] == (kept[t] ? std::string(want[t].size(), '\xff') : want[t]));
+      }
+      INFO("every tensor kept, the fresh word set: nothing written");
+      got = multiTensor(d, c, aligned, 2048, std::vector<bool>(sizes.size(), true), 1);
+      for (size_t t = 0; t < got.size(); ++t) CHECK(got[t] == std::string(want[t].size(), '\xff'));
+    }
     for (const auto& [what, got] : runs) {
       INFO(what);
       REQUIRE(got.size() == want.size());

@@ -49,6 +49,7 @@ static thread_local unsigned tpc_emu_tid;
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
 inline void __syncthreads() { tpc_emu_state->block->arrive_and_wait(); }
 template <class T> T __shfl_xor_sync(unsigned, T v, int o) {
   static_assert(sizeof(T) <= 8);

@@ -554,7 +554,8 @@ inline int compareResults(OneOp& o, const std::vector<HostTensor>& got, const st
 
 
 // A kernel's arguments as cudaLaunchKernel takes them: args[i] points at the i-th value. `hold`: the hold
-// word; `place`: where a Table argument's addresses go (a device copy on the GPU; default: host memory).
+// word; `place`: where a Table argument's addresses go (a device copy on the GPU; default: host memory);
+// `fresh`: the fresh word (cast groups with kept copies).
 struct ArgPack {
   std::vector<void*> ptrs, args;
   std::vector<long long> ints;
@@ -562,7 +563,8 @@ struct ArgPack {
   std::vector<unsigned long long> seeds;
   std::vector<std::vector<uint64_t>> tables;
   ArgPack(const KernelSpec& k, const std::vector<void*>& ops, const std::vector<void*>& res, char* ws, uint64_t seed,
-          void* step, void* hold = nullptr, std::function<void*(const std::vector<uint64_t>&)> place = {})
+          void* step, void* hold = nullptr, std::function<void*(const std::vector<uint64_t>&)> place = {},
+          void* fresh = nullptr)
       : ptrs(k.args.size()), args(k.args.size()), ints(k.args.size()), floats(k.args.size()), seeds(k.args.size()),
         tables(k.args.size()) {
     for (size_t a = 0; a < k.args.size(); ++a) {
@@ -576,6 +578,7 @@ struct ArgPack {
         case ArgKind::Seed: seeds[a] = seed; args[a] = &seeds[a]; break;
         case ArgKind::StepPtr: ptrs[a] = step; args[a] = &ptrs[a]; break;
         case ArgKind::HoldPtr: ptrs[a] = hold; args[a] = &ptrs[a]; break;
+        case ArgKind::FreshPtr: ptrs[a] = fresh; args[a] = &ptrs[a]; break;
         case ArgKind::Table:
           for (const cuda::KernelArg& e : k.tables.at(static_cast<size_t>(ka.index)))
             tables[a].push_back(reinterpret_cast<uint64_t>(e.kind == ArgKind::Operand ? ops.at(e.index) : res.at(e.index)));

@@ -32,7 +32,7 @@ struct EmulatedDevice final : adamw::Device {
       it = built.emplace(k.source, *fn).first;
     }
     int holdWord = hold;
-    kernels::ArgPack pack(k, ops, res, nullptr, 0, &step, &holdWord);
+    kernels::ArgPack pack(k, ops, res, nullptr, 0, &step, &holdWord, {}, &holdWord);  // hold doubles as the fresh word
     it->second(pack.args.data(), k.grid.x, k.grid.y, k.grid.z, k.block.x, k.block.y, k.block.z, k.sharedBytes);
   }
 };

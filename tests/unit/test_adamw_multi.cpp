@@ -105,6 +105,57 @@ TEST_CASE("adamw groups: a GPT step's updates are one gated group that writes ev
   }
 }
 
+TEST_CASE("adamw groups: under bf16 the groups keep the parameters' bf16 copies, which get no arena buffer", "[cuda][adamw]") {
+  std::unique_ptr<Graph> g = rankStep(1, true);
+  REQUIRE(cuda::rewriteForCuda(*g).ok());
+  auto fused = fusionGroups(*g);
+  REQUIRE(fused.ok());
+  std::vector<FusionGroup> groups = std::move(fused).value();
+  llvm::DenseMap<const Node*, const FusionGroup*> groupOf;
+  for (const FusionGroup& fg : groups)
+    for (const Node* m : fg.members) groupOf[m] = &fg;
+  CHECK(cuda::adamwGroups(*g, &groupOf, false).size() == cuda::adamwGroups(*g, &groupOf).size());
+  std::vector<FusionGroup> adamw = cuda::adamwGroups(*g, &groupOf, true);
+  REQUIRE(!adamw.empty());
+  // Each f32 parameter the step casts to bf16 (outside fusion groups) has its copy kept by its update's group.
+  int castParams = 0;
+  for (const Node* n : g->nodes())
+    castParams += n->op() == OpKind::Cast && n->operand(0)->isParam() && n->result()->dtype() == DType::bf16 &&
+                  fusionGroupOf(*n) < 0;
+  REQUIRE(castParams > 0);
+  llvm::DenseSet<const Value*> copies;
+  for (const FusionGroup& a : adamw) {
+    if (!cuda::adamwGroupKeepsCopies(a)) continue;
+    for (size_t j = 0; j < a.members.size(); ++j) {
+      const Value* c = a.outputs[4 * j + 3];
+      REQUIRE(c->def());
+      CHECK(c->def()->op() == OpKind::Cast);
+      CHECK(c->dtype() == DType::bf16);
+      CHECK(c->def()->operand(0) == a.members[j]->operand(0));  // the cast of this member's parameter
+      CHECK(a.outputs[4 * j] == a.members[j]->result(0));
+      copies.insert(c);
+    }
+  }
+  CHECK(static_cast<int>(copies.size()) == castParams);
+  for (FusionGroup& a : adamw) groups.push_back(a);
+  groupOf.clear();
+  for (const FusionGroup& fg : groups) {
+    for (const Node* m : fg.members) groupOf[m] = &fg;
+    for (const Node* m : fg.absorbed) groupOf[m] = &fg;
+  }
+  cuda::StepMemoryPlan arena = cuda::planStepMemory(*g, {}, &groupOf);
+  cuda::StepMemoryPlan kept = cuda::planStepMemory(*g, {}, &groupOf, 256, {}, &copies);
+  int64_t copyBytes = 0;
+  for (const Value* c : copies) {
+    CHECK(arena.bufferOf.count(c));
+    CHECK_FALSE(kept.bufferOf.count(c));
+    copyBytes += c->type().bytes();
+  }
+  // The copies are live through the forward and backward, so the arena shrinks by about their size.
+  CHECK(kept.arenaBytes < arena.arenaBytes);
+  CHECK(arena.arenaBytes - kept.arenaBytes <= copyBytes + 256 * static_cast<int64_t>(copies.size()));
+}
+
 TEST_CASE("adamw groups: an update whose result a node reads, or gates computed after it, stays on its own", "[cuda][adamw]") {
   std::mt19937 rng(1);
   adamw::GroupCase c = adamw::makeGroupCase(DType::f32, {10, 20, 30}, rng);

@@ -47,6 +47,7 @@ Result<NodeLowering> lowerAdamWGroup(const FusionGroup& g, const LoweringContext
 Result<NodeLowering> lowerClipScale(const Node& n, const LoweringContext& ctx);
 // A group of casts of parameters and inputs as one multi-tensor kernel (runtime/cuda/cast_groups.h: its layout)
 // of at most `maxBlocks` blocks striding over the tensors' chunks (tests lower it with fewer).
-Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext& ctx, int64_t maxBlocks = 2048);  // multi_tensor.cpp
+Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext& ctx, int64_t maxBlocks = 2048,
+                                    const std::vector<bool>& kept = {});  // multi_tensor.cpp
 
 }  // namespace tpc::cuda

@@ -61,7 +61,10 @@ std::vector<KernelArg> multiTensorAddressTable(int64_t tensors, int64_t operands
 // buffers are 16-byte aligned (a chunk starts at a multiple of CHUNK, itself a multiple of 8), else and for
 // the chunk's tail one element at a time. Each element goes through float as the cast kernel's does
 // (every f32/bf16/f16 value is exact in float), so the bits are the per-node casts'.
-Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext& ctx, int64_t maxBlocks) {
+// Tensors `kept[t]` have a copy the AdamW kernels keep (adamw_groups.h): while the fresh word is set, their
+// results already hold these bits and their chunks are skipped; a group of only such tensors does nothing.
+Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext& ctx, int64_t maxBlocks,
+                                    const std::vector<bool>& kept) {
   constexpr int64_t kChunk = 8192;
   if (!isCastGroup(g) || g.inputs.size() != g.outputs.size() || g.inputs.size() != 1 + g.absorbed.size())
     return makeError("cast group: not a group of cast nodes in cast_groups.h's layout");
@@ -75,13 +78,26 @@ Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext&
       return makeError("cast group: tensor ", t, " is not a ", dtypeName(from), " -> ", dtypeName(to), " cast of the group");
     numel.push_back(g.inputs[t]->type().numel());
   }
+  if (!kept.empty() && kept.size() != numel.size()) return makeError("cast group: ", kept.size(), " kept flags for ", numel.size(), " tensors");
+  const bool anyKept = std::find(kept.begin(), kept.end(), true) != kept.end();
+  const bool allKept = anyKept && std::find(kept.begin(), kept.end(), false) == kept.end();
   const int64_t chunks = multiTensorChunkCount(numel, kChunk);
   std::string src = devicePrelude() + accessors("x", from) + vectorAccessors("x", from) + accessors("y", to) +
                     vectorAccessors("y", to) + multiTensorChunks(numel, kChunk);
-  src += R"(
-extern "C" __global__ void tpc_cast_multi(const u64* table) {
+  if (anyKept) {
+    std::string flags;
+    for (size_t t = 0; t < kept.size(); ++t) flags += cat(t ? ", " : "", kept[t] ? 1 : 0);
+    src += cat("__device__ const unsigned char tpc_kept[NT] = {", flags, "};\n");
+  }
+  src += cat(R"(
+extern "C" __global__ void tpc_cast_multi(const u64* table)", anyKept ? ", const int* fresh" : "", R"() {)",
+             anyKept ? cat(R"(
+  const bool skipKept = fresh[0] != 0;)", allKept ? R"(
+  if (skipKept) return;)" : "") : "", R"(
   for (i64 c = blockIdx.x; c < tpc_first[NT]; c += gridDim.x) {
-    const int k = tpc_tensor_of(c);
+    const int k = tpc_tensor_of(c);)", anyKept ? R"(
+    if (skipKept && tpc_kept[k]) continue;)" : "");
+  src += R"(
     const i64 begin = (c - tpc_first[k]) * CHUNK;
     const i64 end = begin + CHUNK < tpc_numel[k] ? begin + CHUNK : tpc_numel[k];
     const x_t* X = (const x_t*)table[2 * k];
@@ -106,6 +122,7 @@ extern "C" __global__ void tpc_cast_multi(const u64* table) {
   k.grid.x = static_cast<uint32_t>(std::clamp<int64_t>(chunks, 1, std::max<int64_t>(maxBlocks, 1)));
   k.tables.push_back(multiTensorAddressTable(static_cast<int64_t>(numel.size()), 1, 1));
   k.args.push_back(KernelArg{ArgKind::Table, 0});
+  if (anyKept) k.args.push_back(KernelArg{ArgKind::FreshPtr});
   NodeLowering out;
   out.kernels.push_back(std::move(k));
   return out;

@@ -72,8 +72,8 @@ extern "C" __global__ void tpc_adamw_update(const p_t* P, const g_t* G, const m_
 
 namespace {
 
-// `name`_ld4 / `name`_st4: elements i..i+3 of a buffer, as one 16-byte access for f32 (i a multiple of 4,
-// the buffer 16-byte aligned: the caller checks), else one element at a time.
+// `name`_ld4 / `name`_st4: elements i..i+3 of a buffer, as one 16-byte access for f32 and one 8-byte access for
+// bf16/f16 (i a multiple of 4, the buffer 16-byte aligned: the caller checks).
 std::string quadAccessors(const std::string& name, DType t) {
   if (t == DType::f32)
     return cat("__device__ __forceinline__ void ", name, "_ld4(const ", name, "_t* p, i64 i, float* o) {\n",
@@ -82,10 +82,17 @@ std::string quadAccessors(const std::string& name, DType t) {
                "__device__ __forceinline__ void ", name, "_st4(", name, "_t* p, i64 i, const float* v) {\n",
                "  uint4 r;\n  r.x = __float_as_uint(v[0]); r.y = __float_as_uint(v[1]); r.z = __float_as_uint(v[2]); r.w = __float_as_uint(v[3]);\n",
                "  *reinterpret_cast<uint4*>(p + i) = r;\n}\n");
+  const bool bf = t == DType::bf16;
+  auto lo = [&](const char* w) { return bf ? cat("__uint_as_float(", w, " << 16)") : cat("tpc_f16_to_f32((f16_t)(", w, " & 0xffffu))"); };
+  auto hi = [&](const char* w) { return bf ? cat("__uint_as_float(", w, " & 0xffff0000u)") : cat("tpc_f16_to_f32((f16_t)(", w, " >> 16))"); };
+  const char* cv = bf ? "tpc_f32_to_bf16" : "tpc_f32_to_f16";
   return cat("__device__ __forceinline__ void ", name, "_ld4(const ", name, "_t* p, i64 i, float* o) {\n",
-             "  for (int j = 0; j < 4; ++j) o[j] = ", name, "_ld(p, i + j);\n}\n",
+             "  uint2 r = *reinterpret_cast<const uint2*>(p + i);\n",
+             "  o[0] = ", lo("r.x"), "; o[1] = ", hi("r.x"), "; o[2] = ", lo("r.y"), "; o[3] = ", hi("r.y"), ";\n}\n",
              "__device__ __forceinline__ void ", name, "_st4(", name, "_t* p, i64 i, const float* v) {\n",
-             "  for (int j = 0; j < 4; ++j) ", name, "_st(p, i + j, v[j]);\n}\n");
+             "  uint2 r;\n  r.x = (u32)", cv, "(v[0]) | ((u32)", cv, "(v[1]) << 16);\n",
+             "  r.y = (u32)", cv, "(v[2]) | ((u32)", cv, "(v[3]) << 16);\n",
+             "  *reinterpret_cast<uint2*>(p + i) = r;\n}\n");
 }
 
 std::string floatList(const std::vector<double>& v) {
@@ -98,7 +105,8 @@ std::string floatList(const std::vector<double>& v) {
 
 // Blocks over the chunks of every tensor (each tensor's elements cut into chunks of kChunk, a block per
 // chunk, as apex's multi_tensor_apply): a block finds its tensor in a table baked into the source, its
-// addresses in the device table the executor writes at prepare (7 per tensor: p, g, m, v, p', m', v').
+// addresses in the device table the executor writes at prepare (7 per tensor: p, g, m, v, p', m', v'; 8 with
+// the 16-bit copy c, adamw_groups.h).
 // Per element, lowerAdamWUpdate's formula operation for operation, so the results are the same bits.
 // Gated: when the hold word is set (checking mode) or a gate (the step's loss, grad_norm) is not finite,
 // the state is left as it was, and a result that is not written in place gets the old value.
@@ -106,16 +114,18 @@ Result<NodeLowering> lowerAdamWGroup(const FusionGroup& g, const LoweringContext
   constexpr int64_t kChunk = 4096;
   const bool scales = adamwGroupScales(g);
   const size_t fixedInputs = 4 * g.members.size() + 2 + (scales ? 1 : 0);
-  if (!isAdamWGroup(g) || g.inputs.size() < fixedInputs || g.outputs.size() != 3 * g.members.size())
+  const bool copies = adamwGroupKeepsCopies(g);  // outputs p', m', v' and the 16-bit copy c of each member
+  const unsigned results = copies ? 4 : 3, slots = 4 + results;
+  if (!isAdamWGroup(g) || g.inputs.size() < fixedInputs || (g.outputs.size() != 3 * g.members.size() && !copies))
     return makeError("adamw group: not a group of adamw_update nodes in adamw_groups.h's layout");
   const Node& n0 = *g.members.front();
-  const char* names[] = {"p", "g", "m", "v", "po", "mo", "vo"};
+  const char* names[] = {"p", "g", "m", "v", "po", "mo", "vo", "c"};
   // A member's types: p, g, m, v as the group reads them (g may be the bf16 source of an absorbed cast), results.
   auto typeOf = [&](size_t member, unsigned k) {
-    return k < 4 ? g.inputs[4 * member + k]->dtype() : g.members[member]->result(k - 4)->dtype();
+    return k < 4 ? g.inputs[4 * member + k]->dtype() : g.outputs[results * member + (k - 4)]->dtype();
   };
   std::string src = devicePrelude();
-  for (unsigned k = 0; k < 7; ++k) {
+  for (unsigned k = 0; k < slots; ++k) {
     DType t = typeOf(0, k);
     TPC_TRY(checkFloatDType(n0, t, "param, grad, m and v"));
     src += accessors(names[k], t) + quadAccessors(names[k], t);
@@ -133,8 +143,10 @@ Result<NodeLowering> lowerAdamWGroup(const FusionGroup& g, const LoweringContext
   std::vector<double> wd;
   for (size_t j = 0; j < g.members.size(); ++j) {
     const Node* n = g.members[j];
-    for (unsigned k = 0; k < 7; ++k)
+    for (unsigned k = 0; k < slots; ++k)
       if (typeOf(j, k) != typeOf(0, k)) return makeError("adamw group: members of different dtypes");
+    if (copies && g.outputs[4 * j + 3]->type().numel() != n->operand(0)->type().numel())
+      return makeError("adamw group: member ", j, "'s 16-bit copy is not its parameter's size");
     numel.push_back(n->operand(0)->type().numel());
     wd.push_back(n->getFloat("weight_decay"));
   }
@@ -162,14 +174,15 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
   const int k = tensor;
   const i64 begin = ((i64)blockIdx.x - tpc_first[k]) * CHUNK;
   const i64 end = begin + CHUNK < tpc_numel[k] ? begin + CHUNK : tpc_numel[k];
-  const u64* a = table + 7 * k;
+  const u64* a = table + )", slots, R"( * k;
   const p_t* P = (const p_t*)a[0];
   const g_t* G = (const g_t*)a[1];
   const m_t* M = (const m_t*)a[2];
   const v_t* V = (const v_t*)a[3];
   po_t* PO = (po_t*)a[4];
   mo_t* MO = (mo_t*)a[5];
-  vo_t* VO = (vo_t*)a[6];
+  vo_t* VO = (vo_t*)a[6];)", copies ? R"(
+  c_t* C = (c_t*)a[7];  // cast(p'): the next step's 16-bit copy (a skipped step leaves it, as it leaves p))" : "", R"(
   if (skip) {
     for (i64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
       if (a[4] != a[0]) PO[i] = P[i];
@@ -184,7 +197,7 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
   const float b1 = )", floatLit(b1), ", omb1 = ", floatLit(1 - b1), ", b2 = ", floatLit(b2), ", omb2 = ", floatLit(1 - b2),
              ", eps = ", floatLit(n0.getFloat("eps")), R"(, wd = tpc_wd[k];
   i64 tail = begin;
-  if (((a[0] | a[1] | a[2] | a[3] | a[4] | a[5] | a[6]) & 15) == 0) {
+  if (((a[0] | a[1] | a[2] | a[3] | a[4] | a[5] | a[6])", copies ? " | a[7]" : "", R"() & 15) == 0) {
     for (i64 i = begin + 4 * threadIdx.x; i + 4 <= end; i += 4 * (i64)blockDim.x) {
       float p[4], g[4], m[4], v[4], po[4];
       p_ld4(P, i, p);
@@ -195,7 +208,8 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
       for (int j = 0; j < 4; ++j) tpc_adamw(p[j], GS(g[j]), m[j], v[j], po[j], c1, c2, rate, b1, omb1, b2, omb2, eps, wd);
       po_st4(PO, i, po);
       mo_st4(MO, i, m);
-      vo_st4(VO, i, v);
+      vo_st4(VO, i, v);)", copies ? R"(
+      c_st4(C, i, po);)" : "", R"(
     }
     tail = begin + (end - begin) / 4 * 4;
   }
@@ -204,7 +218,8 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
     tpc_adamw(p_ld(P, i), GS(g_ld(G, i)), m, v, po, c1, c2, rate, b1, omb1, b2, omb2, eps, wd);
     po_st(PO, i, po);
     mo_st(MO, i, m);
-    vo_st(VO, i, v);
+    vo_st(VO, i, v);)", copies ? R"(
+    c_st(C, i, po);)" : "", R"(
   }
 }
 )");
@@ -213,7 +228,7 @@ extern "C" __global__ void tpc_adamw_multi(const u64* table, const float* lr, co
   k.source = std::move(src);
   k.block.x = 256;
   k.grid.x = static_cast<uint32_t>(std::max<int64_t>(chunks, 1));
-  k.tables.push_back(multiTensorAddressTable(T, 4, 3));
+  k.tables.push_back(multiTensorAddressTable(T, 4, results));
   k.args.push_back(KernelArg{ArgKind::Table, 0});
   k.args.push_back(operandArg(4 * T));
   k.args.push_back(operandArg(4 * T + 1));
