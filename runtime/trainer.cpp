@@ -166,6 +166,14 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
   };
   const int64_t total = settings.trainIters - settings.firstIter + 1;
   StepTimes times;
+  // The last logged step's console line, JSONL record and metrics, written by flushLog().
+  std::function<Status()> pendingLog;
+  auto flushLog = [&]() -> Status {
+    if (!pendingLog) return {};
+    std::function<Status()> write = std::move(pendingLog);
+    pendingLog = nullptr;
+    return write();
+  };
   // This step's start, its batch time, and what to leave out of its time (evaluations, checkpoints).
   Clock::time_point stepStart{};
   double stepBatchMs = 0, stepAsideMs = 0;
@@ -188,7 +196,9 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     // Adam's step counts the updates applied: a skipped step does not advance its bias correction.
     inputs["step"] = HostTensor::scalarF32(static_cast<float>(it - progress.skippedSteps));
     if (scaler) inputs["loss_scale"] = HostTensor::scalarF32(static_cast<float>(lossScale));
-    TPC_TRY(backend.startStep(inputs, it));
+    Status started = backend.startStep(inputs, it);
+    TPC_TRY(flushLog());  // the previous step's line, now that this one is under way
+    TPC_TRY(started);
     // The next batch, while the device runs this step; a failure to read it is reported after the step.
     const auto batchStart = Clock::now();
     Status nextBatch = it < settings.trainIters
@@ -275,50 +285,57 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     double eta = elapsed / static_cast<double>(done) * static_cast<double>(total - done);
     lastLog = now;
     stepsSinceLog = 0;
-    if (settings.publish) settings.publish({{"tokens_per_s", tps}, {"elapsed_s", elapsed}});
-    // On the GPU: MFU (of the named peak) and device memory, in the console, the JSONL log and the metrics.
-    const double mfu = settings.flopsPerToken > 0 && settings.peakFlops > 0
-                           ? tps * settings.flopsPerToken / settings.peakFlops : -1;
-    const int64_t deviceMemory = backend.deviceMemoryInUse();
-    if (settings.publish && mfu >= 0) settings.publish({{"mfu", mfu}});
-    if (settings.publish && deviceMemory >= 0) settings.publish({{"gpu_memory_bytes", double(deviceMemory)}});
-    if (settings.console && settings.stepLines) {
-      char line[256];
-      std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | elapsed %s | ETA %s",
-                    static_cast<long long>(it), static_cast<long long>(settings.trainIters), loss, lr, gradNorm,
-                    formatRate(tps).c_str(), formatDuration(elapsed).c_str(), formatDuration(eta).c_str());
-      std::string extra;
-      if (mfu >= 0) {
-        char m[160];
-        std::snprintf(m, sizeof m, " | MFU %.1f%% of %s", 100.0 * mfu, settings.peakName.c_str());
-        extra += m;
+    const std::optional<Backend::StepTiming> timing = backend.lastStepTiming();
+    // Written after the next step has started (flushLog): the device does not wait for the console, the JSONL
+    // log, the metrics and the memory query. Nothing else prints in between, so the order stays.
+    pendingLog = [&, it, loss, lr, gradNorm, tps, elapsed, eta, timing]() -> Status {
+      if (settings.publish) settings.publish({{"tokens_per_s", tps}, {"elapsed_s", elapsed}});
+      // On the GPU: MFU (of the named peak) and device memory, in the console, the JSONL log and the metrics.
+      const double mfu = settings.flopsPerToken > 0 && settings.peakFlops > 0
+                             ? tps * settings.flopsPerToken / settings.peakFlops : -1;
+      const int64_t deviceMemory = backend.deviceMemoryInUse();
+      if (settings.publish && mfu >= 0) settings.publish({{"mfu", mfu}});
+      if (settings.publish && deviceMemory >= 0) settings.publish({{"gpu_memory_bytes", double(deviceMemory)}});
+      if (settings.console && settings.stepLines) {
+        char line[256];
+        std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | elapsed %s | ETA %s",
+                      static_cast<long long>(it), static_cast<long long>(settings.trainIters), loss, lr, gradNorm,
+                      formatRate(tps).c_str(), formatDuration(elapsed).c_str(), formatDuration(eta).c_str());
+        std::string extra;
+        if (mfu >= 0) {
+          char m[160];
+          std::snprintf(m, sizeof m, " | MFU %.1f%% of %s", 100.0 * mfu, settings.peakName.c_str());
+          extra += m;
+        }
+        if (scaler) {
+          char m[64];
+          std::snprintf(m, sizeof m, " | loss scale %g", scaler->scale());
+          extra += m;
+        }
+        if (deviceMemory >= 0) {
+          char m[64];
+          std::snprintf(m, sizeof m, " | GPU mem %.2f GiB", static_cast<double>(deviceMemory) / (1ull << 30));
+          extra += m;
+        }
+        console << line << extra << std::endl;
       }
-      if (scaler) {
-        char m[64];
-        std::snprintf(m, sizeof m, " | loss scale %g", scaler->scale());
-        extra += m;
+      if (jsonl.is_open()) {
+        std::ostringstream j;
+        j << std::setprecision(9) << "{\"step\": " << it << ", \"loss\": " << loss << ", \"lr\": " << lr
+          << ", \"grad_norm\": " << (std::isfinite(gradNorm) ? gradNorm : -1.0) << ", \"tokens_per_s\": " << tps
+          << ", \"elapsed_s\": " << elapsed;
+        if (scaler) j << ", \"loss_scale\": " << scaler->scale();
+        if (mfu >= 0) j << ", \"mfu\": " << mfu;
+        if (deviceMemory >= 0) j << ", \"gpu_memory_bytes\": " << deviceMemory;
+        // The logged step's own time on the device (the CUDA backend's graph replay), to plot against the wall.
+        if (timing && timing->deviceMs >= 0) j << ", \"device_ms\": " << timing->deviceMs;
+        j << "}";
+        TPC_TRY(jsonlLine(j.str()));
       }
-      if (deviceMemory >= 0) {
-        char m[64];
-        std::snprintf(m, sizeof m, " | GPU mem %.2f GiB", static_cast<double>(deviceMemory) / (1ull << 30));
-        extra += m;
-      }
-      console << line << extra << std::endl;
-    }
-    if (jsonl.is_open()) {
-      std::ostringstream j;
-      j << std::setprecision(9) << "{\"step\": " << it << ", \"loss\": " << loss << ", \"lr\": " << lr
-        << ", \"grad_norm\": " << (std::isfinite(gradNorm) ? gradNorm : -1.0) << ", \"tokens_per_s\": " << tps
-        << ", \"elapsed_s\": " << elapsed;
-      if (scaler) j << ", \"loss_scale\": " << scaler->scale();
-      if (mfu >= 0) j << ", \"mfu\": " << mfu;
-      if (deviceMemory >= 0) j << ", \"gpu_memory_bytes\": " << deviceMemory;
-      // The logged step's own time on the device (the CUDA backend's graph replay), to plot against the wall.
-      if (auto t = backend.lastStepTiming(); t && t->deviceMs >= 0) j << ", \"device_ms\": " << t->deviceMs;
-      j << "}";
-      TPC_TRY(jsonlLine(j.str()));
-    }
+      return {};
+    };
   }
+  TPC_TRY(flushLog());
   if (total > 0) closeStep(settings.trainIters);
   if (!times.empty() && settings.console) console << times.line() << std::endl;
   if (report.losses.empty())

@@ -1,6 +1,7 @@
 // The trainer reads the next batch while the backend runs a step (Backend::startStep/finishStep), hands every
 // step its own batch (two host buffers, swapped), and ends with where the time per step went, leaving out of
-// the device figures the steps the backend did not time on the device (a profiled step).
+// the device figures the steps the backend did not time on the device (a profiled step); a step's log line is
+// written once the next step has started, so the device does not wait for it.
 #include <catch2/catch.hpp>
 
 #include <sstream>
@@ -40,13 +41,13 @@ class SplitBackend final : public Backend {
     const HostTensor& t = in.at("tokens");
     const int32_t* d = t.data<int32_t>();
     stepTokens.push_back(d[0] * 1000 + d[1] * 31 + d[t.numel() - 1]);
-    events_.push_back("start " + std::to_string(i));
+    events_.push_back("start " + std::to_string(i) + lines());
     pending_ = i;
     out_.emplace(inner_->step(in, i));
     return {};
   }
   Result<TensorMap> finishStep() override {
-    events_.push_back("finish " + std::to_string(pending_));
+    events_.push_back("finish " + std::to_string(pending_) + lines());
     Result<TensorMap> r = std::move(*out_);
     out_.reset();
     last_ = StepTiming{pending_ == 4 ? -1.0 : 2.0, 0.25, 1.5, 0.125};
@@ -55,6 +56,14 @@ class SplitBackend final : public Backend {
   std::optional<StepTiming> lastStepTiming() const override { return last_; }
   Result<HostTensor> readState(const std::string& n) const override { return inner_->readState(n); }
   std::vector<int64_t> stepTokens;  // the fingerprint of the batch each step was given
+  const std::ostringstream* console = nullptr;  // when set, each start and finish event counts its step lines
+  std::string lines() const {
+    if (!console) return "";
+    const std::string s = "\n" + console->str();
+    int64_t n = 0;
+    for (size_t at = s.find("\nstep "); at != std::string::npos; at = s.find("\nstep ", at + 1)) ++n;
+    return " (" + std::to_string(n) + " lines)";
+  }
 
  private:
   std::unique_ptr<Backend> inner_;
@@ -100,6 +109,37 @@ TEST_CASE("trainer: the next batch is read while a step runs, each step gets its
   CHECK(out.find("host: inputs and launch 0.25, next batch ") != std::string::npos);
   CHECK(out.find(", waiting 1.50, outputs 0.12, the rest of the loop ") != std::string::npos);
   CHECK(out.find(" (1 steps not timed on the device left out)") != std::string::npos);
+}
+
+TEST_CASE("trainer: a step's log line is written after the next step has started, every line by the end", "[run]") {
+  auto g = test::gptStep(test::smallGpt(), 4, "autodiff(clip-grad=1.0),cse,dce");
+  CpuOptions o;
+  o.threads = 2;
+  std::vector<std::string> events;
+  SplitBackend b(test::preparedCpuBackend(*g, o, 1), events);
+  std::ostringstream console;
+  b.console = &console;
+  LoggedBatches data(events);
+  TrainerSettings s;
+  s.trainIters = 4;
+  s.logInterval = 1;
+  s.lr.maxLr = s.lr.minLr = 1e-3;
+  s.lr.warmupIters = 0;
+  s.lr.decayIters = 4;
+  auto r = train(b, *g, data, s, console);
+  INFO(console.str());
+  REQUIRE(r.ok());
+  // Step k starts with the lines of steps 1..k-2 written; step k-1's follows while k runs.
+  std::vector<std::string> want = {"read 1"};
+  for (int k = 1; k <= 4; ++k) {
+    want.push_back("start " + std::to_string(k) + " (" + std::to_string(std::max(k - 2, 0)) + " lines)");
+    if (k < 4) want.push_back("read " + std::to_string(k + 1));
+    want.push_back("finish " + std::to_string(k) + " (" + std::to_string(k - 1) + " lines)");
+  }
+  CHECK(events == want);
+  const std::string out = console.str();
+  for (int k = 1; k <= 4; ++k) CHECK(out.find("step      " + std::to_string(k) + "/4 | loss ") != std::string::npos);
+  CHECK(out.find("step      4/4") < out.find("time per step"));
 }
 
 }  // namespace tpc
