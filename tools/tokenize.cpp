@@ -1,5 +1,8 @@
 // `tpc tokenize`: text on stdin to token ids on stdout, or ids back to text with --decode.
+#include <sys/stat.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <iterator>
@@ -28,7 +31,12 @@ int runTokenize(std::vector<std::string> args) {
   auto tokenizer = loadTokenizer(flags.get("tokenizer"));
   if (!tokenizer.ok()) return cli::fail("tokenize", tokenizer.error());
 
+  // A directory on stdin reads as nothing (EISDIR): say so rather than print an empty line.
+  struct stat st {};
+  if (fstat(0, &st) == 0 && S_ISDIR(st.st_mode))
+    return cli::fail("tokenize", "stdin is a directory: give a file (tpc tokenize < FILE)");
   std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  if (std::cin.bad() || std::ferror(stdin)) return cli::fail("tokenize", "cannot read stdin");
   if (flags.on("decode")) {
     std::vector<int32_t> ids;
     std::istringstream in(input);

@@ -347,6 +347,11 @@ TEST_CASE("tpc tokenize reports bad input and missing vocabularies", "[tokenizer
   CHECK(missing.exitCode == 1);
   CHECK_THAT(missing.err, Catch::Contains(empty.path.string() + "/gpt2/encoder.json") &&
                               Catch::Contains("scripts/fetch_data.sh"));
+  // A directory on stdin: one error, nothing on stdout.
+  auto dir = runCommand(tpcBinary() + " tokenize --tokenizer byte < " + empty.path.string(), "");
+  CHECK(dir.exitCode == 1);
+  CHECK(dir.out.empty());
+  CHECK_THAT(dir.err, Catch::Contains("stdin is a directory"));
 }
 
 TEST_CASE("dataDir follows TPC_DATA_DIR and missing files name the fix", "[tokenizer][data]") {
