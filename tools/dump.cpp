@@ -1,6 +1,7 @@
 // `tpc dump MODEL.fb|.json [--after=PASS]`: prints a model's graph after a stage of the compile pipeline
-// (the forward graph with no --after). Takes the same training flags as `tpc run`; with --tp/--dp it prints
-// one rank's partitioned program (--rank), its Graphviz form (--format=dot) or its collectives (--summary).
+// (with no --after: the forward graph, or with --tp/--dp the rank's program after `partition`). Takes the
+// same training flags as `tpc run`; with --tp/--dp it prints one rank's partitioned program (--rank), its
+// Graphviz form (--format=dot) or its collectives (--summary).
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -102,8 +103,8 @@ std::string graphToDot(const Graph& g) {
 
 int runDump(std::vector<std::string> args) {
   cli::Flags flags("dump", "tpc dump MODEL.fb|MODEL.json [--after=PASS] [training flags]");
-  flags.value("after", "print the graph after this pass of the pipeline (default: the forward graph; with --passes, "
-                       "--summary or --memory: the last pass)")
+  flags.value("after", "print the graph after this pass of the pipeline (default: the forward graph, with --tp/--dp "
+                       "the rank's program after partition; with --passes, --summary or --memory: the last pass)")
       .value("passes", "the pipeline to run instead of the standard one")
       .toggle("print-pipeline", "print the pipeline that would run and exit")
       .value("rank", "with --tp/--dp: the rank whose program `partition` builds", "0")
@@ -148,8 +149,12 @@ int runDump(std::vector<std::string> args) {
   // --memory, --summary and --passes mean the pipeline's output (all of it), unless --after names a pass.
   const bool whole = after.empty() && (flags.on("memory") || flags.on("summary") || flags.has("passes")) && !entries->empty();
   if (whole) after = entries->back().name;
+  // Under --tp/--dp the pipeline partitions: show the rank's program, which also checks the sharding (a tp
+  // that does not divide the heads is an error here as in `tpc run`, not an unsharded graph).
+  if (after.empty() && std::any_of(entries->begin(), entries->end(), [](const PipelineEntry& e) { return e.name == "partition"; }))
+    after = "partition";
   if (after.empty()) {
-    std::cout << printGraph(*model->forward);
+    std::cout << (format == "dot" ? graphToDot(*model->forward) : printGraph(*model->forward));
     return 0;
   }
   // Run the pipeline up to and including the first pass named `after`.

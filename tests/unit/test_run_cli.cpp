@@ -123,6 +123,22 @@ TEST_CASE("tpc run: dp 2 x tp 2 accepts a global batch of micro x dp and trains 
   }
 }
 
+TEST_CASE("tpc dump --tp without --after: the rank's program, and a tp that does not divide the heads is an error",
+          "[dump][cli][errors]") {
+  const std::string gpt2 = test::binaryPath("models/gpt2.fb");
+  auto bad = test::runCommand(test::tpcBinary() + " dump " + gpt2 + " --tp 5");
+  CHECK(bad.exitCode == 1);
+  CHECK(bad.out.empty());
+  CHECK_THAT(bad.err, Catch::Contains("tp=5 does not divide the 12 attention heads"));
+  auto rank = test::runCommand(test::tpcBinary() + " dump " + tiny() + " --tp 2 --micro-batch-size 4");
+  INFO(rank.err);
+  CHECK(rank.exitCode == 0);
+  CHECK_THAT(rank.out, Catch::Contains("all_reduce"));  // the partitioned program, not the forward graph
+  auto plain = test::runCommand(test::tpcBinary() + " dump " + tiny() + " --micro-batch-size 4 --format dot");
+  CHECK(plain.exitCode == 0);
+  CHECK_THAT(plain.out, Catch::StartsWith("digraph"));  // --format applies to the forward graph too
+}
+
 TEST_CASE("tpc run/dump --use-distributed-optimizer: ZeRO-1 over dp trains like one rank", "[run][cli][zero1]") {
   const std::string common = " --train-iters 2 --log-interval 1 --seed 3";
   auto one = test::runCommand(test::tpcBinary() + " run " + tiny() + " --micro-batch-size 8 --global-batch-size 8" + common);
