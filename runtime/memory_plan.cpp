@@ -41,9 +41,9 @@ StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceB
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf,
                               llvm::function_ref<bool(const Node&)> isView, int64_t alignment,
                               llvm::function_ref<bool(const Node&)> onCommStream,
-                              const llvm::DenseSet<const Value*>* external) {
+                              llvm::function_ref<bool(const Value*)> external) {
   StepMemoryPlan plan;
-  auto isExternal = [external](const Value* v) { return external && external->count(v); };
+  auto isExternal = [external](const Value* v) { return external && external(v); };
   std::vector<Node*> nodes = g.nodeVector();
   const int end = static_cast<int>(nodes.size());
   llvm::DenseMap<const Node*, int> index;

@@ -14,7 +14,6 @@
 #include "ir/fusion_group.h"
 #include "ir/graph.h"
 #include "llvm/ADT/ArrayRef.h"
-#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 
@@ -50,12 +49,12 @@ struct StepMemoryPlan {
 // the CUDA backend's views, none on the CPU). `onCommStream(n)` (if given): n runs on another stream until
 // the first later node that reads its result (or the step's end when none does), so the arena buffers of
 // its operands, results and workspace stay live until that node (comm_stream_schedule.h joins there).
-// `external` (if given): node results the backend keeps outside the arena (the CUDA backend's 16-bit parameter
-// copies, which live from one step to the next); they get no buffer and nothing is written over them.
+// `external(v)` (if given): node results the backend keeps outside the arena (the CUDA backend's 16-bit
+// parameter copies, which live from one step to the next); they get no buffer and nothing is written over them.
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf,
                               llvm::function_ref<bool(const Node&)> isView, int64_t alignment = 256,
                               llvm::function_ref<bool(const Node&)> onCommStream = {},
-                              const llvm::DenseSet<const Value*>* external = nullptr);
+                              llvm::function_ref<bool(const Value*)> external = {});
 
 }  // namespace tpc

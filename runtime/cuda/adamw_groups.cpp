@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
+#include <string>
 #include <tuple>
 
 #include "runtime/backend.h"
@@ -14,6 +16,13 @@ namespace tpc::cuda {
 bool isAdamWGroup(const FusionGroup& g) { return !g.members.empty() && g.members.front()->op() == OpKind::AdamWUpdate; }
 
 bool adamwGroupKeepsCopies(const FusionGroup& g) { return g.outputs.size() == 4 * g.members.size(); }
+
+std::vector<Value*> adamwGroupCopies(const FusionGroup& g) {
+  std::vector<Value*> copies;
+  if (adamwGroupKeepsCopies(g))
+    for (size_t j = 0; j < g.members.size(); ++j) copies.push_back(g.outputs[4 * j + 3]);
+  return copies;
+}
 
 bool adamwGroupScales(const FusionGroup& g) {
   return std::any_of(g.absorbed.begin(), g.absorbed.end(), [](const Node* n) { return n->op() == OpKind::Mul; });
@@ -65,18 +74,18 @@ GradSource gradSource(const Graph& g, Node& update, const llvm::DenseMap<const V
 
 // The 16-bit copy update's kernel can keep: the result of a cast of its parameter p (f32) to bf16/f16, as a
 // cast group takes it (castGroups: in no fusion group), when its p' is the step's output named p (the next
-// step's p). Null when there is none.
-Value* sixteenBitCopy(const Graph& g, const Node& update, const llvm::DenseMap<const Value*, llvm::SmallVector<Node*, 4>>& users,
+// step's p; `next`: each output's value by name). Null when there is none.
+Value* sixteenBitCopy(const Node& update, const std::map<std::string, const Value*>& next,
+                      const llvm::DenseMap<const Value*, llvm::SmallVector<Node*, 4>>& users,
                       const llvm::DenseMap<const Node*, const FusionGroup*>* fused) {
   const Value* p = update.operand(0);
-  if (!p->isParam() || p->dtype() != DType::f32) return nullptr;
-  bool next = false;
-  for (size_t i = 0; i < g.outputs().size(); ++i) next |= g.outputs()[i].value == update.result(0) && g.outputName(i) == p->name();
+  auto n = next.find(p->name());
   auto u = users.find(p);
-  if (!next || u == users.end()) return nullptr;
+  if (!p->isParam() || p->dtype() != DType::f32 || n == next.end() || n->second != update.result(0) || u == users.end())
+    return nullptr;
   for (Node* c : u->second) {
-    DType to = c->op() == OpKind::Cast ? c->result()->dtype() : DType::f32;
-    if ((to == DType::bf16 || to == DType::f16) && fusionGroupOf(*c) < 0 && !(fused && fused->lookup(c))) return c->result();
+    if (c->op() != OpKind::Cast || fusionGroupOf(*c) >= 0 || (fused && fused->lookup(c))) continue;
+    if (c->result()->dtype() == DType::bf16 || c->result()->dtype() == DType::f16) return c->result();
   }
   return nullptr;
 }
@@ -106,6 +115,8 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
   OrderedBuckets<Key> buckets;
   llvm::DenseMap<const Node*, GradSource> sources;
   llvm::DenseMap<const Node*, Value*> copies;
+  std::map<std::string, const Value*> outputs;
+  for (size_t i = 0; sixteenBitCopies && i < g.outputs().size(); ++i) outputs[g.outputName(i)] = g.outputs()[i].value;
   for (Node* n : nodes) {
     if (n->op() != OpKind::AdamWUpdate) continue;
     bool read = false;
@@ -115,7 +126,7 @@ std::vector<FusionGroup> adamwGroups(const Graph& g, const llvm::DenseMap<const 
     std::vector<DType> dtypes;
     for (unsigned k = 0; k < 4; ++k) dtypes.push_back(k == 1 ? src.grad->dtype() : n->operand(k)->dtype());
     for (Value* r : n->results()) dtypes.push_back(r->dtype());
-    Value* copy = sixteenBitCopies ? sixteenBitCopy(g, *n, users, fused) : nullptr;
+    Value* copy = sixteenBitCopies ? sixteenBitCopy(*n, outputs, users, fused) : nullptr;
     if (copy) copies[n] = copy;
     buckets.add(Key{dtypes, n->getFloat("beta1"), n->getFloat("beta2"), n->getFloat("eps"), n->operand(4), n->operand(5), src.scale,
                     copy ? static_cast<int>(copy->dtype()) : -1},

@@ -25,6 +25,7 @@ namespace tpc::cuda {
 // would give, so that cast can be skipped (cast_groups.h); a gated step leaves p and c alike.
 bool isAdamWGroup(const FusionGroup& g);
 bool adamwGroupKeepsCopies(const FusionGroup& g);
+std::vector<Value*> adamwGroupCopies(const FusionGroup& g);  // each member's copy c (none: empty)
 bool adamwGroupScales(const FusionGroup& g);  // the clip scale is an input (the group absorbed multiplies)
 size_t adamwGroupGates(const FusionGroup& g);
 

@@ -35,6 +35,7 @@
 #include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/kernels/generated_lowerings.h"
 #include "runtime/cuda/virtual_collectives.h"
+#include "llvm/ADT/SetVector.h"
 
 namespace tpc {
 namespace {
@@ -158,8 +159,7 @@ struct Rank {
   std::vector<Kept> keptParams;
   // The casts of parameters whose 16-bit copies the AdamW kernels keep (adamw_groups.h): their results live
   // in the state block, after the parameters, from one step to the next.
-  std::vector<const Value*> copies;
-  llvm::DenseSet<const Value*> copySet;
+  llvm::SetVector<const Value*> copies;
   std::vector<size_t> inputOffset;  // graph input k's place in its device's pinned block
   // Rank 0's outputs that finishStep() returns (those that do not update a parameter): name, value, and
   // their place in the pinned block.
@@ -376,13 +376,8 @@ class CudaBackend final : public Backend {
       std::vector<FusionGroup> adamw;
       if (options_.multiTensorAdamW) adamw = adamwGroups(*rk.graph, &rk.groupOf, multiTensorCasts() && adamwCopies_);
       rk.copies.clear();
-      rk.copySet.clear();
       for (const FusionGroup& fg : adamw)
-        if (adamwGroupKeepsCopies(fg))
-          for (size_t j = 0; j < fg.members.size(); ++j) {
-            rk.copies.push_back(fg.outputs[4 * j + 3]);
-            rk.copySet.insert(fg.outputs[4 * j + 3]);
-          }
+        for (const Value* c : adamwGroupCopies(fg)) rk.copies.insert(c);
       for (FusionGroup& fg : adamw) rk.groups.push_back(std::move(fg));
       auto regroup = [&rk] {
         rk.groupOf.clear();
@@ -766,7 +761,7 @@ class CudaBackend final : public Backend {
   // Which tensors of cast group fg have a copy the AdamW kernels keep (lowerCastGroup).
   static std::vector<bool> keptFlags(const Rank& rk, const FusionGroup& fg) {
     std::vector<bool> kept;
-    for (const Value* v : fg.outputs) kept.push_back(rk.copySet.count(v) > 0);
+    for (const Value* v : fg.outputs) kept.push_back(rk.copies.contains(v));
     return kept;
   }
 
@@ -1170,8 +1165,9 @@ class CudaBackend final : public Backend {
     auto onCommStream = [ncclRanks](const Node& n) {
       return ncclRanks ? n.has(traits::Collective) : nodeExec(n) == NodeExec::Collective;
     };
-    plan = commStream_ ? planStepMemory(g, workspace, &rk.groupOf, 256, onCommStream, &rk.copySet)
-                       : planStepMemory(g, workspace, &rk.groupOf, 256, {}, &rk.copySet);
+    auto isCopy = [&rk](const Value* v) { return rk.copies.contains(v); };
+    plan = commStream_ ? planStepMemory(g, workspace, &rk.groupOf, 256, onCommStream, isCopy)
+                       : planStepMemory(g, workspace, &rk.groupOf, 256, {}, isCopy);
     rk.arenaBytes = plan.arenaBytes;
     for (const Value* c : rk.copies) rk.stateBytes += (c->type().bytes() + 255) / 256 * 256;  // after the parameters
     // Parameters an output replaces that no gated AdamW kernel writes: kept aside for non-finite steps.

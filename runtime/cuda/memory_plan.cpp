@@ -7,7 +7,7 @@ namespace tpc::cuda {
 
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf, int64_t alignment,
-                              llvm::function_ref<bool(const Node&)> onCommStream, const llvm::DenseSet<const Value*>* external) {
+                              llvm::function_ref<bool(const Node&)> onCommStream, llvm::function_ref<bool(const Value*)> external) {
   return tpc::planStepMemory(g, workspaceBytes, groupOf, [](const Node& n) { return nodeExec(n) == NodeExec::View; },
                              alignment, onCommStream, external);
 }

@@ -13,6 +13,6 @@ using tpc::StepMemoryPlan;
 StepMemoryPlan planStepMemory(const Graph& g, llvm::ArrayRef<int64_t> workspaceBytes,
                               const llvm::DenseMap<const Node*, const FusionGroup*>* groupOf = nullptr,
                               int64_t alignment = 256, llvm::function_ref<bool(const Node&)> onCommStream = {},
-                              const llvm::DenseSet<const Value*>* external = nullptr);
+                              llvm::function_ref<bool(const Value*)> external = {});
 
 }  // namespace tpc::cuda

@@ -37,6 +37,19 @@ struct MembwOff {
   }
 };
 
+// A CUDA backend prepared for `step`, with or without the cast groups, under TPC_MEMBW_OFF=`membwOff`.
+std::unique_ptr<Backend> preparedCuda(const Graph& step, const TensorMap& state, bool multiTensorCasts, const char* membwOff) {
+  CudaOptions o;
+  o.verbose = false;
+  o.multiTensorCasts = multiTensorCasts;
+  auto b = createCudaBackend({}, o);
+  MembwOff off(membwOff);
+  Status st = b->prepare(step, state);
+  INFO((st.ok() ? std::string() : st.error()));
+  REQUIRE(st.ok());
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("cuda cast group: the multi-tensor cast gives the per-node kernels' bits and the CPU backend's cast",
@@ -64,16 +77,9 @@ TEST_CASE("cuda cast group: bf16 training steps with the cast group give the sam
   std::vector<std::map<std::string, std::string>> after, losses(2);
   std::vector<int64_t> launches;
   for (bool group : {true, false}) {
-    CudaOptions o;
-    o.verbose = false;
-    o.multiTensorCasts = group;
-    auto b = createCudaBackend({}, o);
     // Without the kept bf16 copies (the test below): they put the updates of the parameters cast and of the
     // others into two AdamW groups, one launch more.
-    MembwOff off("adamcopy");
-    Status st = b->prepare(*step, state);
-    INFO((st.ok() ? std::string() : st.error()));
-    REQUIRE(st.ok());
+    auto b = preparedCuda(*step, state, group, "adamcopy");
     auto info = cudaStepGraphInfo(*b);
     REQUIRE(info);
     launches.push_back(info->launches);
@@ -81,8 +87,7 @@ TEST_CASE("cuda cast group: bf16 training steps with the cast group give the sam
       auto out = b->step(batch(i, 1e-2f), i);
       REQUIRE(out.ok());
       REQUIRE(out->count("loss"));
-      const HostTensor& l = out->at("loss");
-      losses[group ? 0 : 1][std::to_string(i)] = std::string(reinterpret_cast<const char*>(l.raw()), l.bytes());
+      losses[group ? 0 : 1][std::to_string(i)] = adamw::bytesOf(out->at("loss"));
     }
     after.push_back(stateBytes(*b, *step));
   }
@@ -105,15 +110,7 @@ TEST_CASE("cuda cast group: the bf16 copies the AdamW kernels keep give the bits
   std::vector<int64_t> kept;
   for (bool copies : {true, false}) {
     auto& l = losses[copies ? 0 : 1];
-    CudaOptions o;
-    o.verbose = false;
-    auto b = createCudaBackend({}, o);
-    {
-      MembwOff off(copies ? "" : "adamcopy");
-      Status st = b->prepare(*step, state);
-      INFO((st.ok() ? std::string() : st.error()));
-      REQUIRE(st.ok());
-    }
+    auto b = preparedCuda(*step, state, true, copies ? "" : "adamcopy");
     auto info = cudaStepGraphInfo(*b);
     REQUIRE(info);
     kept.push_back(info->keptCopies);
@@ -121,8 +118,7 @@ TEST_CASE("cuda cast group: the bf16 copies the AdamW kernels keep give the bits
       auto out = b->step(batch(i, 1e-2f), i);
       REQUIRE(out.ok());
       REQUIRE(out->count("loss"));
-      const HostTensor& t = out->at("loss");
-      l.push_back(std::string(reinterpret_cast<const char*>(t.raw()), t.bytes()));
+      l.push_back(adamw::bytesOf(out->at("loss")));
       return isNonFiniteStep(*out);
     };
     for (int64_t i = 1; i <= 3; ++i) CHECK_FALSE(run(i));

@@ -8,6 +8,8 @@
 
 #include <map>
 
+#include "llvm/ADT/DenseSet.h"
+
 #include "adamw_group_cases.h"
 #include "emulated_device.h"
 #include "models/gpt.h"
@@ -33,20 +35,34 @@ std::unique_ptr<Graph> rankStep(int64_t tp, bool bf16) {
   return g;
 }
 
+// Each member's group (and, with `absorbed`, each absorbed node's), as the backend maps them.
+llvm::DenseMap<const Node*, const FusionGroup*> groupMap(const std::vector<FusionGroup>& groups, bool absorbed) {
+  llvm::DenseMap<const Node*, const FusionGroup*> groupOf;
+  for (const FusionGroup& fg : groups) {
+    for (const Node* m : fg.members) groupOf[m] = &fg;
+    if (absorbed)
+      for (const Node* m : fg.absorbed) groupOf[m] = &fg;
+  }
+  return groupOf;
+}
+
+// The fusion groups of a step rewritten for the CUDA backend.
+std::vector<FusionGroup> cudaFusionGroups(Graph& g) {
+  REQUIRE(cuda::rewriteForCuda(g).ok());
+  auto fused = fusionGroups(g);
+  INFO((fused.ok() ? std::string() : fused.error()));
+  REQUIRE(fused.ok());
+  return std::move(fused).value();
+}
+
 }  // namespace
 
 TEST_CASE("adamw groups: a GPT step's updates are one gated group that writes every parameter in place", "[cuda][adamw]") {
   for (auto [tp, bf16] : {std::pair<int64_t, bool>{1, false}, {2, false}, {1, true}, {2, true}}) {
     INFO("tp " << tp << (bf16 ? ", bf16" : ", f32"));
     std::unique_ptr<Graph> g = rankStep(tp, bf16);
-    REQUIRE(cuda::rewriteForCuda(*g).ok());
-    auto fused = fusionGroups(*g);
-    INFO((fused.ok() ? std::string() : fused.error()));
-    REQUIRE(fused.ok());
-    std::vector<FusionGroup> groups = std::move(fused).value();
-    llvm::DenseMap<const Node*, const FusionGroup*> groupOf;
-    for (const FusionGroup& fg : groups)
-      for (const Node* m : fg.members) groupOf[m] = &fg;
+    std::vector<FusionGroup> groups = cudaFusionGroups(*g);
+    auto groupOf = groupMap(groups, false);
     std::vector<FusionGroup> adamw = cuda::adamwGroups(*g, &groupOf);
     // Under bf16 the gradients the kernels read are bf16 (the casts absorbed) or f32 (where the backward
     // wrote f32, e.g. the embedding gradients on one rank): a group for each dtype there is.
@@ -89,11 +105,7 @@ TEST_CASE("adamw groups: a GPT step's updates are one gated group that writes ev
       }
     CHECK(norms >= 1);
     for (FusionGroup& a : adamw) groups.push_back(a);
-    groupOf.clear();
-    for (const FusionGroup& fg : groups) {
-      for (const Node* m : fg.members) groupOf[m] = &fg;
-      for (const Node* m : fg.absorbed) groupOf[m] = &fg;
-    }
+    groupOf = groupMap(groups, true);
     // Every output that replaces a parameter is written into it by the group: nothing for the backend to keep.
     cuda::StepMemoryPlan plan = cuda::planStepMemory(*g, {}, &groupOf);
     CHECK(plan.paramCopies.empty());
@@ -107,13 +119,8 @@ TEST_CASE("adamw groups: a GPT step's updates are one gated group that writes ev
 
 TEST_CASE("adamw groups: under bf16 the groups keep the parameters' bf16 copies, which get no arena buffer", "[cuda][adamw]") {
   std::unique_ptr<Graph> g = rankStep(1, true);
-  REQUIRE(cuda::rewriteForCuda(*g).ok());
-  auto fused = fusionGroups(*g);
-  REQUIRE(fused.ok());
-  std::vector<FusionGroup> groups = std::move(fused).value();
-  llvm::DenseMap<const Node*, const FusionGroup*> groupOf;
-  for (const FusionGroup& fg : groups)
-    for (const Node* m : fg.members) groupOf[m] = &fg;
+  std::vector<FusionGroup> groups = cudaFusionGroups(*g);
+  auto groupOf = groupMap(groups, false);
   CHECK(cuda::adamwGroups(*g, &groupOf, false).size() == cuda::adamwGroups(*g, &groupOf).size());
   std::vector<FusionGroup> adamw = cuda::adamwGroups(*g, &groupOf, true);
   REQUIRE(!adamw.empty());
@@ -138,13 +145,10 @@ TEST_CASE("adamw groups: under bf16 the groups keep the parameters' bf16 copies,
   }
   CHECK(static_cast<int>(copies.size()) == castParams);
   for (FusionGroup& a : adamw) groups.push_back(a);
-  groupOf.clear();
-  for (const FusionGroup& fg : groups) {
-    for (const Node* m : fg.members) groupOf[m] = &fg;
-    for (const Node* m : fg.absorbed) groupOf[m] = &fg;
-  }
+  groupOf = groupMap(groups, true);
   cuda::StepMemoryPlan arena = cuda::planStepMemory(*g, {}, &groupOf);
-  cuda::StepMemoryPlan kept = cuda::planStepMemory(*g, {}, &groupOf, 256, {}, &copies);
+  cuda::StepMemoryPlan kept =
+      cuda::planStepMemory(*g, {}, &groupOf, 256, {}, [&copies](const Value* v) { return copies.count(v) > 0; });
   int64_t copyBytes = 0;
   for (const Value* c : copies) {
     CHECK(arena.bufferOf.count(c));

@@ -73,6 +73,17 @@ class SplitBackend final : public Backend {
   std::optional<StepTiming> last_;
 };
 
+// `iters` steps at a constant lr, a log line every `logInterval`.
+TrainerSettings constantLr(int64_t iters, int64_t logInterval) {
+  TrainerSettings s;
+  s.trainIters = iters;
+  s.logInterval = logInterval;
+  s.lr.maxLr = s.lr.minLr = 1e-3;
+  s.lr.warmupIters = 0;
+  s.lr.decayIters = iters;
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("trainer: the next batch is read while a step runs, each step gets its own batch, the timing line", "[run]") {
@@ -82,14 +93,8 @@ TEST_CASE("trainer: the next batch is read while a step runs, each step gets its
   std::vector<std::string> events;
   SplitBackend b(test::preparedCpuBackend(*g, o, 1), events);
   LoggedBatches data(events);
-  TrainerSettings s;
-  s.trainIters = 6;
-  s.logInterval = 3;
-  s.lr.maxLr = s.lr.minLr = 1e-3;
-  s.lr.warmupIters = 0;
-  s.lr.decayIters = 6;
   std::ostringstream console;
-  auto r = train(b, *g, data, s, console);
+  auto r = train(b, *g, data, constantLr(6, 3), console);
   INFO(console.str());
   REQUIRE(r.ok());
   // The first batch before step 1; batch k + 1 between step k's two halves; nothing read after the last step.
@@ -120,13 +125,7 @@ TEST_CASE("trainer: a step's log line is written after the next step has started
   std::ostringstream console;
   b.console = &console;
   LoggedBatches data(events);
-  TrainerSettings s;
-  s.trainIters = 4;
-  s.logInterval = 1;
-  s.lr.maxLr = s.lr.minLr = 1e-3;
-  s.lr.warmupIters = 0;
-  s.lr.decayIters = 4;
-  auto r = train(b, *g, data, s, console);
+  auto r = train(b, *g, data, constantLr(4, 1), console);
   INFO(console.str());
   REQUIRE(r.ok());
   // Step k starts with the lines of steps 1..k-2 written; step k-1's follows while k runs.
