@@ -124,10 +124,14 @@ done
 # 3b. Where a gpt2 bf16 step goes at micro batch 16 (tpc run --profile-step: GPU time per op), and with
 #     BENCH=1 tpc against PyTorch eager and torch.compile on the same GPT-2 (bench/vs_pytorch.py).
 "$tpc" run "$gpt2" --backend cuda --precision bf16 --train-iters 4 --log-interval 1 --micro-batch-size 16 \
-  --global-batch-size 16 --profile-step 3 > "$out/gpt2_profile.log" 2>&1
+  --global-batch-size 16 --profile-step 3 --profile-csv "$out/gpt2_profile.csv" > "$out/gpt2_profile.log" 2>&1
 rc=$?
 top="$(grep -A4 -E '^  op +launches' "$out/gpt2_profile.log" | tail -3 | awk '{printf "%s %s ms, ", $1, $3}')"
-row "gpt2.fb bf16 profile, micro batch 16 x 1024" "$([ $rc = 0 ] && echo DONE || echo FAIL)" "$(grep -oE '[0-9]+ launches, [0-9.]+ ms' "$out/gpt2_profile.log" | head -1); ${top%, }"
+# The CSV (--profile-csv) holds every launch the table counted.
+counted="$(grep -oE 'profile of step 3: [0-9]+ launches' "$out/gpt2_profile.log" | grep -oE '[0-9]+ launches' | grep -oE '[0-9]+')"
+csvrows=$(( $( (cat "$out/gpt2_profile.csv" 2>/dev/null || true) | wc -l) - 1 ))
+[ "$rc" = 0 ] && [ -n "$counted" ] && [ "$csvrows" = "$counted" ] || rc=1
+row "gpt2.fb bf16 profile, micro batch 16 x 1024" "$([ $rc = 0 ] && echo DONE || echo FAIL)" "$(grep -oE '[0-9]+ launches, [0-9.]+ ms' "$out/gpt2_profile.log" | head -1); ${top%, }; CSV rows $csvrows"
 if [ "${BENCH:-0}" = 1 ]; then
   bench="$(pick "$build/bench/vs_pytorch.py" "bench/vs_pytorch.py")"
   python3 "$bench" --tpc "$tpc" --configs "${BENCH_CONFIGS:-gpt2}" --steps "${BENCH_STEPS:-200}" \

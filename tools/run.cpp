@@ -183,6 +183,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
              "60")
       .value("profile-step", "CUDA: time step N launch by launch (CUDA events) and print its GPU time per op; 0: off",
              "0")
+      .value("profile-csv", "with --profile-step: also write every launch of that step (op, ms, TFLOP/s, kernel) to "
+                            "this CSV file")
       .toggle("no-fuse", "CUDA backend: one kernel per elementwise op (leave out the fuse pass that ends the pipeline)")
       .toggle("no-fuse-classifier", "CUDA backend: the loss and its gradient as two kernels, dlogits in a buffer of its "
                                     "own (leave out the fuse-classifier pass before fuse)")
@@ -259,6 +261,19 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
 
   auto backendKind = selectBackend(flags.get("backend"));
   if (!backendKind) return cli::fail("run", backendKind.error());
+  if (flags.has("profile-csv")) {
+    if (*profileStep == 0)
+      return cli::fail("run", "--profile-csv writes the launches of the step --profile-step times; add --profile-step N");
+    // A file that cannot be written is found now, not after the steps before the profiled one.
+    std::filesystem::path csv = flags.get("profile-csv"), dir = csv.parent_path().empty() ? "." : csv.parent_path();
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec) || access(dir.c_str(), W_OK) != 0 || std::filesystem::is_directory(csv, ec))
+      return cli::fail("run", cat("--profile-csv ", csv.string(), ": error: cannot write this file (",
+                                  std::filesystem::is_directory(csv, ec) ? "it is a folder"
+                                  : std::filesystem::is_directory(dir, ec) ? "its folder is not writable"
+                                                                         : "its folder does not exist",
+                                  "); pick a file in a writable folder"));
+  }
   if (*profileStep > 0 && *backendKind != BackendKind::Cuda)
     return cli::fail("run", "--profile-step times CUDA kernels: it needs the CUDA backend (--backend cuda on a machine with a GPU)");
   // --precision auto: bf16 compute on the GPU (the default there), fp32 on the CPU.
@@ -406,6 +421,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     cuda.collectives = flags.get("collectives");
     cuda.collectiveTimeoutSeconds = *collectiveTimeout;
     cuda.profileStep = *profileStep;
+    if (speaks) cuda.profileCsv = flags.get("profile-csv");
     cuda.collectiveStream = !flags.on("one-stream");
     if (cudaProcess) {  // mesh rank world.rank on the GPU of its local rank, NCCL ids through MPI
       cuda.processRank = job->world.rank;

@@ -9,7 +9,9 @@
 #include <functional>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -1688,6 +1690,20 @@ class CudaBackend final : public Backend {
       std::printf("%s", formatStepProfile(d.profile, stepIndex, replay).c_str());
       if (i == 0 && devs_.size() > 1) break;  // NCCL ranks run the same program: rank 0's table stands for all
     }
+    std::fflush(stdout);
+    if (options_.profileCsv.empty()) return {};
+    std::vector<std::pair<int, std::vector<TimedLaunch>>> all;
+    for (const DeviceCtx& d : devs_) all.push_back({d.device, d.profile});
+    const std::string tmp = options_.profileCsv + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << formatStepProfileCsv(all);
+      if (!f.flush()) return makeError("--profile-csv ", options_.profileCsv, ": error: cannot write the file");
+    }
+    if (std::rename(tmp.c_str(), options_.profileCsv.c_str()) != 0)
+      return makeError("--profile-csv ", options_.profileCsv, ": error: cannot write the file (", std::strerror(errno), ")");
+    std::printf("profile of step %lld: every launch written to %s\n", static_cast<long long>(stepIndex),
+                options_.profileCsv.c_str());
     std::fflush(stdout);
     return {};
   }

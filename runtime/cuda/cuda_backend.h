@@ -29,6 +29,9 @@ struct CudaOptions {
   // two launches, and its GPU time per op is printed (runtime/cuda/step_profile.h). The step's results are
   // the same as without profiling.
   int64_t profileStep = 0;
+  // With profileStep: also write every launch of that step to this CSV file (step_profile.h), through a
+  // temporary file renamed into place.
+  std::string profileCsv;
   // The AdamW updates as multi-tensor kernels gated on non-finite steps (adamw_groups.h); false: one kernel
   // per adamw_update and a copy of the state they update kept aside each step (tests compare the two).
   bool multiTensorAdamW = true;

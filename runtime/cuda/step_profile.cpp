@@ -6,6 +6,8 @@
 #include <map>
 #include <numeric>
 
+#include "ir/status.h"  // cat
+
 namespace tpc::cuda {
 
 std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t step, double replayMs, int top) {
@@ -66,6 +68,38 @@ std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t 
     for (size_t i = 0; i < order.size() && i < static_cast<size_t>(top); ++i) {
       std::snprintf(buf, sizeof buf, "  %10.3f ms  %s\n", launches[order[i]].ms, launches[order[i]].what.c_str());
       out += buf;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// A CSV field: quoted (quotes doubled) where it holds a comma, a quote or a line break.
+std::string csvField(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+}  // namespace
+
+std::string formatStepProfileCsv(const std::vector<std::pair<int, std::vector<TimedLaunch>>>& gpus) {
+  std::string out = "gpu,launch,op,ms,tflops,what,gemm\n";
+  char num[64];
+  for (const auto& [gpu, launches] : gpus) {
+    for (size_t i = 0; i < launches.size(); ++i) {
+      const TimedLaunch& l = launches[i];
+      out += cat(gpu, ",", i, ",", csvField(l.op), ",");
+      std::snprintf(num, sizeof num, "%.6f", l.ms);
+      out += num;
+      out += ",";
+      if (l.flops > 0 && l.ms > 0) {
+        std::snprintf(num, sizeof num, "%.1f", l.flops / (l.ms * 1e-3) / 1e12);
+        out += num;
+      }
+      out += cat(",", csvField(l.what), ",", csvField(l.gemm), "\n");
     }
   }
   return out;

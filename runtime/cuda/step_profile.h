@@ -21,4 +21,9 @@ struct TimedLaunch {
 // `replayMs`: the same step as a CUDA graph replay (0: unknown), printed beside the summed time.
 std::string formatStepProfile(const std::vector<TimedLaunch>& launches, int64_t step, double replayMs, int top = 15);
 
+// Every launch of a profiled step, one CSV row each in launch order (`tpc run --profile-csv`), for plotting or
+// sorting: `gpu,launch,op,ms,tflops,what,gemm` (tflops empty where the launch is no GEMM or attention call).
+// `gpus[i]` names the GPU of launches[i]'s list; the header is written once, before the first list.
+std::string formatStepProfileCsv(const std::vector<std::pair<int, std::vector<TimedLaunch>>>& gpus);
+
 }  // namespace tpc::cuda

@@ -1,7 +1,10 @@
-// `tpc run --profile-step`: the table of a profiled step (runtime/cuda/step_profile.h) and the flag's
-// refusal without the CUDA backend. The timing itself needs a GPU (scripts/gpu_check.sh runs it).
+// `tpc run --profile-step`: the table of a profiled step (runtime/cuda/step_profile.h), its CSV
+// (`--profile-csv`), and the flags' refusals without the CUDA backend, a profiled step or a writable file.
+// The timing itself needs a GPU (scripts/gpu_check.sh runs it).
 #ifdef TPC_HAVE_CUDA
 #include <catch2/catch.hpp>
+
+#include <filesystem>
 
 #include "runtime/cuda/step_profile.h"
 #include "test_support.h"
@@ -60,6 +63,40 @@ TEST_CASE("step profile: --profile-step on the CPU backend is refused naming the
   CHECK(r.err.find("--profile-step") != std::string::npos);
   CHECK(r.err.find("CUDA backend") != std::string::npos);
   CHECK(r.out.find("step") == std::string::npos);  // refused before training
+}
+
+TEST_CASE("step profile: the CSV has every launch in order per GPU, TFLOP/s for GEMMs only, commas quoted",
+          "[cuda][profile]") {
+  std::vector<TimedLaunch> gpu0 = {{"matmul", "matmul -> %1", 2.0, "matmul bf16[4,8] x bf16[8,16]", 2e12},
+                                   {"add", "add -> %2 [k]", 0.5, "", 0},
+                                   {"fusion_group=3", "say \"hi\", twice", 0.25, "", 0}};
+  std::vector<TimedLaunch> gpu1 = {{"add", "rank 1: add -> %2 [k]", 0.75, "", 0}};
+  std::string csv = formatStepProfileCsv({{0, gpu0}, {1, gpu1}});
+  INFO(csv);
+  CHECK(csv == "gpu,launch,op,ms,tflops,what,gemm\n"
+               "0,0,matmul,2.000000,1000.0,matmul -> %1,\"matmul bf16[4,8] x bf16[8,16]\"\n"
+               "0,1,add,0.500000,,add -> %2 [k],\n"
+               "0,2,fusion_group=3,0.250000,,\"say \"\"hi\"\", twice\",\n"
+               "1,0,add,0.750000,,rank 1: add -> %2 [k],\n");
+  CHECK(formatStepProfileCsv({}) == "gpu,launch,op,ms,tflops,what,gemm\n");
+}
+
+TEST_CASE("step profile: --profile-csv without --profile-step, or where it cannot write, is refused before training",
+          "[cuda][profile][cli]") {
+  test::TempDir dir;
+  const std::string run = test::tpcBinary() + " run " + test::binaryPath("models/tiny.fb") + " --train-iters 2";
+  auto alone = test::runCommand(run + " --profile-csv " + (dir.path / "p.csv").string());
+  CHECK(alone.exitCode == 1);
+  CHECK(alone.err.find("add --profile-step N") != std::string::npos);
+  auto missing = test::runCommand(run + " --profile-step 2 --profile-csv " + (dir.path / "no" / "p.csv").string());
+  CHECK(missing.exitCode == 1);
+  CHECK(missing.err.find("--profile-csv " + (dir.path / "no" / "p.csv").string()) != std::string::npos);
+  CHECK(missing.err.find("its folder does not exist") != std::string::npos);
+  auto folder = test::runCommand(run + " --profile-step 2 --profile-csv " + dir.path.string());
+  CHECK(folder.exitCode == 1);
+  CHECK(folder.err.find("it is a folder") != std::string::npos);
+  for (const auto* r : {&alone, &missing, &folder}) CHECK(r->out.find("step ") == std::string::npos);
+  CHECK(std::filesystem::is_empty(dir.path));  // nothing half-written
 }
 
 }  // namespace
