@@ -328,8 +328,10 @@ inline std::vector<Case> allCases() {
   }
   // ---- gather ----
   for (DType dt : {f, bf}) {
-    cs.push_back(simple(cat("embedding ", dtypeName(dt)), OpKind::Embedding, {tt(dt, {50, 24}), tt(DType::i32, {3, 9})},
-                        attrs({{"vocab_start", int64_t(10)}}), {{-1, 1}, {0, 70}}));
+    // Rows of 24 (16-byte accesses, 8 elements a thread) and of 20 (an element a thread).
+    for (int64_t D : {24, 20})
+      cs.push_back(simple(cat("embedding ", dtypeName(dt), " D ", D), OpKind::Embedding, {tt(dt, {50, D}), tt(DType::i32, {3, 9})},
+                          attrs({{"vocab_start", int64_t(10)}}), {{-1, 1}, {0, 70}}));
     cs.push_back(simple(cat("embedding_grad ", dtypeName(dt)), OpKind::EmbeddingGrad,
                         {tt(dt, {4, 333, 24}), tt(DType::i64, {4, 333})},
                         attrs({{"vocab", int64_t(40)}, {"vocab_start", int64_t(5)}}), {{-1, 1}, {0, 50}}));
@@ -338,10 +340,11 @@ inline std::vector<Case> allCases() {
                       attrs({{"vocab", int64_t(3)}}), {{-1, 1}, {1, 1}}));
   // Token-like ids: a few frequent ids (more than 32 positions: summed by 32-entry tiles, some runs starting
   // inside a tile), many rare ones, most of the table unused, some ids outside this shard; widths 768 (gpt2),
-  // 1200 (two column chunks), 100 and 37 (element loads).
+  // 1200 (two column chunks), 100 and 37 (element loads); a vocabulary of 9000 rows takes the counts' scan
+  // through two rounds of 8192 and a tail.
   for (auto [dt, it, N, V, D] : std::vector<std::tuple<DType, DType, int64_t, int64_t, int64_t>>{
            {bf, DType::i32, 1100, 400, 768}, {f, DType::i64, 700, 300, 1200}, {f, DType::i32, 999, 200, 100},
-           {h, DType::i32, 333, 64, 37}}) {
+           {h, DType::i32, 333, 64, 37}, {f, DType::i32, 600, 9000, 8}}) {
     TensorType dy = tt(dt, {N, D}), ids = tt(it, {N});
     AttrDict a = attrs({{"vocab", V}, {"vocab_start", int64_t(2)}});
     cs.push_back(Case{cat("embedding_grad token-like ", dy.str(), " vocab ", V), OpKind::EmbeddingGrad, {dy, ids}, a,
