@@ -1,25 +1,36 @@
 // estimateMemory: the live bytes of planStepMemory's buffers, node by node.
 #include "runtime/memory_estimate.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <limits>
+#include <string>
 #include <vector>
+
 
 #include "runtime/memory_plan.h"
 
 namespace tpc {
 
-MemoryEstimate estimateMemory(const Graph& g) {
+MemoryEstimate estimateMemory(const Graph& g, int floatBytes) {
+  auto bytesOf = [floatBytes](const Value* v) {
+    return floatBytes > 0 && isFloat(v->dtype()) ? v->type().numel() * floatBytes : v->type().bytes();
+  };
   MemoryEstimate m;
-  for (const Value* p : g.params()) m.stateBytes += p->type().bytes();
-  for (const Value* v : g.inputs()) m.inputBytes += v->type().bytes();
+  for (const Value* p : g.params()) m.stateBytes += bytesOf(p);
+  for (const Value* v : g.inputs()) m.inputBytes += bytesOf(v);
   // The buffers and lifetimes of the CUDA backend's plan, without its views, fusion or workspaces; their
   // bytes summed node by node (no arena packing).
   StepMemoryPlan plan = planStepMemory(g, {}, nullptr, [](const Node&) { return false; });
+  std::vector<int64_t> bytes;
+  for (const PlannedBuffer& b : plan.buffers) bytes.push_back(b.bytes);
+  for (const auto& [v, b] : plan.bufferOf) bytes[static_cast<size_t>(b)] = bytesOf(v);
   std::vector<Node*> nodes = g.nodeVector();
   std::vector<int64_t> startAt(nodes.size() + 1, 0), endAfter(nodes.size() + 1, 0);
-  for (const PlannedBuffer& b : plan.buffers) {
-    startAt[b.first] += b.bytes;
-    endAfter[b.last] += b.bytes;
+  for (size_t k = 0; k < plan.buffers.size(); ++k) {
+    startAt[plan.buffers[k].first] += bytes[k];
+    endAfter[plan.buffers[k].last] += bytes[k];
   }
   int64_t live = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -37,6 +48,48 @@ std::string formatBytes(int64_t bytes) {
   else if (v >= 1024.0 * 1024) std::snprintf(b, sizeof b, "%.1f MiB", v / (1024.0 * 1024));
   else std::snprintf(b, sizeof b, "%.1f KiB", v / 1024.0);
   return b;
+}
+
+int64_t availableHostMemory() {
+  int64_t avail = -1;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    int64_t kib = 0;
+    meminfo >> kib;
+    if (key == "MemAvailable:") {
+      avail = kib * 1024;
+      break;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  // A container's limit (cgroup v2, the folder this process is in): what is left of memory.max.
+  std::ifstream self("/proc/self/cgroup");
+  for (std::string line; std::getline(self, line);) {
+    if (line.rfind("0::", 0) != 0) continue;
+    const std::string dir = "/sys/fs/cgroup" + line.substr(3);
+    std::string max;
+    int64_t current = 0;
+    if (!(std::ifstream(dir + "/memory.max") >> max) || max == "max" || !(std::ifstream(dir + "/memory.current") >> current))
+      break;
+    int64_t left = std::max<int64_t>(0, std::stoll(max) - current);
+    avail = avail < 0 ? left : std::min(avail, left);
+    break;
+  }
+  return avail;
+}
+
+Status checkHostMemory(const MemoryEstimate& need, int64_t available, const std::string& who, int64_t ranks) {
+  if (available < 0 || need.total() <= available) return {};
+  std::string peak;
+  if (need.peakAt && need.peakAt->numResults())
+    peak = cat(" at their peak, during ", need.peakAt->opName(), " -> %",
+               need.peakAt->result(0)->hasName() ? need.peakAt->result(0)->name() : std::to_string(need.peakAt->result(0)->id()));
+  return makeError(who, ": one training step needs about ", formatBytes(need.total()), " of host memory",
+                   ranks > 1 ? cat(" for the ", ranks, " ranks of this process") : std::string(), " (parameters and optimizer state ",
+                   formatBytes(need.stateBytes), ", the batch ", formatBytes(need.inputBytes), ", activations ",
+                   formatBytes(need.peakActivationBytes), peak, "), but this machine has ", formatBytes(available),
+                   " available: lower --micro-batch-size or --seq-length, add --recompute full, or run on a GPU "
+                   "(--backend cuda)");
 }
 
 }  // namespace tpc

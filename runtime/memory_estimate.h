@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ir/graph.h"
+#include "ir/status.h"
 
 namespace tpc {
 
@@ -19,8 +20,19 @@ struct MemoryEstimate {
   int64_t total() const { return stateBytes + inputBytes + peakActivationBytes; }
 };
 
-MemoryEstimate estimateMemory(const Graph& g);
+// floatBytes > 0: float values counted at that element size (the CPU backend computes every float value in
+// f32, or f64), integers at their own.
+MemoryEstimate estimateMemory(const Graph& g, int floatBytes = 0);
 // "1.5 GiB", "312.0 MiB", "4.0 KiB".
 std::string formatBytes(int64_t bytes);
+
+// The host memory this process can still take: /proc/meminfo's MemAvailable, or less where a cgroup (v2)
+// limits the memory of the container it runs in; -1 where neither can be read.
+int64_t availableHostMemory();
+
+// The CPU backends' check before a step's buffers are allocated: an error when `need` (summed over the
+// ranks this process runs) is more than `available` bytes (< 0: unknown, no check), naming the parts and
+// what to change; `who` begins the message ("cpu backend").
+Status checkHostMemory(const MemoryEstimate& need, int64_t available, const std::string& who, int64_t ranks = 1);
 
 }  // namespace tpc

@@ -3,12 +3,17 @@
 
 #include <cstring>
 
+#include "runtime/memory_estimate.h"
+
 namespace tpc {
 
 Status CpuBackend::prepare(const Graph& step, const TensorMap& initialState) {
   graph_ = step.clone();
   state_.clear();
+  exec_.reset();
   DType floatType = options_.fp64 ? DType::f64 : DType::f32;
+  const int64_t limit = options_.hostMemoryLimit ? options_.hostMemoryLimit : availableHostMemory();
+  TPC_TRY(checkHostMemory(estimateMemory(*graph_, static_cast<int>(dtypeSize(floatType))), limit, "cpu backend"));
   for (Value* p : graph_->params()) {
     auto it = initialState.find(p->name());
     if (it == initialState.end())

@@ -34,6 +34,10 @@ struct CpuOptions {
   // This rank's view of the other ranks, for collectives; null: a single rank (every mesh axis of size 1).
   std::shared_ptr<cpu::Communicator> communicator;
   CpuFaults faults;
+  // The backends' prepare() refuses a step whose parameters, batch and peak activations (memory_estimate.h)
+  // need more host memory than this many bytes; 0: what the machine has available (availableHostMemory),
+  // -1: no check.
+  int64_t hostMemoryLimit = 0;
 };
 
 class CpuExecutor {

@@ -10,6 +10,7 @@
 
 #include "runtime/cpu/communicator.h"
 #include "runtime/cpu/shared_memory_communicator.h"
+#include "runtime/memory_estimate.h"
 
 namespace tpc {
 namespace {
@@ -80,6 +81,17 @@ class CpuMeshBackend final : public Backend {
     int total = options_.threads > 0 ? options_.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     CpuOptions rankOptions = options_;
     rankOptions.threads = std::max(1, total / static_cast<int>(local().size()));
+    // Every rank this process runs holds its state and activations in this process's memory.
+    MemoryEstimate need;
+    for (size_t r : local()) {
+      MemoryEstimate m = estimateMemory(*ranks_[r].graph, static_cast<int>(dtypeSize(floatType)));
+      need.stateBytes += m.stateBytes;
+      need.inputBytes += m.inputBytes;
+      need.peakActivationBytes += m.peakActivationBytes;
+      if (!need.peakAt) need.peakAt = m.peakAt;
+    }
+    const int64_t limit = options_.hostMemoryLimit ? options_.hostMemoryLimit : availableHostMemory();
+    TPC_TRY(checkHostMemory(need, limit, "cpu mesh backend", static_cast<int64_t>(local().size())));
     for (size_t r : local()) {
       Rank& rk = ranks_[r];
       rk.exec.reset();
