@@ -2,7 +2,10 @@
 #include "runtime/memory_estimate.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -62,20 +65,42 @@ int64_t availableHostMemory() {
     }
     meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
-  // A container's limit (cgroup v2, the folder this process is in): what is left of memory.max.
+  // A container's limit (cgroup v2): for the folder this process is in and each one above it that sets
+  // memory.max, what is left of it, the page cache the kernel can reclaim (memory.stat's inactive_file)
+  // counted as free as MemAvailable counts it.
+  auto number = [](const std::string& text, int64_t& out) {
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(text.c_str(), &end, 10);
+    if (errno || end == text.c_str() || *end) return false;
+    out = v;
+    return true;
+  };
   std::ifstream self("/proc/self/cgroup");
   for (std::string line; std::getline(self, line);) {
     if (line.rfind("0::", 0) != 0) continue;
-    const std::string dir = "/sys/fs/cgroup" + line.substr(3);
-    std::string max;
-    int64_t current = 0;
-    if (!(std::ifstream(dir + "/memory.max") >> max) || max == "max" || !(std::ifstream(dir + "/memory.current") >> current))
-      break;
-    int64_t left = std::max<int64_t>(0, std::stoll(max) - current);
-    avail = avail < 0 ? left : std::min(avail, left);
+    for (std::filesystem::path dir = "/sys/fs/cgroup" + line.substr(3);; dir = dir.parent_path()) {
+      std::string maxText, currentText;
+      int64_t max = 0, current = 0, reclaimable = 0;
+      if ((std::ifstream(dir / "memory.max") >> maxText) && number(maxText, max) &&
+          (std::ifstream(dir / "memory.current") >> currentText) && number(currentText, current)) {
+        std::ifstream stat(dir / "memory.stat");
+        for (std::string key, value; stat >> key >> value;)
+          if (key == "inactive_file" && number(value, reclaimable)) break;
+        int64_t left = std::max<int64_t>(0, max - std::max<int64_t>(0, current - reclaimable));
+        avail = avail < 0 ? left : std::min(avail, left);
+      }
+      if (dir == "/sys/fs/cgroup" || !dir.has_parent_path() || dir.parent_path() == dir) break;
+    }
     break;
   }
   return avail;
+}
+
+int64_t hostMemoryLimit(int64_t option) {
+  if (option) return option;
+  const char* check = std::getenv("TPC_HOST_MEMORY_CHECK");
+  return check && std::string(check) == "0" ? -1 : availableHostMemory();
 }
 
 Status checkHostMemory(const MemoryEstimate& need, int64_t available, const std::string& who, int64_t ranks) {
@@ -89,7 +114,7 @@ Status checkHostMemory(const MemoryEstimate& need, int64_t available, const std:
                    formatBytes(need.stateBytes), ", the batch ", formatBytes(need.inputBytes), ", activations ",
                    formatBytes(need.peakActivationBytes), peak, "), but this machine has ", formatBytes(available),
                    " available: lower --micro-batch-size or --seq-length, add --recompute full, or run on a GPU "
-                   "(--backend cuda)");
+                   "(--backend cuda) (TPC_HOST_MEMORY_CHECK=0 skips this check)");
 }
 
 }  // namespace tpc

@@ -29,6 +29,9 @@ std::string formatBytes(int64_t bytes);
 // The host memory this process can still take: /proc/meminfo's MemAvailable, or less where a cgroup (v2)
 // limits the memory of the container it runs in; -1 where neither can be read.
 int64_t availableHostMemory();
+// The limit the CPU backends check against: `option` (CpuOptions::hostMemoryLimit) where nonzero; else -1 (no
+// check) under TPC_HOST_MEMORY_CHECK=0, else availableHostMemory().
+int64_t hostMemoryLimit(int64_t option);
 
 // The CPU backends' check before a step's buffers are allocated: an error when `need` (summed over the
 // ranks this process runs) is more than `available` bytes (< 0: unknown, no check), naming the parts and

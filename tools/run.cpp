@@ -261,21 +261,27 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
 
   auto backendKind = selectBackend(flags.get("backend"));
   if (!backendKind) return cli::fail("run", backendKind.error());
-  if (flags.has("profile-csv")) {
-    if (*profileStep == 0)
-      return cli::fail("run", "--profile-csv writes the launches of the step --profile-step times; add --profile-step N");
+  if (*profileStep > config.trainIters)
+    return cli::fail("run", cat("--profile-step ", *profileStep, " is after the run's last step (--train-iters ",
+                                config.trainIters, "): pick a step from 1 to ", config.trainIters));
+  if (flags.has("profile-csv") && !flags.get("profile-csv").empty() && (!job || job->world.rank == 0)) {  // rank 0 writes it
     // A file that cannot be written is found now, not after the steps before the profiled one.
     std::filesystem::path csv = flags.get("profile-csv"), dir = csv.parent_path().empty() ? "." : csv.parent_path();
     std::error_code ec;
-    if (!std::filesystem::is_directory(dir, ec) || access(dir.c_str(), W_OK) != 0 || std::filesystem::is_directory(csv, ec))
+    const bool folder = std::filesystem::is_directory(csv, ec), dirExists = std::filesystem::is_directory(dir, ec);
+    if (folder || !dirExists || access(dir.c_str(), W_OK) != 0)
       return cli::fail("run", cat("--profile-csv ", csv.string(), ": error: cannot write this file (",
-                                  std::filesystem::is_directory(csv, ec) ? "it is a folder"
-                                  : std::filesystem::is_directory(dir, ec) ? "its folder is not writable"
-                                                                         : "its folder does not exist",
+                                  folder      ? "it is a folder"
+                                  : dirExists ? "its folder is not writable"
+                                              : "its folder does not exist or cannot be read",
                                   "); pick a file in a writable folder"));
   }
   if (*profileStep > 0 && *backendKind != BackendKind::Cuda)
     return cli::fail("run", "--profile-step times CUDA kernels: it needs the CUDA backend (--backend cuda on a machine with a GPU)");
+  if (flags.has("profile-csv") && *profileStep == 0)
+    return cli::fail("run", "--profile-csv writes the launches of the step --profile-step times; add --profile-step N");
+  if (flags.has("profile-csv") && flags.get("profile-csv").empty())
+    return cli::fail("run", "--profile-csv needs a file name");
   // --precision auto: bf16 compute on the GPU (the default there), fp32 on the CPU.
   if (config.precision == "auto") config.precision = *backendKind == BackendKind::Cuda ? "bf16" : "fp32";
   const std::string precision = config.precision;

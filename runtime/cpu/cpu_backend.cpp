@@ -12,7 +12,7 @@ Status CpuBackend::prepare(const Graph& step, const TensorMap& initialState) {
   state_.clear();
   exec_.reset();
   DType floatType = options_.fp64 ? DType::f64 : DType::f32;
-  const int64_t limit = options_.hostMemoryLimit ? options_.hostMemoryLimit : availableHostMemory();
+  const int64_t limit = hostMemoryLimit(options_.hostMemoryLimit);
   TPC_TRY(checkHostMemory(estimateMemory(*graph_, static_cast<int>(dtypeSize(floatType))), limit, "cpu backend"));
   for (Value* p : graph_->params()) {
     auto it = initialState.find(p->name());

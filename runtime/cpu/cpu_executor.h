@@ -35,8 +35,8 @@ struct CpuOptions {
   std::shared_ptr<cpu::Communicator> communicator;
   CpuFaults faults;
   // The backends' prepare() refuses a step whose parameters, batch and peak activations (memory_estimate.h)
-  // need more host memory than this many bytes; 0: what the machine has available (availableHostMemory),
-  // -1: no check.
+  // need more host memory than this many bytes; 0: what the machine has available (availableHostMemory; no
+  // check under TPC_HOST_MEMORY_CHECK=0), -1: no check.
   int64_t hostMemoryLimit = 0;
 };
 

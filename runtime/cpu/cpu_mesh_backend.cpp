@@ -81,7 +81,9 @@ class CpuMeshBackend final : public Backend {
     int total = options_.threads > 0 ? options_.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     CpuOptions rankOptions = options_;
     rankOptions.threads = std::max(1, total / static_cast<int>(local().size()));
-    // Every rank this process runs holds its state and activations in this process's memory.
+    // Every rank this process runs holds its state and activations in this process's memory (a previous
+    // prepare's let go first).
+    for (size_t r : local()) ranks_[r].exec.reset(), ranks_[r].state.clear();
     MemoryEstimate need;
     for (size_t r : local()) {
       MemoryEstimate m = estimateMemory(*ranks_[r].graph, static_cast<int>(dtypeSize(floatType)));
@@ -90,7 +92,7 @@ class CpuMeshBackend final : public Backend {
       need.peakActivationBytes += m.peakActivationBytes;
       if (!need.peakAt) need.peakAt = m.peakAt;
     }
-    const int64_t limit = options_.hostMemoryLimit ? options_.hostMemoryLimit : availableHostMemory();
+    const int64_t limit = hostMemoryLimit(options_.hostMemoryLimit);
     TPC_TRY(checkHostMemory(need, limit, "cpu mesh backend", static_cast<int64_t>(local().size())));
     for (size_t r : local()) {
       Rank& rk = ranks_[r];

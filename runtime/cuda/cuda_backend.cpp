@@ -4,6 +4,7 @@
 #include "runtime/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <functional>
@@ -1694,14 +1695,15 @@ class CudaBackend final : public Backend {
     if (options_.profileCsv.empty()) return {};
     std::vector<std::pair<int, std::vector<TimedLaunch>>> all;
     for (const DeviceCtx& d : devs_) all.push_back({d.device, d.profile});
-    const std::string tmp = options_.profileCsv + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << formatStepProfileCsv(all);
-      if (!f.flush()) return makeError("--profile-csv ", options_.profileCsv, ": error: cannot write the file");
+    const std::string tmp = cat(options_.profileCsv, ".tmp.", getpid());
+    std::ofstream f(tmp, std::ios::trunc);
+    f << formatStepProfileCsv(all);
+    f.close();
+    if (!f || std::rename(tmp.c_str(), options_.profileCsv.c_str()) != 0) {
+      const int err = errno;
+      std::remove(tmp.c_str());
+      return makeError("--profile-csv ", options_.profileCsv, ": error: cannot write the file (", std::strerror(err), ")");
     }
-    if (std::rename(tmp.c_str(), options_.profileCsv.c_str()) != 0)
-      return makeError("--profile-csv ", options_.profileCsv, ": error: cannot write the file (", std::strerror(errno), ")");
     std::printf("profile of step %lld: every launch written to %s\n", static_cast<long long>(stepIndex),
                 options_.profileCsv.c_str());
     std::fflush(stdout);

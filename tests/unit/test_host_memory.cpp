@@ -4,6 +4,8 @@
 // with it before any step.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+
 #include "gpt_step_support.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
@@ -69,6 +71,25 @@ TEST_CASE("host memory: the CPU mesh backend sums the ranks it runs", "[cpu][mem
     CHECK(st.ok() == (limit == both));
     if (!st.ok()) CHECK(st.error().find("for the 2 ranks of this process") != std::string::npos);
   }
+}
+
+TEST_CASE("host memory: the limit is the option, else what is available, else none under TPC_HOST_MEMORY_CHECK=0",
+          "[cpu][memory]") {
+  const char* saved = std::getenv("TPC_HOST_MEMORY_CHECK");
+  std::string keep = saved ? saved : "";
+  unsetenv("TPC_HOST_MEMORY_CHECK");
+  CHECK(hostMemoryLimit(12345) == 12345);
+  CHECK(hostMemoryLimit(0) > 0);
+  setenv("TPC_HOST_MEMORY_CHECK", "0", 1);
+  CHECK(hostMemoryLimit(0) == -1);
+  CHECK(hostMemoryLimit(12345) == 12345);
+  if (saved) setenv("TPC_HOST_MEMORY_CHECK", keep.c_str(), 1);
+  else unsetenv("TPC_HOST_MEMORY_CHECK");
+  CHECK(checkHostMemory(MemoryEstimate{1, 2, 3, nullptr}, -1, "x").ok());  // no limit known: no check
+  CHECK(checkHostMemory(MemoryEstimate{1, 2, 3, nullptr}, 6, "x").ok());
+  Status over = checkHostMemory(MemoryEstimate{1, 2, 3, nullptr}, 5, "x");
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.error().find("TPC_HOST_MEMORY_CHECK=0 skips this check") != std::string::npos);
 }
 
 TEST_CASE("host memory: tpc run on the CPU with a batch no machine holds exits 1 before any step", "[cpu][memory][cli]") {

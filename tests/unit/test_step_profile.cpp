@@ -81,7 +81,8 @@ TEST_CASE("step profile: the CSV has every launch in order per GPU, TFLOP/s for 
   CHECK(formatStepProfileCsv({}) == "gpu,launch,op,ms,tflops,what,gemm\n");
 }
 
-TEST_CASE("step profile: --profile-csv without --profile-step, or where it cannot write, is refused before training",
+TEST_CASE("step profile: --profile-csv without --profile-step, or where it cannot write, and a --profile-step after "
+          "the last step are refused before training",
           "[cuda][profile][cli]") {
   test::TempDir dir;
   const std::string run = test::tpcBinary() + " run " + test::binaryPath("models/tiny.fb") + " --train-iters 2";
@@ -95,7 +96,12 @@ TEST_CASE("step profile: --profile-csv without --profile-step, or where it canno
   auto folder = test::runCommand(run + " --profile-step 2 --profile-csv " + dir.path.string());
   CHECK(folder.exitCode == 1);
   CHECK(folder.err.find("it is a folder") != std::string::npos);
-  for (const auto* r : {&alone, &missing, &folder}) CHECK(r->out.find("step ") == std::string::npos);
+  auto empty = test::runCommand(run + " --profile-step 2 --profile-csv ''");
+  CHECK(empty.exitCode == 1);
+  auto late = test::runCommand(run + " --profile-step 3");
+  CHECK(late.exitCode == 1);
+  CHECK(late.err.find("--profile-step 3 is after the run's last step (--train-iters 2)") != std::string::npos);
+  for (const auto* r : {&alone, &missing, &folder, &empty, &late}) CHECK(r->out.find("step ") == std::string::npos);
   CHECK(std::filesystem::is_empty(dir.path));  // nothing half-written
 }
 

@@ -195,8 +195,11 @@ Result<NodeLowering> lowerReduce(const Node& n, const LoweringContext& ctx) {
   if (rowStyle) {
     KernelSpec k;
     k.entry = "tpc_reduce_rows";
+    // Fewer outputs than a GPU has SMs (about; the mean loss: one output of 16384 values): 1024 threads a row,
+    // not 256 (29 us for gpt2's loss, most of it each thread's 64 dependent loads).
+    k.block.x = rowBlock(nred, nout < 128 ? 1024 : 256);
     k.source = head + cat(R"(
-extern "C" __global__ void tpc_reduce_rows(const x_t* X, o_t* O) {
+extern "C" __global__ void __launch_bounds__()", k.block.x, R"() tpc_reduce_rows(const x_t* X, o_t* O) {
   __shared__ double red[32];
   for (i64 o = blockIdx.x; o < NOUT; o += gridDim.x) {
     const i64 base = out_base(o);
@@ -208,9 +211,6 @@ extern "C" __global__ void tpc_reduce_rows(const x_t* X, o_t* O) {
   }
 }
 )");
-    // Fewer outputs than a GPU has SMs (the mean loss: one output of 16384 values): 1024 threads a row, not
-    // 256 (29 us for gpt2's loss, most of it each thread's 64 dependent loads).
-    k.block.x = rowBlock(nred, nout < 128 ? 1024 : 256);
     k.grid.x = gridFor(nout, 1, 1 << 20);
     k.args = {operandArg(0), resultArg(0)};
     out.kernels.push_back(std::move(k));
