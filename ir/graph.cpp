@@ -38,6 +38,8 @@ bool Value::hasName() const {
   return !name_.empty() && !std::all_of(name_.begin(), name_.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+std::string Value::ref() const { return "%" + (hasName() ? name_ : std::to_string(id_)); }
+
 const Attr& Node::attr(std::string_view name) const {
   if (const Attr* a = attrs_.find(name)) return *a;
   const AttrSpec* spec = info().findAttr(name);

@@ -53,6 +53,7 @@ class Value {
   const std::string& name() const { return name_; }
   void setName(std::string n) { name_ = std::move(n); }
   bool hasName() const;
+  std::string ref() const;  // "%name", or "%id" when unnamed: for errors and logs
   Node* def() const { return def_; }  // null for inputs and params
   unsigned resultIndex() const { return index_; }
   unsigned id() const { return id_; }  // creation order in its graph; stable, for deterministic maps

@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-
 #include "runtime/memory_plan.h"
 
 namespace tpc {
@@ -107,8 +106,7 @@ Status checkHostMemory(const MemoryEstimate& need, int64_t available, const std:
   if (available < 0 || need.total() <= available) return {};
   std::string peak;
   if (need.peakAt && need.peakAt->numResults())
-    peak = cat(" at their peak, during ", need.peakAt->opName(), " -> %",
-               need.peakAt->result(0)->hasName() ? need.peakAt->result(0)->name() : std::to_string(need.peakAt->result(0)->id()));
+    peak = cat(" at their peak, during ", need.peakAt->opName(), " -> ", need.peakAt->result(0)->ref());
   return makeError(who, ": one training step needs about ", formatBytes(need.total()), " of host memory",
                    ranks > 1 ? cat(" for the ", ranks, " ranks of this process") : std::string(), " (parameters and optimizer state ",
                    formatBytes(need.stateBytes), ", the batch ", formatBytes(need.inputBytes), ", activations ",

@@ -18,6 +18,12 @@ struct MemoryEstimate {
   int64_t peakActivationBytes = 0;
   const Node* peakAt = nullptr;  // the node during which the activations peak
   int64_t total() const { return stateBytes + inputBytes + peakActivationBytes; }
+  // Another rank's estimate added (its peak counted as if at the same time; peakAt stays the first one's).
+  MemoryEstimate& operator+=(const MemoryEstimate& o) {
+    stateBytes += o.stateBytes, inputBytes += o.inputBytes, peakActivationBytes += o.peakActivationBytes;
+    if (!peakAt) peakAt = o.peakAt;
+    return *this;
+  }
 };
 
 // floatBytes > 0: float values counted at that element size (the CPU backend computes every float value in

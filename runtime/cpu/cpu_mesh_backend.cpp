@@ -85,19 +85,11 @@ class CpuMeshBackend final : public Backend {
     // prepare's let go first).
     for (size_t r : local()) ranks_[r].exec.reset(), ranks_[r].state.clear();
     MemoryEstimate need;
-    for (size_t r : local()) {
-      MemoryEstimate m = estimateMemory(*ranks_[r].graph, static_cast<int>(dtypeSize(floatType)));
-      need.stateBytes += m.stateBytes;
-      need.inputBytes += m.inputBytes;
-      need.peakActivationBytes += m.peakActivationBytes;
-      if (!need.peakAt) need.peakAt = m.peakAt;
-    }
+    for (size_t r : local()) need += estimateMemory(*ranks_[r].graph, static_cast<int>(dtypeSize(floatType)));
     const int64_t limit = hostMemoryLimit(options_.hostMemoryLimit);
     TPC_TRY(checkHostMemory(need, limit, "cpu mesh backend", static_cast<int64_t>(local().size())));
     for (size_t r : local()) {
       Rank& rk = ranks_[r];
-      rk.exec.reset();
-      rk.state.clear();
       for (Value* p : rk.graph->params()) {
         auto it = initialState.find(p->name());
         if (it == initialState.end())

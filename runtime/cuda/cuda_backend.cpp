@@ -57,8 +57,6 @@ std::string mib(int64_t b) {
   return buf;
 }
 
-std::string valueName(const Value* v) { return v->hasName() ? "%" + v->name() : cat("%", v->id()); }
-
 struct Launch {
   enum Kind { Kernel, Matmul, Memset, Copy, Nccl, Cudnn } kind = Kernel;
   CUfunction fn = nullptr;
@@ -414,7 +412,7 @@ class CudaBackend final : public Backend {
           TPC_ASSIGN(bool byCudnn, planCudnnAttention(r, *n, lowerings[r].back()));
           if (!byCudnn) {
             auto l = lowerNode(*n, ctx_);
-            if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", valueName(n->result()), ": ", l.error());
+            if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", n->result()->ref(), ": ", l.error());
             lowerings[r].back() = std::move(l).value();
           }
         } else if (how == NodeExec::Matmul) {
@@ -1097,7 +1095,7 @@ class CudaBackend final : public Backend {
     Rank& rk = ranks_[r];
     DeviceCtx& d = dev(r);
     const std::string& axis = n.getStr("axis");
-    std::string what = cat(rankPrefix(r), "NCCL ", n.opName(), " over ", axis, " -> ", valueName(n.result()));
+    std::string what = cat(rankPrefix(r), "NCCL ", n.opName(), " over ", axis, " -> ", n.result()->ref());
     Launch l;
     l.kind = Launch::Nccl;
     l.comm = comms_[r].at(axis);
@@ -1241,7 +1239,7 @@ class CudaBackend final : public Backend {
     for (auto& [v, name] : inPlace_[r]) rk.addr[v] = rk.params[name].second;
     for (auto& [v, owner] : plan.viewOf) {  // no copy, no buffer of its own
       void* at = rk.addr.lookup(owner);
-      if (!at) return makeError("cuda backend: internal error: the view ", valueName(v), " aliases a value with no memory");
+      if (!at) return makeError("cuda backend: internal error: the view ", v->ref(), " aliases a value with no memory");
       rk.addr[v] = at;
     }
     return {};
@@ -1333,7 +1331,7 @@ class CudaBackend final : public Backend {
       attachChecks();  // the previous node's
       attachRanges();
       pending.push_back({r, static_cast<int>(k)});
-      std::string what = cat(rankPrefix(r), n.opName(), " -> ", valueName(n.result()));
+      std::string what = cat(rankPrefix(r), n.opName(), " -> ", n.result()->ref());
       std::string op(n.opName());
       // A fusion group's kernel (at its last member) reads the group's inputs and writes its outputs.
       const FusionGroup* fg = rk.groupOf.lookup(&n);
@@ -1345,7 +1343,7 @@ class CudaBackend final : public Backend {
         }
         pending.insert(pending.begin(), adamwMembers[fg].begin(), adamwMembers[fg].end());
       }
-      if (fg) what = cat(rankPrefix(r), groupName(*fg), " -> ", valueName(fg->outputs.front()));
+      if (fg) what = cat(rankPrefix(r), groupName(*fg), " -> ", fg->outputs.front()->ref());
       if (fg) op = isCastGroup(*fg) ? std::string("cast (multi-tensor)") : cat("fusion_group=", fg->id);
       llvm::ArrayRef<Value*> operands = fg ? llvm::ArrayRef<Value*>(fg->inputs) : n.operands();
       llvm::ArrayRef<Value*> results = fg ? llvm::ArrayRef<Value*>(fg->outputs) : n.results();
@@ -1543,7 +1541,7 @@ class CudaBackend final : public Backend {
     // Row-major rank numbering over the mesh axes (the last fastest): the stride of axis ai.
     int64_t stride = 1;
     for (size_t a = mesh.axes.size(); a-- > static_cast<size_t>(ai) + 1;) stride *= mesh.axes[a].size;
-    std::string what = cat(n0.opName(), " over ", axis, " -> ", valueName(n0.result()));
+    std::string what = cat(n0.opName(), " over ", axis, " -> ", n0.result()->ref());
     for (size_t r = 0; r < ranks_.size(); ++r) {
       int64_t coord = (static_cast<int64_t>(r) / stride) % G;
       if (coord != 0) continue;  // each group once, from its first member

@@ -95,12 +95,6 @@ void compare(int64_t tp, const TensorMap& state, bool expectNonFiniteStep) {
   CHECK(isNonFiniteStep(*again) == expectNonFiniteStep);
 }
 
-TensorMap initialState(const Graph& step) {
-  TensorMap state;
-  for (const Value* p : step.params()) state[p->name()] = initParam(*p, 1);
-  return state;
-}
-
 }  // namespace
 
 TEST_CASE("cuda non-finite: a NaN parameter: the state is kept, checking mode names it as the CPU does", "[gpu][nonfinite]") {
@@ -108,7 +102,7 @@ TEST_CASE("cuda non-finite: a NaN parameter: the state is kept, checking mode na
   auto step = stepGraph(1);
   for (int64_t tp : {1, 2}) {
     INFO("tp " << tp);
-    TensorMap state = initialState(*step);
+    TensorMap state = test::initialState(*step, 1);
     state["h.0.mlp.c_fc.weight"].data<float>()[5] = NAN;
     compare(tp, state, true);
   }
@@ -120,7 +114,7 @@ TEST_CASE("cuda non-finite: an overflow inside the step is named at the same nod
   for (int64_t tp : {1, 2}) {
     INFO("tp " << tp);
     // Column 0 of both embeddings at 3e38: finite parameters whose sum (the residual stream) is inf.
-    TensorMap state = initialState(*step);
+    TensorMap state = test::initialState(*step, 1);
     for (const char* name : {"wte", "wpe"}) {
       HostTensor& t = state[name];
       const int64_t cols = t.shape().back();
@@ -150,7 +144,7 @@ TEST_CASE("cuda fp16: dynamic loss scaling skips the same overflowed steps as th
   backends.push_back(createCpuBackend(o));
   backends.push_back(createCudaBackend({}, co));
   for (auto& b : backends) {
-    Status st = b->prepare(*step, initialState(*step));
+    Status st = b->prepare(*step, test::initialState(*step, 1));
     INFO(b->name() << ": " << (st.ok() ? std::string() : st.error()));
     REQUIRE(st.ok());
     TrainerSettings s;

@@ -97,11 +97,16 @@ inline TrainerSettings shortRun(int64_t iters, double maxLr) {
   return t;
 }
 
-// Prepares `b` for `step` with every parameter (and optimizer state) from initParam(seed).
-inline void prepareInitialState(Backend& b, const Graph& step, uint64_t seed) {
+// Every parameter (and optimizer state) of `step` from initParam(seed).
+inline TensorMap initialState(const Graph& step, uint64_t seed) {
   TensorMap state;
   for (const Value* p : step.params()) state[p->name()] = initParam(*p, seed);
-  Status st = b.prepare(step, state);
+  return state;
+}
+
+// Prepares `b` for `step` with initialState(step, seed).
+inline void prepareInitialState(Backend& b, const Graph& step, uint64_t seed) {
+  Status st = b.prepare(step, initialState(step, seed));
   INFO((st.ok() ? std::string() : st.error()));
   REQUIRE(st.ok());
 }

@@ -13,15 +13,6 @@
 #include "test_support.h"
 
 namespace tpc {
-namespace {
-
-TensorMap initialState(const Graph& g) {
-  TensorMap state;
-  for (const Value* p : g.params()) state[p->name()] = initParam(*p, 3);
-  return state;
-}
-
-}  // namespace
 
 TEST_CASE("host memory: the estimate counts float values at the CPU backend's width", "[cpu][memory]") {
   auto bf = test::gptStep(test::smallGpt(), 2, "mixed-precision(dtype=bf16)," + test::kTrainPasses);
@@ -42,7 +33,7 @@ TEST_CASE("host memory: the CPU backend refuses a step larger than its limit, na
     INFO("limit " << limit << " of " << need.total());
     CpuOptions o;
     o.hostMemoryLimit = limit;
-    Status st = createCpuBackend(o)->prepare(*g, initialState(*g));
+    Status st = createCpuBackend(o)->prepare(*g, test::initialState(*g, 3));
     if (limit == need.total() - 1) {
       REQUIRE_FALSE(st.ok());
       CHECK(st.error().find("cpu backend: one training step needs about " + formatBytes(need.total())) != std::string::npos);
@@ -66,7 +57,7 @@ TEST_CASE("host memory: the CPU mesh backend sums the ranks it runs", "[cpu][mem
   for (int64_t limit : {both - 1, both}) {
     CpuOptions o;
     o.hostMemoryLimit = limit;
-    Status st = createCpuMeshBackend(test::rankGraphs(*g), o)->prepare(*g, initialState(*g));
+    Status st = createCpuMeshBackend(test::rankGraphs(*g), o)->prepare(*g, test::initialState(*g, 3));
     INFO((st.ok() ? std::string() : st.error()));
     CHECK(st.ok() == (limit == both));
     if (!st.ok()) CHECK(st.error().find("for the 2 ranks of this process") != std::string::npos);
