@@ -116,13 +116,24 @@ __device__ __forceinline__ double tpc_block_max_d(double v, double* smem) {
 }
 // Column sums of a [P, n] matrix of partial sums (T float or double), in a fixed order: a block of
 // 32 x blockDim.y threads (blockDim.y <= 32) owns columns col0 + threadIdx.x; row lane
-// threadIdx.y sums rows y, y + blockDim.y, ...; the lanes are then added in order. `smem` holds 32 x 33
-// doubles. Thread (x, 0) returns the sum of its column (others return garbage). Every thread must call it.
+// threadIdx.y sums rows y, y + blockDim.y, ... (16 loaded at a time, then added in that order); the lanes are
+// then added in order. `smem` holds 32 x 33 doubles. Thread (x, 0) returns the sum of its column (others
+// return garbage). Every thread must call it.
 template <class T>
 __device__ __forceinline__ double tpc_column_sum(const T* part, i64 P, i64 n, i64 col, double* smem) {
   double acc = 0;
   if (col < n)
-    for (i64 p = threadIdx.y; p < P; p += blockDim.y) acc += (double)part[p * n + col];
+    for (i64 p0 = threadIdx.y; p0 < P; p0 += 16 * (i64)blockDim.y) {
+      double v[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const i64 p = p0 + j * (i64)blockDim.y;
+        v[j] = p < P ? (double)part[p * n + col] : 0.0;
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        if (p0 + j * (i64)blockDim.y < P) acc += v[j];
+    }
   smem[threadIdx.y * 33 + threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0)
