@@ -131,7 +131,7 @@ __device__ __forceinline__ double tpc_column_sum(const T* part, i64 P, i64 n, i6
         v[j] = p < P ? (double)part[p * n + col] : 0.0;
       }
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
+      for (int j = 0; j < 16; ++j)  // rows past P skipped, not added as 0 (a -0 sum would become +0)
         if (p0 + j * (i64)blockDim.y < P) acc += v[j];
     }
   smem[threadIdx.y * 33 + threadIdx.x] = acc;

@@ -327,11 +327,11 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, 
   // 0.0525, but with sum_dx (the sums in shared memory) 0.0643 -> 0.0652. The same bits either way.
   const bool gammaShared = ctx.layerNormGradGammaShared && (regAcc || !sumDx);
   const int64_t sharedBytes = accBytes + (gammaShared ? w.NV * w.U * 32 * 4 : 0);
-  // Three blocks a SM (168 registers a thread) where the sums are in registers, and where dx's third set of sums
-  // in shared memory leaves gamma in global memory: at 128 registers that kernel spilled 124 bytes a thread
+  // Three blocks a SM (168 registers a thread) where the sums are in registers, and with sum_dx (its sums in
+  // shared memory leave gamma in global memory): at 128 registers that kernel spilled 124 bytes a thread
   // (gpt2-medium's [16384, 1024]).
-  const bool wideRegs = regAcc || (sumDx && !gammaShared);
-  const int64_t blocksPerSM = std::max<int64_t>(1, std::min<int64_t>(wideRegs ? 3 : 4, ctx.sharedPerSM / (sharedBytes + 1024)));
+  const int64_t blocksPerSM =
+      std::max<int64_t>(1, std::min<int64_t>(regAcc || sumDx ? 3 : 4, ctx.sharedPerSM / (sharedBytes + 1024)));
   const int64_t warps = std::max<int64_t>(1, ctx.numSMs) * blocksPerSM * kWarpsPerBlock;
   int64_t rpw = std::max<int64_t>(1, (w.rows + warps - 1) / warps);
   int64_t rpb = rpw * kWarpsPerBlock;
