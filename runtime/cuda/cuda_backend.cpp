@@ -63,6 +63,12 @@ struct Launch {
   Dim3 grid, block;
   uint32_t smem = 0;
   std::vector<uint64_t> argv;
+  // TensorMap arguments: argv[i] is an index into `maps` (mapArg[i]), whose 128 bytes are the parameter.
+  struct alignas(64) Map {
+    uint64_t words[16];
+  };
+  std::vector<Map> maps;
+  std::vector<bool> mapArg;
   int matmul = -1;
   int cudnn = -1;  // Cudnn: the binding (CudnnAttention::bind) it runs
   EpilogueBuffers epi;  // a matmul_epilogue's bias, aux and residual
@@ -206,6 +212,7 @@ class CudaBackend final : public Backend {
     const DeviceCtx& d = devs_[0];
     CudaStepGraphInfo info;
     info.launches = static_cast<int64_t>(d.launches.size());
+    for (const Launch& l : d.launches) info.gemmKernels += l.kind == Launch::Kernel && !l.gemm.empty();
     for (const Rank& rk : ranks_) info.keptCopies += static_cast<int64_t>(rk.copies.size());
     if (d.comm) {
       for (int c : d.schedule.collectiveOf) info.commLaunches += c >= 0;
@@ -274,6 +281,8 @@ class CudaBackend final : public Backend {
     foldLayerNormGradResidual_ = !isOff("lnres");
     foldLayerNormGradBiasSum_ = !isOff("lnsum");
     ctx_.xentOnePass = !isOff("xent1");
+    const char* ownGemmEnv = std::getenv("TPC_OWN_GEMM");
+    ctx_.ownGeluGemm = ownGemmEnv && *ownGemmEnv ? std::string(ownGemmEnv) != "0" : options_.ownGemm;
     adamwCopies_ = !isOff("adamcopy");
     TPC_ASSIGN(driver_, driver());
     // Which attention kernels (CudaOptions::attention; TPC_ATTENTION overrides it).
@@ -415,6 +424,10 @@ class CudaBackend final : public Backend {
             if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", n->result()->ref(), ": ", l.error());
             lowerings[r].back() = std::move(l).value();
           }
+        } else if (how == NodeExec::Matmul && ownGemm(*n, ctx_)) {
+          auto l = lowerGemm(*n, ctx_);
+          if (!l.ok()) return makeError(rankPrefix(r), "lowering ", n->opName(), " -> ", n->result()->ref(), ": ", l.error());
+          lowerings[r].back() = std::move(l).value();
         } else if (how == NodeExec::Matmul) {
           matmulCalls[r].resize(matmulPlans[r].size());
           auto id = dev(r).matmul->plan(*n, &matmulCalls[r].back());
@@ -1258,12 +1271,27 @@ class CudaBackend final : public Backend {
     return {};
   }
 
+  // The TMA descriptor of `m` at `addr`: row-major [rows, cols] bf16, [boxRows, boxCols] tiles, 128-byte swizzle.
+  Result<Launch::Map> encodeTensorMap(const TensorMapSpec& m, void* addr, const std::string& what) {
+    Launch::Map map{};
+    cuuint64_t dims[2] = {static_cast<cuuint64_t>(m.cols), static_cast<cuuint64_t>(m.rows)};
+    cuuint64_t strides[1] = {static_cast<cuuint64_t>(m.cols) * 2};
+    cuuint32_t box[2] = {m.boxCols, m.boxRows}, elementStrides[2] = {1, 1};
+    CUresult e = driver_->tensorMapEncodeTiled(reinterpret_cast<CUtensorMap*>(&map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, addr,
+                                               dims, strides, box, elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (e != CUDA_SUCCESS)
+      return makeError("cuda: ", what, ": cannot make the TMA descriptor of a [", m.rows, ", ", m.cols, "] tensor: ", driverError(e));
+    return map;
+  }
+
   // The kernel loaded on d's GPU (its context must be current).
   Result<CUfunction> function(DeviceCtx& d, const KernelSpec& k, const std::string& what) {
-    std::string key = k.entry + "\n" + k.source;
+    std::string key = k.entry + (k.archSpecific ? "\na\n" : "\n") + k.source;
     auto it = d.functions.find(key);
     if (it != d.functions.end()) return it->second;
-    TPC_ASSIGN(std::vector<char> cubin, compiler_->compile(k.source, k.entry));
+    TPC_ASSIGN(std::vector<char> cubin, compiler_->compile(k.source, k.entry, k.archSpecific));
     CUmodule mod;
     CUfunction fn;
     if (CUresult e = driver_->moduleLoadData(&mod, cubin.data()); e != CUDA_SUCCESS)
@@ -1371,6 +1399,7 @@ class CudaBackend final : public Backend {
           untouched = 0;
           continue;
         case NodeExec::Matmul: {
+          if (matmulPlans[k] < 0) break;  // a GEMM kernel of ours (lowerGemm): launched as kernels below
           for (const auto& [oa, ob, oc] : matmulCalls[r][k]) {
             Launch l;
             l.kind = Launch::Matmul;
@@ -1429,6 +1458,13 @@ class CudaBackend final : public Backend {
         l.smem = ks.sharedBytes;
         l.op = op;
         l.what = what + " [" + ks.entry + "]";
+        if (nodeExec(n) == NodeExec::Matmul) {  // our GEMM kernel: the step profile's per-GEMM row
+          const Value* a = n.operand(0);
+          int64_t K = a->shape().back();
+          l.flops = 2.0 * static_cast<double>(n.result()->type().numel()) * static_cast<double>(K);
+          l.gemm = cat("matmul ", a->type().str(), " x ", n.operand(1)->type().str(), " with epilogue ", n.getStr("epilogue"),
+                       " (", ks.entry, ")");
+        }
         if (ks.sharedBytes > 48 * 1024)
           if (CUresult e = driver_->funcSetAttribute(l.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                      static_cast<int>(ks.sharedBytes));
@@ -1475,6 +1511,20 @@ class CudaBackend final : public Backend {
               CU_TRY(cudaMemcpy(t, addresses.data(), addresses.size() * sizeof(uint64_t), cudaMemcpyHostToDevice), l.what,
                      " (its address table)");
               v = reinterpret_cast<uint64_t>(t);
+              break;
+            }
+            case ArgKind::TensorMap: {
+              if (a.index < 0 || a.index >= static_cast<int64_t>(ks.maps.size()))
+                return makeError("cuda: ", l.what, ": bad tensor map ", a.index);
+              const TensorMapSpec& m = ks.maps[a.index];
+              llvm::ArrayRef<Value*> values = m.operand ? operands : results;
+              if (m.index < 0 || m.index >= static_cast<int64_t>(values.size()))
+                return makeError("cuda: ", l.what, ": bad tensor map value ", m.index);
+              TPC_ASSIGN(Launch::Map map, encodeTensorMap(m, rk.addr[values[m.index]], l.what));
+              v = l.maps.size();
+              l.maps.push_back(map);
+              l.mapArg.resize(l.argv.size() + 1, false);
+              l.mapArg.back() = true;
               break;
             }
           }
@@ -1607,7 +1657,9 @@ class CudaBackend final : public Backend {
     switch (l.kind) {
       case Launch::Kernel: {
         std::vector<void*> params;
-        for (const uint64_t& v : l.argv) params.push_back(const_cast<uint64_t*>(&v));
+        for (size_t i = 0; i < l.argv.size(); ++i)
+          params.push_back(i < l.mapArg.size() && l.mapArg[i] ? static_cast<void*>(const_cast<Launch::Map*>(&l.maps[l.argv[i]]))
+                                                              : static_cast<void*>(const_cast<uint64_t*>(&l.argv[i])));
         CUresult e = driver_->launchKernel(l.fn, l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.smem,
                                            reinterpret_cast<CUstream>(st), params.data(), nullptr);
         if (e != CUDA_SUCCESS) return makeError("cuda: launching ", l.what, ": ", driverError(e));

@@ -49,6 +49,11 @@ struct CudaOptions {
   // against 600-730 plain) cost 1.0 ms more than those kernels (32.2 -> 31.1 ms without bgrad_b), and its
   // DGELU_BGRAD GEMMs 1.5 ms more than the unfused ops. The environment's TPC_MATMUL_EPILOGUES overrides it.
   std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu";
+  // matmul_epilogue gelu_bias on sm_90 through our GEMM kernel (TMA, wgmma; runtime/cuda/kernels/gemm_sm90.cpp)
+  // where it applies, instead of cuBLASLt's GELU_AUX_BIAS. Off: 11-12% faster than cuBLASLt alone on the H200
+  // at gpt2's and gpt2-medium's c_fc shapes, but no faster within a training step (docs/performance.md,
+  // eighteenth session). The environment's TPC_OWN_GEMM=0|1 overrides it.
+  bool ownGemm = false;
   // Per distinct GEMM, time cuBLASLt's first 8 heuristic candidates on the GPU and keep the fastest, remembered
   // in the kernel cache folder so later runs use the same algorithm (matmul_autotune.h); false: the
   // heuristic's first choice. cuDNN attention's engine configs likewise (cudnn_attention.h). The environment's
@@ -79,6 +84,7 @@ struct CudaStepGraphInfo {
   int64_t launches = 0, commLaunches = 0, collectives = 0, forks = 0, joins = 0, overlapped = 0;
   int64_t graphNodes = 0, graphEdges = 0;
   int64_t keptCopies = 0;  // 16-bit parameter copies the AdamW kernels keep (adamw_groups.h), over all ranks
+  int64_t gemmKernels = 0;  // matmul launches of our own GEMM kernels (gemm_sm90.cpp) instead of cuBLASLt
 };
 // nullopt for a backend that is not a prepared CUDA backend (or one in TPC_CUDA_DEBUG mode: no graph).
 std::optional<CudaStepGraphInfo> cudaStepGraphInfo(const Backend& backend);

@@ -126,6 +126,7 @@ Result<const Driver*> driver() {
     get("cuFuncSetAttribute", lib.funcSetAttribute);
     get("cuLaunchKernel", lib.launchKernel);
     get("cuGetErrorString", lib.getErrorString);
+    get("cuTensorMapEncodeTiled", lib.tensorMapEncodeTiled);
   });
   if (!error.empty()) return makeError(error);
   return &lib;

@@ -48,6 +48,7 @@ struct Driver {
   decltype(&::cuFuncSetAttribute) funcSetAttribute;
   decltype(&::cuLaunchKernel) launchKernel;
   decltype(&::cuGetErrorString) getErrorString;
+  decltype(&::cuTensorMapEncodeTiled) tensorMapEncodeTiled;  // TMA descriptors (sm_90 GEMM kernels)
 };
 
 struct Nccl {

@@ -27,6 +27,16 @@ enum class ArgKind {
               // their casts (adamw_groups.h), so the cast group skips them
   Table,      // const unsigned long long*: a device array, written once at prepare, of the addresses of
               // KernelSpec::tables[index] (Operand and Result entries): a multi-tensor kernel's tensors
+  TensorMap,  // a 128-byte TMA descriptor by value (const __grid_constant__), KernelSpec::maps[index]
+};
+
+// A 2-D TMA descriptor of a node's operand or result (cuTensorMapEncodeTiled, bound to its address): the
+// value seen as row-major [rows, cols] 16-bit elements, tiles of [boxRows, boxCols], 128-byte swizzle.
+struct TensorMapSpec {
+  bool operand = true;  // else a result
+  int64_t index = 0;
+  int64_t rows = 0, cols = 0;
+  uint32_t boxRows = 0, boxCols = 0;
 };
 
 struct KernelArg {
@@ -47,6 +57,8 @@ struct KernelSpec {
   uint32_t sharedBytes = 0;  // dynamic shared memory
   std::vector<KernelArg> args;
   std::vector<std::vector<KernelArg>> tables;  // the entries of the Table arguments
+  std::vector<TensorMapSpec> maps;             // the TensorMap arguments
+  bool archSpecific = false;  // compiled for sm_XXa (wgmma, setmaxnreg): runs on that architecture only
 };
 
 struct NodeLowering {
@@ -74,6 +86,9 @@ struct LoweringContext {
   // ... gamma (read twice a row) from shared memory, loaded once a block, where that is faster (normalization.cpp).
   bool layerNormGradGammaShared = true;
   bool embeddingGradSegments = true;  // embedding_grad: ranks within an id's segment, a warp per table row (gather.cpp)
+  // matmul_epilogue gelu_bias on sm_90 through our GEMM kernel (gemm_sm90.cpp) where it applies, else cuBLASLt's
+  // GELU_AUX_BIAS (CudaOptions::ownGemm, TPC_OWN_GEMM).
+  bool ownGeluGemm = false;
 };
 
 }  // namespace tpc::cuda

@@ -13,15 +13,16 @@ namespace tpc::cuda {
 NvrtcCompiler::NvrtcCompiler(int arch, std::string cacheDir)
     : arch_(arch), cacheDir_(cacheDir.empty() ? defaultKernelCacheDir() : std::move(cacheDir)) {}
 
-Result<std::vector<char>> NvrtcCompiler::compile(const std::string& source, const std::string& what) {
+Result<std::vector<char>> NvrtcCompiler::compile(const std::string& source, const std::string& what, bool archSpecific) {
   TPC_ASSIGN(const Nvrtc* lib, nvrtc());
   auto t0 = std::chrono::steady_clock::now();
   int major = 0, minor = 0;
   lib->version(&major, &minor);
   char key[64];
+  std::string arch = cat(arch_, archSpecific ? "a" : "");
   std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(
-                                                fnv1a(source, fnv1a(cat("sm_", arch_, " nvrtc ", major, ".", minor, "\n")))));
-  std::string base = cat(cacheDir_, "/", key, "_sm", arch_);
+                                                fnv1a(source, fnv1a(cat("sm_", arch, " nvrtc ", major, ".", minor, "\n")))));
+  std::string base = cat(cacheDir_, "/", key, "_sm", arch);
   std::vector<char> cubin;
   if (readCacheFile(base + ".cubin", cubin)) {
     ++stats_.cacheHits;
@@ -33,7 +34,7 @@ Result<std::vector<char>> NvrtcCompiler::compile(const std::string& source, cons
   if (nvrtcResult r = lib->createProgram(&prog, source.c_str(), (what + ".cu").c_str(), 0, nullptr, nullptr);
       r != NVRTC_SUCCESS)
     return makeError("nvrtc: cannot create a program for ", what, ": ", lib->getErrorString(r));
-  std::string archOpt = cat("--gpu-architecture=sm_", arch_);
+  std::string archOpt = cat("--gpu-architecture=sm_", arch);
   const char* opts[] = {archOpt.c_str(), "--std=c++17", "-default-device", "--fmad=false"};
   nvrtcResult r = lib->compileProgram(prog, 4, opts);
   if (r != NVRTC_SUCCESS) {
@@ -44,7 +45,7 @@ Result<std::vector<char>> NvrtcCompiler::compile(const std::string& source, cons
     lib->destroyProgram(&prog);
     std::string srcPath = base + ".failed.cu";
     writeCacheFileAtomically(srcPath, source.data(), source.size());
-    return makeError("nvrtc: compiling kernel ", what, " for sm_", arch_, " failed (", lib->getErrorString(r),
+    return makeError("nvrtc: compiling kernel ", what, " for sm_", arch, " failed (", lib->getErrorString(r),
                      "); the generated source is kept at ", srcPath, "\n", log);
   }
   size_t n = 0;

@@ -20,8 +20,9 @@ class NvrtcCompiler {
  public:
   // arch: compute capability as 90 for sm_90. cacheDir empty: the default folder.
   explicit NvrtcCompiler(int arch, std::string cacheDir = "");
-  // The cubin for `source` (a whole translation unit). `what` names the kernel in errors.
-  Result<std::vector<char>> compile(const std::string& source, const std::string& what);
+  // The cubin for `source` (a whole translation unit). `what` names the kernel in errors. archSpecific:
+  // for sm_XXa (wgmma, setmaxnreg: the cubin runs on that architecture only).
+  Result<std::vector<char>> compile(const std::string& source, const std::string& what, bool archSpecific = false);
   const CompileStats& stats() const { return stats_; }
   const std::string& cacheDir() const { return cacheDir_; }
 

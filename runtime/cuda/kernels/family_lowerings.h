@@ -50,4 +50,9 @@ Result<NodeLowering> lowerClipScale(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext& ctx, int64_t maxBlocks = 2048,
                                     const std::vector<bool>& kept = {});  // multi_tensor.cpp
 
+// gemm_sm90.cpp: a matmul_epilogue {epilogue=gelu_bias} as our Hopper GEMM kernel (TMA loads, wgmma, TMA
+// stores) where ownGemm accepts it (sm_90, bf16, the tile multiples; LoweringContext::ownGeluGemm); else cuBLASLt.
+bool ownGemm(const Node& n, const LoweringContext& ctx);
+Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx);
+
 }  // namespace tpc::cuda

@@ -1,0 +1,438 @@
+// matmul_epilogue {epilogue=gelu_bias} on sm_90 as our own GEMM kernel: y = gelu(a b + bias), pre = a b + bias
+// (bf16; f32 accumulation). Alone on the H200 it takes 11-12% less time than cuBLASLt's GELU_AUX_BIAS at gpt2's
+// and gpt2-medium's c_fc shapes, but within a power-capped training step it is no faster (docs/performance.md,
+// eighteenth session), so it runs only when asked for (CudaOptions::ownGemm, TPC_OWN_GEMM=1).
+//
+// The kernel: persistent (a block a SM), warp-specialized. One producer thread streams 128 x 64 tiles of a and
+// 64 x 256 tiles of b into a 4-stage shared-memory ring with TMA (128-byte swizzle, mbarriers); two consumer
+// warpgroups each multiply 64 rows of the 128 x 256 output tile with wgmma m64n256k16 (f32 accumulators in
+// registers). The epilogue adds the bias, rounds pre to bf16 and stores y and pre through shared memory with
+// TMA stores. With K >= 512 (GM_MODE 2) the gelu and the stores of a tile run during the first 8 k-slices of
+// the next tile, hidden under its wgmmas: y = gelu(bf16(pre)), as the unfused ops compute it; else (GM_MODE 1)
+// right after the tile's mainloop, y = gelu(f32 pre), as cuBLASLt's epilogue.
+#include "ir/shape_rules.h"
+#include "runtime/cuda/kernels/family_lowerings.h"
+#include "runtime/cuda/kernels/kernel_source.h"
+
+namespace tpc::cuda {
+namespace {
+
+constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
+constexpr uint32_t kSharedBytes = 231424;  // GM_SMEM_BYTES: 4 stages of 48 KiB, 32 KiB of store staging, barriers
+
+// Device code; the lowering prepends GM_M, GM_N, GM_K, GM_B_KMAJOR and GM_MODE.
+constexpr const char* kGemmGeluSource = R"GEMM(
+#if !defined(GM_M) || !defined(GM_N) || !defined(GM_K) || !defined(GM_B_KMAJOR) || !defined(GM_MODE)
+#error "define GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE before this source"
+#endif
+#if GM_B_KMAJOR != 0 && GM_B_KMAJOR != 1
+#error "GM_B_KMAJOR must be 0 or 1"
+#endif
+#if GM_MODE != 1 && GM_MODE != 2
+#error "GM_MODE must be 1 or 2"
+#endif
+
+struct alignas(64) TmaDesc { unsigned long long v[16]; };   // bit-identical to CUtensorMap
+
+namespace cfg {
+constexpr int BM = 128, BN = 256, BK = 64;      // CTA tile; BK = 64 bf16 = 128 B = one swizzle row
+constexpr int STAGES = 4;                       // smem ring depth for A/B
+constexpr int A_BYTES = BM * BK * 2;            // 16 KB
+constexpr int B_BYTES = BN * BK * 2;            // 32 KB
+constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // 48 KB
+// Epilogue staging: per consumer warp a ring of 4 slots of 8 rows x 64 cols bf16 (1 KB each,
+// 128B-swizzled so that both the fragment stores and the TMA store are conflict-free).
+// Slots are used in pairs (out, aux) -> 2 pairs -> double-buffered TMA stores per warp.
+constexpr int EPI_SLOT = 8 * 64 * 2;
+constexpr int EPI_WARP = 4 * EPI_SLOT;
+constexpr int EPI_BYTES = 8 * EPI_WARP;         // 8 consumer warps -> 32 KB
+constexpr int BAR_BYTES = 1024;
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + EPI_BYTES + BAR_BYTES + 1024 /*align slack*/;
+constexpr int THREADS = 384;                    // WG0 = producer, WG1/WG2 = consumers
+// N-major B (GM_B_KMAJOR=0): per stage 4 TMA boxes of 64 (N) x 64 (K) bf16 = 8 KB each, placed
+// consecutively; box j holds columns [n0+64j, n0+64j+64), row r (= k) at +128*r, 128B-swizzled.
+constexpr int B_BOX_N = 64, B_BOX_BYTES = B_BOX_N * BK * 2;   // 8 KB
+constexpr int M = GM_M, N = GM_N, K = GM_K;
+constexpr bool DEFER = GM_MODE == 2;
+static_assert(M % BM == 0 && N % BN == 0 && K % BK == 0, "shape must be a multiple of 128 x 256 x 64");
+static_assert(!DEFER || K >= 8 * BK, "GM_MODE 2 needs K >= 512");
+static_assert(SMEM_BYTES <= 232448, "exceeds sm_90 max dynamic smem");
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+// Wait until the phase with the given parity has completed. Bounded: a pipeline that never completes a
+// phase (a bug, not a slow GPU: a legitimate wait lasts microseconds) traps after ~4M polls, so the step
+// fails with a launch error instead of hanging the GPU.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  for (unsigned it = 1;; ++it) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (done) return;
+    if (it > (1u << 22)) asm volatile("trap;");
+  }
+}
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, unsigned bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+               :: "r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void tma_store_2d(const TmaDesc* map, unsigned src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               :: "l"(map), "r"(src), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void bulk_wait_read() {   // smem of older groups may be reused
+  asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+// Make the accumulator registers "used/defined" around wgmma so the compiler keeps them in place.
+__device__ __forceinline__ void acc_fence(float (&d)[128]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+
+// wgmma shared-memory matrix descriptor (PTX ISA "matrix descriptor"): [0,14) start>>4,
+// [16,30) LBO>>4, [32,46) SBO>>4, [49,52) base offset (0: tiles are 1024-B aligned),
+// [62,64) layout = 1 (SWIZZLE_128B).
+//
+// K-major operand, 128B swizzle (A always; B when GM_B_KMAJOR=1): rows of 64 K-elements = 128 B,
+//   SBO = 1024 B (stride between 8-row core-matrix groups along M/N), LBO unused (=1).
+//   Advancing 16 elements along K inside the 128-B swizzle row = +32 B = +2 in the start field
+//   (hardware applies the XOR swizzle on the final address bits, same as TMA wrote them).
+__device__ __forceinline__ unsigned long long make_desc(unsigned saddr) {
+  return (unsigned long long)((saddr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+// MN-major operand, 128B swizzle (B when GM_B_KMAJOR=0; used with imm-trans-b = 1). CUTLASS
+// canonical form (cute make_gmma_desc<Major::MN>, in 16-B units, T = 8 bf16):
+//   Swizzle<3,4,3> o ((T,8,m),(8,k)) : ((1,T,LBO),(8T,SBO))
+// i.e. atoms of 64 N-elements (128 B) x 8 K-rows (1024 B); LBO = byte stride between atoms along
+// N (= one 8 KB TMA box here), SBO = byte stride between 8-row groups along K (1024 B).
+// Advancing K by 16 = two 8-row groups = +2048 B = +128 in the start field.
+__device__ __forceinline__ unsigned long long make_desc_mn(unsigned saddr) {
+  return (unsigned long long)((saddr & 0x3FFFF) >> 4) | ((unsigned long long)(cfg::B_BOX_BYTES >> 4) << 16) |
+         (64ull << 32) | (1ull << 62);
+}
+
+#if GM_B_KMAJOR
+#define GM_TRANS_B "0"
+#else
+#define GM_TRANS_B "1"   // B is N-major in smem
+#endif
+// Generated: one wgmma.mma_async m64n256k16, f32 += bf16 * bf16, A (K-major) and B from shared memory.
+// scale_d == 0 -> D = A*B (ignores old accumulator), else D += A*B.
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], unsigned long long da, unsigned long long db, int scale_d) {
+  asm volatile(
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+    "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, " GM_TRANS_B ";\n}\n"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+    : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ float bf16lo(unsigned v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16hi(unsigned v) { return __uint_as_float(v & 0xFFFF0000u); }
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {   // round-to-nearest-even
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// gelu(h) = 0.5 h (1 + tanh(u)), u = sqrt(2/pi) (h + 0.044715 h^3), as h / (1 + exp(-2u)): the same function
+// without 1 + tanh(u)'s cancellation for negative h (where an approximate tanh loses the result's digits), in
+// two MUFU ops (ex2, rcp: ~1e-6 relative). An IEEE division here made the epilogue outlast the wgmmas it hides
+// under (gpt2-medium's step 79 -> 82 ms); __fdividef(h, inf) is -0, gelu's limit.
+__device__ __forceinline__ float gelu_tanh(float h) {
+  float u = h * (0.7978845608f + 0.0356774081f * (h * h));
+  return __fdividef(h, 1.0f + __expf(-2.0f * u));
+}
+
+// Persistent: block b takes tiles b, b + gridDim.x, ... Tile order: n fastest (m = t / num_n, n = t % num_n):
+// W (<= 8 MB) stays in L2, and the ~132 tiles in flight cover ~11 row blocks of X, read from DRAM about once.
+template <int V> struct Int { static constexpr int value = V; };
+
+// DEFER=false: exact epilogue, out = bf16(gelu(h_f32)), done right after the tile's mainloop.
+// DEFER=true : only aux = bf16(h) is formed after the mainloop (cheap); GELU + smem + TMA stores of
+//              that tile are spread over the first 8 K slices of the NEXT tile, hidden under its
+//              wgmmas. out = bf16(gelu(bf16(h))) -- what an unfused Linear->GELU in bf16 computes;
+//              differs from gelu(h_f32) by <= ~1 bf16 ulp.
+// Launch (gemm_sm90.cpp): block 384 (warpgroup 0 the TMA producer, 1-2 the consumers), grid min(#SMs, tiles),
+// GM_SMEM_BYTES of dynamic shared memory. Parameters: the TMA descriptors of X, W, out and aux (128B swizzle;
+// boxes: X {64 k, 128 rows}, W {64 n, 64 k} or, K-major, {64 k, 256 n}, out and aux {64, 8}), then the bias.
+#define GM_SMEM_BYTES 231424
+static_assert(GM_SMEM_BYTES == cfg::SMEM_BYTES, "keep GM_SMEM_BYTES in sync");
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
+                 const __grid_constant__ TmaDesc tmOut, const __grid_constant__ TmaDesc tmAux,
+                 const unsigned short* __restrict__ bias) {
+  using namespace cfg;
+  extern __shared__ __attribute__((aligned(1024))) unsigned char smem_raw[];
+  const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;   // swizzled tiles need 1 KB alignment
+  const unsigned epi = base + STAGES * STAGE_BYTES;
+  const unsigned bars = epi + EPI_BYTES;                           // full[s] then empty[s], 8 B each
+  auto full_bar = [&](int s) { return bars + 8u * s; };
+  auto empty_bar = [&](int s) { return bars + 8u * (STAGES + s); };
+
+  constexpr int num_n = N / BN, num_tiles = (M / BM) * num_n, KB = K / BK;
+  const int tile_step = (int)gridDim.x;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar(s), 1);    // producer's arrive.expect_tx + TMA tx bytes
+      mbar_init(empty_bar(s), 8);   // lane 0 of each of the 8 consumer warps
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_proxy_async();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // ------------------------------- producer ---------------------------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x == 0) {
+      asm volatile("prefetch.tensormap [%0];" :: "l"(&tmA) : "memory");
+      asm volatile("prefetch.tensormap [%0];" :: "l"(&tmB) : "memory");
+      int s = 0; unsigned ph = 0;
+      for (int tile = blockIdx.x; tile < num_tiles; tile += tile_step) {
+        const int m0 = (tile / num_n) * BM, n0 = (tile % num_n) * BN;
+#pragma unroll 1
+        for (int kb = 0; kb < KB; ++kb) {
+          mbar_wait(empty_bar(s), ph ^ 1);   // first pass: parity 1 = "previous phase" -> passes
+          const unsigned sa = base + s * STAGE_BYTES;
+          mbar_expect_tx(full_bar(s), STAGE_BYTES);
+          tma_load_2d(sa, &tmA, full_bar(s), kb * BK, m0);
+#if GM_B_KMAJOR
+          tma_load_2d(sa + A_BYTES, &tmB, full_bar(s), kb * BK, n0);
+#else
+#pragma unroll
+          for (int j = 0; j < BN / B_BOX_N; ++j)
+            tma_load_2d(sa + A_BYTES + j * B_BOX_BYTES, &tmB, full_bar(s), n0 + j * B_BOX_N, kb * BK);
+#endif
+          if (++s == STAGES) { s = 0; ph ^= 1; }
+        }
+      }
+    }
+  } else {
+    // ------------------------------- consumers --------------------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int cw = wg - 1;                       // consumer WG: rows [64*cw, 64*cw+64) of the tile
+    const int warp = (threadIdx.x / 32) & 3, lane = threadIdx.x & 31;
+    const int r8 = lane >> 2;                    // fragment row within an 8-row group
+    const unsigned epi_w = epi + (cw * 4 + warp) * EPI_WARP;
+    const unsigned* bias32 = reinterpret_cast<const unsigned*>(bias);
+    float acc[128];
+    unsigned hp[64] = {};       // DEFER: previous tile's h as packed bf16x2, hp[(cg*8+j)*2+half]
+    int s = 0; unsigned ph = 0, prev_s = 0;
+    int pend_row0 = -1, pend_n0 = 0;   // DEFER: where the pending (previous) tile goes
+    const unsigned off_base = r8 * 128 + (lane & 3) * 4;
+
+    // One 64-wide K slice: 4 x m64n256k16, then `between()` runs while the wgmmas execute
+    // (they are async), then wait until slice kb-1 is done and hand its smem stage back.
+    auto kstep = [&](int kb, auto between) {
+      mbar_wait(full_bar(s), ph);
+      const unsigned sa = base + s * STAGE_BYTES + cw * (64 * 128);   // this WG's 64 rows of A
+      const unsigned sb = base + s * STAGE_BYTES + A_BYTES;
+#if GM_B_KMAJOR
+      const unsigned long long da = make_desc(sa), db = make_desc(sb);
+      constexpr unsigned long long DB_K16 = 2;     // +32 B per 16 K-elements (within the 128-B row)
+#else
+      const unsigned long long da = make_desc(sa), db = make_desc_mn(sb);
+      constexpr unsigned long long DB_K16 = 128;   // +2048 B per 16 K-rows (two 1-KB 8-row groups)
+#endif
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + DB_K16 * kk, (kb | kk) != 0);
+      wgmma_commit();
+      between();
+      wgmma_wait<1>();
+      if (kb > 0 && lane == 0) mbar_arrive(empty_bar(prev_s));
+      prev_s = s;
+      if (++s == STAGES) { s = 0; ph ^= 1; }
+    };
+    // Write one (out, aux) 8-row x 64-col chunk into this warp's smem slot pair and TMA-store it.
+    // Slot pairs alternate with `half`; wait_group.read<1> = the store issued two chunks ago
+    // (the last user of this pair) has finished reading smem.
+    auto store_chunk = [&](int half, int gcol, int grow, auto value) {
+      const unsigned so = epi_w + (half * 2) * EPI_SLOT, sx = so + EPI_SLOT;
+      if (lane == 0) bulk_wait_read<1>();
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        unsigned vaux, vout;
+        value(j, vaux, vout);
+        // 128B swizzle: 16-byte chunk index j XOR (row % 8) -> conflict-free across the warp.
+        const unsigned off = off_base + ((j ^ r8) << 4);
+        asm volatile("st.shared.b32 [%0], %1;" :: "r"(sx + off), "r"(vaux) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;" :: "r"(so + off), "r"(vout) : "memory");
+      }
+      fence_proxy_async();                                 // generic-proxy writes -> visible to TMA
+      __syncwarp();
+      if (lane == 0) {
+        tma_store_2d(&tmOut, so, gcol, grow);
+        tma_store_2d(&tmAux, sx, gcol, grow);
+        bulk_commit();
+      }
+    };
+    // DEFER: chunk c (= cg*2 + half) of the pending tile, from the packed bf16 h.
+    auto deferred_chunk = [&](auto cc) {
+      constexpr int c = decltype(cc)::value, cg = c / 2, half = c % 2;
+      store_chunk(half, pend_n0 + cg * 64, pend_row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
+        va = hp[(cg * 8 + j) * 2 + half];
+        vo = pack_bf16(gelu_tanh(bf16lo(va)), gelu_tanh(bf16hi(va)));
+      });
+    };
+
+    for (int tile = blockIdx.x; tile < num_tiles; tile += tile_step) {
+      const int m0 = (tile / num_n) * BM, n0 = (tile % num_n) * BN;
+      const int row0 = m0 + cw * 64 + warp * 16;
+
+      // ---- mainloop (keeps 1 wgmma group in flight) ----
+      int kb = 0;
+      if constexpr (DEFER) {
+        // The first 8 K slices each carry one epilogue chunk of the previous tile: ALU/MUFU work
+        // and smem stores run while the tensor cores chew on this tile. Needs K/64 >= 8.
+        const bool pend = pend_row0 >= 0;
+        auto step = [&](auto cc) { kstep(kb++, [&] { if (pend) deferred_chunk(cc); }); };
+        step(Int<0>{}); step(Int<1>{}); step(Int<2>{}); step(Int<3>{});
+        step(Int<4>{}); step(Int<5>{}); step(Int<6>{}); step(Int<7>{});
+      }
+#pragma unroll 1
+      for (; kb < KB; ++kb) kstep(kb, [] {});
+      wgmma_wait<0>();
+      acc_fence(acc);
+      if (lane == 0) mbar_arrive(empty_bar(prev_s));
+      // From here the producer is already streaming the next tile's A/B into the free stages.
+
+      // ---- epilogue ----
+      // Warp covers tile rows [64*cw + 16*warp, +16); fragment: d[4j+{0,1}] -> row r8,
+      // cols 8j + 2*(lane%4) + {0,1}; d[4j+{2,3}] -> row r8+8, same cols.
+#pragma unroll
+      for (int cg = 0; cg < 4; ++cg) {                     // 64-column group
+        unsigned bz[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) bz[j] = __ldg(bias32 + ((n0 + cg * 64 + 8 * j) >> 1) + (lane & 3));
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {             // rows r8 / r8+8
+          if constexpr (DEFER) {
+            // Only h = acc + bias, rounded to bf16 (= aux), is computed now; GELU(bf16(h)) and the
+            // stores happen during the next tile's mainloop (or after the loop for the last tile).
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              hp[(cg * 8 + j) * 2 + half] = pack_bf16(acc[(cg * 8 + j) * 4 + half * 2 + 0] + bf16lo(bz[j]),
+                                                      acc[(cg * 8 + j) * 4 + half * 2 + 1] + bf16hi(bz[j]));
+          } else {
+            store_chunk(half, n0 + cg * 64, row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
+              const float h0 = acc[(cg * 8 + j) * 4 + half * 2 + 0] + bf16lo(bz[j]);
+              const float h1 = acc[(cg * 8 + j) * 4 + half * 2 + 1] + bf16hi(bz[j]);
+              va = pack_bf16(h0, h1);
+              vo = pack_bf16(gelu_tanh(h0), gelu_tanh(h1));
+            });
+          }
+        }
+      }
+      if constexpr (DEFER) { pend_row0 = row0; pend_n0 = n0; }
+    }
+    if constexpr (DEFER) {
+      if (pend_row0 >= 0) {
+        deferred_chunk(Int<0>{}); deferred_chunk(Int<1>{}); deferred_chunk(Int<2>{}); deferred_chunk(Int<3>{});
+        deferred_chunk(Int<4>{}); deferred_chunk(Int<5>{}); deferred_chunk(Int<6>{}); deferred_chunk(Int<7>{});
+      }
+    }
+    if (lane == 0) bulk_wait_all();   // smem must stay alive until the stores have read it
+  }
+}
+
+)GEMM";
+
+struct GemmShape {
+  int64_t M = 0, N = 0, K = 0;
+  bool bKMajor = false;  // b given as [N, K] (transpose_b)
+};
+
+// Why `n` is not ours to run (empty: it is), and its shape.
+std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
+  if (!ctx.ownGeluGemm) return "switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=1 turns it on)";
+  if (ctx.smMajor != 9 || ctx.smMinor != 0) return "needs an sm_90 GPU (wgmma, TMA)";
+  if (ctx.maxSharedBytes < static_cast<int64_t>(kSharedBytes)) return cat("needs ", kSharedBytes, " bytes of shared memory a block");
+  if (n.op() != OpKind::MatmulEpilogue || n.getStr("epilogue") != "gelu_bias" || n.numOperands() != 3 || n.numResults() != 2)
+    return "takes a matmul_epilogue {epilogue=gelu_bias} without a residual";
+  for (const Value* v : {n.operand(0), n.operand(1), n.operand(2), n.result(0), n.result(1)})
+    if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
+  const Value *a = n.operand(0), *b = n.operand(1);
+  if (n.getBool("transpose_a") || b->type().rank() != 2 || a->type().rank() < 2) return "takes a[..., M, K] x b[K, N] (or b^T)";
+  s->bKMajor = n.getBool("transpose_b");
+  s->K = a->shape().back();
+  s->N = s->bKMajor ? b->shape()[0] : b->shape()[1];
+  s->M = s->K ? a->type().numel() / s->K : 0;
+  if (s->M % kTileM || s->N % kTileN || s->K % kTileK || !s->M || !s->N || !s->K)
+    return cat("needs M % ", kTileM, ", N % ", kTileN, " and K % ", kTileK, " to be 0 (M ", s->M, ", N ", s->N, ", K ", s->K, ")");
+  if (s->M >= (int64_t(1) << 31) || s->N >= (int64_t(1) << 31) || s->K >= (int64_t(1) << 31)) return "needs dims under 2^31 (TMA coordinates)";
+  return "";
+}
+
+}  // namespace
+
+bool ownGemm(const Node& n, const LoweringContext& ctx) {
+  GemmShape s;
+  return refusal(n, ctx, &s).empty();
+}
+
+Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
+  GemmShape s;
+  if (std::string why = refusal(n, ctx, &s); !why.empty()) return makeError("gemm_sm90: ", n.opName(), ": ", why);
+  int64_t tiles = (s.M / kTileM) * (s.N / kTileN);
+  KernelSpec k;
+  k.entry = "gemm_gelu_kernel";
+  k.archSpecific = true;
+  k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
+                 "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n", kGemmGeluSource);
+  k.grid.x = static_cast<uint32_t>(std::min<int64_t>(tiles, std::max(ctx.numSMs, 1)));
+  k.block.x = 384;
+  k.sharedBytes = kSharedBytes;
+  auto box = [](bool operand, int64_t index, int64_t rows, int64_t cols, uint32_t boxRows) {
+    return TensorMapSpec{operand, index, rows, cols, boxRows, 64};
+  };
+  k.maps = {box(true, 0, s.M, s.K, 128),
+            s.bKMajor ? box(true, 1, s.N, s.K, 256) : box(true, 1, s.K, s.N, 64),
+            box(false, 0, s.M, s.N, 8), box(false, 1, s.M, s.N, 8)};
+  k.args = {{ArgKind::TensorMap, 0}, {ArgKind::TensorMap, 1}, {ArgKind::TensorMap, 2}, {ArgKind::TensorMap, 3},
+            {ArgKind::Operand, 2}};
+  NodeLowering l;
+  l.kernels.push_back(std::move(k));
+  return l;
+}
+
+}  // namespace tpc::cuda
