@@ -1453,6 +1453,14 @@ class CudaBackend final : public Backend {
         auto fn = function(d, ks, what);
         if (!fn.ok()) return Error{fn.error()};
         l.fn = *fn;
+        if (ks.requiredRegisters > 0) {
+          int regs = 0;
+          if (CUresult e = driver_->funcGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, l.fn); e != CUDA_SUCCESS)
+            return makeError("cuda: ", what, " [", ks.entry, "]: cannot read its register count: ", driverError(e));
+          if (regs != ks.requiredRegisters)
+            return makeError("cuda: ", what, " [", ks.entry, "]: this CUDA's ptxas gave it ", regs, " registers a thread, its ",
+                             "warp specialization needs ", ks.requiredRegisters, " (TPC_OWN_GEMM=0 runs cuBLASLt instead)");
+        }
         l.grid = ks.grid;
         l.block = ks.block;
         l.smem = ks.sharedBytes;

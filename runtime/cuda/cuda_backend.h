@@ -50,7 +50,7 @@ struct CudaOptions {
   // DGELU_BGRAD GEMMs 1.5 ms more than the unfused ops. The environment's TPC_MATMUL_EPILOGUES overrides it.
   std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu";
   // matmul_epilogue gelu_bias on sm_90 through our GEMM kernel (TMA, wgmma; runtime/cuda/kernels/gemm_sm90.cpp)
-  // where it applies, instead of cuBLASLt's GELU_AUX_BIAS. Off: 11-12% faster than cuBLASLt alone on the H200
+  // where it applies, instead of cuBLASLt's GELU_AUX_BIAS. Off: 10-11% less time than cuBLASLt alone on the H200
   // at gpt2's and gpt2-medium's c_fc shapes, but no faster within a training step (docs/performance.md,
   // eighteenth session). The environment's TPC_OWN_GEMM=0|1 overrides it.
   bool ownGemm = false;

@@ -124,6 +124,7 @@ Result<const Driver*> driver() {
     get("cuModuleLoadData", lib.moduleLoadData);
     get("cuModuleGetFunction", lib.moduleGetFunction);
     get("cuFuncSetAttribute", lib.funcSetAttribute);
+    get("cuFuncGetAttribute", lib.funcGetAttribute);
     get("cuLaunchKernel", lib.launchKernel);
     get("cuGetErrorString", lib.getErrorString);
     get("cuTensorMapEncodeTiled", lib.tensorMapEncodeTiled);

@@ -46,6 +46,7 @@ struct Driver {
   decltype(&::cuModuleLoadData) moduleLoadData;
   decltype(&::cuModuleGetFunction) moduleGetFunction;
   decltype(&::cuFuncSetAttribute) funcSetAttribute;
+  decltype(&::cuFuncGetAttribute) funcGetAttribute;
   decltype(&::cuLaunchKernel) launchKernel;
   decltype(&::cuGetErrorString) getErrorString;
   decltype(&::cuTensorMapEncodeTiled) tensorMapEncodeTiled;  // TMA descriptors (sm_90 GEMM kernels)

@@ -59,6 +59,9 @@ struct KernelSpec {
   std::vector<std::vector<KernelArg>> tables;  // the entries of the Table arguments
   std::vector<TensorMapSpec> maps;             // the TensorMap arguments
   bool archSpecific = false;  // compiled for sm_XXa (wgmma, setmaxnreg): runs on that architecture only
+  // > 0: the registers a thread the kernel must get from ptxas (checked at load; a setmaxnreg split that does
+  // not add up would wait forever for registers).
+  int requiredRegisters = 0;
 };
 
 struct NodeLowering {

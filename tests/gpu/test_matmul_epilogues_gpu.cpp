@@ -113,19 +113,22 @@ double difference(const HostTensor& got, const HostTensor& want) {
 
 }  // namespace
 
-// gelu_bias at the tile multiples (M % 128, N % 256, K % 64, K >= 512) runs our sm_90 kernel (gemm_sm90.cpp):
+// gelu_bias at the tile multiples (M % 128, N % 256, K % 64) runs our sm_90 kernel (gemm_sm90.cpp) when asked:
 // against cuBLASLt's GELU_AUX_BIAS and the unfused GPU ops, and for a few tiles against the CPU backend's unfused
-// ops; gpt2's c_fc shape has 1536 tiles, 11.6 a block of the persistent grid.
+// ops. gpt2's c_fc shape has 1536 tiles, 11.6 a block of the persistent grid; the 8192-row cases 320 (2.4 a
+// block: the next-tile paths, the ring's stages and the store slots reused across tiles).
 TEST_CASE("cuda epilogues: gelu_bias through our sm_90 GEMM kernel matches the CPU, cuBLASLt and the unfused ops",
           "[gpu][epilogue]") {
   test::requireGpuOrSkip();
+  unsetenv("TPC_OWN_GEMM");  // it would override CudaOptions::ownGemm (the cuBLASLt runs below)
   cudaDeviceProp prop{};
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
   bool sm90 = prop.major == 9 && prop.minor == 0;
   // rows, K, N, b given as [N, K] (transpose_b): K >= 512 defers each tile's gelu and stores into the next
   // tile's mainloop; K 256 does them after its own; b^T loads K-major tiles of b.
   for (auto [rows, K, N, bT] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
-           {512, 512, 768, false}, {512, 256, 512, false}, {1024, 512, 512, true}, {16384, 768, 3072, false}}) {
+           {512, 512, 768, false}, {512, 256, 512, false}, {1024, 512, 512, true}, {8192, 256, 1280, false},
+           {8192, 512, 1280, true}, {16384, 768, 3072, false}}) {
     INFO("[" << rows << ", " << K << "] x [" << K << ", " << N << "]" << (bT ? " (b^T)" : ""));
     auto g = std::make_unique<Graph>("gelu_bias");
     auto T = [&](Shape s) { return TensorType(DType::bf16, std::move(s)); };
