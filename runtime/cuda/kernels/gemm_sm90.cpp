@@ -18,12 +18,12 @@ namespace tpc::cuda {
 namespace {
 
 constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
-constexpr uint32_t kSharedBytes = 231424;  // GM_SMEM_BYTES: 4 stages of 48 KiB, 32 KiB of store staging, barriers
+constexpr uint32_t kSharedBytes = 231424;  // 4 stages of 48 KiB, 32 KiB of store staging, barriers (GM_SMEM_BYTES)
 
-// Device code; the lowering prepends GM_M, GM_N, GM_K, GM_B_KMAJOR and GM_MODE.
+// Device code; the lowering prepends GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE and GM_SMEM_BYTES.
 constexpr const char* kGemmGeluSource = R"GEMM(
-#if !defined(GM_M) || !defined(GM_N) || !defined(GM_K) || !defined(GM_B_KMAJOR) || !defined(GM_MODE)
-#error "define GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE before this source"
+#if !defined(GM_M) || !defined(GM_N) || !defined(GM_K) || !defined(GM_B_KMAJOR) || !defined(GM_MODE) || !defined(GM_SMEM_BYTES)
+#error "define GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_SMEM_BYTES before this source"
 #endif
 #if GM_B_KMAJOR != 0 && GM_B_KMAJOR != 1
 #error "GM_B_KMAJOR must be 0 or 1"
@@ -191,8 +191,7 @@ template <int V> struct Int { static constexpr int value = V; };
 // Launch (gemm_sm90.cpp): block 384 (warpgroup 0 the TMA producer, 1-2 the consumers), grid min(#SMs, tiles),
 // GM_SMEM_BYTES of dynamic shared memory. Parameters: the TMA descriptors of X, W, out and aux (128B swizzle;
 // boxes: X {64 k, 128 rows}, W {64 n, 64 k} or, K-major, {64 k, 256 n}, out and aux {64, 8}), then the bias.
-#define GM_SMEM_BYTES 231424
-static_assert(GM_SMEM_BYTES == cfg::SMEM_BYTES, "keep GM_SMEM_BYTES in sync");
+static_assert(GM_SMEM_BYTES == cfg::SMEM_BYTES, "the launch's shared memory (kSharedBytes) must be the layout's");
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
@@ -419,7 +418,7 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   k.entry = "gemm_gelu_kernel";
   k.archSpecific = true;
   k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
-                 "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n", kGemmGeluSource);
+                 "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n#define GM_SMEM_BYTES ", kSharedBytes, "\n", kGemmGeluSource);
   k.grid.x = static_cast<uint32_t>(std::min<int64_t>(tiles, std::max(ctx.numSMs, 1)));
   k.block.x = 384;
   k.sharedBytes = kSharedBytes;
