@@ -23,6 +23,9 @@ class NvrtcCompiler {
   // The cubin for `source` (a whole translation unit). `what` names the kernel in errors. archSpecific:
   // for sm_XXa (wgmma, setmaxnreg: the cubin runs on that architecture only).
   Result<std::vector<char>> compile(const std::string& source, const std::string& what, bool archSpecific = false);
+  // ptxas's report for `source` compiled as compile() does (not cached): its registers, stack frame and spill
+  // bytes per entry (--ptxas-options=-v). For tests of kernels that must not spill.
+  Result<std::string> ptxasReport(const std::string& source, const std::string& what, bool archSpecific = false);
   const CompileStats& stats() const { return stats_; }
   const std::string& cacheDir() const { return cacheDir_; }
 
