@@ -282,7 +282,8 @@ class CudaBackend final : public Backend {
     foldLayerNormGradBiasSum_ = !isOff("lnsum");
     ctx_.xentOnePass = !isOff("xent1");
     const char* ownGemmEnv = std::getenv("TPC_OWN_GEMM");
-    ctx_.ownGeluGemm = ownGemmEnv && *ownGemmEnv ? std::string(ownGemmEnv) != "0" : options_.ownGemm;
+    TPC_TRY(setOwnGemmKinds(ownGemmEnv && *ownGemmEnv ? ownGemmEnv : options_.ownGemm,
+                              ownGemmEnv && *ownGemmEnv ? "TPC_OWN_GEMM" : "CudaOptions::ownGemm", &ctx_));
     adamwCopies_ = !isOff("adamcopy");
     TPC_ASSIGN(driver_, driver());
     // Which attention kernels (CudaOptions::attention; TPC_ATTENTION overrides it).

@@ -89,9 +89,9 @@ struct LoweringContext {
   // ... gamma (read twice a row) from shared memory, loaded once a block, where that is faster (normalization.cpp).
   bool layerNormGradGammaShared = true;
   bool embeddingGradSegments = true;  // embedding_grad: ranks within an id's segment, a warp per table row (gather.cpp)
-  // matmul_epilogue gelu_bias on sm_90 through our GEMM kernel (gemm_sm90.cpp) where it applies, else cuBLASLt's
-  // GELU_AUX_BIAS (CudaOptions::ownGemm, TPC_OWN_GEMM).
-  bool ownGeluGemm = false;
+  // matmul_epilogue gelu_bias and dgelu on sm_90 through our GEMM kernel (gemm_sm90.cpp) where it applies, else
+  // cuBLASLt's GELU_AUX_BIAS and DGELU (CudaOptions::ownGemm, TPC_OWN_GEMM).
+  bool ownGeluGemm = false, ownDgeluGemm = false;
 };
 
 }  // namespace tpc::cuda

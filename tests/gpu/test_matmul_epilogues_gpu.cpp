@@ -79,9 +79,9 @@ std::unique_ptr<Graph> unfused(const std::string& e, DType t) {
   return g;
 }
 
-// One step of `g` on the GPU; ownGemm: CudaOptions::ownGemm (else cuBLASLt's GELU_AUX_BIAS). `kernels`: the
-// launches of our GEMM kernel.
-TensorMap geluBiasOnGpu(const Graph& g, const TensorMap& in, bool epilogues, bool ownGemm, int64_t* kernels) {
+// One step of `g` on the GPU; ownGemm: CudaOptions::ownGemm, the epilogue kinds our GEMM kernel runs (else
+// cuBLASLt's). `kernels`: the launches of our GEMM kernel.
+TensorMap ownGemmOnGpu(const Graph& g, const TensorMap& in, bool epilogues, const std::string& ownGemm, int64_t* kernels) {
   CudaOptions o;
   o.verbose = false;
   o.matmulEpilogues = epilogues;
@@ -154,9 +154,9 @@ TEST_CASE("cuda epilogues: gelu_bias through our sm_90 GEMM kernel matches the C
       in[v->name()] = t;
     }
     int64_t own = 0, lt = 0, none = 0;
-    TensorMap ours = geluBiasOnGpu(*g, in, true, true, &own);
-    TensorMap cublas = geluBiasOnGpu(*g, in, true, false, &lt);
-    TensorMap unfused = geluBiasOnGpu(*g, in, false, true, &none);
+    TensorMap ours = ownGemmOnGpu(*g, in, true, "gelu_bias", &own);
+    TensorMap cublas = ownGemmOnGpu(*g, in, true, "", &lt);
+    TensorMap unfused = ownGemmOnGpu(*g, in, false, "gelu_bias", &none);
     CHECK(own == (sm90 ? 1 : 0));
     CHECK(lt == 0);
     CHECK(none == 0);
@@ -197,6 +197,96 @@ TEST_CASE("cuda epilogues: gelu_bias through our sm_90 GEMM kernel matches the C
         WARN(name << ": ours vs the CPU backend: max difference over max value " << rel);
         CHECK(rel <= 1.6e-2);
       }
+    }
+  }
+}
+
+// dgelu (the MLP's input gradient through gelu: g = (dy w^T) * gelu'(pre)) at the tile multiples runs our sm_90
+// kernel when asked: against cuBLASLt's DGELU, the unfused GPU ops and the CPU backend, and on sampled rows
+// against the product and gelu' in double at every element. Shapes as the gelu_bias case's, w^T mostly (the GPT's
+// layout: the second MLP weight [4D, D]); pre spans [-5, 5], gelu' from -0.13 to 1.13, its tails included.
+TEST_CASE("cuda epilogues: dgelu through our sm_90 GEMM kernel matches the CPU, cuBLASLt and the unfused ops",
+          "[gpu][epilogue]") {
+  test::requireGpuOrSkip();
+  unsetenv("TPC_OWN_GEMM");
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  bool sm90 = prop.major == 9 && prop.minor == 0;
+  for (auto [rows, K, N, bT] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
+           {512, 512, 768, true}, {512, 256, 512, true}, {1024, 512, 512, false}, {8192, 256, 1280, true},
+           {8192, 512, 1280, false}, {16384, 768, 3072, true}}) {
+    INFO("[" << rows << ", " << K << "] x [" << K << ", " << N << "]" << (bT ? " (b^T)" : ""));
+    auto g = std::make_unique<Graph>("dgelu");
+    auto T = [&](Shape s) { return TensorType(DType::bf16, std::move(s)); };
+    Value* dy = g->addInput("dy", T({rows / 256, 256, K}));
+    Value* w = g->addInput("w", T(bT ? Shape{N, K} : Shape{K, N}));
+    Value* pre = g->addInput("pre", T({rows / 256, 256, N}));
+    AttrDict tb;
+    if (bT) tb.set("transpose_b", true);
+    auto mm = g->create(OpKind::Matmul, {dy, w}, tb);
+    REQUIRE(mm.ok());
+    auto d = g->create(OpKind::GeluGrad, {(*mm)->result(), pre});
+    REQUIRE(d.ok());
+    g->addOutput((*d)->result(), "g");
+    std::mt19937 rng(29);
+    TensorMap in;
+    for (const Value* v : g->inputs()) {
+      HostTensor t(TensorType(DType::f32, v->shape()));
+      double span = v->name() == "pre" ? 5.0 : v->name() == "w" ? 2.0 / std::sqrt(double(K)) : 1.0;
+      for (int64_t i = 0; i < t.numel(); ++i)  // bf16 values, so that the double reference has the GPU's inputs
+        t.data<float>()[i] = bf16ToFloat(floatToBf16(static_cast<float>(std::uniform_real_distribution<double>(-span, span)(rng))));
+      in[v->name()] = t;
+    }
+    int64_t own = 0, lt = 0, none = 0;
+    TensorMap ours = ownGemmOnGpu(*g, in, true, "dgelu", &own);
+    TensorMap cublas = ownGemmOnGpu(*g, in, true, "", &lt);
+    TensorMap unfused = ownGemmOnGpu(*g, in, false, "dgelu", &none);
+    CHECK(own == (sm90 ? 1 : 0));
+    CHECK(lt == 0);
+    CHECK(none == 0);
+    if (!sm90) WARN("not an sm_90 GPU: cuBLASLt ran both ways");
+    double relLt = difference(ours.at("g"), cublas.at("g")), relUnfused = difference(ours.at("g"), unfused.at("g"));
+    WARN("g: max difference over max value: ours vs cuBLASLt's DGELU " << relLt << ", vs the unfused ops " << relUnfused);
+    // K >= 512 rounds the product to bf16 before the multiply (as the unfused ops), K 256 multiplies the f32 sum
+    // (as cuBLASLt): one rounding apart from either, two at most.
+    CHECK(relLt <= 8e-3);
+    CHECK(relUnfused <= 1.6e-2);
+    // Every 61st row in double: |ours - mm gelu'(pre)| within 2 bf16 steps of the element (the product's rounding,
+    // then the result's), plus |mm| 1e-6 (gelu' in f32 near its root at -0.75, where 1 + 2cv(es)(...) cancels, is
+    // good to ~2.5e-7 absolute) and 2^-15 of the largest term times |gelu'| (the f32 sum's own error where the
+    // product cancels). bf16's step is 2^-8 of the element.
+    const HostTensor &gv = ours.at("g"), &dyv = in.at("dy"), &wv = in.at("w"), &pv = in.at("pre");
+    double worst = 0;
+    int64_t checked = 0;
+    for (int64_t r = 0; r < rows; r += 61)
+      for (int64_t n = 0; n < N; ++n) {
+        double mmv = 0, big = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          double term = dyv.getAsDouble(r * K + k) * wv.getAsDouble(bT ? n * K + k : k * N + n);
+          mmv += term;
+          big = std::max(big, std::abs(term));
+        }
+        double p = pv.getAsDouble(r * N + n), t = std::tanh(0.7978845608028654 * (p + 0.044715 * p * p * p));
+        double gp = 0.5 * (1 + t) + 0.5 * p * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * p * p);
+        double want = mmv * gp;
+        double step = want == 0 ? 0.0 : std::ldexp(1.0, std::ilogb(want) - 7);
+        double allowed = 2 * step + std::abs(mmv) * 1e-6 + big * std::abs(gp) * 0x1p-15;
+        double diff = std::abs(gv.getAsDouble(r * N + n) - want) / std::max(allowed, 1e-38);
+        worst = std::isnan(diff) ? INFINITY : std::max(worst, diff);
+        ++checked;
+      }
+    WARN("g against (dy w^T) gelu'(pre) in double over " << checked << " elements: worst " << worst << " of the allowed");
+    CHECK(worst <= 1.0);
+    if (rows <= 1024) {  // the CPU backend's unfused ops
+      CpuOptions co;
+      co.threads = 2;
+      auto cpu = createCpuBackend(co);
+      REQUIRE(cpu->prepare(*g, {}).ok());
+      auto ref = cpu->step(in, 1);
+      REQUIRE(ref.ok());
+      double rel = difference(ours.at("g"), ref->at("g"));
+      WARN("g: ours vs the CPU backend: max difference over max value " << rel);
+      CHECK(rel <= 1.6e-2);
     }
   }
 }

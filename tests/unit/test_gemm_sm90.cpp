@@ -1,6 +1,7 @@
-// Our sm_90 GEMM kernel for matmul_epilogue gelu_bias (runtime/cuda/kernels/gemm_sm90.cpp) without a GPU:
-// which nodes it takes (else cuBLASLt), its launch geometry and TMA descriptors, and that its source compiles
-// with NVRTC for sm_90a. Its numbers against the unfused ops are the GPU test's (test_matmul_epilogues_gpu.cpp).
+// Our sm_90 GEMM kernel for matmul_epilogue gelu_bias and dgelu (runtime/cuda/kernels/gemm_sm90.cpp) without a
+// GPU: which nodes it takes (else cuBLASLt), its switch, its launch geometry and TMA descriptors, and that its
+// source compiles with NVRTC for sm_90a. Its numbers against the unfused ops are the GPU test's
+// (test_matmul_epilogues_gpu.cpp).
 #ifdef TPC_HAVE_CUDA
 #include <catch2/catch.hpp>
 
@@ -35,6 +36,49 @@ GeluBias geluBias(Shape a, Shape b, DType t = DType::bf16, bool transposeB = fal
   r.g->addOutput(r.n->result(0), "y");
   r.g->addOutput(r.n->result(1), "pre");
   return r;
+}
+
+// %g = matmul_epilogue(a[rows..., K], b[K, N] or b^T [N, K], pre[rows..., N]) {epilogue=dgelu}: the MLP's
+// backward through gelu is a = dy, b^T = the second weight [4D, D].
+GeluBias dgelu(Shape a, Shape b, bool transposeB, DType t = DType::bf16) {
+  GeluBias r;
+  r.g = std::make_unique<Graph>("dgelu");
+  int64_t N = transposeB ? b[0] : b[1];
+  Shape p = a;
+  p.back() = N;
+  Value* x = r.g->addInput("a", TensorType(t, a));
+  Value* w = r.g->addInput("b", TensorType(t, b));
+  Value* pre = r.g->addInput("pre", TensorType(t, p));
+  AttrDict at;
+  at.set("epilogue", std::string("dgelu"));
+  if (transposeB) at.set("transpose_b", true);
+  auto n = r.g->create(OpKind::MatmulEpilogue, {x, w, pre}, at);
+  REQUIRE(n.ok());
+  r.n = *n;
+  r.g->addOutput(r.n->result(0), "g");
+  return r;
+}
+
+// ptxas's report for a kernel: 168 registers at entry (the setmaxnreg split's) and no spills. A trap in the
+// consumers' code once made ptxas compile the whole kernel at 168 and the deferred epilogue spill (gemm_sm90.cpp).
+void checkNoSpills(NvrtcCompiler& nvrtc, const KernelSpec& k) {
+  auto report = nvrtc.ptxasReport(k.source, k.entry, true);
+  INFO((report.ok() ? *report : report.error()));
+  REQUIRE(report.ok());
+  CHECK(report->find("Used 168 registers") != std::string::npos);
+  CHECK(report->find(" 0 bytes spill stores, 0 bytes spill loads") != std::string::npos);
+  CHECK(report->find(" 0 bytes stack frame") != std::string::npos);
+}
+
+void checkMap(const KernelSpec& ks, size_t i, bool operand, int64_t index, int64_t rows, int64_t cols, uint32_t boxRows) {
+  const TensorMapSpec& m = ks.maps[i];
+  INFO("map " << i);
+  CHECK(m.operand == operand);
+  CHECK(m.index == index);
+  CHECK(m.rows == rows);
+  CHECK(m.cols == cols);
+  CHECK(m.boxRows == boxRows);
+  CHECK(m.boxCols == 64);
 }
 
 }  // namespace
@@ -88,22 +132,15 @@ TEST_CASE("gemm sm90: the gelu_bias kernel's geometry, TMA descriptors, and its 
   CHECK((k.args[4].kind == ArgKind::Operand && k.args[4].index == 2));
   // a, b, y, pre as their row-major 2-D views, in [rows, 64]-column boxes (one 128-byte swizzle row).
   REQUIRE(k.maps.size() == 4);
-  auto map = [&](const KernelSpec& ks, size_t i, bool operand, int64_t index, int64_t rows, int64_t cols, uint32_t boxRows) {
-    const TensorMapSpec& m = ks.maps[i];
-    INFO("map " << i);
-    CHECK(m.operand == operand);
-    CHECK(m.index == index);
-    CHECK(m.rows == rows);
-    CHECK(m.cols == cols);
-    CHECK(m.boxRows == boxRows);
-    CHECK(m.boxCols == 64);
-  };
+  auto map = checkMap;
   map(k, 0, true, 0, 16384, 768, 128);
   map(k, 1, true, 1, 768, 3072, 64);  // b [K, N]: 64 k-rows of 64 n a box, four a 256-wide tile
   map(k, 2, false, 0, 16384, 3072, 8);
   map(k, 3, false, 1, 16384, 3072, 8);
   CHECK(k.source.find("#define GM_MODE 2") != std::string::npos);  // K >= 512: the deferred epilogue
   CHECK(k.source.find("#define GM_B_KMAJOR 0") != std::string::npos);
+  CHECK(k.source.find("#define GM_EPI 1") != std::string::npos);
+  CHECK(k.entry == "gemm_gelu_kernel");
   // A node it does not take is an error naming why, not a wrong kernel.
   GeluBias off = geluBias({1024, 768}, {768, 384});
   auto bad = lowerGemm(*off.n, ctx);
@@ -122,6 +159,7 @@ TEST_CASE("gemm sm90: the gelu_bias kernel's geometry, TMA descriptors, and its 
     const KernelSpec& kg = lg->kernels[0];
     CHECK(kg.grid.x == 16);  // 8 x 2 tiles: fewer than SMs
     CHECK(kg.source.find(K >= 512 ? "#define GM_MODE 2" : "#define GM_MODE 1") != std::string::npos);
+    CHECK(kg.source.find("#define GM_EPI 1") != std::string::npos);
     CHECK(kg.source.find(bT ? "#define GM_B_KMAJOR 1" : "#define GM_B_KMAJOR 0") != std::string::npos);
     if (bT) map(kg, 1, true, 1, 512, K, 256);  // b^T [N, K]: 256 n-rows of 64 k a box
     else map(kg, 1, true, 1, K, 512, 64);
@@ -129,6 +167,89 @@ TEST_CASE("gemm sm90: the gelu_bias kernel's geometry, TMA descriptors, and its 
     INFO((cubin.ok() ? std::string() : cubin.error()));
     REQUIRE(cubin.ok());
     CHECK(!cubin->empty());
+    checkNoSpills(nvrtc, kg);
+  }
+}
+
+TEST_CASE("gemm sm90: dgelu takes our kernel at the tile multiples when switched on, as (a, b, pre) -> g", "[cuda]") {
+  LoweringContext ctx;
+  CHECK_FALSE(ownGemm(*dgelu({16, 1024, 768}, {3072, 768}, true).n, ctx));  // off unless asked for
+  ctx.ownGeluGemm = true;
+  CHECK_FALSE(ownGemm(*dgelu({16, 1024, 768}, {3072, 768}, true).n, ctx));  // gelu_bias's switch is not dgelu's
+  ctx.ownDgeluGemm = true;
+  CHECK(ownGemm(*dgelu({16, 1024, 768}, {3072, 768}, true).n, ctx));    // gpt2's c_proj input gradient
+  CHECK(ownGemm(*dgelu({16, 1024, 1024}, {4096, 1024}, true).n, ctx));  // gpt2-medium's
+  CHECK(ownGemm(*dgelu({1024, 512}, {512, 768}, false).n, ctx));          // b [K, N]
+  CHECK(ownGemm(*dgelu({1024, 256}, {512, 256}, true).n, ctx));           // K < 512
+  // Not: off the tile multiples, f32.
+  CHECK_FALSE(ownGemm(*dgelu({16, 1024, 768}, {384, 768}, true).n, ctx));
+  CHECK_FALSE(ownGemm(*dgelu({100, 768}, {3072, 768}, true).n, ctx));
+  CHECK_FALSE(ownGemm(*dgelu({1024, 768}, {3072, 768}, true, DType::f32).n, ctx));
+  ctx.ownGeluGemm = false;  // and the other way round
+  CHECK(ownGemm(*dgelu({1024, 768}, {3072, 768}, true).n, ctx));
+  CHECK_FALSE(ownGemm(*geluBias({1024, 768}, {768, 3072}).n, ctx));
+}
+
+TEST_CASE("gemm sm90: the switch takes 0, 1, all or a list of kinds, and names a wrong one", "[cuda]") {
+  auto kinds = [](const std::string& s) {
+    LoweringContext ctx;
+    ctx.ownGeluGemm = ctx.ownDgeluGemm = true;  // every call sets both
+    Status st = setOwnGemmKinds(s, "TPC_OWN_GEMM", &ctx);
+    return st.ok() ? cat(int(ctx.ownGeluGemm), int(ctx.ownDgeluGemm)) : st.error();
+  };
+  CHECK(kinds("") == "00");
+  CHECK(kinds("0") == "00");
+  CHECK(kinds("1") == "11");
+  CHECK(kinds("all") == "11");
+  CHECK(kinds("gelu_bias") == "10");
+  CHECK(kinds("dgelu") == "01");
+  CHECK(kinds("dgelu,gelu_bias") == "11");
+  std::string bad = kinds("gelu_bias,gelu");
+  CHECK(bad.find("TPC_OWN_GEMM='gelu_bias,gelu'") != std::string::npos);
+  CHECK(bad.find("'gelu' is not a kind") != std::string::npos);
+  CHECK(kinds("dgelu,").find("'' is not a kind") != std::string::npos);
+}
+
+TEST_CASE("gemm sm90: the dgelu kernel's arguments, descriptors and its NVRTC compile for sm_90a", "[cuda]") {
+  LoweringContext ctx;
+  ctx.ownDgeluGemm = true;
+  ctx.numSMs = 132;
+  GeluBias c = dgelu({16, 1024, 768}, {3072, 768}, true);
+  auto l = lowerGemm(*c.n, ctx);
+  REQUIRE(l.ok());
+  REQUIRE(l->kernels.size() == 1);
+  const KernelSpec& k = l->kernels[0];
+  CHECK(k.entry == "gemm_dgelu_kernel");
+  CHECK(k.archSpecific);
+  CHECK(k.requiredRegisters == 168);
+  CHECK(k.grid.x == 132);
+  CHECK(k.block.x == 384);
+  // The descriptors of a, b and g, then pre's address (read in the fragments' layout, not by TMA).
+  REQUIRE(k.args.size() == 4);
+  for (int i = 0; i < 3; ++i) CHECK((k.args[i].kind == ArgKind::TensorMap && k.args[i].index == i));
+  CHECK((k.args[3].kind == ArgKind::Operand && k.args[3].index == 2));
+  REQUIRE(k.maps.size() == 3);
+  checkMap(k, 0, true, 0, 16384, 768, 128);
+  checkMap(k, 1, true, 1, 3072, 768, 256);  // b^T [N, K]: K-major boxes of 256 n-rows
+  checkMap(k, 2, false, 0, 16384, 3072, 8);
+  CHECK(k.source.find("#define GM_EPI 2") != std::string::npos);
+  CHECK(k.source.find("#define GM_MODE 2") != std::string::npos);
+
+  // Every variant compiles: b^T or b, K under 512 or not.
+  test::TempDir cache;
+  NvrtcCompiler nvrtc(90, cache.path.string());
+  for (auto [K, bT] : std::vector<std::pair<int64_t, bool>>{{768, true}, {256, true}, {512, false}, {256, false}}) {
+    INFO("K " << K << (bT ? " b^T" : ""));
+    GeluBias g = bT ? dgelu({1024, K}, {512, K}, true) : dgelu({1024, K}, {K, 512}, false);
+    auto lg = lowerGemm(*g.n, ctx);
+    REQUIRE(lg.ok());
+    const KernelSpec& kg = lg->kernels[0];
+    CHECK(kg.source.find(K >= 512 ? "#define GM_MODE 2" : "#define GM_MODE 1") != std::string::npos);
+    auto cubin = nvrtc.compile(kg.source, kg.entry, true);
+    INFO((cubin.ok() ? std::string() : cubin.error()));
+    REQUIRE(cubin.ok());
+    CHECK(!cubin->empty());
+    checkNoSpills(nvrtc, kg);
   }
 }
 

@@ -50,9 +50,13 @@ Result<NodeLowering> lowerClipScale(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext& ctx, int64_t maxBlocks = 2048,
                                     const std::vector<bool>& kept = {});  // multi_tensor.cpp
 
-// gemm_sm90.cpp: a matmul_epilogue {epilogue=gelu_bias} as our Hopper GEMM kernel (TMA loads, wgmma, TMA
-// stores) where ownGemm accepts it (sm_90, bf16, the tile multiples; LoweringContext::ownGeluGemm); else cuBLASLt.
+// gemm_sm90.cpp: a matmul_epilogue {epilogue=gelu_bias or dgelu} as our Hopper GEMM kernel (TMA loads, wgmma,
+// TMA stores) where ownGemm accepts it (sm_90, bf16, the tile multiples; LoweringContext::ownGeluGemm and
+// ownDgeluGemm); else cuBLASLt.
 bool ownGemm(const Node& n, const LoweringContext& ctx);
+// Which kinds it takes (CudaOptions::ownGemm, TPC_OWN_GEMM): "" or "0" none, "1" or "all" both, else a comma
+// list of gelu_bias and dgelu. Errors name `from` (the setting) and the kind that is not one.
+Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx);
 Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx);
 
 }  // namespace tpc::cuda

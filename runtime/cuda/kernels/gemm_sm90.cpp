@@ -1,15 +1,19 @@
-// matmul_epilogue {epilogue=gelu_bias} on sm_90 as our own GEMM kernel: y = gelu(a b + bias), pre = a b + bias
-// (bf16; f32 accumulation). Alone on the H200 it takes 10-11% less time than cuBLASLt's GELU_AUX_BIAS at gpt2's
-// and gpt2-medium's c_fc shapes, but within a power-capped training step it is no faster (docs/performance.md,
-// eighteenth session), so it runs only when asked for (CudaOptions::ownGemm, TPC_OWN_GEMM=1).
+// matmul_epilogue on sm_90 as our own GEMM kernel (bf16; f32 accumulation), for two epilogues:
+//   gelu_bias (GM_EPI 1): y = gelu(a b + bias), pre = a b + bias
+//   dgelu     (GM_EPI 2): g = (a b) * gelu'(pre)    (the MLP's backward through its gelu)
+// Alone on the H200 gelu_bias takes 10-11% less time than cuBLASLt's GELU_AUX_BIAS at gpt2's and gpt2-medium's
+// c_fc shapes, but within a power-capped training step it is no faster (docs/performance.md, eighteenth
+// session), so both run only when asked for (CudaOptions::ownGemm, TPC_OWN_GEMM). cuBLASLt's DGELU runs an
+// older, slower kernel family than its plain GEMMs (fourteenth session's ncu), which is why dgelu is here too.
 //
 // The kernel: persistent (a block a SM), warp-specialized. One producer thread streams 128 x 64 tiles of a and
 // 64 x 256 tiles of b into a 4-stage shared-memory ring with TMA (128-byte swizzle, mbarriers); two consumer
 // warpgroups each multiply 64 rows of the 128 x 256 output tile with wgmma m64n256k16 (f32 accumulators in
-// registers). The epilogue adds the bias, rounds pre to bf16 and stores y and pre through shared memory with
-// TMA stores. With K >= 512 (GM_MODE 2) the gelu and the stores of a tile run during the first 8 k-slices of
-// the next tile, hidden under its wgmmas: y = gelu(bf16(pre)), as the unfused ops compute it; else (GM_MODE 1)
-// right after the tile's mainloop, y = gelu(f32 pre), as cuBLASLt's epilogue.
+// registers). The epilogue stores its results through shared memory with TMA stores. With K >= 512 (GM_MODE 2)
+// the epilogue's arithmetic and stores of a tile run during the first 8 k-slices of the next tile, hidden under
+// its wgmmas, from the tile's sum rounded to bf16: y = gelu(bf16(pre)) and g = bf16(a b) * gelu'(pre), as the
+// unfused ops compute them; else (GM_MODE 1) right after the tile's mainloop from the f32 sum, as cuBLASLt's
+// epilogues. dgelu copies pre into shared memory with cp.async, a chunk ahead of its use.
 #include "ir/shape_rules.h"
 #include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/kernels/kernel_source.h"
@@ -20,10 +24,13 @@ namespace {
 constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
 constexpr uint32_t kSharedBytes = 231424;  // 4 stages of 48 KiB, 32 KiB of store staging, barriers (GM_SMEM_BYTES)
 
-// Device code; the lowering prepends GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE and GM_SMEM_BYTES.
-constexpr const char* kGemmGeluSource = R"GEMM(
-#if !defined(GM_M) || !defined(GM_N) || !defined(GM_K) || !defined(GM_B_KMAJOR) || !defined(GM_MODE) || !defined(GM_SMEM_BYTES)
-#error "define GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_SMEM_BYTES before this source"
+// Device code; the lowering prepends GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI and GM_SMEM_BYTES.
+constexpr const char* kGemmSource = R"GEMM(
+#if !defined(GM_M) || !defined(GM_N) || !defined(GM_K) || !defined(GM_B_KMAJOR) || !defined(GM_MODE) || !defined(GM_EPI) || !defined(GM_SMEM_BYTES)
+#error "define GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI, GM_SMEM_BYTES before this source"
+#endif
+#if GM_EPI != 1 && GM_EPI != 2
+#error "GM_EPI must be 1 (gelu_bias) or 2 (dgelu)"
 #endif
 #if GM_B_KMAJOR != 0 && GM_B_KMAJOR != 1
 #error "GM_B_KMAJOR must be 0 or 1"
@@ -42,7 +49,8 @@ constexpr int B_BYTES = BN * BK * 2;            // 32 KB
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // 48 KB
 // Epilogue staging: per consumer warp a ring of 4 slots of 8 rows x 64 cols bf16 (1 KB each,
 // 128B-swizzled so that both the fragment stores and the TMA store are conflict-free).
-// Slots are used in pairs (out, aux) -> 2 pairs -> double-buffered TMA stores per warp.
+// Slots are used in pairs (out, aux) -> 2 pairs -> double-buffered TMA stores per warp (dgelu, with
+// one result, uses the first slot of each pair).
 constexpr int EPI_SLOT = 8 * 64 * 2;
 constexpr int EPI_WARP = 4 * EPI_SLOT;
 constexpr int EPI_BYTES = 8 * EPI_WARP;         // 8 consumer warps -> 32 KB
@@ -54,6 +62,7 @@ constexpr int THREADS = 384;                    // WG0 = producer, WG1/WG2 = con
 constexpr int B_BOX_N = 64, B_BOX_BYTES = B_BOX_N * BK * 2;   // 8 KB
 constexpr int M = GM_M, N = GM_N, K = GM_K;
 constexpr bool DEFER = GM_MODE == 2;
+constexpr bool GELU = GM_EPI == 1;              // else dgelu
 static_assert(M % BM == 0 && N % BN == 0 && K % BK == 0, "shape must be a multiple of 128 x 256 x 64");
 static_assert(!DEFER || K >= 8 * BK, "GM_MODE 2 needs K >= 512");
 static_assert(SMEM_BYTES <= 232448, "exceeds sm_90 max dynamic smem");
@@ -74,16 +83,23 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
 }
 // Wait until the phase with the given parity has completed. Bounded: a pipeline that never completes a
-// phase (a bug, not a slow GPU: a legitimate wait lasts microseconds) traps after ~4M polls, so the step
-// fails with a launch error instead of hanging the GPU (a sticky error: the process must exit). The bound
-// counts polls, not time: under compute-sanitizer or a debugger it may fire on a healthy kernel.
+// phase (a bug, not a slow GPU: a legitimate wait lasts microseconds) ends the kernel after ~4M polls with a
+// sticky launch error (the process must exit) instead of hanging the GPU. The bound counts polls, not time:
+// under compute-sanitizer or a debugger it may fire on a healthy kernel. The producer traps. The consumers
+// store to address 0 instead (an illegal-address error): a trap in their code makes ptxas drop the setmaxnreg
+// split and compile the whole kernel at the entry's 168 registers, where the deferred epilogue spilled 184-328
+// bytes a thread (ptxas -v, CUDA 13.0; nineteenth session).
+template <bool PRODUCER>
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   unsigned done;
   for (unsigned it = 1;; ++it) {
     asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
                  : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     if (done) return;
-    if (it > (1u << 22)) asm volatile("trap;");
+    if (it > (1u << 22)) {
+      if (PRODUCER) asm volatile("trap;");
+      else asm volatile("{ .reg .u64 z; mov.u64 z, 0; st.volatile.global.u32 [z], 0; }" ::: "memory");
+    }
   }
 }
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, unsigned bar, int c0, int c1) {
@@ -178,6 +194,17 @@ __device__ __forceinline__ float gelu_tanh(float h) {
   float u = h * (0.7978845608f + 0.0356774081f * (h * h));
   return __fdividef(h, 1.0f + __expf(-2.0f * u));
 }
+// gelu'(v) = (1 + t) / 2 + v (1 - t^2) c (1 + 3 a v^2) / 2 with t = tanh(u), u = c (v + a v^3): with
+// s = (1 + t) / 2 = 1 / (1 + e), e = exp(-2u), 1 - t^2 = 4 e s^2, so gelu'(v) = s (1 + 2 c v (e s) (1 + 3 a v^2)),
+// in the same two MUFU ops and without a cancelling 1 - t or 1 - t^2. u is clamped at -40 so that e stays finite
+// (e s = 1 there, s ~ 2e-35: gelu' ~ 0, its limit).
+__device__ __forceinline__ float gelu_tanh_grad(float v) {
+  const float v2 = v * v;
+  const float u = fmaxf(v * (0.7978845608f + 0.0356774081f * v2), -40.0f);
+  const float e = __expf(-2.0f * u);
+  const float sg = __fdividef(1.0f, 1.0f + e);
+  return sg * (1.0f + 1.5957691216f * v * (e * sg) * (1.0f + 0.134145f * v2));
+}
 
 // Persistent: block b takes tiles b, b + gridDim.x, ... Tile order: n fastest (m = t / num_n, n = t % num_n):
 // W (<= 8 MB) stays in L2, and the ~132 tiles in flight cover ~11 row blocks of X, read from DRAM about once.
@@ -189,14 +216,21 @@ template <int V> struct Int { static constexpr int value = V; };
 //              wgmmas. out = bf16(gelu(bf16(h))) -- what an unfused Linear->GELU in bf16 computes;
 //              differs from gelu(h_f32) by <= ~1 bf16 ulp.
 // Launch (gemm_sm90.cpp): block 384 (warpgroup 0 the TMA producer, 1-2 the consumers), grid min(#SMs, tiles),
-// GM_SMEM_BYTES of dynamic shared memory. Parameters: the TMA descriptors of X, W, out and aux (128B swizzle;
-// boxes: X {64 k, 128 rows}, W {64 n, 64 k} or, K-major, {64 k, 256 n}, out and aux {64, 8}), then the bias.
+// GM_SMEM_BYTES of dynamic shared memory. Parameters: the TMA descriptors of X, W, out and (gelu_bias) aux
+// (128B swizzle; boxes: X {64 k, 128 rows}, W {64 n, 64 k} or, K-major, {64 k, 256 n}, out and aux {64, 8}),
+// then the bias (gelu_bias) or pre (dgelu: [M, N] row-major).
 static_assert(GM_SMEM_BYTES == cfg::SMEM_BYTES, "the launch's shared memory (kSharedBytes) must be the layout's");
 
+#if GM_EPI == 1
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
                  const __grid_constant__ TmaDesc tmOut, const __grid_constant__ TmaDesc tmAux,
                  const unsigned short* __restrict__ bias) {
+#else
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
+                  const __grid_constant__ TmaDesc tmOut, const unsigned short* __restrict__ pre) {
+#endif
   using namespace cfg;
   extern __shared__ __attribute__((aligned(1024))) unsigned char smem_raw[];
   const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;   // swizzled tiles need 1 KB alignment
@@ -230,7 +264,7 @@ gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tm
         const int m0 = (tile / num_n) * BM, n0 = (tile % num_n) * BN;
 #pragma unroll 1
         for (int kb = 0; kb < KB; ++kb) {
-          mbar_wait(empty_bar(s), ph ^ 1);   // first pass: parity 1 = "previous phase" -> passes
+          mbar_wait<true>(empty_bar(s), ph ^ 1);   // first pass: parity 1 = "previous phase" -> passes
           const unsigned sa = base + s * STAGE_BYTES;
           mbar_expect_tx(full_bar(s), STAGE_BYTES);
           tma_load_2d(sa, &tmA, full_bar(s), kb * BK, m0);
@@ -252,9 +286,14 @@ gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tm
     const int warp = (threadIdx.x / 32) & 3, lane = threadIdx.x & 31;
     const int r8 = lane >> 2;                    // fragment row within an 8-row group
     const unsigned epi_w = epi + (cw * 4 + warp) * EPI_WARP;
+#if GM_EPI == 1
     const unsigned* bias32 = reinterpret_cast<const unsigned*>(bias);
+#else
+    const unsigned* pre32 = reinterpret_cast<const unsigned*>(pre);
+#endif
     float acc[128];
-    unsigned hp[64] = {};       // DEFER: previous tile's h as packed bf16x2, hp[(cg*8+j)*2+half]
+    unsigned hp[64];            // DEFER: previous tile's sum as packed bf16x2, hp[(cg*8+j)*2+half] (unset
+                                // until the first tile's epilogue: nothing is pending before it)
     int s = 0; unsigned ph = 0, prev_s = 0;
     int pend_row0 = -1, pend_n0 = 0;   // DEFER: where the pending (previous) tile goes
     const unsigned off_base = r8 * 128 + (lane & 3) * 4;
@@ -262,7 +301,7 @@ gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tm
     // One 64-wide K slice: 4 x m64n256k16, then `between()` runs while the wgmmas execute
     // (they are async), then wait until slice kb-1 is done and hand its smem stage back.
     auto kstep = [&](int kb, auto between) {
-      mbar_wait(full_bar(s), ph);
+      mbar_wait<false>(full_bar(s), ph);
       const unsigned sa = base + s * STAGE_BYTES + cw * (64 * 128);   // this WG's 64 rows of A
       const unsigned sb = base + s * STAGE_BYTES + A_BYTES;
 #if GM_B_KMAJOR
@@ -282,8 +321,8 @@ gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tm
       prev_s = s;
       if (++s == STAGES) { s = 0; ph ^= 1; }
     };
-    // Write one (out, aux) 8-row x 64-col chunk into this warp's smem slot pair and TMA-store it.
-    // Slot pairs alternate with `half`; wait_group.read<1> = the store issued two chunks ago
+    // Write one 8-row x 64-col chunk of out (and, gelu_bias, of aux) into this warp's smem slot pair and
+    // TMA-store it. Slot pairs alternate with `half`; wait_group.read<1> = the store issued two chunks ago
     // (the last user of this pair) has finished reading smem.
     auto store_chunk = [&](int half, int gcol, int grow, auto value) {
       const unsigned so = epi_w + (half * 2) * EPI_SLOT, sx = so + EPI_SLOT;
@@ -291,28 +330,70 @@ gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tm
       __syncwarp();
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        unsigned vaux, vout;
+        unsigned vaux = 0, vout;
         value(j, vaux, vout);
         // 128B swizzle: 16-byte chunk index j XOR (row % 8) -> conflict-free across the warp.
         const unsigned off = off_base + ((j ^ r8) << 4);
-        asm volatile("st.shared.b32 [%0], %1;" :: "r"(sx + off), "r"(vaux) : "memory");
+        if constexpr (GELU) asm volatile("st.shared.b32 [%0], %1;" :: "r"(sx + off), "r"(vaux) : "memory");
         asm volatile("st.shared.b32 [%0], %1;" :: "r"(so + off), "r"(vout) : "memory");
       }
       fence_proxy_async();                                 // generic-proxy writes -> visible to TMA
       __syncwarp();
       if (lane == 0) {
         tma_store_2d(&tmOut, so, gcol, grow);
+#if GM_EPI == 1
         tma_store_2d(&tmAux, sx, gcol, grow);
+#endif
         bulk_commit();
       }
     };
-    // DEFER: chunk c (= cg*2 + half) of the pending tile, from the packed bf16 h.
+#if GM_EPI == 2
+    // pre of an 8-row x 64-col chunk, copied by the warp with cp.async into the chunk's slot pair's second slot
+    // (unused by dgelu), 128B-swizzled as the staging slots: each lane then reads its fragment columns where
+    // gelu_bias writes aux (conflict-free). No registers hold it in flight; await_pre waits for the copy.
+    auto load_pre = [&](int half, int grow, int gcol) {
+      const unsigned sx = epi_w + (half * 2 + 1) * EPI_SLOT;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = lane >> 2, q = (lane & 3) * 2 + i;  // row r, 16-byte piece q (8 columns) of the chunk
+        const unsigned short* src = pre + (size_t)(grow + r) * N + gcol + 8 * q;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(sx + r * 128 + ((q ^ r) << 4)), "l"(src) : "memory");
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    // Wait for this lane's copies, then for the warp's (every lane reads pieces other lanes copied).
+    auto await_pre = [&] {
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+      __syncwarp();
+    };
+    // This lane's pre at fragment column group j of the chunk in pair `half` (where gelu_bias writes aux).
+    auto pre_at = [&](int half, int j) {
+      unsigned v;
+      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(epi_w + (half * 2 + 1) * EPI_SLOT + off_base + ((j ^ r8) << 4)) : "memory");
+      return v;
+    };
+#endif
+    // DEFER: chunk c (= cg*2 + half) of the pending tile, from the packed bf16 sum; dgelu: pre of chunk c was
+    // loaded a chunk ahead, and the next chunk's is loaded once this one's is used.
     auto deferred_chunk = [&](auto cc) {
       constexpr int c = decltype(cc)::value, cg = c / 2, half = c % 2;
+#if GM_EPI == 2
+      await_pre();
+#endif
       store_chunk(half, pend_n0 + cg * 64, pend_row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
+#if GM_EPI == 1
         va = hp[(cg * 8 + j) * 2 + half];
         vo = pack_bf16(gelu_tanh(bf16lo(va)), gelu_tanh(bf16hi(va)));
+#else
+        const unsigned mm = hp[(cg * 8 + j) * 2 + half], pv = pre_at(half, j);
+        vo = pack_bf16(bf16lo(mm) * gelu_tanh_grad(bf16lo(pv)), bf16hi(mm) * gelu_tanh_grad(bf16hi(pv)));
+#endif
       });
+#if GM_EPI == 2
+      // The next chunk's pre, into the other pair's slot (its last reader, chunk c - 1, is done: store_chunk's
+      // __syncwarp follows every lane's reads).
+      if constexpr (c < 7) load_pre((c + 1) % 2, pend_row0 + ((c + 1) % 2) * 8, pend_n0 + ((c + 1) / 2) * 64);
+#endif
     };
 
     for (int tile = blockIdx.x; tile < num_tiles; tile += tile_step) {
@@ -341,29 +422,47 @@ gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tm
       // cols 8j + 2*(lane%4) + {0,1}; d[4j+{2,3}] -> row r8+8, same cols.
 #pragma unroll
       for (int cg = 0; cg < 4; ++cg) {                     // 64-column group
+#if GM_EPI == 1
         unsigned bz[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) bz[j] = __ldg(bias32 + ((n0 + cg * 64 + 8 * j) >> 1) + (lane & 3));
+#else
+        unsigned bz[8] = {};                               // dgelu: no bias
+#endif
 #pragma unroll
         for (int half = 0; half < 2; ++half) {             // rows r8 / r8+8
           if constexpr (DEFER) {
-            // Only h = acc + bias, rounded to bf16 (= aux), is computed now; GELU(bf16(h)) and the
-            // stores happen during the next tile's mainloop (or after the loop for the last tile).
+            // Only the sum (+ bias), rounded to bf16 (= aux for gelu_bias), is computed now; the epilogue's
+            // arithmetic and the stores happen during the next tile's mainloop (or after the loop for the last tile).
 #pragma unroll
             for (int j = 0; j < 8; ++j)
               hp[(cg * 8 + j) * 2 + half] = pack_bf16(acc[(cg * 8 + j) * 4 + half * 2 + 0] + bf16lo(bz[j]),
                                                       acc[(cg * 8 + j) * 4 + half * 2 + 1] + bf16hi(bz[j]));
           } else {
+#if GM_EPI == 2
+            load_pre(half, row0 + half * 8, n0 + cg * 64);
+            await_pre();
+#endif
             store_chunk(half, n0 + cg * 64, row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
               const float h0 = acc[(cg * 8 + j) * 4 + half * 2 + 0] + bf16lo(bz[j]);
               const float h1 = acc[(cg * 8 + j) * 4 + half * 2 + 1] + bf16hi(bz[j]);
+#if GM_EPI == 1
               va = pack_bf16(h0, h1);
               vo = pack_bf16(gelu_tanh(h0), gelu_tanh(h1));
+#else
+              const unsigned pv = pre_at(half, j);
+              vo = pack_bf16(h0 * gelu_tanh_grad(bf16lo(pv)), h1 * gelu_tanh_grad(bf16hi(pv)));
+#endif
             });
           }
         }
       }
-      if constexpr (DEFER) { pend_row0 = row0; pend_n0 = n0; }
+      if constexpr (DEFER) {
+        pend_row0 = row0; pend_n0 = n0;
+#if GM_EPI == 2
+        load_pre(0, pend_row0, pend_n0);                   // chunk 0's pre, used in the next tile's first k-slice
+#endif
+      }
     }
     if constexpr (DEFER) {
       if (pend_row0 >= 0) {
@@ -380,19 +479,27 @@ gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tm
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool bKMajor = false;  // b given as [N, K] (transpose_b)
+  int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu
 };
 
 // Why `n` is not ours to run (empty: it is), and its shape.
 std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
-  if (!ctx.ownGeluGemm) return "switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=1 turns it on)";
+  const bool gelu = n.op() == OpKind::MatmulEpilogue && n.getStr("epilogue") == "gelu_bias";
+  const bool dgelu = n.op() == OpKind::MatmulEpilogue && n.getStr("epilogue") == "dgelu";
+  if (!gelu && !dgelu) return "takes matmul_epilogue {epilogue=gelu_bias} and {epilogue=dgelu}";
+  if (gelu && !ctx.ownGeluGemm) return "gelu_bias: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=gelu_bias or 1 turns it on)";
+  if (dgelu && !ctx.ownDgeluGemm) return "dgelu: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu or 1 turns it on)";
   if (ctx.smMajor != 9 || ctx.smMinor != 0) return "needs an sm_90 GPU (wgmma, TMA)";
   if (ctx.maxSharedBytes < static_cast<int64_t>(kSharedBytes)) return cat("needs ", kSharedBytes, " bytes of shared memory a block");
-  if (n.op() != OpKind::MatmulEpilogue || n.getStr("epilogue") != "gelu_bias" || n.numOperands() != 3 || n.numResults() != 2)
-    return "takes a matmul_epilogue {epilogue=gelu_bias} without a residual";
-  for (const Value* v : {n.operand(0), n.operand(1), n.operand(2), n.result(0), n.result(1)})
+  if (n.numOperands() != 3 || n.numResults() != (gelu ? 2 : 1))
+    return gelu ? "takes gelu_bias without a residual: (a, b, bias) -> (y, pre)" : "takes dgelu as (a, b, pre) -> g";
+  for (const Value* v : n.operands())
+    if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
+  for (const Value* v : n.results())
     if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
   const Value *a = n.operand(0), *b = n.operand(1);
   if (n.getBool("transpose_a") || b->type().rank() != 2 || a->type().rank() < 2) return "takes a[..., M, K] x b[K, N] (or b^T)";
+  s->epilogue = gelu ? 1 : 2;
   s->bKMajor = n.getBool("transpose_b");
   s->K = a->shape().back();
   s->N = s->bKMajor ? b->shape()[0] : b->shape()[1];
@@ -400,10 +507,28 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
   if (s->M % kTileM || s->N % kTileN || s->K % kTileK || !s->M || !s->N || !s->K)
     return cat("needs M % ", kTileM, ", N % ", kTileN, " and K % ", kTileK, " to be 0 (M ", s->M, ", N ", s->N, ", K ", s->K, ")");
   if (s->M >= (int64_t(1) << 31) || s->N >= (int64_t(1) << 31) || s->K >= (int64_t(1) << 31)) return "needs dims under 2^31 (TMA coordinates)";
+  if (dgelu && n.operand(2)->type().numel() != s->M * s->N) return "takes pre of the product's shape";
   return "";
 }
 
 }  // namespace
+
+Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx) {
+  ctx->ownGeluGemm = ctx->ownDgeluGemm = kinds == "1" || kinds == "all";
+  if (kinds.empty() || kinds == "0" || kinds == "1" || kinds == "all") return {};
+  size_t at = 0;
+  while (at <= kinds.size()) {
+    size_t end = std::min(kinds.find(',', at), kinds.size());
+    std::string kind = kinds.substr(at, end - at);
+    if (kind == "gelu_bias") ctx->ownGeluGemm = true;
+    else if (kind == "dgelu") ctx->ownDgeluGemm = true;
+    else
+      return makeError(from, "='", kinds, "': '", kind, "' is not a kind our GEMM kernel runs (expected 0, 1, all, or a ",
+                       "comma list of gelu_bias and dgelu)");
+    at = end + 1;
+  }
+  return {};
+}
 
 bool ownGemm(const Node& n, const LoweringContext& ctx) {
   GemmShape s;
@@ -415,10 +540,11 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   if (std::string why = refusal(n, ctx, &s); !why.empty()) return makeError("gemm_sm90: ", n.opName(), ": ", why);
   int64_t tiles = (s.M / kTileM) * (s.N / kTileN);
   KernelSpec k;
-  k.entry = "gemm_gelu_kernel";
+  k.entry = s.epilogue == 1 ? "gemm_gelu_kernel" : "gemm_dgelu_kernel";
   k.archSpecific = true;
   k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
-                 "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n#define GM_SMEM_BYTES ", kSharedBytes, "\n", kGemmGeluSource);
+                 "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n#define GM_EPI ", s.epilogue, "\n#define GM_SMEM_BYTES ",
+                 kSharedBytes, "\n", kGemmSource);
   k.grid.x = static_cast<uint32_t>(std::min<int64_t>(tiles, std::max(ctx.numSMs, 1)));
   k.block.x = 384;
   k.sharedBytes = kSharedBytes;
@@ -428,9 +554,13 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   };
   k.maps = {box(true, 0, s.M, s.K, 128),
             s.bKMajor ? box(true, 1, s.N, s.K, 256) : box(true, 1, s.K, s.N, 64),
-            box(false, 0, s.M, s.N, 8), box(false, 1, s.M, s.N, 8)};
-  k.args = {{ArgKind::TensorMap, 0}, {ArgKind::TensorMap, 1}, {ArgKind::TensorMap, 2}, {ArgKind::TensorMap, 3},
-            {ArgKind::Operand, 2}};
+            box(false, 0, s.M, s.N, 8)};
+  k.args = {{ArgKind::TensorMap, 0}, {ArgKind::TensorMap, 1}, {ArgKind::TensorMap, 2}};
+  if (s.epilogue == 1) {  // then aux (pre) and the bias
+    k.maps.push_back(box(false, 1, s.M, s.N, 8));
+    k.args.push_back({ArgKind::TensorMap, 3});
+  }
+  k.args.push_back({ArgKind::Operand, 2});  // the bias, or pre
   NodeLowering l;
   l.kernels.push_back(std::move(k));
   return l;
