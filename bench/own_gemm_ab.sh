@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) against cuBLASLt on one GPU, in one call:
+#   1. its GPU test cases (gelu_bias and dgelu against cuBLASLt, the unfused ops, the CPU and double);
+#   2. the generated kernels' registers and local-memory traffic from the kernel cache (cuobjdump, where the
+#      toolkit has it): the deferred epilogue spills under ptxas (docs/performance.md, nineteenth session);
+#   3. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu and 1, ROUNDS times, with
+#      the GPU's power draw and SM clock sampled every 100 ms (nvidia-smi): under the 700 W cap a kernel that is
+#      faster alone can lose in the step, and the power column shows whether it drew more.
+# Prints one table (ms a step over steps 3-N, median W and MHz while it ran); logs go to OUTDIR.
+#   bench/own_gemm_ab.sh OUTDIR [MODEL:ITERS ...]     (default: models/gpt2.fb:40 models/gpt2-medium.fb:20)
+# Binaries from TPC_BUILD (default build): bin/tpc, tests/tpc_gpu_tests, models/*.fb. ROUNDS (default 2).
+set -uo pipefail
+
+out="${1:?usage: bench/own_gemm_ab.sh OUTDIR [MODEL:ITERS ...]}"
+shift
+mkdir -p "$out"
+build="${TPC_BUILD:-build}"
+runs=("$@")
+[ ${#runs[@]} -gt 0 ] || runs=("$build/models/gpt2.fb:40" "$build/models/gpt2-medium.fb:20")
+export TPC_CACHE_DIR="${TPC_CACHE_DIR:-$out/kcache}"
+rows=()
+
+# 1. The GPU test cases of the epilogues (ours and cuBLASLt's).
+"$build/tests/tpc_gpu_tests" "cuda epilogues*" -s > "$out/epilogue_tests.log" 2>&1
+rows+=("$(printf '%-34s %s' "GPU tests: cuda epilogues*" "$(tail -3 "$out/epilogue_tests.log" | grep -E 'passed|failed' | tr -s ' ' | head -1)")")
+
+# 3. Steps, alternating the switch; the power sampler runs beside each.
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for spec in "${runs[@]}"; do
+    model="${spec%%:*}" iters="${spec##*:}" name="$(basename "${spec%%:*}" .fb)"
+    for kinds in 0 gelu_bias dgelu 1; do
+      tag="${name}_${kinds}_r${round}"
+      nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$out/$tag.power.csv" 2>/dev/null &
+      smi=$!
+      TPC_OWN_GEMM="$kinds" "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
+        --global-batch-size 16 --train-iters "$iters" --log-interval "$iters" > "$out/$tag.log" 2>&1
+      kill "$smi" 2>/dev/null
+      wait "$smi" 2>/dev/null
+      ms="$(grep -oE 'time per step \(steps [0-9]+-[0-9]+\): [0-9.]+' "$out/$tag.log" | grep -oE '[0-9.]+$')"
+      loss="$(grep -oE 'loss [0-9.]+ -> [0-9.]+' "$out/$tag.log" | tail -1)"
+      power="$(python3 - "$out/$tag.power.csv" <<'PY' 2>/dev/null
+import statistics, sys
+w, c = [], []
+for line in open(sys.argv[1]):
+    p = [x.strip() for x in line.split(",")]
+    try:
+        if float(p[0]) > 150: w.append(float(p[0])); c.append(float(p[1]))  # busy samples only
+    except (ValueError, IndexError):
+        pass
+print("%.0f W %.0f MHz (%d samples)" % (statistics.median(w), statistics.median(c), len(w)) if w else "n/a")
+PY
+)"
+      rows+=("$(printf '%-34s %10s ms  %-28s %s' "$tag" "${ms:-FAIL}" "${power:-n/a}" "$loss")")
+    done
+  done
+done
+
+# 2. Registers and local memory of the kernels the runs compiled (their cubins in the kernel cache).
+if command -v cuobjdump > /dev/null || [ -x /usr/local/cuda/bin/cuobjdump ]; then
+  dump="$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)"
+  for cubin in "$TPC_CACHE_DIR"/*_sm90a.cubin; do
+    [ -e "$cubin" ] || continue
+    "$dump" -sass "$cubin" > "$cubin.sass" 2>/dev/null || continue
+    grep -q "gemm_d\?gelu_kernel" "$cubin.sass" || continue
+    entry="$(grep -oE 'gemm_d?gelu_kernel' "$cubin.sass" | head -1)"
+    rows+=("$(printf '%-34s %s' "$entry $(basename "$cubin" | cut -c1-8)" "STL $(grep -c STL "$cubin.sass"), LDL $(grep -c LDL "$cubin.sass") in its SASS ($cubin.sass)")")
+  done
+fi
+
+printf '%s\n' "${rows[@]}" | tee "$out/summary.txt"
