@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) against cuBLASLt on one GPU, in one call:
 #   1. its GPU test cases (gelu_bias and dgelu against cuBLASLt, the unfused ops, the CPU and double);
-#   2. the generated kernels' registers and local-memory traffic from the kernel cache (cuobjdump, where the
-#      toolkit has it): the deferred epilogue spills under ptxas (docs/performance.md, nineteenth session);
-#   3. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu and 1, ROUNDS times, with
+#   2. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu and 1, ROUNDS times, with
 #      the GPU's power draw and SM clock sampled every 100 ms (nvidia-smi): under the 700 W cap a kernel that is
-#      faster alone can lose in the step, and the power column shows whether it drew more.
+#      faster alone can lose in the step, and the power column shows whether it drew more;
+#   3. the local-memory instructions (STL, LDL) in the SASS of the GEMM kernels those runs compiled, from the
+#      kernel cache (cuobjdump, where the toolkit has it): the deferred epilogue spilled until the nineteenth
+#      session (docs/performance.md), and the unit test checks ptxas's report on this CUDA only.
 # Prints one table (ms a step over steps 3-N, median W and MHz while it ran); logs go to OUTDIR.
 #   bench/own_gemm_ab.sh OUTDIR [MODEL:ITERS ...]     (default: models/gpt2.fb:40 models/gpt2-medium.fb:20)
 # Binaries from TPC_BUILD (default build): bin/tpc, tests/tpc_gpu_tests, models/*.fb. ROUNDS (default 2).
@@ -24,7 +25,7 @@ rows=()
 "$build/tests/tpc_gpu_tests" "cuda epilogues*" -s > "$out/epilogue_tests.log" 2>&1
 rows+=("$(printf '%-34s %s' "GPU tests: cuda epilogues*" "$(tail -3 "$out/epilogue_tests.log" | grep -E 'passed|failed' | tr -s ' ' | head -1)")")
 
-# 3. Steps, alternating the switch; the power sampler runs beside each.
+# 2. Steps, alternating the switch; the power sampler runs beside each.
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for spec in "${runs[@]}"; do
     model="${spec%%:*}" iters="${spec##*:}" name="$(basename "${spec%%:*}" .fb)"
@@ -55,7 +56,7 @@ PY
   done
 done
 
-# 2. Registers and local memory of the kernels the runs compiled (their cubins in the kernel cache).
+# 3. Local memory in the kernels the runs compiled (their cubins in the kernel cache).
 if command -v cuobjdump > /dev/null || [ -x /usr/local/cuda/bin/cuobjdump ]; then
   dump="$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)"
   for cubin in "$TPC_CACHE_DIR"/*_sm90a.cubin; do

@@ -59,8 +59,9 @@ GeluBias dgelu(Shape a, Shape b, bool transposeB, DType t = DType::bf16) {
   return r;
 }
 
-// ptxas's report for a kernel: 168 registers at entry (the setmaxnreg split's) and no spills. A trap in the
-// consumers' code once made ptxas compile the whole kernel at 168 and the deferred epilogue spill (gemm_sm90.cpp).
+// ptxas's report for a kernel: 168 registers at entry (40 x 128 + 232 x 256 over 384 threads; ptxas reports that
+// count either way) and no stack or spills. The spill check is what catches a dropped setmaxnreg split: a trap in
+// the consumers' code once made ptxas compile the consumers at 168 too, and the deferred epilogue spilled.
 void checkNoSpills(NvrtcCompiler& nvrtc, const KernelSpec& k) {
   auto report = nvrtc.ptxasReport(k.source, k.entry, true);
   INFO((report.ok() ? *report : report.error()));

@@ -197,24 +197,26 @@ __device__ __forceinline__ float gelu_tanh(float h) {
 // gelu'(v) = (1 + t) / 2 + v (1 - t^2) c (1 + 3 a v^2) / 2 with t = tanh(u), u = c (v + a v^3): with
 // s = (1 + t) / 2 = 1 / (1 + e), e = exp(-2u), 1 - t^2 = 4 e s^2, so gelu'(v) = s (1 + 2 c v (e s) (1 + 3 a v^2)),
 // in the same two MUFU ops and without a cancelling 1 - t or 1 - t^2. u is clamped at -40 so that e stays finite
-// (e s = 1 there, s ~ 2e-35: gelu' ~ 0, its limit).
+// (e s = 1 there, s ~ 2e-35), and below v = -12 (u < -71) the result is gelu''s limit, 0: the v^3 factor would
+// otherwise outgrow s (-inf from v ~ -2e13). A NaN v stays NaN.
 __device__ __forceinline__ float gelu_tanh_grad(float v) {
   const float v2 = v * v;
   const float u = fmaxf(v * (0.7978845608f + 0.0356774081f * v2), -40.0f);
   const float e = __expf(-2.0f * u);
   const float sg = __fdividef(1.0f, 1.0f + e);
-  return sg * (1.0f + 1.5957691216f * v * (e * sg) * (1.0f + 0.134145f * v2));
+  return v < -12.0f ? 0.0f : sg * (1.0f + 1.5957691216f * v * (e * sg) * (1.0f + 0.134145f * v2));
 }
 
 // Persistent: block b takes tiles b, b + gridDim.x, ... Tile order: n fastest (m = t / num_n, n = t % num_n):
 // W (<= 8 MB) stays in L2, and the ~132 tiles in flight cover ~11 row blocks of X, read from DRAM about once.
 template <int V> struct Int { static constexpr int value = V; };
 
-// DEFER=false: exact epilogue, out = bf16(gelu(h_f32)), done right after the tile's mainloop.
-// DEFER=true : only aux = bf16(h) is formed after the mainloop (cheap); GELU + smem + TMA stores of
-//              that tile are spread over the first 8 K slices of the NEXT tile, hidden under its
-//              wgmmas. out = bf16(gelu(bf16(h))) -- what an unfused Linear->GELU in bf16 computes;
-//              differs from gelu(h_f32) by <= ~1 bf16 ulp.
+// DEFER=false: exact epilogue from the f32 sum h, right after the tile's mainloop: out = bf16(gelu(h))
+//              (gelu_bias), bf16(h * gelu'(pre)) (dgelu).
+// DEFER=true : only bf16(h) is formed after the mainloop (cheap; gelu_bias's aux); the epilogue's arithmetic,
+//              smem and TMA stores of that tile are spread over the first 8 K slices of the NEXT tile, hidden
+//              under its wgmmas: out = bf16(gelu(bf16(h))) or bf16(bf16(h) * gelu'(pre)), what the unfused
+//              ops in bf16 compute; within ~1 bf16 ulp of the exact forms.
 // Launch (gemm_sm90.cpp): block 384 (warpgroup 0 the TMA producer, 1-2 the consumers), grid min(#SMs, tiles),
 // GM_SMEM_BYTES of dynamic shared memory. Parameters: the TMA descriptors of X, W, out and (gelu_bias) aux
 // (128B swizzle; boxes: X {64 k, 128 rows}, W {64 n, 64 k} or, K-major, {64 k, 256 n}, out and aux {64, 8}),
@@ -288,8 +290,6 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
     const unsigned epi_w = epi + (cw * 4 + warp) * EPI_WARP;
 #if GM_EPI == 1
     const unsigned* bias32 = reinterpret_cast<const unsigned*>(bias);
-#else
-    const unsigned* pre32 = reinterpret_cast<const unsigned*>(pre);
 #endif
     float acc[128];
     unsigned hp[64];            // DEFER: previous tile's sum as packed bf16x2, hp[(cg*8+j)*2+half] (unset
@@ -366,6 +366,15 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
       asm volatile("cp.async.wait_group 0;" ::: "memory");
       __syncwarp();
     };
+    // The warp's 16 rows x 256 columns of pre into L2 at the start of a tile's mainloop (64 lines of 128 B, two a
+    // lane), so that the chunk copies, one k-slice ahead of their use, find it there.
+    auto prefetch_pre_l2 = [&](int grow, int gcol) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int line = lane * 2 + i;
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(pre + (size_t)(grow + line / 4) * N + gcol + (line % 4) * 64));
+      }
+    };
     // This lane's pre at fragment column group j of the chunk in pair `half` (where gelu_bias writes aux).
     auto pre_at = [&](int half, int j) {
       unsigned v;
@@ -400,6 +409,10 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
       const int m0 = (tile / num_n) * BM, n0 = (tile % num_n) * BN;
       const int row0 = m0 + cw * 64 + warp * 16;
 
+#if GM_EPI == 2
+      prefetch_pre_l2(row0, n0);
+      if constexpr (!DEFER) load_pre(0, row0, n0);         // the epilogue's first chunk, while the mainloop runs
+#endif
       // ---- mainloop (keeps 1 wgmma group in flight) ----
       int kb = 0;
       if constexpr (DEFER) {
@@ -426,26 +439,29 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
         unsigned bz[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) bz[j] = __ldg(bias32 + ((n0 + cg * 64 + 8 * j) >> 1) + (lane & 3));
-#else
-        unsigned bz[8] = {};                               // dgelu: no bias
 #endif
+        // The sum at fragment column group j, row half `half`, element k (0, 1) of the pair; + bias (gelu_bias).
+        auto sum = [&](int j, int half, int k) {
+          const float h = acc[(cg * 8 + j) * 4 + half * 2 + k];
+#if GM_EPI == 1
+          return h + (k ? bf16hi(bz[j]) : bf16lo(bz[j]));
+#else
+          return h;
+#endif
+        };
 #pragma unroll
         for (int half = 0; half < 2; ++half) {             // rows r8 / r8+8
           if constexpr (DEFER) {
             // Only the sum (+ bias), rounded to bf16 (= aux for gelu_bias), is computed now; the epilogue's
             // arithmetic and the stores happen during the next tile's mainloop (or after the loop for the last tile).
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-              hp[(cg * 8 + j) * 2 + half] = pack_bf16(acc[(cg * 8 + j) * 4 + half * 2 + 0] + bf16lo(bz[j]),
-                                                      acc[(cg * 8 + j) * 4 + half * 2 + 1] + bf16hi(bz[j]));
+            for (int j = 0; j < 8; ++j) hp[(cg * 8 + j) * 2 + half] = pack_bf16(sum(j, half, 0), sum(j, half, 1));
           } else {
 #if GM_EPI == 2
-            load_pre(half, row0 + half * 8, n0 + cg * 64);
-            await_pre();
+            await_pre();                                   // this chunk's pre (copied one chunk ahead)
 #endif
             store_chunk(half, n0 + cg * 64, row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
-              const float h0 = acc[(cg * 8 + j) * 4 + half * 2 + 0] + bf16lo(bz[j]);
-              const float h1 = acc[(cg * 8 + j) * 4 + half * 2 + 1] + bf16hi(bz[j]);
+              const float h0 = sum(j, half, 0), h1 = sum(j, half, 1);
 #if GM_EPI == 1
               va = pack_bf16(h0, h1);
               vo = pack_bf16(gelu_tanh(h0), gelu_tanh(h1));
@@ -454,6 +470,11 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
               vo = pack_bf16(h0 * gelu_tanh_grad(bf16lo(pv)), h1 * gelu_tanh_grad(bf16hi(pv)));
 #endif
             });
+#if GM_EPI == 2
+            // The next chunk's pre into the other pair's slot (its last reader, the chunk before this one, is done).
+            const int c = cg * 2 + half;
+            if (c < 7) load_pre((c + 1) % 2, row0 + ((c + 1) % 2) * 8, n0 + ((c + 1) / 2) * 64);
+#endif
           }
         }
       }
