@@ -282,8 +282,8 @@ class CudaBackend final : public Backend {
     foldLayerNormGradBiasSum_ = !isOff("lnsum");
     ctx_.xentOnePass = !isOff("xent1");
     const char* ownGemmEnv = std::getenv("TPC_OWN_GEMM");
-    TPC_TRY(setOwnGemmKinds(ownGemmEnv && *ownGemmEnv ? ownGemmEnv : options_.ownGemm,
-                              ownGemmEnv && *ownGemmEnv ? "TPC_OWN_GEMM" : "CudaOptions::ownGemm", &ctx_));
+    if (ownGemmEnv && *ownGemmEnv) TPC_TRY(setOwnGemmKinds(ownGemmEnv, "TPC_OWN_GEMM", &ctx_));
+    else TPC_TRY(setOwnGemmKinds(options_.ownGemm, "CudaOptions::ownGemm", &ctx_));
     adamwCopies_ = !isOff("adamcopy");
     TPC_ASSIGN(driver_, driver());
     // Which attention kernels (CudaOptions::attention; TPC_ATTENTION overrides it).

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "fusion_test_support.h"
@@ -111,6 +112,69 @@ double difference(const HostTensor& got, const HostTensor& want) {
   return worst / std::max(scale, 1e-30);
 }
 
+bool onSm90() {
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  return prop.major == 9 && prop.minor == 0;
+}
+
+// [rows / 256, 256, K] x w ([K, N], or [N, K] with transpose_b) in g, bf16.
+Value* bf16Matmul(Graph& g, Value* a, Value* w, bool transposeB) {
+  AttrDict tb;
+  if (transposeB) tb.set("transpose_b", true);
+  auto mm = g.create(OpKind::Matmul, {a, w}, tb);
+  REQUIRE(mm.ok());
+  return (*mm)->result();
+}
+
+// Every input of g drawn uniformly from [-span, span] (spanOf its name), in order; bf16Values: rounded to bf16
+// on the host, so that a double reference sees the GPU's inputs.
+TensorMap uniformInputs(const Graph& g, uint32_t seed, const std::function<double(const std::string&)>& spanOf,
+                        bool bf16Values) {
+  std::mt19937 rng(seed);
+  TensorMap in;
+  for (const Value* v : g.inputs()) {
+    HostTensor t(TensorType(DType::f32, v->shape()));
+    double span = spanOf(v->name());
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      float x = static_cast<float>(std::uniform_real_distribution<double>(-span, span)(rng));
+      t.data<float>()[i] = bf16Values ? bf16ToFloat(floatToBf16(x)) : x;
+    }
+    in[v->name()] = t;
+  }
+  return in;
+}
+
+// g run with our GEMM kernel for `kind`, with cuBLASLt's epilogue and unfused: our kernel launched once on an
+// sm_90 GPU and never otherwise.
+struct ThreeWays {
+  TensorMap ours, cublas, unfused;
+};
+ThreeWays runThreeWays(const Graph& g, const TensorMap& in, const std::string& kind, bool sm90) {
+  int64_t own = 0, lt = 0, none = 0;
+  ThreeWays r{ownGemmOnGpu(g, in, true, kind, &own), ownGemmOnGpu(g, in, true, "", &lt), ownGemmOnGpu(g, in, false, kind, &none)};
+  CHECK(own == (sm90 ? 1 : 0));
+  CHECK(lt == 0);
+  CHECK(none == 0);
+  if (!sm90) WARN("not an sm_90 GPU: cuBLASLt ran both ways");
+  return r;
+}
+
+// The outputs `names` of ours against the CPU backend's unfused ops: within 1.6e-2 of the largest value.
+void checkAgainstCpu(const Graph& g, const TensorMap& in, const TensorMap& ours, std::initializer_list<const char*> names) {
+  CpuOptions co;
+  co.threads = 2;
+  auto cpu = createCpuBackend(co);
+  REQUIRE(cpu->prepare(g, {}).ok());
+  auto ref = cpu->step(in, 1);
+  REQUIRE(ref.ok());
+  for (const char* name : names) {
+    double rel = difference(ours.at(name), ref->at(name));
+    WARN(name << ": ours vs the CPU backend: max difference over max value " << rel);
+    CHECK(rel <= 1.6e-2);
+  }
+}
+
 }  // namespace
 
 // gelu_bias at the tile multiples (M % 128, N % 256, K % 64) runs our sm_90 kernel (gemm_sm90.cpp) when asked:
@@ -121,9 +185,7 @@ TEST_CASE("cuda epilogues: gelu_bias through our sm_90 GEMM kernel matches the C
           "[gpu][epilogue]") {
   test::requireGpuOrSkip();
   unsetenv("TPC_OWN_GEMM");  // it would override CudaOptions::ownGemm (the cuBLASLt runs below)
-  cudaDeviceProp prop{};
-  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
-  bool sm90 = prop.major == 9 && prop.minor == 0;
+  const bool sm90 = onSm90();
   // rows, K, N, b given as [N, K] (transpose_b): K >= 512 defers each tile's gelu and stores into the next
   // tile's mainloop; K 256 does them after its own; b^T loads K-major tiles of b.
   for (auto [rows, K, N, bT] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
@@ -135,32 +197,15 @@ TEST_CASE("cuda epilogues: gelu_bias through our sm_90 GEMM kernel matches the C
     Value* x = g->addInput("x", T({rows / 256, 256, K}));
     Value* w = g->addInput("w", T(bT ? Shape{N, K} : Shape{K, N}));
     Value* bias = g->addInput("bias", T({N}));
-    AttrDict tb;
-    if (bT) tb.set("transpose_b", true);
-    auto mm = g->create(OpKind::Matmul, {x, w}, tb);
-    REQUIRE(mm.ok());
-    auto pre = g->create(OpKind::Add, {(*mm)->result(), bias});
+    auto pre = g->create(OpKind::Add, {bf16Matmul(*g, x, w, bT), bias});
     REQUIRE(pre.ok());
     auto y = g->create(OpKind::Gelu, {(*pre)->result()});
     REQUIRE(y.ok());
     g->addOutput((*y)->result(), "y");
     g->addOutput((*pre)->result(), "pre");
-    std::mt19937 rng(23);
-    TensorMap in;
-    for (const Value* v : g->inputs()) {
-      HostTensor t(TensorType(DType::f32, v->shape()));
-      double span = v->name() == "bias" ? 1.0 : v->name() == "w" ? 2.0 / std::sqrt(double(K)) : 1.0;
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(std::uniform_real_distribution<double>(-span, span)(rng));
-      in[v->name()] = t;
-    }
-    int64_t own = 0, lt = 0, none = 0;
-    TensorMap ours = ownGemmOnGpu(*g, in, true, "gelu_bias", &own);
-    TensorMap cublas = ownGemmOnGpu(*g, in, true, "", &lt);
-    TensorMap unfused = ownGemmOnGpu(*g, in, false, "gelu_bias", &none);
-    CHECK(own == (sm90 ? 1 : 0));
-    CHECK(lt == 0);
-    CHECK(none == 0);
-    if (!sm90) WARN("not an sm_90 GPU: cuBLASLt ran both ways");
+    TensorMap in = uniformInputs(*g, 23, [&](const std::string& v) { return v == "w" ? 2.0 / std::sqrt(double(K)) : 1.0; },
+                                 false);
+    auto [ours, cublas, unfused] = runThreeWays(*g, in, "gelu_bias", sm90);
     for (const char* name : {"y", "pre"}) {
       double relLt = difference(ours.at(name), cublas.at(name)), relUnfused = difference(ours.at(name), unfused.at(name));
       WARN(name << ": max difference over max value: ours vs cuBLASLt's epilogue " << relLt << ", vs the unfused ops "
@@ -185,19 +230,7 @@ TEST_CASE("cuda epilogues: gelu_bias through our sm_90 GEMM kernel matches the C
       WARN("y against gelu(pre) in double: worst " << worstSteps << " bf16 steps");
       CHECK(worstSteps <= 1.0);
     }
-    if (rows <= 1024) {  // the CPU backend's unfused ops
-      CpuOptions co;
-      co.threads = 2;
-      auto cpu = createCpuBackend(co);
-      REQUIRE(cpu->prepare(*g, {}).ok());
-      auto ref = cpu->step(in, 1);
-      REQUIRE(ref.ok());
-      for (const char* name : {"y", "pre"}) {
-        double rel = difference(ours.at(name), ref->at(name));
-        WARN(name << ": ours vs the CPU backend: max difference over max value " << rel);
-        CHECK(rel <= 1.6e-2);
-      }
-    }
+    if (rows <= 1024) checkAgainstCpu(*g, in, ours, {"y", "pre"});
   }
 }
 
@@ -209,9 +242,7 @@ TEST_CASE("cuda epilogues: dgelu through our sm_90 GEMM kernel matches the CPU, 
           "[gpu][epilogue]") {
   test::requireGpuOrSkip();
   unsetenv("TPC_OWN_GEMM");
-  cudaDeviceProp prop{};
-  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
-  bool sm90 = prop.major == 9 && prop.minor == 0;
+  const bool sm90 = onSm90();
   for (auto [rows, K, N, bT] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
            {512, 512, 768, true}, {512, 256, 512, true}, {1024, 512, 512, false}, {8192, 256, 1280, true},
            {8192, 512, 1280, false}, {16384, 768, 3072, true}}) {
@@ -221,30 +252,12 @@ TEST_CASE("cuda epilogues: dgelu through our sm_90 GEMM kernel matches the CPU, 
     Value* dy = g->addInput("dy", T({rows / 256, 256, K}));
     Value* w = g->addInput("w", T(bT ? Shape{N, K} : Shape{K, N}));
     Value* pre = g->addInput("pre", T({rows / 256, 256, N}));
-    AttrDict tb;
-    if (bT) tb.set("transpose_b", true);
-    auto mm = g->create(OpKind::Matmul, {dy, w}, tb);
-    REQUIRE(mm.ok());
-    auto d = g->create(OpKind::GeluGrad, {(*mm)->result(), pre});
+    auto d = g->create(OpKind::GeluGrad, {bf16Matmul(*g, dy, w, bT), pre});
     REQUIRE(d.ok());
     g->addOutput((*d)->result(), "g");
-    std::mt19937 rng(29);
-    TensorMap in;
-    for (const Value* v : g->inputs()) {
-      HostTensor t(TensorType(DType::f32, v->shape()));
-      double span = v->name() == "pre" ? 5.0 : v->name() == "w" ? 2.0 / std::sqrt(double(K)) : 1.0;
-      for (int64_t i = 0; i < t.numel(); ++i)  // bf16 values, so that the double reference has the GPU's inputs
-        t.data<float>()[i] = bf16ToFloat(floatToBf16(static_cast<float>(std::uniform_real_distribution<double>(-span, span)(rng))));
-      in[v->name()] = t;
-    }
-    int64_t own = 0, lt = 0, none = 0;
-    TensorMap ours = ownGemmOnGpu(*g, in, true, "dgelu", &own);
-    TensorMap cublas = ownGemmOnGpu(*g, in, true, "", &lt);
-    TensorMap unfused = ownGemmOnGpu(*g, in, false, "dgelu", &none);
-    CHECK(own == (sm90 ? 1 : 0));
-    CHECK(lt == 0);
-    CHECK(none == 0);
-    if (!sm90) WARN("not an sm_90 GPU: cuBLASLt ran both ways");
+    TensorMap in = uniformInputs(
+        *g, 29, [&](const std::string& v) { return v == "pre" ? 5.0 : v == "w" ? 2.0 / std::sqrt(double(K)) : 1.0; }, true);
+    auto [ours, cublas, unfused] = runThreeWays(*g, in, "dgelu", sm90);
     double relLt = difference(ours.at("g"), cublas.at("g")), relUnfused = difference(ours.at("g"), unfused.at("g"));
     WARN("g: max difference over max value: ours vs cuBLASLt's DGELU " << relLt << ", vs the unfused ops " << relUnfused);
     // K >= 512 rounds the product to bf16 before the multiply (as the unfused ops), K 256 multiplies the f32 sum
@@ -277,17 +290,7 @@ TEST_CASE("cuda epilogues: dgelu through our sm_90 GEMM kernel matches the CPU, 
       }
     WARN("g against (dy w^T) gelu'(pre) in double over " << checked << " elements: worst " << worst << " of the allowed");
     CHECK(worst <= 1.0);
-    if (rows <= 1024) {  // the CPU backend's unfused ops
-      CpuOptions co;
-      co.threads = 2;
-      auto cpu = createCpuBackend(co);
-      REQUIRE(cpu->prepare(*g, {}).ok());
-      auto ref = cpu->step(in, 1);
-      REQUIRE(ref.ok());
-      double rel = difference(ours.at("g"), ref->at("g"));
-      WARN("g: ours vs the CPU backend: max difference over max value " << rel);
-      CHECK(rel <= 1.6e-2);
-    }
+    if (rows <= 1024) checkAgainstCpu(*g, in, ours, {"g"});
   }
 }
 

@@ -14,49 +14,47 @@ namespace {
 
 using namespace cuda;
 
-struct GeluBias {
+struct EpilogueNode {
   std::unique_ptr<Graph> g;
   Node* n = nullptr;
 };
 
-// %y, %pre = matmul_epilogue(a[rows..., K], b[K, N], bias[N]) {epilogue=gelu_bias}
-GeluBias geluBias(Shape a, Shape b, DType t = DType::bf16, bool transposeB = false) {
-  GeluBias r;
-  r.g = std::make_unique<Graph>("gelu_bias");
+// matmul_epilogue(a[rows..., K], b[K, N] or b^T [N, K], third) {epilogue=kind}: gelu_bias takes bias[N] and gives
+// %y, %pre; dgelu takes pre[rows..., N] and gives %g.
+EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool transposeB, DType t) {
+  EpilogueNode r;
+  r.g = std::make_unique<Graph>(kind);
   int64_t N = transposeB ? b[0] : b[1];
+  Shape third = {N};
+  if (kind == "dgelu") {
+    third = a;
+    third.back() = N;
+  }
   Value* x = r.g->addInput("a", TensorType(t, a));
   Value* w = r.g->addInput("b", TensorType(t, b));
-  Value* bias = r.g->addInput("bias", TensorType(t, {N}));
+  Value* v = r.g->addInput(kind == "dgelu" ? "pre" : "bias", TensorType(t, third));
   AttrDict at;
-  at.set("epilogue", std::string("gelu_bias"));
+  at.set("epilogue", kind);
   if (transposeB) at.set("transpose_b", true);
-  auto n = r.g->create(OpKind::MatmulEpilogue, {x, w, bias}, at);
+  auto n = r.g->create(OpKind::MatmulEpilogue, {x, w, v}, at);
   REQUIRE(n.ok());
   r.n = *n;
-  r.g->addOutput(r.n->result(0), "y");
-  r.g->addOutput(r.n->result(1), "pre");
+  if (kind == "dgelu") {
+    r.g->addOutput(r.n->result(0), "g");
+  } else {
+    r.g->addOutput(r.n->result(0), "y");
+    r.g->addOutput(r.n->result(1), "pre");
+  }
   return r;
 }
 
-// %g = matmul_epilogue(a[rows..., K], b[K, N] or b^T [N, K], pre[rows..., N]) {epilogue=dgelu}: the MLP's
-// backward through gelu is a = dy, b^T = the second weight [4D, D].
-GeluBias dgelu(Shape a, Shape b, bool transposeB, DType t = DType::bf16) {
-  GeluBias r;
-  r.g = std::make_unique<Graph>("dgelu");
-  int64_t N = transposeB ? b[0] : b[1];
-  Shape p = a;
-  p.back() = N;
-  Value* x = r.g->addInput("a", TensorType(t, a));
-  Value* w = r.g->addInput("b", TensorType(t, b));
-  Value* pre = r.g->addInput("pre", TensorType(t, p));
-  AttrDict at;
-  at.set("epilogue", std::string("dgelu"));
-  if (transposeB) at.set("transpose_b", true);
-  auto n = r.g->create(OpKind::MatmulEpilogue, {x, w, pre}, at);
-  REQUIRE(n.ok());
-  r.n = *n;
-  r.g->addOutput(r.n->result(0), "g");
-  return r;
+EpilogueNode geluBias(Shape a, Shape b, DType t = DType::bf16, bool transposeB = false) {
+  return epilogueNode("gelu_bias", std::move(a), std::move(b), transposeB, t);
+}
+
+// The MLP's backward through gelu is a = dy, b^T = the second weight [4D, D].
+EpilogueNode dgelu(Shape a, Shape b, bool transposeB, DType t = DType::bf16) {
+  return epilogueNode("dgelu", std::move(a), std::move(b), transposeB, t);
 }
 
 // ptxas's report for a kernel: 168 registers at entry (40 x 128 + 232 x 256 over 384 threads; ptxas reports that
@@ -99,7 +97,7 @@ TEST_CASE("gemm sm90: gelu_bias takes our kernel at the tile multiples on sm_90 
   CHECK_FALSE(ownGemm(*geluBias({1024, 800}, {800, 3072}).n, ctx));
   CHECK_FALSE(ownGemm(*geluBias({1024, 768}, {768, 3072}, DType::f32).n, ctx));
   // Not on another architecture, without the shared memory, or switched off.
-  GeluBias ok = geluBias({1024, 768}, {768, 3072});
+  EpilogueNode ok = geluBias({1024, 768}, {768, 3072});
   LoweringContext other = ctx;
   other.smMajor = 10;
   CHECK_FALSE(ownGemm(*ok.n, other));
@@ -118,7 +116,7 @@ TEST_CASE("gemm sm90: the gelu_bias kernel's geometry, TMA descriptors, and its 
   LoweringContext ctx;
   ctx.ownGeluGemm = true;
   ctx.numSMs = 132;
-  GeluBias c = geluBias({16, 1024, 768}, {768, 3072});
+  EpilogueNode c = geluBias({16, 1024, 768}, {768, 3072});
   auto l = lowerGemm(*c.n, ctx);
   REQUIRE(l.ok());
   REQUIRE(l->kernels.size() == 1);
@@ -143,7 +141,7 @@ TEST_CASE("gemm sm90: the gelu_bias kernel's geometry, TMA descriptors, and its 
   CHECK(k.source.find("#define GM_EPI 1") != std::string::npos);
   CHECK(k.entry == "gemm_gelu_kernel");
   // A node it does not take is an error naming why, not a wrong kernel.
-  GeluBias off = geluBias({1024, 768}, {768, 384});
+  EpilogueNode off = geluBias({1024, 768}, {768, 384});
   auto bad = lowerGemm(*off.n, ctx);
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().find("256") != std::string::npos);
@@ -154,7 +152,7 @@ TEST_CASE("gemm sm90: the gelu_bias kernel's geometry, TMA descriptors, and its 
   NvrtcCompiler nvrtc(90, cache.path.string());
   for (auto [K, bT] : std::vector<std::pair<int64_t, bool>>{{768, false}, {256, false}, {512, true}, {256, true}}) {
     INFO("K " << K << (bT ? " b^T" : ""));
-    GeluBias g = bT ? geluBias({1024, K}, {512, K}, DType::bf16, true) : geluBias({1024, K}, {K, 512});
+    EpilogueNode g = bT ? geluBias({1024, K}, {512, K}, DType::bf16, true) : geluBias({1024, K}, {K, 512});
     auto lg = lowerGemm(*g.n, ctx);
     REQUIRE(lg.ok());
     const KernelSpec& kg = lg->kernels[0];
@@ -215,7 +213,7 @@ TEST_CASE("gemm sm90: the dgelu kernel's arguments, descriptors and its NVRTC co
   LoweringContext ctx;
   ctx.ownDgeluGemm = true;
   ctx.numSMs = 132;
-  GeluBias c = dgelu({16, 1024, 768}, {3072, 768}, true);
+  EpilogueNode c = dgelu({16, 1024, 768}, {3072, 768}, true);
   auto l = lowerGemm(*c.n, ctx);
   REQUIRE(l.ok());
   REQUIRE(l->kernels.size() == 1);
@@ -241,7 +239,7 @@ TEST_CASE("gemm sm90: the dgelu kernel's arguments, descriptors and its NVRTC co
   NvrtcCompiler nvrtc(90, cache.path.string());
   for (auto [K, bT] : std::vector<std::pair<int64_t, bool>>{{768, true}, {256, true}, {512, false}, {256, false}}) {
     INFO("K " << K << (bT ? " b^T" : ""));
-    GeluBias g = bT ? dgelu({1024, K}, {512, K}, true) : dgelu({1024, K}, {K, 512}, false);
+    EpilogueNode g = bT ? dgelu({1024, K}, {512, K}, true) : dgelu({1024, K}, {K, 512}, false);
     auto lg = lowerGemm(*g.n, ctx);
     REQUIRE(lg.ok());
     const KernelSpec& kg = lg->kernels[0];
