@@ -1303,6 +1303,29 @@ class CudaBackend final : public Backend {
     return fn;
   }
 
+  // A persistent kernel launched in clusters of `clusterX` blocks (its __cluster_dims__) must be one wave: its grid
+  // is lowered to the clusters that fit on the GPU at once (whole GPCs' pairs of SMs, not every SM), else the
+  // clusters past them would wait for the first ones to finish all their tiles.
+  Status fitClusters(Launch& l, uint32_t clusterX) const {
+    CUlaunchConfig config{};
+    config.gridDimX = l.grid.x;
+    config.gridDimY = l.grid.y;
+    config.gridDimZ = l.grid.z;
+    config.blockDimX = l.block.x;
+    config.blockDimY = l.block.y;
+    config.blockDimZ = l.block.z;
+    config.sharedMemBytes = l.smem;
+    int clusters = 0;
+    if (CUresult e = driver_->occupancyMaxActiveClusters(&clusters, l.fn, &config); e != CUDA_SUCCESS)
+      return makeError("cuda: ", l.what, ": cannot read how many clusters of ", clusterX, " blocks fit at once: ", driverError(e),
+                       " (TPC_OWN_GEMM without multicast runs it without clusters)");
+    if (clusters < 1)
+      return makeError("cuda: ", l.what, ": no cluster of ", clusterX, " blocks with ", l.smem, " bytes of shared memory each fits ",
+                       "on this GPU (TPC_OWN_GEMM without multicast runs it without clusters)");
+    l.grid.x = std::min(l.grid.x, static_cast<uint32_t>(clusters) * clusterX);
+    return {};
+  }
+
   std::string driverError(CUresult e) const {
     const char* s = nullptr;
     driver_->getErrorString(e, &s);
@@ -1479,6 +1502,7 @@ class CudaBackend final : public Backend {
                                                      static_cast<int>(ks.sharedBytes));
               e != CUDA_SUCCESS)
             return makeError("cuda: ", l.what, ": cannot use ", ks.sharedBytes, " bytes of shared memory: ", driverError(e));
+        if (ks.clusterX > 1) TPC_TRY(fitClusters(l, ks.clusterX));
         for (const KernelArg& a : ks.args) {
           uint64_t v = 0;
           switch (a.kind) {

@@ -50,10 +50,11 @@ struct CudaOptions {
   // DGELU_BGRAD GEMMs 1.5 ms more than the unfused ops. The environment's TPC_MATMUL_EPILOGUES overrides it.
   std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu";
   // The matmul_epilogue kinds run on sm_90 by our GEMM kernel (TMA, wgmma; runtime/cuda/kernels/gemm_sm90.cpp)
-  // where it applies, instead of cuBLASLt: "" (none), "gelu_bias", "dgelu", "gelu_bias,dgelu" or "all". None by
-  // default: gelu_bias takes 10-11% less time than cuBLASLt alone on the H200 at gpt2's and gpt2-medium's c_fc
-  // shapes, but is no faster within a training step (docs/performance.md, eighteenth session). The environment's
-  // TPC_OWN_GEMM (0, 1 = all, or the kinds) overrides it.
+  // where it applies, instead of cuBLASLt: "" (none), "gelu_bias", "dgelu", "gelu_bias,dgelu" or "all", and
+  // ",multicast" to run it in clusters of two blocks that share each tile of b by TMA multicast. None by default:
+  // gelu_bias takes 10-11% less time than cuBLASLt alone on the H200 at gpt2's and gpt2-medium's c_fc shapes,
+  // but is no faster within a training step (docs/performance.md, eighteenth session). The environment's
+  // TPC_OWN_GEMM (0, 1 = all, or the list) overrides it.
   std::string ownGemm;
   // Per distinct GEMM, time cuBLASLt's first 8 heuristic candidates on the GPU and keep the fastest, remembered
   // in the kernel cache folder so later runs use the same algorithm (matmul_autotune.h); false: the

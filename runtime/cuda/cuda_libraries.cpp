@@ -128,6 +128,7 @@ Result<const Driver*> driver() {
     get("cuLaunchKernel", lib.launchKernel);
     get("cuGetErrorString", lib.getErrorString);
     get("cuTensorMapEncodeTiled", lib.tensorMapEncodeTiled);
+    get("cuOccupancyMaxActiveClusters", lib.occupancyMaxActiveClusters);
   });
   if (!error.empty()) return makeError(error);
   return &lib;

@@ -50,6 +50,7 @@ struct Driver {
   decltype(&::cuLaunchKernel) launchKernel;
   decltype(&::cuGetErrorString) getErrorString;
   decltype(&::cuTensorMapEncodeTiled) tensorMapEncodeTiled;  // TMA descriptors (sm_90 GEMM kernels)
+  decltype(&::cuOccupancyMaxActiveClusters) occupancyMaxActiveClusters;  // clustered persistent kernels' grids
 };
 
 struct Nccl {

@@ -62,6 +62,9 @@ struct KernelSpec {
   // > 0: the registers a thread the kernel must get from ptxas (checked at load; a setmaxnreg split that does
   // not add up would wait forever for registers).
   int requiredRegisters = 0;
+  // > 1: the kernel's compile-time cluster width (__cluster_dims__); grid.x is a multiple of it, and the loader
+  // lowers it to the clusters that fit on the GPU at once (a persistent kernel's grid must be one wave).
+  uint32_t clusterX = 1;
 };
 
 struct NodeLowering {
@@ -92,6 +95,7 @@ struct LoweringContext {
   // matmul_epilogue gelu_bias and dgelu on sm_90 through our GEMM kernel (gemm_sm90.cpp) where it applies, else
   // cuBLASLt's GELU_AUX_BIAS and DGELU (CudaOptions::ownGemm, TPC_OWN_GEMM).
   bool ownGeluGemm = false, ownDgeluGemm = false;
+  bool ownGemmMulticast = false;  // ... in clusters of two blocks sharing b's tiles by TMA multicast
 };
 
 }  // namespace tpc::cuda

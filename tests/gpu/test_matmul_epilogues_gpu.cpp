@@ -146,17 +146,28 @@ TensorMap uniformInputs(const Graph& g, uint32_t seed, const std::function<doubl
 }
 
 // g run with our GEMM kernel for `kind`, with cuBLASLt's epilogue and unfused: our kernel launched once on an
-// sm_90 GPU and never otherwise.
+// sm_90 GPU and never otherwise. Ours also runs in clusters of two blocks sharing b's tiles (TPC_OWN_GEMM's
+// multicast), which must give the same bits: each block sums its tile's products in the same order either way.
 struct ThreeWays {
   TensorMap ours, cublas, unfused;
 };
 ThreeWays runThreeWays(const Graph& g, const TensorMap& in, const std::string& kind, bool sm90) {
-  int64_t own = 0, lt = 0, none = 0;
+  int64_t own = 0, mc = 0, lt = 0, none = 0;
   ThreeWays r{ownGemmOnGpu(g, in, true, kind, &own), ownGemmOnGpu(g, in, true, "", &lt), ownGemmOnGpu(g, in, false, kind, &none)};
+  TensorMap multicast = ownGemmOnGpu(g, in, true, kind + ",multicast", &mc);
   CHECK(own == (sm90 ? 1 : 0));
+  CHECK(mc == (sm90 ? 1 : 0));
   CHECK(lt == 0);
   CHECK(none == 0);
   if (!sm90) WARN("not an sm_90 GPU: cuBLASLt ran both ways");
+  for (const auto& [name, t] : r.ours) {
+    INFO(name << ": ours in clusters of two against ours alone");
+    const HostTensor& other = multicast.at(name);
+    REQUIRE(other.numel() == t.numel());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) differ += t.getAsDouble(i) != other.getAsDouble(i);
+    CHECK(differ == 0);
+  }
   return r;
 }
 

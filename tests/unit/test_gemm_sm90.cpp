@@ -125,6 +125,8 @@ TEST_CASE("gemm sm90: the gelu_bias kernel's geometry, TMA descriptors, and its 
   CHECK(k.requiredRegisters == 168);  // the setmaxnreg split 40 / 232 over 128 + 256 threads
   CHECK(k.grid.x == 132);  // persistent: one block a SM over 16384/128 x 3072/256 = 1536 tiles
   CHECK(k.block.x == 384);
+  CHECK(k.clusterX == 1);  // unless multicast is asked for
+  CHECK(k.source.find("#define GM_CLUSTER 1") != std::string::npos);
   // Arguments in the kernel's order: the descriptors of a, b, y, pre, then the bias's address.
   REQUIRE(k.args.size() == 5);
   for (int i = 0; i < 4; ++i) CHECK((k.args[i].kind == ArgKind::TensorMap && k.args[i].index == i));
@@ -189,24 +191,86 @@ TEST_CASE("gemm sm90: dgelu takes our kernel at the tile multiples when switched
   CHECK_FALSE(ownGemm(*geluBias({1024, 768}, {768, 3072}).n, ctx));
 }
 
-TEST_CASE("gemm sm90: the switch takes 0, 1, all or a list of kinds, and names a wrong one", "[cuda]") {
+TEST_CASE("gemm sm90: the switch takes 0, or a list of 1, all, kinds and multicast, and names a wrong one", "[cuda]") {
   auto kinds = [](const std::string& s) {
     LoweringContext ctx;
-    ctx.ownGeluGemm = ctx.ownDgeluGemm = true;  // every call sets both
+    ctx.ownGeluGemm = ctx.ownDgeluGemm = ctx.ownGemmMulticast = true;  // every call sets all three
     Status st = setOwnGemmKinds(s, "TPC_OWN_GEMM", &ctx);
-    return st.ok() ? cat(int(ctx.ownGeluGemm), int(ctx.ownDgeluGemm)) : st.error();
+    return st.ok() ? cat(int(ctx.ownGeluGemm), int(ctx.ownDgeluGemm), int(ctx.ownGemmMulticast)) : st.error();
   };
-  CHECK(kinds("") == "00");
-  CHECK(kinds("0") == "00");
-  CHECK(kinds("1") == "11");
-  CHECK(kinds("all") == "11");
-  CHECK(kinds("gelu_bias") == "10");
-  CHECK(kinds("dgelu") == "01");
-  CHECK(kinds("dgelu,gelu_bias") == "11");
+  CHECK(kinds("") == "000");
+  CHECK(kinds("0") == "000");
+  CHECK(kinds("1") == "110");
+  CHECK(kinds("all") == "110");
+  CHECK(kinds("gelu_bias") == "100");
+  CHECK(kinds("dgelu") == "010");
+  CHECK(kinds("dgelu,gelu_bias") == "110");
+  CHECK(kinds("all,multicast") == "111");
+  CHECK(kinds("multicast,1") == "111");
+  CHECK(kinds("dgelu,multicast") == "011");
   std::string bad = kinds("gelu_bias,gelu");
   CHECK(bad.find("TPC_OWN_GEMM='gelu_bias,gelu'") != std::string::npos);
   CHECK(bad.find("'gelu' is not a kind") != std::string::npos);
   CHECK(kinds("dgelu,").find("'' is not a kind") != std::string::npos);
+  CHECK(kinds("0,dgelu").find("'0' is not a kind") != std::string::npos);
+  // multicast alone runs nothing: an error, not a silent no-op.
+  CHECK(kinds("multicast").find("name one too") != std::string::npos);
+}
+
+// With multicast, blocks run in clusters of two on tiles m and m + 1 of one n: an even grid, the cluster width
+// for the loader, b^T's boxes of 128 n-rows (each block loads half of the 256-row tile), and every variant
+// compiles for sm_90a without spills. An odd count of 128-row tiles runs without clusters.
+TEST_CASE("gemm sm90: multicast runs both kinds in clusters of two where the row tiles pair up", "[cuda]") {
+  LoweringContext ctx;
+  ctx.numSMs = 132;
+  REQUIRE(setOwnGemmKinds("all,multicast", "TPC_OWN_GEMM", &ctx).ok());
+  test::TempDir cache;
+  NvrtcCompiler nvrtc(90, cache.path.string());
+  struct Case {
+    std::string kind;
+    int64_t rows, K, N;
+    bool bT;
+  };
+  for (const Case& c : std::vector<Case>{{"gelu_bias", 16384, 768, 3072, false},
+                                         {"gelu_bias", 1024, 256, 512, true},
+                                         {"dgelu", 16384, 768, 3072, true},
+                                         {"dgelu", 1024, 256, 512, false}}) {
+    INFO(c.kind << " [" << c.rows << ", " << c.K << "] x " << c.N << (c.bT ? " b^T" : ""));
+    EpilogueNode e = epilogueNode(c.kind, {c.rows, c.K}, c.bT ? Shape{c.N, c.K} : Shape{c.K, c.N}, c.bT, DType::bf16);
+    auto l = lowerGemm(*e.n, ctx);
+    REQUIRE(l.ok());
+    const KernelSpec& k = l->kernels[0];
+    CHECK(k.clusterX == 2);
+    CHECK(k.source.find("#define GM_CLUSTER 2") != std::string::npos);
+    CHECK(k.grid.x == std::min<int64_t>(132, c.rows / 128 * (c.N / 256)));  // even either way here
+    CHECK(k.grid.x % 2 == 0);
+    if (c.bT) checkMap(k, 1, true, 1, c.N, c.K, 128);
+    else checkMap(k, 1, true, 1, c.K, c.N, 64);
+    auto cubin = nvrtc.compile(k.source, k.entry, true);
+    INFO((cubin.ok() ? std::string() : cubin.error()));
+    REQUIRE(cubin.ok());
+    checkNoSpills(nvrtc, k);
+  }
+  // 3 row tiles: no pairs, so no clusters (and b^T's whole 256-row tile a box).
+  EpilogueNode odd = geluBias({384, 512}, {768, 512}, DType::bf16, true);
+  auto l = lowerGemm(*odd.n, ctx);
+  REQUIRE(l.ok());
+  CHECK(l->kernels[0].clusterX == 1);
+  CHECK(l->kernels[0].source.find("#define GM_CLUSTER 1") != std::string::npos);
+  CHECK(l->kernels[0].grid.x == 9);
+  checkMap(l->kernels[0], 1, true, 1, 768, 512, 256);
+  // Two tiles a row block, one row-tile pair: one cluster.
+  EpilogueNode two = geluBias({256, 512}, {512, 256});
+  auto l2 = lowerGemm(*two.n, ctx);
+  REQUIRE(l2.ok());
+  CHECK(l2->kernels[0].clusterX == 2);
+  CHECK(l2->kernels[0].grid.x == 2);
+  // Without multicast: no clusters.
+  REQUIRE(setOwnGemmKinds("all", "TPC_OWN_GEMM", &ctx).ok());
+  auto plain = lowerGemm(*two.n, ctx);
+  REQUIRE(plain.ok());
+  CHECK(plain->kernels[0].clusterX == 1);
+  CHECK(plain->kernels[0].source.find("#define GM_CLUSTER 1") != std::string::npos);
 }
 
 TEST_CASE("gemm sm90: the dgelu kernel's arguments, descriptors and its NVRTC compile for sm_90a", "[cuda]") {

@@ -54,8 +54,9 @@ Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext&
 // TMA stores) where ownGemm accepts it (sm_90, bf16, the tile multiples; LoweringContext::ownGeluGemm and
 // ownDgeluGemm); else cuBLASLt.
 bool ownGemm(const Node& n, const LoweringContext& ctx);
-// Which kinds it takes (CudaOptions::ownGemm, TPC_OWN_GEMM): "" or "0" none, "1" or "all" both, else a comma
-// list of gelu_bias and dgelu. Errors name `from` (the setting) and the kind that is not one.
+// Which kinds it takes (CudaOptions::ownGemm, TPC_OWN_GEMM): "" or "0" none, else a comma list of "1" or "all"
+// (both), gelu_bias, dgelu, and "multicast" (ownGemmMulticast: in clusters of two blocks sharing b's tiles).
+// Errors name `from` (the setting) and the kind that is not one.
 Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx);
 Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx);
 

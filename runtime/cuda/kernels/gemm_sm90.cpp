@@ -14,6 +14,10 @@
 // its wgmmas, from the tile's sum rounded to bf16: y = gelu(bf16(pre)) and g = bf16(a b) * gelu'(pre), as the
 // unfused ops compute them; else (GM_MODE 1) right after the tile's mainloop from the f32 sum, as cuBLASLt's
 // epilogues. dgelu copies pre into shared memory with cp.async, a chunk ahead of its use.
+// With multicast asked for (GM_CLUSTER 2: TPC_OWN_GEMM=...,multicast) the blocks run in clusters of two on tiles
+// m and m + 1 of one n: each loads its a tile and half of the shared b tile, which TMA multicasts into both
+// blocks' shared memory, so a block reads 32 KB a k-slice from L2 instead of 48 (cuBLASLt's Hopper kernels run in
+// clusters too). A stage is refilled once both blocks' consumers have released it.
 #include "ir/shape_rules.h"
 #include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/kernels/kernel_source.h"
@@ -24,10 +28,13 @@ namespace {
 constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
 constexpr uint32_t kSharedBytes = 231424;  // 4 stages of 48 KiB, 32 KiB of store staging, barriers (GM_SMEM_BYTES)
 
-// Device code; the lowering prepends GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI and GM_SMEM_BYTES.
+// Device code; the lowering prepends GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI, GM_SMEM_BYTES and GM_CLUSTER.
 constexpr const char* kGemmSource = R"GEMM(
-#if !defined(GM_M) || !defined(GM_N) || !defined(GM_K) || !defined(GM_B_KMAJOR) || !defined(GM_MODE) || !defined(GM_EPI) || !defined(GM_SMEM_BYTES)
-#error "define GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI, GM_SMEM_BYTES before this source"
+#if !defined(GM_M) || !defined(GM_N) || !defined(GM_K) || !defined(GM_B_KMAJOR) || !defined(GM_MODE) || !defined(GM_EPI) || !defined(GM_SMEM_BYTES) || !defined(GM_CLUSTER)
+#error "define GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI, GM_SMEM_BYTES, GM_CLUSTER before this source"
+#endif
+#if GM_CLUSTER != 1 && GM_CLUSTER != 2
+#error "GM_CLUSTER must be 1 or 2"
 #endif
 #if GM_EPI != 1 && GM_EPI != 2
 #error "GM_EPI must be 1 (gelu_bias) or 2 (dgelu)"
@@ -63,6 +70,10 @@ constexpr int B_BOX_N = 64, B_BOX_BYTES = B_BOX_N * BK * 2;   // 8 KB
 constexpr int M = GM_M, N = GM_N, K = GM_K;
 constexpr bool DEFER = GM_MODE == 2;
 constexpr bool GELU = GM_EPI == 1;              // else dgelu
+// GM_CLUSTER 2: blocks in pairs (a cluster) on tiles m and m + 1 of the same n: each loads its own a and half of
+// the shared b tile, multicast into both blocks' shared memory (32 KB a k-slice from L2 a block instead of 48).
+constexpr int CLUSTER = GM_CLUSTER;
+static_assert(CLUSTER == 1 || (M / BM) % CLUSTER == 0, "GM_CLUSTER 2 needs an even number of 128-row tiles");
 static_assert(M % BM == 0 && N % BN == 0 && K % BK == 0, "shape must be a multiple of 128 x 256 x 64");
 static_assert(!DEFER || K >= 8 * BK, "GM_MODE 2 needs K >= 512");
 static_assert(SMEM_BYTES <= 232448, "exceeds sm_90 max dynamic smem");
@@ -82,6 +93,19 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
 }
+// Arrive on the barrier at the same offset in block `cta` of the cluster (this one's included), releasing this
+// block's reads of the stage to the producer that will overwrite it there.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
+  asm volatile("{ .reg .b32 ra; mapa.shared::cluster.u32 ra, %0, %1; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra]; }"
+               :: "r"(bar), "r"(cta) : "memory");
+}
+__device__ __forceinline__ unsigned cluster_reg_rank() { unsigned r; asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
+__device__ __forceinline__ unsigned cluster_reg_id() { unsigned r; asm("mov.u32 %0, %%clusterid.x;" : "=r"(r)); return r; }
+__device__ __forceinline__ unsigned cluster_reg_count() { unsigned r; asm("mov.u32 %0, %%nclusterid.x;" : "=r"(r)); return r; }
+// Every thread of both blocks: the barriers' initialisation is seen cluster-wide before any remote use.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 // Wait until the phase with the given parity has completed. Bounded: a pipeline that never completes a
 // phase (a bug, not a slow GPU: a legitimate wait lasts microseconds) ends the kernel after ~4M polls with a
 // sticky launch error (the process must exit) instead of hanging the GPU. The bound counts polls, not time:
@@ -89,12 +113,23 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 // store to address 0 instead (an illegal-address error): a trap in their code makes ptxas drop the setmaxnreg
 // split and compile the whole kernel at the entry's 168 registers, where the deferred epilogue spilled 184-328
 // bytes a thread (ptxas -v, CUDA 13.0; nineteenth session).
+// With GM_CLUSTER 2 the producer's waits (on its empty barriers, which both blocks' consumers arrive on) acquire
+// at cluster scope.
+#if GM_CLUSTER == 2
+#define GM_PRODUCER_WAIT "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64"
+#else
+#define GM_PRODUCER_WAIT "mbarrier.try_wait.parity.shared::cta.b64"
+#endif
 template <bool PRODUCER>
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   unsigned done;
   for (unsigned it = 1;; ++it) {
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (PRODUCER)
+      asm volatile("{ .reg .pred p; " GM_PRODUCER_WAIT " p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                   : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    else
+      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                   : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     if (done) return;
     if (it > (1u << 22)) {
       if (PRODUCER) asm volatile("trap;");
@@ -105,6 +140,12 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, unsigned bar, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
                :: "r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+// The same box into this block's and the cluster's other block's shared memory (the same offsets), completing
+// bytes on the barrier at the same offset in each: ctaMask 0b11.
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaDesc* map, unsigned bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%4, %5}], [%2], %3;"
+               :: "r"(dst), "l"(map), "r"(bar), "h"((unsigned short)3), "r"(c0), "r"(c1) : "memory");
 }
 __device__ __forceinline__ void tma_store_2d(const TmaDesc* map, unsigned src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
@@ -207,9 +248,16 @@ __device__ __forceinline__ float gelu_tanh_grad(float v) {
   return v < -12.0f ? 0.0f : sg * (1.0f + 1.5957691216f * v * (e * sg) * (1.0f + 0.134145f * v2));
 }
 
-// Persistent: block b takes tiles b, b + gridDim.x, ... Tile order: n fastest (m = t / num_n, n = t % num_n):
-// W (<= 8 MB) stays in L2, and the ~132 tiles in flight cover ~11 row blocks of X, read from DRAM about once.
+// Persistent: block (or, GM_CLUSTER 2, cluster) b takes units b, b + the grid's count, ... A unit is a tile, or a
+// pair of tiles m, m + 1 of the same n (the cluster's blocks by rank). Unit order: n fastest (m = u / num_n,
+// n = u % num_n): W (<= 8 MB) stays in L2, and the ~132 tiles in flight cover ~11 row blocks of X, read from DRAM
+// about once.
 template <int V> struct Int { static constexpr int value = V; };
+__device__ __forceinline__ void unit_origin(int unit, unsigned rank, int& m0, int& n0) {
+  constexpr int num_n = cfg::N / cfg::BN;
+  m0 = ((unit / num_n) * cfg::CLUSTER + (int)rank) * cfg::BM;
+  n0 = (unit % num_n) * cfg::BN;
+}
 
 // DEFER=false: exact epilogue from the f32 sum h, right after the tile's mainloop: out = bf16(gelu(h))
 //              (gelu_bias), bf16(h * gelu'(pre)) (dgelu).
@@ -217,19 +265,25 @@ template <int V> struct Int { static constexpr int value = V; };
 //              smem and TMA stores of that tile are spread over the first 8 K slices of the NEXT tile, hidden
 //              under its wgmmas: out = bf16(gelu(bf16(h))) or bf16(bf16(h) * gelu'(pre)), what the unfused
 //              ops in bf16 compute; within ~1 bf16 ulp of the exact forms.
-// Launch (gemm_sm90.cpp): block 384 (warpgroup 0 the TMA producer, 1-2 the consumers), grid min(#SMs, tiles),
-// GM_SMEM_BYTES of dynamic shared memory. Parameters: the TMA descriptors of X, W, out and (gelu_bias) aux
-// (128B swizzle; boxes: X {64 k, 128 rows}, W {64 n, 64 k} or, K-major, {64 k, 256 n}, out and aux {64, 8}),
-// then the bias (gelu_bias) or pre (dgelu: [M, N] row-major).
+// Launch (gemm_sm90.cpp): block 384 (warpgroup 0 the TMA producer, 1-2 the consumers), grid min(#SMs, tiles)
+// (GM_CLUSTER 2: even, in clusters of two by the kernel's attribute), GM_SMEM_BYTES of dynamic shared memory.
+// Parameters: the TMA descriptors of X, W, out and (gelu_bias) aux (128B swizzle; boxes: X {64 k, 128 rows}, W
+// {64 n, 64 k} or, K-major, {64 k, 256 / GM_CLUSTER n}, out and aux {64, 8}), then the bias (gelu_bias) or pre
+// (dgelu: [M, N] row-major).
 static_assert(GM_SMEM_BYTES == cfg::SMEM_BYTES, "the launch's shared memory (kSharedBytes) must be the layout's");
+#if GM_CLUSTER == 2
+#define GM_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
+#else
+#define GM_CLUSTER_DIMS
+#endif
 
 #if GM_EPI == 1
-extern "C" __global__ void __launch_bounds__(384, 1)
+extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
 gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
                  const __grid_constant__ TmaDesc tmOut, const __grid_constant__ TmaDesc tmAux,
                  const unsigned short* __restrict__ bias) {
 #else
-extern "C" __global__ void __launch_bounds__(384, 1)
+extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
 gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
                   const __grid_constant__ TmaDesc tmOut, const unsigned short* __restrict__ pre) {
 #endif
@@ -241,18 +295,21 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
   auto full_bar = [&](int s) { return bars + 8u * s; };
   auto empty_bar = [&](int s) { return bars + 8u * (STAGES + s); };
 
-  constexpr int num_n = N / BN, num_tiles = (M / BM) * num_n, KB = K / BK;
-  const int tile_step = (int)gridDim.x;
+  constexpr int num_units = (M / BM) * (N / BN) / CLUSTER, KB = K / BK;
+  const unsigned rank = CLUSTER == 2 ? cluster_reg_rank() : 0u;
+  const int first_unit = CLUSTER == 2 ? (int)cluster_reg_id() : (int)blockIdx.x;
+  const int unit_step = CLUSTER == 2 ? (int)cluster_reg_count() : (int)gridDim.x;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full_bar(s), 1);    // producer's arrive.expect_tx + TMA tx bytes
-      mbar_init(empty_bar(s), 8);   // lane 0 of each of the 8 consumer warps
+      mbar_init(full_bar(s), 1);              // producer's arrive.expect_tx + TMA tx bytes (both blocks' b halves)
+      mbar_init(empty_bar(s), 8 * CLUSTER);   // lane 0 of each of the 8 consumer warps (of each block)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     fence_proxy_async();
   }
-  __syncthreads();
+  if constexpr (CLUSTER == 2) cluster_sync();
+  else __syncthreads();
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
@@ -262,14 +319,29 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
       asm volatile("prefetch.tensormap [%0];" :: "l"(&tmA) : "memory");
       asm volatile("prefetch.tensormap [%0];" :: "l"(&tmB) : "memory");
       int s = 0; unsigned ph = 0;
-      for (int tile = blockIdx.x; tile < num_tiles; tile += tile_step) {
-        const int m0 = (tile / num_n) * BM, n0 = (tile % num_n) * BN;
+      for (int unit = first_unit; unit < num_units; unit += unit_step) {
+        int m0, n0;
+        unit_origin(unit, rank, m0, n0);
 #pragma unroll 1
         for (int kb = 0; kb < KB; ++kb) {
-          mbar_wait<true>(empty_bar(s), ph ^ 1);   // first pass: parity 1 = "previous phase" -> passes
+          // First pass: parity 1 = "previous phase" -> passes. GM_CLUSTER 2: both blocks' consumers are done with
+          // stage s (this block's b half goes into the other's too).
+          mbar_wait<true>(empty_bar(s), ph ^ 1);
           const unsigned sa = base + s * STAGE_BYTES;
           mbar_expect_tx(full_bar(s), STAGE_BYTES);
           tma_load_2d(sa, &tmA, full_bar(s), kb * BK, m0);
+#if GM_CLUSTER == 2
+#if GM_B_KMAJOR
+          // b^T's n-rows [n0 + 128 rank, +128): the second half of the 256-row tile starts 16 KB in.
+          tma_load_2d_multicast(sa + A_BYTES + rank * (B_BYTES / 2), &tmB, full_bar(s), kb * BK, n0 + (int)rank * (BN / 2));
+#else
+#pragma unroll
+          for (int j = 0; j < BN / B_BOX_N / 2; ++j) {
+            const int box = (int)rank * (BN / B_BOX_N / 2) + j;
+            tma_load_2d_multicast(sa + A_BYTES + box * B_BOX_BYTES, &tmB, full_bar(s), n0 + box * B_BOX_N, kb * BK);
+          }
+#endif
+#else
 #if GM_B_KMAJOR
           tma_load_2d(sa + A_BYTES, &tmB, full_bar(s), kb * BK, n0);
 #else
@@ -277,6 +349,15 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
           for (int j = 0; j < BN / B_BOX_N; ++j)
             tma_load_2d(sa + A_BYTES + j * B_BOX_BYTES, &tmB, full_bar(s), n0 + j * B_BOX_N, kb * BK);
 #endif
+#endif
+          if (++s == STAGES) { s = 0; ph ^= 1; }
+        }
+      }
+      if constexpr (CLUSTER == 2) {
+        // Stay until both blocks' consumers have released every stage: the other block's arrivals on this block's
+        // barriers (and its reads of what this block multicast) must land before this block's shared memory goes.
+        for (int i = 0; i < STAGES; ++i) {
+          mbar_wait<true>(empty_bar(s), ph ^ 1);
           if (++s == STAGES) { s = 0; ph ^= 1; }
         }
       }
@@ -297,6 +378,16 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
     int s = 0; unsigned ph = 0, prev_s = 0;
     int pend_row0 = -1, pend_n0 = 0;   // DEFER: where the pending (previous) tile goes
     const unsigned off_base = r8 * 128 + (lane & 3) * 4;
+    // Hand stage s back to the producer(s) that fill it: this block's, and with GM_CLUSTER 2 the other block's too
+    // (each multicasts its half of b into both).
+    auto release = [&](unsigned st) {
+      if constexpr (CLUSTER == 2) {
+        mbar_arrive_cluster(empty_bar(st), 0);
+        mbar_arrive_cluster(empty_bar(st), 1);
+      } else {
+        mbar_arrive(empty_bar(st));
+      }
+    };
 
     // One 64-wide K slice: 4 x m64n256k16, then `between()` runs while the wgmmas execute
     // (they are async), then wait until slice kb-1 is done and hand its smem stage back.
@@ -317,7 +408,7 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
       wgmma_commit();
       between();
       wgmma_wait<1>();
-      if (kb > 0 && lane == 0) mbar_arrive(empty_bar(prev_s));
+      if (kb > 0 && lane == 0) release(prev_s);
       prev_s = s;
       if (++s == STAGES) { s = 0; ph ^= 1; }
     };
@@ -405,8 +496,9 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
 #endif
     };
 
-    for (int tile = blockIdx.x; tile < num_tiles; tile += tile_step) {
-      const int m0 = (tile / num_n) * BM, n0 = (tile % num_n) * BN;
+    for (int unit = first_unit; unit < num_units; unit += unit_step) {
+      int m0, n0;
+      unit_origin(unit, rank, m0, n0);
       const int row0 = m0 + cw * 64 + warp * 16;
 
 #if GM_EPI == 2
@@ -427,7 +519,7 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
       for (; kb < KB; ++kb) kstep(kb, [] {});
       wgmma_wait<0>();
       acc_fence(acc);
-      if (lane == 0) mbar_arrive(empty_bar(prev_s));
+      if (lane == 0) release(prev_s);
       // From here the producer is already streaming the next tile's A/B into the free stages.
 
       // ---- epilogue ----
@@ -501,6 +593,7 @@ struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool bKMajor = false;  // b given as [N, K] (transpose_b)
   int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu
+  int cluster = 1;       // GM_CLUSTER: 2 where asked for (LoweringContext::ownGemmMulticast) and M / 128 is even
 };
 
 // Why `n` is not ours to run (empty: it is), and its shape.
@@ -529,25 +622,30 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
     return cat("needs M % ", kTileM, ", N % ", kTileN, " and K % ", kTileK, " to be 0 (M ", s->M, ", N ", s->N, ", K ", s->K, ")");
   if (s->M >= (int64_t(1) << 31) || s->N >= (int64_t(1) << 31) || s->K >= (int64_t(1) << 31)) return "needs dims under 2^31 (TMA coordinates)";
   if (dgelu && n.operand(2)->type().numel() != s->M * s->N) return "takes pre of the product's shape";
+  s->cluster = ctx.ownGemmMulticast && (s->M / kTileM) % 2 == 0 ? 2 : 1;
   return "";
 }
 
 }  // namespace
 
 Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx) {
-  ctx->ownGeluGemm = ctx->ownDgeluGemm = kinds == "1" || kinds == "all";
-  if (kinds.empty() || kinds == "0" || kinds == "1" || kinds == "all") return {};
+  ctx->ownGeluGemm = ctx->ownDgeluGemm = ctx->ownGemmMulticast = false;
+  if (kinds.empty() || kinds == "0") return {};
   size_t at = 0;
   while (at <= kinds.size()) {
     size_t end = std::min(kinds.find(',', at), kinds.size());
     std::string kind = kinds.substr(at, end - at);
-    if (kind == "gelu_bias") ctx->ownGeluGemm = true;
+    if (kind == "1" || kind == "all") ctx->ownGeluGemm = ctx->ownDgeluGemm = true;
+    else if (kind == "gelu_bias") ctx->ownGeluGemm = true;
     else if (kind == "dgelu") ctx->ownDgeluGemm = true;
+    else if (kind == "multicast") ctx->ownGemmMulticast = true;
     else
-      return makeError(from, "='", kinds, "': '", kind, "' is not a kind our GEMM kernel runs (expected 0, 1, all, or a ",
-                       "comma list of gelu_bias and dgelu)");
+      return makeError(from, "='", kinds, "': '", kind, "' is not a kind our GEMM kernel runs (expected 0, or a comma ",
+                       "list of 1 or all (both kinds), gelu_bias, dgelu and multicast (blocks in pairs sharing b's tiles))");
     at = end + 1;
   }
+  if (ctx->ownGemmMulticast && !ctx->ownGeluGemm && !ctx->ownDgeluGemm)
+    return makeError(from, "='", kinds, "': multicast is a way to run the kinds, name one too (e.g. all,multicast)");
   return {};
 }
 
@@ -565,8 +663,12 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   k.archSpecific = true;
   k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
                  "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n#define GM_EPI ", s.epilogue, "\n#define GM_SMEM_BYTES ",
-                 kSharedBytes, "\n", kGemmSource);
-  k.grid.x = static_cast<uint32_t>(std::min<int64_t>(tiles, std::max(ctx.numSMs, 1)));
+                 kSharedBytes, "\n#define GM_CLUSTER ", s.cluster, "\n", kGemmSource);
+  // A block a SM; in clusters of two, an even count (the loader lowers it to the pairs that fit at once).
+  int64_t blocks = std::min<int64_t>(tiles, std::max(ctx.numSMs, 1));
+  if (s.cluster == 2) blocks = std::max<int64_t>(2, blocks / 2 * 2);
+  k.grid.x = static_cast<uint32_t>(blocks);
+  k.clusterX = static_cast<uint32_t>(s.cluster);
   k.block.x = 384;
   k.sharedBytes = kSharedBytes;
   k.requiredRegisters = 168;  // setmaxnreg: 128 producer threads give 128 each (to 40), 256 consumers take 64 (to 232)
@@ -574,7 +676,7 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
     return TensorMapSpec{operand, index, rows, cols, boxRows, 64};
   };
   k.maps = {box(true, 0, s.M, s.K, 128),
-            s.bKMajor ? box(true, 1, s.N, s.K, 256) : box(true, 1, s.K, s.N, 64),
+            s.bKMajor ? box(true, 1, s.N, s.K, static_cast<uint32_t>(kTileN / s.cluster)) : box(true, 1, s.K, s.N, 64),
             box(false, 0, s.M, s.N, 8)};
   k.args = {{ArgKind::TensorMap, 0}, {ArgKind::TensorMap, 1}, {ArgKind::TensorMap, 2}};
   if (s.epilogue == 1) {  // then aux (pre) and the bias
