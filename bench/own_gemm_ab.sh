@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) against cuBLASLt on one GPU, in one call:
 #   1. its GPU test cases (gelu_bias and dgelu against cuBLASLt, the unfused ops, the CPU and double);
-#   2. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu and 1, ROUNDS times, with
-#      the GPU's power draw and SM clock sampled every 100 ms (nvidia-smi): under the 700 W cap a kernel that is
-#      faster alone can lose in the step, and the power column shows whether it drew more;
-#   3. the local-memory instructions (STL, LDL) in the SASS of the GEMM kernels those runs compiled, from the
+#   2. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu, 1 and all,multicast (blocks in
+#      pairs sharing b's tiles), ROUNDS times, with the GPU's power draw and SM clock sampled every 100 ms
+#      (nvidia-smi): under the 700 W cap a kernel that is faster alone can lose in the step, and the power column
+#      shows whether it drew more;
+#   3. one profiled step of each model with TPC_OWN_GEMM=0, 1 and all,multicast (--profile-step 3 --profile-csv):
+#      the gelu_bias and dgelu GEMMs' summed time and TFLOP/s inside the step, by whichever kernel ran them;
+#   4. the local-memory instructions (STL, LDL) in the SASS of the GEMM kernels those runs compiled, from the
 #      kernel cache (cuobjdump, where the toolkit has it): the deferred epilogue spilled until the nineteenth
 #      session (docs/performance.md), and the unit test checks ptxas's report on this CUDA only.
 # Prints one table (ms a step over steps 3-N, median W and MHz while it ran); logs go to OUTDIR.
@@ -29,8 +32,8 @@ rows+=("$(printf '%-34s %s' "GPU tests: cuda epilogues*" "$(tail -3 "$out/epilog
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for spec in "${runs[@]}"; do
     model="${spec%%:*}" iters="${spec##*:}" name="$(basename "${spec%%:*}" .fb)"
-    for kinds in 0 gelu_bias dgelu 1; do
-      tag="${name}_${kinds}_r${round}"
+    for kinds in 0 gelu_bias dgelu 1 all,multicast; do
+      tag="${name}_${kinds//,/-}_r${round}"
       nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$out/$tag.power.csv" 2>/dev/null &
       smi=$!
       TPC_OWN_GEMM="$kinds" "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
@@ -56,7 +59,31 @@ PY
   done
 done
 
-# 3. Local memory in the kernels the runs compiled (their cubins in the kernel cache).
+# 3. One profiled step a setting: the GELU GEMMs' time inside the step, from the per-launch CSV.
+for spec in "${runs[@]}"; do
+  model="${spec%%:*}" name="$(basename "${spec%%:*}" .fb)"
+  for kinds in 0 1 all,multicast; do
+    tag="${name}_${kinds//,/-}_profile"
+    TPC_OWN_GEMM="$kinds" "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
+      --global-batch-size 16 --train-iters 4 --log-interval 4 --profile-step 3 --profile-csv "$out/$tag.csv" > "$out/$tag.log" 2>&1
+    summary="$(python3 - "$out/$tag.csv" <<'PY' 2>/dev/null
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+total = sum(float(r["ms"]) for r in rows)
+parts = []
+for kind in ("gelu_bias", "dgelu"):
+    mine = [r for r in rows if ("with epilogue " + kind) in r["gemm"]]
+    ms = sum(float(r["ms"]) for r in mine)
+    fl = [float(r["tflops"]) for r in mine if r["tflops"]]
+    parts.append("%s %d x, %.3f ms (%.0f-%.0f TFLOP/s)" % (kind, len(mine), ms, min(fl or [0]), max(fl or [0])))
+print("; ".join(parts) + "; all launches %.2f ms" % total)
+PY
+)"
+    rows+=("$(printf '%-34s %s' "$tag" "${summary:-FAIL (see $out/$tag.log)}")")
+  done
+done
+
+# 4. Local memory in the kernels the runs compiled (their cubins in the kernel cache).
 if command -v cuobjdump > /dev/null || [ -x /usr/local/cuda/bin/cuobjdump ]; then
   dump="$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)"
   for cubin in "$TPC_CACHE_DIR"/*_sm90a.cubin; do
