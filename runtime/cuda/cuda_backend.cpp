@@ -61,6 +61,7 @@ struct Launch {
   enum Kind { Kernel, Matmul, Memset, Copy, Nccl, Cudnn } kind = Kernel;
   CUfunction fn = nullptr;
   Dim3 grid, block;
+  uint32_t clusterX = 1;  // the kernel's compile-time cluster width (KernelSpec::clusterX)
   uint32_t smem = 0;
   std::vector<uint64_t> argv;
   // TensorMap arguments: argv[i] is an index into `maps` (mapArg[i]), whose 128 bytes are the parameter.
@@ -212,7 +213,12 @@ class CudaBackend final : public Backend {
     const DeviceCtx& d = devs_[0];
     CudaStepGraphInfo info;
     info.launches = static_cast<int64_t>(d.launches.size());
-    for (const Launch& l : d.launches) info.gemmKernels += l.kind == Launch::Kernel && !l.gemm.empty();
+    for (const Launch& l : d.launches) {
+      const bool gemm = l.kind == Launch::Kernel && !l.gemm.empty();
+      info.gemmKernels += gemm;
+      info.clusteredGemmKernels += gemm && l.clusterX > 1;
+      if (gemm && l.clusterX > 1) info.clusteredGemmBlocks += l.grid.x;
+    }
     for (const Rank& rk : ranks_) info.keptCopies += static_cast<int64_t>(rk.copies.size());
     if (d.comm) {
       for (int c : d.schedule.collectiveOf) info.commLaunches += c >= 0;
@@ -1502,6 +1508,7 @@ class CudaBackend final : public Backend {
                                                      static_cast<int>(ks.sharedBytes));
               e != CUDA_SUCCESS)
             return makeError("cuda: ", l.what, ": cannot use ", ks.sharedBytes, " bytes of shared memory: ", driverError(e));
+        l.clusterX = ks.clusterX;
         if (ks.clusterX > 1) TPC_TRY(fitClusters(l, ks.clusterX));
         for (const KernelArg& a : ks.args) {
           uint64_t v = 0;
