@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) against cuBLASLt on one GPU, in one call:
 #   1. its GPU test cases (gelu_bias and dgelu against cuBLASLt, the unfused ops, the CPU and double);
-#   2. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu, 1 and all,multicast (blocks in
-#      pairs sharing b's tiles), ROUNDS times, with the GPU's power draw and SM clock sampled every 100 ms
+#   2. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu, dgelu_bgrad (dgelu with the
+#      bias gradient summed in its epilogue), 1 and all,multicast (blocks in pairs sharing b's tiles), ROUNDS times, with the GPU's power draw and SM clock sampled every 100 ms
 #      (nvidia-smi): under the 700 W cap a kernel that is faster alone can lose in the step, and the power column
 #      shows whether it drew more;
 #   3. one profiled step of each model with TPC_OWN_GEMM=0, 1 and all,multicast (--profile-step 3 --profile-csv):
@@ -32,7 +32,7 @@ rows+=("$(printf '%-34s %s' "GPU tests: cuda epilogues*" "$(tail -3 "$out/epilog
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for spec in "${runs[@]}"; do
     model="${spec%%:*}" iters="${spec##*:}" name="$(basename "${spec%%:*}" .fb)"
-    for kinds in 0 gelu_bias dgelu 1 all,multicast; do
+    for kinds in 0 gelu_bias dgelu dgelu_bgrad 1 all,multicast; do
       tag="${name}_${kinds//,/-}_r${round}"
       nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$out/$tag.power.csv" 2>/dev/null &
       smi=$!
@@ -71,11 +71,13 @@ import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 total = sum(float(r["ms"]) for r in rows)
 parts = []
-for kind in ("gelu_bias", "dgelu"):
+for kind in ("gelu_bias", "dgelu"):  # dgelu: dgelu_bgrad's GEMMs too
     mine = [r for r in rows if ("with epilogue " + kind) in r["gemm"]]
     ms = sum(float(r["ms"]) for r in mine)
     fl = [float(r["tflops"]) for r in mine if r["tflops"]]
     parts.append("%s %d x, %.3f ms (%.0f-%.0f TFLOP/s)" % (kind, len(mine), ms, min(fl or [0]), max(fl or [0])))
+sums = [r for r in rows if r["op"].startswith("reduce_sum") or "tpc_dgelu_bgrad_columns" in r["what"]]
+parts.append("bias sums %d x, %.3f ms" % (len(sums), sum(float(r["ms"]) for r in sums)))
 print("; ".join(parts) + "; all launches %.2f ms" % total)
 PY
 )"

@@ -362,6 +362,9 @@ class CudaBackend final : public Backend {
       if (only == ",all,") only.clear();
       if (options_.matmulEpilogues)
         canRun = [this, r, only](const Node& n) {
+          // Our GEMM kernel's kinds (TPC_OWN_GEMM) fold where it runs them: dgelu_bgrad, whose cuBLASLt form is
+          // slower than the unfused ops (off the default list), only there.
+          if (ownGemm(n, ctx_)) return true;
           std::string kind = n.getStr("epilogue");
           if (kind == "bias" && n.numOperands() == 4) kind = "bias_residual";
           if (!only.empty() && only.find(cat(",", kind, ",")) == std::string::npos) return false;
@@ -1496,7 +1499,7 @@ class CudaBackend final : public Backend {
         l.smem = ks.sharedBytes;
         l.op = op;
         l.what = what + " [" + ks.entry + "]";
-        if (nodeExec(n) == NodeExec::Matmul) {  // our GEMM kernel: the step profile's per-GEMM row
+        if (nodeExec(n) == NodeExec::Matmul && ks.archSpecific) {  // our GEMM kernel: the step profile's per-GEMM row
           const Value* a = n.operand(0);
           int64_t K = a->shape().back();
           l.flops = 2.0 * static_cast<double>(n.result()->type().numel()) * static_cast<double>(K);

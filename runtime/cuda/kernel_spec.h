@@ -95,6 +95,7 @@ struct LoweringContext {
   // matmul_epilogue gelu_bias and dgelu on sm_90 through our GEMM kernel (gemm_sm90.cpp) where it applies, else
   // cuBLASLt's GELU_AUX_BIAS and DGELU (CudaOptions::ownGemm, TPC_OWN_GEMM).
   bool ownGeluGemm = false, ownDgeluGemm = false;
+  bool ownDgeluBgradGemm = false;  // ... and dgelu_bgrad (g and its column sums; folded only where ours runs it)
   bool ownGemmMulticast = false;  // ... in clusters of two blocks sharing b's tiles by TMA multicast
 };
 

@@ -264,16 +264,21 @@ TEST_CASE("cuda epilogues: gelu_bias through our sm_90 GEMM kernel matches the C
 // kernel when asked: against cuBLASLt's DGELU, the unfused GPU ops and the CPU backend, and on sampled rows
 // against the product and gelu' in double at every element. Shapes as the gelu_bias case's, w^T mostly (the GPT's
 // layout: the second MLP weight [4D, D]); pre spans [-5, 5], gelu' from -0.13 to 1.13, its tails included.
+//
+// With the bias gradient db = g's column sums (dgelu_bgrad, TPC_OWN_GEMM=dgelu_bgrad): the same kernel sums each
+// warp's 16 rows in its epilogue, a second kernel those sums in order; db against cuBLASLt's DGELU and a
+// reduce_sum, the unfused ops, and g's own column sums in double.
 TEST_CASE("cuda epilogues: dgelu through our sm_90 GEMM kernel matches the CPU, cuBLASLt and the unfused ops",
           "[gpu][epilogue]") {
   test::requireGpuOrSkip();
   unsetenv("TPC_OWN_GEMM");
   const bool sm90 = onSm90();
+  for (bool bgrad : {false, true})
   for (auto [rows, K, N, bT] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
            {512, 512, 768, true}, {512, 256, 512, true}, {1024, 512, 512, false}, {8192, 256, 1280, true},
            {8192, 512, 1280, false}, {16384, 768, 3072, true}, {512, 64, 512, true}, {512, 192, 512, false},
            {1024, 576, 768, false}}) {
-    INFO("[" << rows << ", " << K << "] x [" << K << ", " << N << "]" << (bT ? " (b^T)" : ""));
+    INFO("[" << rows << ", " << K << "] x [" << K << ", " << N << "]" << (bT ? " (b^T)" : "") << (bgrad ? " with db" : ""));
     auto g = std::make_unique<Graph>("dgelu");
     auto T = [&](Shape s) { return TensorType(DType::bf16, std::move(s)); };
     Value* dy = g->addInput("dy", T({rows / 256, 256, K}));
@@ -282,9 +287,41 @@ TEST_CASE("cuda epilogues: dgelu through our sm_90 GEMM kernel matches the CPU, 
     auto d = g->create(OpKind::GeluGrad, {bf16Matmul(*g, dy, w, bT), pre});
     REQUIRE(d.ok());
     g->addOutput((*d)->result(), "g");
+    if (bgrad) {
+      AttrDict rowsAxes;
+      rowsAxes.set("axes", std::vector<int64_t>{0, 1});
+      auto db = g->create(OpKind::ReduceSum, {(*d)->result()}, rowsAxes);
+      REQUIRE(db.ok());
+      g->addOutput((*db)->result(), "db");
+    }
     TensorMap in = uniformInputs(
         *g, 29, [&](const std::string& v) { return v == "pre" ? 5.0 : v == "w" ? 2.0 / std::sqrt(double(K)) : 1.0; }, true);
-    auto [ours, cublas, unfused] = runThreeWays(*g, in, "dgelu", sm90);
+    auto [ours, cublas, unfused] = runThreeWays(*g, in, bgrad ? "dgelu_bgrad" : "dgelu", sm90);
+    if (bgrad) {
+      // db: within a bf16 rounding of cuBLASLt's path and the unfused ops (the same sums in other orders), and
+      // of g's column sums in double (ours g: the values summed), within a bf16 step of the sum plus 1e-5 of
+      // the column's sum of |g| (f32 sums of 16 rows, then in double). A 16-row group left out or counted twice
+      // moves a sum by about 4 mean |g|, past that.
+      double relLt = difference(ours.at("db"), cublas.at("db")), relUnfused = difference(ours.at("db"), unfused.at("db"));
+      WARN("db: max difference over max value: ours vs cuBLASLt's DGELU and a reduce_sum " << relLt << ", vs the unfused ops "
+                                                                                            << relUnfused);
+      CHECK(relLt <= 8e-3);
+      CHECK(relUnfused <= 8e-3);
+      const HostTensor &gv = ours.at("g"), &dbv = ours.at("db");
+      double worst = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        double sum = 0, sumAbs = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          sum += gv.getAsDouble(r * N + n);
+          sumAbs += std::abs(gv.getAsDouble(r * N + n));
+        }
+        double step = sum == 0 ? 0.0 : std::ldexp(1.0, std::ilogb(sum) - 7);
+        double diff = std::abs(dbv.getAsDouble(n) - sum) / std::max(step + 1e-5 * sumAbs, 1e-38);
+        worst = std::isnan(diff) ? INFINITY : std::max(worst, diff);
+      }
+      WARN("db against g's column sums in double: worst " << worst << " of the allowed");
+      CHECK(worst <= 1.0);
+    }
     double relLt = difference(ours.at("g"), cublas.at("g")), relUnfused = difference(ours.at("g"), unfused.at("g"));
     WARN("g: max difference over max value: ours vs cuBLASLt's DGELU " << relLt << ", vs the unfused ops " << relUnfused);
     // K >= 512 rounds the product to bf16 before the multiply (as the unfused ops), K 256 multiplies the f32 sum
@@ -317,7 +354,8 @@ TEST_CASE("cuda epilogues: dgelu through our sm_90 GEMM kernel matches the CPU, 
       }
     WARN("g against (dy w^T) gelu'(pre) in double over " << checked << " elements: worst " << worst << " of the allowed");
     CHECK(worst <= 1.0);
-    if (rows <= 1024) checkAgainstCpu(*g, in, ours, {"g"});
+    if (rows <= 1024 && bgrad) checkAgainstCpu(*g, in, ours, {"g", "db"});
+    else if (rows <= 1024) checkAgainstCpu(*g, in, ours, {"g"});
   }
 }
 

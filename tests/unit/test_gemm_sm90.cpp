@@ -26,13 +26,13 @@ EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool transp
   r.g = std::make_unique<Graph>(kind);
   int64_t N = transposeB ? b[0] : b[1];
   Shape third = {N};
-  if (kind == "dgelu") {
+  if (kind == "dgelu" || kind == "dgelu_bgrad") {
     third = a;
     third.back() = N;
   }
   Value* x = r.g->addInput("a", TensorType(t, a));
   Value* w = r.g->addInput("b", TensorType(t, b));
-  Value* v = r.g->addInput(kind == "dgelu" ? "pre" : "bias", TensorType(t, third));
+  Value* v = r.g->addInput(kind == "gelu_bias" ? "bias" : "pre", TensorType(t, third));
   AttrDict at;
   at.set("epilogue", kind);
   if (transposeB) at.set("transpose_b", true);
@@ -41,6 +41,9 @@ EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool transp
   r.n = *n;
   if (kind == "dgelu") {
     r.g->addOutput(r.n->result(0), "g");
+  } else if (kind == "dgelu_bgrad") {
+    r.g->addOutput(r.n->result(0), "g");
+    r.g->addOutput(r.n->result(1), "db");
   } else {
     r.g->addOutput(r.n->result(0), "y");
     r.g->addOutput(r.n->result(1), "pre");
@@ -194,20 +197,23 @@ TEST_CASE("gemm sm90: dgelu takes our kernel at the tile multiples when switched
 TEST_CASE("gemm sm90: the switch takes 0, or a list of 1, all, kinds and multicast, and names a wrong one", "[cuda]") {
   auto kinds = [](const std::string& s) {
     LoweringContext ctx;
-    ctx.ownGeluGemm = ctx.ownDgeluGemm = ctx.ownGemmMulticast = true;  // every call sets all three
+    ctx.ownGeluGemm = ctx.ownDgeluGemm = ctx.ownDgeluBgradGemm = ctx.ownGemmMulticast = true;  // every call sets all
     Status st = setOwnGemmKinds(s, "TPC_OWN_GEMM", &ctx);
-    return st.ok() ? cat(int(ctx.ownGeluGemm), int(ctx.ownDgeluGemm), int(ctx.ownGemmMulticast)) : st.error();
+    return st.ok() ? cat(int(ctx.ownGeluGemm), int(ctx.ownDgeluGemm), int(ctx.ownDgeluBgradGemm), int(ctx.ownGemmMulticast))
+                   : st.error();
   };
-  CHECK(kinds("") == "000");
-  CHECK(kinds("0") == "000");
-  CHECK(kinds("1") == "110");
-  CHECK(kinds("all") == "110");
-  CHECK(kinds("gelu_bias") == "100");
-  CHECK(kinds("dgelu") == "010");
-  CHECK(kinds("dgelu,gelu_bias") == "110");
-  CHECK(kinds("all,multicast") == "111");
-  CHECK(kinds("multicast,1") == "111");
-  CHECK(kinds("dgelu,multicast") == "011");
+  CHECK(kinds("") == "0000");
+  CHECK(kinds("0") == "0000");
+  CHECK(kinds("1") == "1110");
+  CHECK(kinds("all") == "1110");
+  CHECK(kinds("gelu_bias") == "1000");
+  CHECK(kinds("dgelu") == "0100");
+  CHECK(kinds("dgelu_bgrad") == "0010");
+  CHECK(kinds("dgelu,gelu_bias") == "1100");
+  CHECK(kinds("all,multicast") == "1111");
+  CHECK(kinds("multicast,1") == "1111");
+  CHECK(kinds("dgelu,multicast") == "0101");
+  CHECK(kinds("dgelu_bgrad,multicast") == "0011");
   std::string bad = kinds("gelu_bias,gelu");
   CHECK(bad.find("TPC_OWN_GEMM='gelu_bias,gelu'") != std::string::npos);
   CHECK(bad.find("'gelu' is not a kind") != std::string::npos);
@@ -313,6 +319,65 @@ TEST_CASE("gemm sm90: the dgelu kernel's arguments, descriptors and its NVRTC co
     REQUIRE(cubin.ok());
     CHECK(!cubin->empty());
     checkNoSpills(nvrtc, kg);
+  }
+}
+
+// dgelu_bgrad: (a, b, pre) -> (g, db) with db g's column sums: our kernel when its own switch is on (the fold makes
+// the node only where it runs it), then a kernel summing the warps' 16-row partials ([M / 16, N] f32 in the
+// workspace) in order into db, in db's type.
+TEST_CASE("gemm sm90: dgelu_bgrad runs our kernel, then the column sums of its partials", "[cuda]") {
+  LoweringContext ctx;
+  ctx.numSMs = 132;
+  EpilogueNode c = epilogueNode("dgelu_bgrad", {16, 1024, 768}, {3072, 768}, true, DType::bf16);
+  CHECK_FALSE(ownGemm(*c.n, ctx));  // off unless asked for
+  ctx.ownDgeluGemm = true;
+  CHECK_FALSE(ownGemm(*c.n, ctx));  // dgelu's switch is not dgelu_bgrad's
+  ctx.ownDgeluBgradGemm = true;
+  CHECK(ownGemm(*c.n, ctx));
+  ctx.ownDgeluGemm = false;
+  CHECK(ownGemm(*c.n, ctx));
+  CHECK_FALSE(ownGemm(*dgelu({16, 1024, 768}, {3072, 768}, true).n, ctx));  // and the other way round
+  CHECK_FALSE(ownGemm(*epilogueNode("dgelu_bgrad", {16, 1024, 768}, {384, 768}, true, DType::bf16).n, ctx));
+
+  auto l = lowerGemm(*c.n, ctx);
+  REQUIRE(l.ok());
+  REQUIRE(l->kernels.size() == 2);
+  CHECK(l->workspaceBytes == 16384 / 16 * 3072 * 4);
+  const KernelSpec& k = l->kernels[0];
+  CHECK(k.entry == "gemm_dgelu_bgrad_kernel");
+  CHECK(k.source.find("#define GM_EPI 3") != std::string::npos);
+  CHECK(k.grid.x == 132);
+  // The descriptors of a, b and g, pre's address, then the partials' (the workspace).
+  REQUIRE(k.args.size() == 5);
+  for (int i = 0; i < 3; ++i) CHECK((k.args[i].kind == ArgKind::TensorMap && k.args[i].index == i));
+  CHECK((k.args[3].kind == ArgKind::Operand && k.args[3].index == 2));
+  CHECK((k.args[4].kind == ArgKind::Workspace && k.args[4].index == 0));
+  const KernelSpec& cols = l->kernels[1];
+  CHECK(cols.entry == "tpc_dgelu_bgrad_columns");
+  CHECK(cols.grid.x == 3072 / 32);
+  REQUIRE(cols.args.size() == 2);
+  CHECK((cols.args[0].kind == ArgKind::Workspace && cols.args[0].index == 0));
+  CHECK((cols.args[1].kind == ArgKind::Result && cols.args[1].index == 1));
+
+  // Every variant compiles without spills (K under 512 or not, b or b^T, with multicast), and the column kernel.
+  test::TempDir cache;
+  NvrtcCompiler nvrtc(90, cache.path.string());
+  for (auto [K, bT, mc] : std::vector<std::tuple<int64_t, bool, bool>>{
+           {768, true, false}, {256, true, false}, {512, false, false}, {256, false, false}, {768, true, true}}) {
+    INFO("K " << K << (bT ? " b^T" : "") << (mc ? " multicast" : ""));
+    ctx.ownGemmMulticast = mc;
+    EpilogueNode g = epilogueNode("dgelu_bgrad", {1024, K}, bT ? Shape{512, K} : Shape{K, 512}, bT, DType::bf16);
+    auto lg = lowerGemm(*g.n, ctx);
+    REQUIRE(lg.ok());
+    const KernelSpec& kg = lg->kernels[0];
+    CHECK(kg.clusterX == (mc ? 2u : 1u));
+    auto cubin = nvrtc.compile(kg.source, kg.entry, true);
+    INFO((cubin.ok() ? std::string() : cubin.error()));
+    REQUIRE(cubin.ok());
+    checkNoSpills(nvrtc, kg);
+    auto colCubin = nvrtc.compile(lg->kernels[1].source, lg->kernels[1].entry);
+    INFO((colCubin.ok() ? std::string() : colCubin.error()));
+    CHECK(colCubin.ok());
   }
 }
 

@@ -1,6 +1,8 @@
 // matmul_epilogue on sm_90 as our own GEMM kernel (bf16; f32 accumulation), for two epilogues:
 //   gelu_bias (GM_EPI 1): y = gelu(a b + bias), pre = a b + bias
 //   dgelu     (GM_EPI 2): g = (a b) * gelu'(pre)    (the MLP's backward through its gelu)
+//   dgelu_bgrad (GM_EPI 3): dgelu, and db = g's column sums (the MLP's first bias gradient): each warp's 16 rows
+//               summed in its epilogue into a [M / 16, N] f32 workspace, then a second kernel sums those in order
 // Alone on the H200 gelu_bias takes 10-11% less time than cuBLASLt's GELU_AUX_BIAS at gpt2's and gpt2-medium's
 // c_fc shapes, but within a power-capped training step it is no faster (docs/performance.md, eighteenth
 // session), so both run only when asked for (CudaOptions::ownGemm, TPC_OWN_GEMM). cuBLASLt's DGELU runs an
@@ -19,6 +21,7 @@
 // blocks' shared memory, so a block reads 32 KB a k-slice from L2 instead of 48 (cuBLASLt's Hopper kernels run in
 // clusters too). A stage is refilled once both blocks' consumers have released it.
 #include "ir/shape_rules.h"
+#include "runtime/cuda/kernels/device_prelude.h"
 #include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/kernels/kernel_source.h"
 
@@ -36,8 +39,8 @@ constexpr const char* kGemmSource = R"GEMM(
 #if GM_CLUSTER != 1 && GM_CLUSTER != 2
 #error "GM_CLUSTER must be 1 or 2"
 #endif
-#if GM_EPI != 1 && GM_EPI != 2
-#error "GM_EPI must be 1 (gelu_bias) or 2 (dgelu)"
+#if GM_EPI != 1 && GM_EPI != 2 && GM_EPI != 3
+#error "GM_EPI must be 1 (gelu_bias), 2 (dgelu) or 3 (dgelu_bgrad)"
 #endif
 #if GM_B_KMAJOR != 0 && GM_B_KMAJOR != 1
 #error "GM_B_KMAJOR must be 0 or 1"
@@ -69,7 +72,7 @@ constexpr int THREADS = 384;                    // WG0 = producer, WG1/WG2 = con
 constexpr int B_BOX_N = 64, B_BOX_BYTES = B_BOX_N * BK * 2;   // 8 KB
 constexpr int M = GM_M, N = GM_N, K = GM_K;
 constexpr bool DEFER = GM_MODE == 2;
-constexpr bool GELU = GM_EPI == 1;              // else dgelu
+constexpr bool GELU = GM_EPI == 1;              // else dgelu (and, GM_EPI 3, its column sums)
 // GM_CLUSTER 2: blocks in pairs (a cluster) on tiles m and m + 1 of the same n: each loads its own a and half of
 // the shared b tile, multicast into both blocks' shared memory (32 KB a k-slice from L2 a block instead of 48).
 constexpr int CLUSTER = GM_CLUSTER;
@@ -248,6 +251,20 @@ __device__ __forceinline__ float gelu_tanh_grad(float v) {
   return v < -12.0f ? 0.0f : sg * (1.0f + 1.5957691216f * v * (e * sg) * (1.0f + 0.134145f * v2));
 }
 
+// One halving step of a reduce-scatter over the lanes that differ in MASK: of the C values v[0, C), a lane keeps
+// the half its MASK bit picks (upper: [C/2, C)) and adds its partner's values of that half, which go to v[0, C/2).
+// Each sum is formed once, by one lane, in a fixed order.
+template <int C, int MASK>
+__device__ __forceinline__ void reduce_scatter_step(float* v, unsigned lane) {
+  const bool upper = (lane & MASK) != 0;
+#pragma unroll
+  for (int i = 0; i < C / 2; ++i) {
+    const float lo = v[i], hi = v[i + C / 2];
+    const float recv = __shfl_xor_sync(0xffffffffu, upper ? lo : hi, MASK);
+    v[i] = (upper ? hi : lo) + recv;
+  }
+}
+
 // Persistent: block (or, GM_CLUSTER 2, cluster) b takes units b, b + the grid's count, ... A unit is a tile, or a
 // pair of tiles m, m + 1 of the same n (the cluster's blocks by rank). Unit order: n fastest (m = u / num_n,
 // n = u % num_n): W (<= 8 MB) stays in L2, and the ~132 tiles in flight cover ~11 row blocks of X, read from DRAM
@@ -282,10 +299,15 @@ extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
 gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
                  const __grid_constant__ TmaDesc tmOut, const __grid_constant__ TmaDesc tmAux,
                  const unsigned short* __restrict__ bias) {
-#else
+#elif GM_EPI == 2
 extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
 gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
                   const __grid_constant__ TmaDesc tmOut, const unsigned short* __restrict__ pre) {
+#else
+extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
+gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
+                        const __grid_constant__ TmaDesc tmOut, const unsigned short* __restrict__ pre,
+                        float* __restrict__ colsums) {
 #endif
   using namespace cfg;
   extern __shared__ __attribute__((aligned(1024))) unsigned char smem_raw[];
@@ -438,7 +460,7 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
         bulk_commit();
       }
     };
-#if GM_EPI == 2
+#if GM_EPI >= 2
     // pre of an 8-row x 64-col chunk, copied by the warp with cp.async into the chunk's slot pair's second slot
     // (unused by dgelu), 128B-swizzled as the staging slots: each lane then reads its fragment columns where
     // gelu_bias writes aux (conflict-free). No registers hold it in flight; await_pre waits for the copy.
@@ -473,11 +495,30 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
       return v;
     };
 #endif
+#if GM_EPI == 3
+    // dgelu_bgrad: the chunk's values of this lane as stored (bf16; its row, columns 8j + 2q + e at cs[2j + e], q =
+    // lane % 4), reduced over the chunk's 8 rows to columns 8 r8 + 2q + {0, 1}; the two chunks of a 64-column group
+    // (rows r8 and r8 + 8: half 0, then 1) added, and the warp's 16-row sums stored to colsums[grow0 / 16][col].
+    float cs[16];
+    float cs_half0[2];
+    auto column_sums = [&](int half, int grow0, int gcol) {
+      reduce_scatter_step<16, 16>(cs, lane);
+      reduce_scatter_step<8, 8>(cs, lane);
+      reduce_scatter_step<4, 4>(cs, lane);
+      if (half == 0) {
+        cs_half0[0] = cs[0];
+        cs_half0[1] = cs[1];
+      } else {
+        float* dst = colsums + (size_t)(grow0 / 16) * N + gcol + 8 * r8 + 2 * (lane & 3);
+        asm volatile("st.global.v2.f32 [%0], {%1, %2};" :: "l"(dst), "f"(cs_half0[0] + cs[0]), "f"(cs_half0[1] + cs[1]) : "memory");
+      }
+    };
+#endif
     // DEFER: chunk c (= cg*2 + half) of the pending tile, from the packed bf16 sum; dgelu: pre of chunk c was
     // loaded a chunk ahead, and the next chunk's is loaded once this one's is used.
     auto deferred_chunk = [&](auto cc) {
       constexpr int c = decltype(cc)::value, cg = c / 2, half = c % 2;
-#if GM_EPI == 2
+#if GM_EPI >= 2
       await_pre();
 #endif
       store_chunk(half, pend_n0 + cg * 64, pend_row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
@@ -488,8 +529,15 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
         const unsigned mm = hp[(cg * 8 + j) * 2 + half], pv = pre_at(half, j);
         vo = pack_bf16(bf16lo(mm) * gelu_tanh_grad(bf16lo(pv)), bf16hi(mm) * gelu_tanh_grad(bf16hi(pv)));
 #endif
+#if GM_EPI == 3
+        cs[2 * j] = bf16lo(vo);
+        cs[2 * j + 1] = bf16hi(vo);
+#endif
       });
-#if GM_EPI == 2
+#if GM_EPI == 3
+      column_sums(half, pend_row0, pend_n0 + cg * 64);
+#endif
+#if GM_EPI >= 2
       // The next chunk's pre, into the other pair's slot (its last reader, chunk c - 1, is done: store_chunk's
       // __syncwarp follows every lane's reads).
       if constexpr (c < 7) load_pre((c + 1) % 2, pend_row0 + ((c + 1) % 2) * 8, pend_n0 + ((c + 1) / 2) * 64);
@@ -501,7 +549,7 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
       unit_origin(unit, rank, m0, n0);
       const int row0 = m0 + cw * 64 + warp * 16;
 
-#if GM_EPI == 2
+#if GM_EPI >= 2
       prefetch_pre_l2(row0, n0);
       if constexpr (!DEFER) load_pre(0, row0, n0);         // the epilogue's first chunk, while the mainloop runs
 #endif
@@ -549,7 +597,7 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
 #pragma unroll
             for (int j = 0; j < 8; ++j) hp[(cg * 8 + j) * 2 + half] = pack_bf16(sum(j, half, 0), sum(j, half, 1));
           } else {
-#if GM_EPI == 2
+#if GM_EPI >= 2
             await_pre();                                   // this chunk's pre (copied one chunk ahead)
 #endif
             store_chunk(half, n0 + cg * 64, row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
@@ -561,8 +609,15 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
               const unsigned pv = pre_at(half, j);
               vo = pack_bf16(h0 * gelu_tanh_grad(bf16lo(pv)), h1 * gelu_tanh_grad(bf16hi(pv)));
 #endif
+#if GM_EPI == 3
+              cs[2 * j] = bf16lo(vo);
+              cs[2 * j + 1] = bf16hi(vo);
+#endif
             });
-#if GM_EPI == 2
+#if GM_EPI == 3
+            column_sums(half, row0, n0 + cg * 64);
+#endif
+#if GM_EPI >= 2
             // The next chunk's pre into the other pair's slot (its last reader, the chunk before this one, is done).
             const int c = cg * 2 + half;
             if (c < 7) load_pre((c + 1) % 2, row0 + ((c + 1) % 2) * 8, n0 + ((c + 1) / 2) * 64);
@@ -572,7 +627,7 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
       }
       if constexpr (DEFER) {
         pend_row0 = row0; pend_n0 = n0;
-#if GM_EPI == 2
+#if GM_EPI >= 2
         load_pre(0, pend_row0, pend_n0);                   // chunk 0's pre, used in the next tile's first k-slice
 #endif
       }
@@ -592,28 +647,31 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool bKMajor = false;  // b given as [N, K] (transpose_b)
-  int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu
+  int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu, 3 dgelu_bgrad
   int cluster = 1;       // GM_CLUSTER: 2 where asked for (LoweringContext::ownGemmMulticast) and M / 128 is even
 };
 
 // Why `n` is not ours to run (empty: it is), and its shape.
 std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
-  const bool gelu = n.op() == OpKind::MatmulEpilogue && n.getStr("epilogue") == "gelu_bias";
-  const bool dgelu = n.op() == OpKind::MatmulEpilogue && n.getStr("epilogue") == "dgelu";
-  if (!gelu && !dgelu) return "takes matmul_epilogue {epilogue=gelu_bias} and {epilogue=dgelu}";
+  const std::string kind = n.op() == OpKind::MatmulEpilogue ? n.getStr("epilogue") : "";
+  const bool gelu = kind == "gelu_bias", bgrad = kind == "dgelu_bgrad", dgelu = kind == "dgelu" || bgrad;
+  if (!gelu && !dgelu) return "takes matmul_epilogue {epilogue=gelu_bias}, {epilogue=dgelu} and {epilogue=dgelu_bgrad}";
   if (gelu && !ctx.ownGeluGemm) return "gelu_bias: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=gelu_bias or 1 turns it on)";
-  if (dgelu && !ctx.ownDgeluGemm) return "dgelu: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu or 1 turns it on)";
+  if (kind == "dgelu" && !ctx.ownDgeluGemm) return "dgelu: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu or 1 turns it on)";
+  if (bgrad && !ctx.ownDgeluBgradGemm)
+    return "dgelu_bgrad: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu_bgrad or 1 turns it on)";
   if (ctx.smMajor != 9 || ctx.smMinor != 0) return "needs an sm_90 GPU (wgmma, TMA)";
   if (ctx.maxSharedBytes < static_cast<int64_t>(kSharedBytes)) return cat("needs ", kSharedBytes, " bytes of shared memory a block");
-  if (n.numOperands() != 3 || n.numResults() != (gelu ? 2 : 1))
-    return gelu ? "takes gelu_bias without a residual: (a, b, bias) -> (y, pre)" : "takes dgelu as (a, b, pre) -> g";
+  if (n.numOperands() != 3 || n.numResults() != (kind == "dgelu" ? 1 : 2))
+    return gelu ? "takes gelu_bias without a residual: (a, b, bias) -> (y, pre)"
+                : bgrad ? "takes dgelu_bgrad as (a, b, pre) -> (g, db)" : "takes dgelu as (a, b, pre) -> g";
   for (const Value* v : n.operands())
     if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
-  for (const Value* v : n.results())
-    if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
+  for (const Value* v : n.results())  // dgelu_bgrad's db may be any float type (the column kernel stores it)
+    if (v->dtype() != DType::bf16 && !(bgrad && v == n.result(1) && (v->dtype() == DType::f32 || v->dtype() == DType::f16))) return "takes bf16 operands and results";
   const Value *a = n.operand(0), *b = n.operand(1);
   if (n.getBool("transpose_a") || b->type().rank() != 2 || a->type().rank() < 2) return "takes a[..., M, K] x b[K, N] (or b^T)";
-  s->epilogue = gelu ? 1 : 2;
+  s->epilogue = gelu ? 1 : bgrad ? 3 : 2;
   s->bKMajor = n.getBool("transpose_b");
   s->K = a->shape().back();
   s->N = s->bKMajor ? b->shape()[0] : b->shape()[1];
@@ -622,6 +680,7 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
     return cat("needs M % ", kTileM, ", N % ", kTileN, " and K % ", kTileK, " to be 0 (M ", s->M, ", N ", s->N, ", K ", s->K, ")");
   if (s->M >= (int64_t(1) << 31) || s->N >= (int64_t(1) << 31) || s->K >= (int64_t(1) << 31)) return "needs dims under 2^31 (TMA coordinates)";
   if (dgelu && n.operand(2)->type().numel() != s->M * s->N) return "takes pre of the product's shape";
+  if (bgrad && n.result(1)->type().numel() != s->N) return "takes dgelu_bgrad's db as one value a column";
   s->cluster = ctx.ownGemmMulticast && (s->M / kTileM) % 2 == 0 ? 2 : 1;
   return "";
 }
@@ -629,22 +688,24 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
 }  // namespace
 
 Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx) {
-  ctx->ownGeluGemm = ctx->ownDgeluGemm = ctx->ownGemmMulticast = false;
+  ctx->ownGeluGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = ctx->ownGemmMulticast = false;
   if (kinds.empty() || kinds == "0") return {};
   size_t at = 0;
   while (at <= kinds.size()) {
     size_t end = std::min(kinds.find(',', at), kinds.size());
     std::string kind = kinds.substr(at, end - at);
-    if (kind == "1" || kind == "all") ctx->ownGeluGemm = ctx->ownDgeluGemm = true;
+    if (kind == "1" || kind == "all") ctx->ownGeluGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = true;
     else if (kind == "gelu_bias") ctx->ownGeluGemm = true;
     else if (kind == "dgelu") ctx->ownDgeluGemm = true;
+    else if (kind == "dgelu_bgrad") ctx->ownDgeluBgradGemm = true;
     else if (kind == "multicast") ctx->ownGemmMulticast = true;
     else
       return makeError(from, "='", kinds, "': '", kind, "' is not a kind our GEMM kernel runs (expected 0, or a comma ",
-                       "list of 1 or all (both kinds), gelu_bias, dgelu and multicast (blocks in pairs sharing b's tiles))");
+                       "list of 1 or all (every kind), gelu_bias, dgelu, dgelu_bgrad and multicast (blocks in pairs ",
+                       "sharing b's tiles))");
     at = end + 1;
   }
-  if (ctx->ownGemmMulticast && !ctx->ownGeluGemm && !ctx->ownDgeluGemm)
+  if (ctx->ownGemmMulticast && !ctx->ownGeluGemm && !ctx->ownDgeluGemm && !ctx->ownDgeluBgradGemm)
     return makeError(from, "='", kinds, "': multicast is a way to run the kinds, name one too (e.g. all,multicast)");
   return {};
 }
@@ -659,7 +720,7 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   if (std::string why = refusal(n, ctx, &s); !why.empty()) return makeError("gemm_sm90: ", n.opName(), ": ", why);
   int64_t tiles = (s.M / kTileM) * (s.N / kTileN);
   KernelSpec k;
-  k.entry = s.epilogue == 1 ? "gemm_gelu_kernel" : "gemm_dgelu_kernel";
+  k.entry = s.epilogue == 1 ? "gemm_gelu_kernel" : s.epilogue == 2 ? "gemm_dgelu_kernel" : "gemm_dgelu_bgrad_kernel";
   k.archSpecific = true;
   k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
                  "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n#define GM_EPI ", s.epilogue, "\n#define GM_SMEM_BYTES ",
@@ -685,6 +746,27 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   }
   k.args.push_back({ArgKind::Operand, 2});  // the bias, or pre
   NodeLowering l;
+  if (s.epilogue == 3) {  // the warps' 16-row column sums, then db = their column sums in order
+    const int64_t partials = s.M / 16;
+    k.args.push_back(workspaceArg(0));
+    l.workspaceBytes = partials * s.N * 4;
+    l.kernels.push_back(std::move(k));
+    KernelSpec c;
+    c.entry = "tpc_dgelu_bgrad_columns";
+    c.source = devicePrelude() + accessors("db", n.result(1)->dtype()) + R"(
+extern "C" __global__ void __launch_bounds__(1024) tpc_dgelu_bgrad_columns(const float* part, db_t* DB) {
+  __shared__ double red[32 * 33];
+  const i64 col = (i64)blockIdx.x * 32 + threadIdx.x;
+  const double v = tpc_column_sum(part, )" + i64Lit(partials) + ", " + i64Lit(s.N) + R"(, col, red);
+  if (threadIdx.y == 0 && col < )" + i64Lit(s.N) + R"() db_st(DB, col, (float)v);
+}
+)";
+    c.block = {32, 32, 1};
+    c.grid = {static_cast<uint32_t>(s.N / 32), 1, 1};
+    c.args = {workspaceArg(0), resultArg(1)};
+    l.kernels.push_back(std::move(c));
+    return l;
+  }
   l.kernels.push_back(std::move(k));
   return l;
 }
