@@ -5,7 +5,9 @@
 #ifdef TPC_HAVE_CUDA
 #include <catch2/catch.hpp>
 
+#include "gpt_step_support.h"
 #include "runtime/cuda/kernels/family_lowerings.h"
+#include "runtime/cuda/lowering.h"
 #include "runtime/cuda/nvrtc_compiler.h"
 #include "test_support.h"
 
@@ -379,6 +381,49 @@ TEST_CASE("gemm sm90: dgelu_bgrad runs our kernel, then the column sums of its p
     INFO((colCubin.ok() ? std::string() : colCubin.error()));
     CHECK(colCubin.ok());
   }
+}
+
+// A bf16 GPT training step as the backend rewrites it with TPC_OWN_GEMM=all (the fold asks ownGemm first, then
+// the default epilogue list): every layer's c_fc runs our gelu_bias and its input gradient our dgelu_bgrad (db of
+// the bias's type), and each lowers. Hidden 256 (4 x 256 = 1024 columns), 2 x 128 tokens.
+TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls and c_fc's bias gradient all run our kernel", "[cuda]") {
+  GptConfig cfg = test::smallGpt();
+  cfg.hidden = 256;
+  cfg.positions = 128;
+  auto step = test::gptStep(cfg, 2, "mixed-precision(dtype=bf16)," + test::kTrainPasses + ",fuse");
+  LoweringContext ctx;
+  REQUIRE(setOwnGemmKinds("all", "TPC_OWN_GEMM", &ctx).ok());
+  const std::string defaults = ",bias,bias_residual,gelu_bias,dgelu,";
+  std::function<bool(const Node&)> canRun = [&](const Node& n) {
+    if (ownGemm(n, ctx)) return true;
+    std::string kind = n.getStr("epilogue") + (n.numOperands() == 4 ? "_residual" : "");
+    return defaults.find("," + kind + ",") != std::string::npos;
+  };
+  Status s = rewriteForCuda(*step, canRun);
+  INFO((s.ok() ? std::string() : s.error()));
+  REQUIRE(s.ok());
+  std::map<std::string, int> ours, other;
+  for (const Node* n : step->nodes()) {
+    if (n->op() != OpKind::MatmulEpilogue) continue;
+    (ownGemm(*n, ctx) ? ours : other)[n->getStr("epilogue")]++;
+    if (!ownGemm(*n, ctx)) continue;
+    INFO(n->getStr("epilogue") << " " << n->operand(0)->type().str() << " x " << n->operand(1)->type().str());
+    auto l = lowerGemm(*n, ctx);
+    INFO((l.ok() ? std::string() : l.error()));
+    CHECK(l.ok());
+  }
+  CHECK(ours == std::map<std::string, int>{{"gelu_bias", 2}, {"dgelu_bgrad", 2}});
+  CHECK(other.count("dgelu") == 0);
+  CHECK(other.count("dgelu_bgrad") == 0);
+  // Without our kernel, the default list keeps dgelu and the bias sum apart (cuBLASLt's DGELU_BGRAD is slower).
+  auto plain = test::gptStep(cfg, 2, "mixed-precision(dtype=bf16)," + test::kTrainPasses + ",fuse");
+  REQUIRE(setOwnGemmKinds("0", "TPC_OWN_GEMM", &ctx).ok());
+  REQUIRE(rewriteForCuda(*plain, canRun).ok());
+  std::map<std::string, int> kinds;
+  for (const Node* n : plain->nodes())
+    if (n->op() == OpKind::MatmulEpilogue) kinds[n->getStr("epilogue")]++;
+  CHECK(kinds["dgelu"] == 2);
+  CHECK(kinds.count("dgelu_bgrad") == 0);
 }
 
 }  // namespace tpc
