@@ -362,10 +362,13 @@ class CudaBackend final : public Backend {
       if (only == ",all,") only.clear();
       if (options_.matmulEpilogues)
         canRun = [this, r, only](const Node& n) {
-          // Our GEMM kernel's kinds (TPC_OWN_GEMM) fold where it runs them: dgelu_bgrad, whose cuBLASLt form is
-          // slower than the unfused ops (off the default list), only there.
-          if (ownGemm(n, ctx_)) return true;
           std::string kind = n.getStr("epilogue");
+          // dgelu_bgrad, whose cuBLASLt form is slower than the unfused ops (off the default list), folds where our
+          // GEMM kernel runs it (TPC_OWN_GEMM) as a dgelu would.
+          if (kind == "dgelu_bgrad" && ownGemm(n, ctx_)) {
+            if (!only.empty() && only.find(",dgelu,") == std::string::npos) return false;
+            return true;
+          }
           if (kind == "bias" && n.numOperands() == 4) kind = "bias_residual";
           if (!only.empty() && only.find(cat(",", kind, ",")) == std::string::npos) return false;
           return dev(r).matmul->supports(n);

@@ -667,8 +667,8 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
                 : bgrad ? "takes dgelu_bgrad as (a, b, pre) -> (g, db)" : "takes dgelu as (a, b, pre) -> g";
   for (const Value* v : n.operands())
     if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
-  for (const Value* v : n.results())  // dgelu_bgrad's db may be any float type (the column kernel stores it)
-    if (v->dtype() != DType::bf16 && !(bgrad && v == n.result(1) && (v->dtype() == DType::f32 || v->dtype() == DType::f16))) return "takes bf16 operands and results";
+  for (const Value* v : n.results())
+    if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
   const Value *a = n.operand(0), *b = n.operand(1);
   if (n.getBool("transpose_a") || b->type().rank() != 2 || a->type().rank() < 2) return "takes a[..., M, K] x b[K, N] (or b^T)";
   s->epilogue = gelu ? 1 : bgrad ? 3 : 2;
