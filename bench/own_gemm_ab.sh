@@ -21,7 +21,8 @@ mkdir -p "$out"
 build="${TPC_BUILD:-build}"
 runs=("$@")
 [ ${#runs[@]} -gt 0 ] || runs=("$build/models/gpt2.fb:40" "$build/models/gpt2-medium.fb:20")
-export TPC_CACHE_DIR="${TPC_CACHE_DIR:-$out/kcache}"
+# The kernel cache outside OUTDIR: a device call returns a limited count of files, and the cubins are many.
+export TPC_CACHE_DIR="${TPC_CACHE_DIR:-/tmp/own_gemm_ab_kcache}"
 rows=()
 
 # 1. The GPU test cases of the epilogues (ours and cuBLASLt's).
@@ -88,13 +89,14 @@ done
 # 4. Local memory in the kernels the runs compiled (their cubins in the kernel cache).
 if command -v cuobjdump > /dev/null || [ -x /usr/local/cuda/bin/cuobjdump ]; then
   dump="$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)"
+  kernels=0 stl=0 ldl=0
   for cubin in "$TPC_CACHE_DIR"/*_sm90a.cubin; do
     [ -e "$cubin" ] || continue
     "$dump" -sass "$cubin" > "$cubin.sass" 2>/dev/null || continue
-    grep -q "gemm_d\?gelu_kernel" "$cubin.sass" || continue
-    entry="$(grep -oE 'gemm_d?gelu_kernel' "$cubin.sass" | head -1)"
-    rows+=("$(printf '%-34s %s' "$entry $(basename "$cubin" | cut -c1-8)" "STL $(grep -c STL "$cubin.sass"), LDL $(grep -c LDL "$cubin.sass") in its SASS ($cubin.sass)")")
+    grep -qE "gemm_(d?gelu|dgelu_bgrad)_kernel" "$cubin.sass" || continue
+    kernels=$((kernels + 1)) stl=$((stl + $(grep -c STL "$cubin.sass"))) ldl=$((ldl + $(grep -c LDL "$cubin.sass")))
   done
+  rows+=("$(printf '%-34s %s' "GEMM kernels' SASS" "$kernels cubins: STL $stl, LDL $ldl in all ($TPC_CACHE_DIR/*.sass)")")
 fi
 
 printf '%s\n' "${rows[@]}" | tee "$out/summary.txt"
