@@ -214,10 +214,10 @@ class CudaBackend final : public Backend {
     CudaStepGraphInfo info;
     info.launches = static_cast<int64_t>(d.launches.size());
     for (const Launch& l : d.launches) {
-      const bool gemm = l.kind == Launch::Kernel && !l.gemm.empty();
+      const bool gemm = l.kind == Launch::Kernel && !l.gemm.empty(), clustered = gemm && l.clusterX > 1;
       info.gemmKernels += gemm;
-      info.clusteredGemmKernels += gemm && l.clusterX > 1;
-      if (gemm && l.clusterX > 1) info.clusteredGemmBlocks += l.grid.x;
+      info.clusteredGemmKernels += clustered;
+      info.clusteredGemmBlocks += clustered ? l.grid.x : 0;
     }
     for (const Rank& rk : ranks_) info.keptCopies += static_cast<int64_t>(rk.copies.size());
     if (d.comm) {
@@ -365,10 +365,7 @@ class CudaBackend final : public Backend {
           std::string kind = n.getStr("epilogue");
           // dgelu_bgrad, whose cuBLASLt form is slower than the unfused ops (off the default list), folds where our
           // GEMM kernel runs it (TPC_OWN_GEMM) as a dgelu would.
-          if (kind == "dgelu_bgrad" && ownGemm(n, ctx_)) {
-            if (!only.empty() && only.find(",dgelu,") == std::string::npos) return false;
-            return true;
-          }
+          if (kind == "dgelu_bgrad" && ownGemm(n, ctx_)) return only.empty() || only.find(",dgelu,") != std::string::npos;
           if (kind == "bias" && n.numOperands() == 4) kind = "bias_residual";
           if (!only.empty() && only.find(cat(",", kind, ",")) == std::string::npos) return false;
           return dev(r).matmul->supports(n);
