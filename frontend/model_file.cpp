@@ -133,7 +133,10 @@ GptConfig gptFromFb(const fb::GptArch* a) {
 Result<std::optional<GptConfig>> archFromFb(fb::Architecture archType, const void* arch) {
   switch (archType) {
     case fb::Architecture::NONE: return std::optional<GptConfig>();
-    case fb::Architecture::GptArch: return std::optional<GptConfig>(gptFromFb(static_cast<const fb::GptArch*>(arch)));
+    case fb::Architecture::GptArch:
+      // The verifier passes a union whose type is set and whose table is absent (found by fuzz_model_fb).
+      if (!arch) return makeError("arch_type is GptArch but arch is missing (a corrupt file: write both or neither)");
+      return std::optional<GptConfig>(gptFromFb(static_cast<const fb::GptArch*>(arch)));
   }
   return makeError("arch_type ", static_cast<int>(archType), " is not a known architecture (known: GptArch)");
 }

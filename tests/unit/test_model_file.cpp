@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <cstring>
 #include <fstream>
 #include <random>
 
@@ -203,6 +204,23 @@ TEST_CASE("model file: a [long] vector that is not 8-aligned is refused", "[mode
   std::string b = test::readFile(test::sourcePath("fuzz/corpus/fuzz_model_fb/misaligned_shape_vector.fb"));
   REQUIRE(!b.empty());
   expectError(b, "m.fb", {".shape is misaligned"});
+}
+
+TEST_CASE("model file: arch_type set with arch absent is refused", "[model_file][fuzz]") {
+  // Found by fuzz/fuzz_model_fb: the verifier passes a union whose type is GptArch and whose table is absent.
+  std::string b = bytesOf(tinyModel(), false);
+  auto u32 = [&](size_t at) { uint32_t v; std::memcpy(&v, b.data() + at, 4); return v; };
+  size_t table = u32(0);
+  size_t vtable = table - static_cast<int32_t>(u32(table));
+  uint16_t vtableBytes, archEntry;
+  std::memcpy(&vtableBytes, b.data() + vtable, 2);
+  const size_t archSlot = vtable + 4 + 2 * 6;  // Model's 7th field (format_version, producer, graph, loss, config, arch_type, arch)
+  REQUIRE(archSlot + 2 <= vtable + vtableBytes);
+  std::memcpy(&archEntry, b.data() + archSlot, 2);
+  REQUIRE(archEntry != 0);  // the tiny model has its arch
+  REQUIRE(loadModelFromBytes(b, "m.fb").ok());
+  std::memset(b.data() + archSlot, 0, 2);
+  expectError(b, "m.fb", {"arch_type is GptArch but arch is missing"});
 }
 
 TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
