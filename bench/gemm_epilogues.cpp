@@ -34,12 +34,14 @@ struct Args {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  if (!why.empty()) std::fprintf(stderr, "tpc_gemm_bench: error: %s\n", why.c_str());
-  std::fprintf(why.empty() ? stdout : stderr,
-               "usage: tpc_gemm_bench [--rows R] [--hidden D] [--copies C] [--kinds gelu_bias,dgelu,dgelu_bgrad] "
-               "[--multicast]\n  R: a multiple of 256 (default 16384); D: a multiple of 64 (default 1024; the MLP is "
-               "D -> 4D); C: GEMMs per timed graph (default 4)\n");
-  std::exit(why.empty() ? 0 : 1);
+  if (!why.empty()) {
+    std::fprintf(stderr, "tpc_gemm_bench: error: %s (tpc_gemm_bench --help lists the options)\n", why.c_str());
+    std::exit(1);
+  }
+  std::printf("usage: tpc_gemm_bench [--rows R] [--hidden D] [--copies C] [--kinds gelu_bias,dgelu,dgelu_bgrad] "
+              "[--multicast]\n  R: a multiple of 256 (default 16384); D: a multiple of 64 (default 1024; the MLP is "
+              "D -> 4D); C: GEMMs per timed graph (default 4)\n");
+  std::exit(0);
 }
 
 int64_t positive(const char* flag, const char* v) {
@@ -73,6 +75,8 @@ Args parse(int argc, char** argv) {
       if (a.kinds.empty()) usage("--kinds is empty");
     } else usage("unknown option '" + f + "'");
   }
+  // Bounds that keep a setting's operands (copies x (rows x 5D + 4D^2) bf16, on the host and the GPU) in memory.
+  if (a.rows > (1 << 20) || a.hidden > 16384 || a.copies > 64) usage("--rows <= 1048576, --hidden <= 16384 and --copies <= 64");
   if (a.rows % 256) usage("--rows must be a multiple of 256");
   if (a.hidden % 64) usage("--hidden must be a multiple of 64");
   return a;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) against cuBLASLt on one GPU, in one call:
+#   0. tpc_gemm_bench (where built): the MLP's fused GEMMs alone, ours and cuBLASLt's, b in both layouts;
 #   1. its GPU test cases (gelu_bias and dgelu against cuBLASLt, the unfused ops, the CPU and double);
 #   2. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu, dgelu_bgrad (dgelu with the
 #      bias gradient summed in its epilogue), 1 and all,multicast (blocks in pairs sharing b's tiles), ROUNDS times, with the GPU's power draw and SM clock sampled every 100 ms
@@ -24,6 +25,15 @@ runs=("$@")
 # The kernel cache outside OUTDIR: a device call returns a limited count of files, and the cubins are many.
 export TPC_CACHE_DIR="${TPC_CACHE_DIR:-/tmp/own_gemm_ab_kcache}"
 rows=()
+
+# 0. The MLP's fused GEMMs alone (bench/gemm_epilogues.cpp): ours and cuBLASLt's, b as [K, N] and as [N, K], at
+#    gpt2-medium's and gpt2's shapes: whether a slow kernel is slow for its epilogue or for b's layout.
+if [ -x "$build/bin/tpc_gemm_bench" ]; then
+  for hidden in 1024 768; do
+    "$build/bin/tpc_gemm_bench" --rows 16384 --hidden "$hidden" --copies 4 --multicast > "$out/gemm_bench_d$hidden.txt" 2>&1
+    rows+=("$(printf '%-34s %s' "tpc_gemm_bench --hidden $hidden" "exit $? ($out/gemm_bench_d$hidden.txt, printed last)")")
+  done
+fi
 
 # 1. The GPU test cases of the epilogues (ours and cuBLASLt's).
 "$build/tests/tpc_gpu_tests" "cuda epilogues*" -s > "$out/epilogue_tests.log" 2>&1
@@ -100,3 +110,4 @@ if command -v cuobjdump > /dev/null || [ -x /usr/local/cuda/bin/cuobjdump ]; the
 fi
 
 printf '%s\n' "${rows[@]}" | tee "$out/summary.txt"
+cat "$out"/gemm_bench_d*.txt 2>/dev/null

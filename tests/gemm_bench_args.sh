@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# tpc_gemm_bench (bench/gemm_epilogues.cpp) refuses bad arguments with one error line naming the flag and exit 1
+# before it touches a GPU, and prints its usage for --help.
+#   tests/gemm_bench_args.sh TPC_GEMM_BENCH
+set -u
+bench="$1"
+failures=0
+expect_error() {  # expected-stderr-substring args...
+  local want="$1"
+  shift
+  local err rc
+  err="$("$bench" "$@" 2>&1 >/dev/null)"
+  rc=$?
+  if [ "$rc" -ne 1 ] || [ "$(printf '%s\n' "$err" | wc -l)" -ne 1 ] || [[ "$err" != *"$want"* ]]; then
+    echo "FAIL: tpc_gemm_bench $*: exit $rc, stderr: $err (expected exit 1 and one line with: $want)"
+    failures=$((failures + 1))
+  else
+    echo "ok: tpc_gemm_bench $* -> $err"
+  fi
+}
+expect_error "--rows must be a multiple of 256" --rows 100
+expect_error "--hidden must be a multiple of 64" --hidden 100
+expect_error "--copies must be a positive integer, got '0'" --copies 0
+expect_error "--rows must be a positive integer, got '12x'" --rows 12x
+expect_error "--kinds: 'gelu' is not gelu_bias, dgelu or dgelu_bgrad" --kinds gelu_bias,gelu
+expect_error "--rows <= 1048576" --rows 2097152
+expect_error "unknown option '--fast'" --fast 1
+expect_error "--copies needs a value" --copies
+help="$("$bench" --help)"
+if [ $? -ne 0 ] || [[ "$help" != usage:\ tpc_gemm_bench* ]]; then
+  echo "FAIL: --help: $help"
+  failures=$((failures + 1))
+fi
+[ "$failures" -eq 0 ] || { echo "$failures failures"; exit 1; }
