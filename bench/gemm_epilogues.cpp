@@ -6,6 +6,9 @@
 // launch (CudaOptions::profileStep); the table gives the mean GPU time per GEMM and its TFLOP/s.
 //
 //   tpc_gemm_bench [--rows 16384] [--hidden 1024] [--copies 4] [--kinds gelu_bias,dgelu,dgelu_bgrad] [--multicast]
+//                  [--pre1]
+// --multicast adds ours in clusters of two blocks (TPC_OWN_GEMM's multicast); --pre1 adds dgelu with pre copied one
+// chunk ahead of its use instead of three (TPC_OWN_GEMM's pre1).
 //
 // gpt2-medium's MLP at micro-batch 16, seq 1024: --rows 16384 --hidden 1024 (the defaults); gpt2: --hidden 768.
 #include <cuda_runtime.h>
@@ -30,7 +33,7 @@ namespace {
 struct Args {
   int64_t rows = 16384, hidden = 1024, copies = 4;
   std::vector<std::string> kinds = {"gelu_bias", "dgelu", "dgelu_bgrad"};
-  bool multicast = false;
+  bool multicast = false, pre1 = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -39,7 +42,7 @@ struct Args {
     std::exit(1);
   }
   std::printf("usage: tpc_gemm_bench [--rows R] [--hidden D] [--copies C] [--kinds gelu_bias,dgelu,dgelu_bgrad] "
-              "[--multicast]\n  R: a multiple of 256 (default 16384); D: a multiple of 64 (default 1024; the MLP is "
+              "[--multicast] [--pre1]\n  R: a multiple of 256 (default 16384); D: a multiple of 64 (default 1024; the MLP is "
               "D -> 4D); C: GEMMs per timed graph (default 4)\n");
   std::exit(0);
 }
@@ -56,8 +59,8 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string f = argv[i];
     if (f == "--help" || f == "-h") usage("");
-    if (f == "--multicast") {
-      a.multicast = true;
+    if (f == "--multicast" || f == "--pre1") {
+      (f == "--multicast" ? a.multicast : a.pre1) = true;
       continue;
     }
     if (i + 1 >= argc) usage(f + " needs a value (or is not an option)");
@@ -206,6 +209,7 @@ int run(int argc, char** argv) {
       }
       std::vector<std::pair<std::string, std::string>> engines = {{"cuBLASLt", ""}, {"ours", kind}};
       if (a.multicast) engines.push_back({"ours,multicast", kind + ",multicast"});
+      if (a.pre1 && kind != "gelu_bias") engines.push_back({"ours,pre1", kind + ",pre1"});
       for (const auto& [name, own] : engines) {
         Timing t = timeGraph(*g, in, a, own);
         std::printf("%-12s %-8s %-22s %8lld %6lld %10.4f %9.1f\n", kind.c_str(), bT ? "[N,K]" : "[K,N]", name.c_str(),

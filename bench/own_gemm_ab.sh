@@ -2,7 +2,7 @@
 # Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) against cuBLASLt on one GPU, in one call:
 #   0. tpc_gemm_bench (where built): the MLP's fused GEMMs alone, ours and cuBLASLt's, b in both layouts;
 #   1. its GPU test cases (gelu_bias and dgelu against cuBLASLt, the unfused ops, the CPU and double);
-#   2. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu, dgelu_bgrad (dgelu with the
+#   2. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu, dgelu,pre1, dgelu_bgrad (dgelu with the
 #      bias gradient summed in its epilogue), 1 and all,multicast (blocks in pairs sharing b's tiles), ROUNDS times, with the GPU's power draw and SM clock sampled every 100 ms
 #      (nvidia-smi): under the 700 W cap a kernel that is faster alone can lose in the step, and the power column
 #      shows whether it drew more;
@@ -30,7 +30,7 @@ rows=()
 #    gpt2-medium's and gpt2's shapes: whether a slow kernel is slow for its epilogue or for b's layout.
 if [ -x "$build/bin/tpc_gemm_bench" ]; then
   for hidden in 1024 768; do
-    "$build/bin/tpc_gemm_bench" --rows 16384 --hidden "$hidden" --copies 4 --multicast > "$out/gemm_bench_d$hidden.txt" 2>&1
+    "$build/bin/tpc_gemm_bench" --rows 16384 --hidden "$hidden" --copies 4 --multicast --pre1 > "$out/gemm_bench_d$hidden.txt" 2>&1
     rows+=("$(printf '%-34s %s' "tpc_gemm_bench --hidden $hidden" "exit $? ($out/gemm_bench_d$hidden.txt, printed last)")")
   done
 fi
@@ -43,7 +43,7 @@ rows+=("$(printf '%-34s %s' "GPU tests: cuda epilogues*" "$(tail -3 "$out/epilog
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for spec in "${runs[@]}"; do
     model="${spec%%:*}" iters="${spec##*:}" name="$(basename "${spec%%:*}" .fb)"
-    for kinds in 0 gelu_bias dgelu dgelu_bgrad 1 all,multicast; do
+    for kinds in 0 gelu_bias dgelu dgelu,pre1 dgelu_bgrad 1 all,multicast; do
       tag="${name}_${kinds//,/-}_r${round}"
       nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$out/$tag.power.csv" 2>/dev/null &
       smi=$!

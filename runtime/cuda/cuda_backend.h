@@ -52,7 +52,8 @@ struct CudaOptions {
   // The matmul_epilogue kinds run on sm_90 by our GEMM kernel (TMA, wgmma; runtime/cuda/kernels/gemm_sm90.cpp)
   // where it applies, instead of cuBLASLt: "" (none), a list of "gelu_bias", "dgelu" and "dgelu_bgrad" (dgelu with
   // its bias gradient summed in the epilogue; folded only where our kernel takes it), or "all", and ",multicast"
-  // to run it in clusters of two blocks that share each tile of b by TMA multicast. None by default:
+  // to run it in clusters of two blocks that share each tile of b by TMA multicast (",pre1": dgelu's pre copied
+  // one chunk ahead of its use instead of three, for measuring). None by default:
   // gelu_bias takes 10-11% less time than cuBLASLt alone on the H200 at gpt2's and gpt2-medium's c_fc shapes,
   // but is no faster within a training step (docs/performance.md, eighteenth session). The environment's
   // TPC_OWN_GEMM (0, 1 = all, or the list) overrides it.

@@ -223,6 +223,15 @@ TEST_CASE("gemm sm90: the switch takes 0, or a list of 1, all, kinds and multica
   CHECK(kinds("0,dgelu").find("'0' is not a kind") != std::string::npos);
   // multicast alone runs nothing: an error, not a silent no-op.
   CHECK(kinds("multicast").find("name one too") != std::string::npos);
+  // pre1: dgelu's pre copied one chunk ahead (3 otherwise), with a kind only; every call resets it.
+  LoweringContext ctx;
+  REQUIRE(setOwnGemmKinds("dgelu,pre1", "TPC_OWN_GEMM", &ctx).ok());
+  CHECK(ctx.ownGemmPreAhead == 1);
+  CHECK(ctx.ownDgeluGemm);
+  REQUIRE(setOwnGemmKinds("dgelu", "TPC_OWN_GEMM", &ctx).ok());
+  CHECK(ctx.ownGemmPreAhead == 3);
+  CHECK(kinds("pre1").find("name one too") != std::string::npos);
+  CHECK(kinds("all,pre2").find("'pre2' is not a kind") != std::string::npos);
 }
 
 // With multicast, blocks run in clusters of two on tiles m and m + 1 of one n: an even grid, the cluster width
@@ -306,16 +315,22 @@ TEST_CASE("gemm sm90: the dgelu kernel's arguments, descriptors and its NVRTC co
   CHECK(k.source.find("#define GM_EPI 2") != std::string::npos);
   CHECK(k.source.find("#define GM_MODE 2") != std::string::npos);
 
-  // Every variant compiles: b^T or b, K under 512 or not.
+  CHECK(k.source.find("#define GM_PRE_AHEAD 3") != std::string::npos);  // unless pre1 is asked for
+
+  // Every variant compiles: b^T or b, K under 512 or not (K 512: 8 k-slices, the first pre copies after the
+  // mainloop), pre copied 3 or 1 chunks ahead.
   test::TempDir cache;
   NvrtcCompiler nvrtc(90, cache.path.string());
-  for (auto [K, bT] : std::vector<std::pair<int64_t, bool>>{{768, true}, {256, true}, {512, false}, {256, false}}) {
-    INFO("K " << K << (bT ? " b^T" : ""));
+  for (auto [K, bT, ahead] : std::vector<std::tuple<int64_t, bool, int>>{
+           {768, true, 3}, {256, true, 3}, {512, false, 3}, {256, false, 3}, {768, true, 1}, {512, false, 1}, {256, true, 1}}) {
+    INFO("K " << K << (bT ? " b^T" : "") << ", pre " << ahead << " ahead");
+    ctx.ownGemmPreAhead = ahead;
     EpilogueNode g = bT ? dgelu({1024, K}, {512, K}, true) : dgelu({1024, K}, {K, 512}, false);
     auto lg = lowerGemm(*g.n, ctx);
     REQUIRE(lg.ok());
     const KernelSpec& kg = lg->kernels[0];
     CHECK(kg.source.find(K >= 512 ? "#define GM_MODE 2" : "#define GM_MODE 1") != std::string::npos);
+    CHECK(kg.source.find(cat("#define GM_PRE_AHEAD ", ahead, "\n")) != std::string::npos);
     auto cubin = nvrtc.compile(kg.source, kg.entry, true);
     INFO((cubin.ok() ? std::string() : cubin.error()));
     REQUIRE(cubin.ok());
@@ -364,10 +379,12 @@ TEST_CASE("gemm sm90: dgelu_bgrad runs our kernel, then the column sums of its p
   // Every variant compiles without spills (K under 512 or not, b or b^T, with multicast), and the column kernel.
   test::TempDir cache;
   NvrtcCompiler nvrtc(90, cache.path.string());
-  for (auto [K, bT, mc] : std::vector<std::tuple<int64_t, bool, bool>>{
-           {768, true, false}, {256, true, false}, {512, false, false}, {256, false, false}, {768, true, true}}) {
-    INFO("K " << K << (bT ? " b^T" : "") << (mc ? " multicast" : ""));
+  for (auto [K, bT, mc, ahead] : std::vector<std::tuple<int64_t, bool, bool, int>>{
+           {768, true, false, 3}, {256, true, false, 3}, {512, false, false, 3}, {256, false, false, 3},
+           {768, true, true, 3}, {768, true, false, 1}}) {
+    INFO("K " << K << (bT ? " b^T" : "") << (mc ? " multicast" : "") << ", pre " << ahead << " ahead");
     ctx.ownGemmMulticast = mc;
+    ctx.ownGemmPreAhead = ahead;
     EpilogueNode g = epilogueNode("dgelu_bgrad", {1024, K}, bT ? Shape{512, K} : Shape{K, 512}, bT, DType::bf16);
     auto lg = lowerGemm(*g.n, ctx);
     REQUIRE(lg.ok());

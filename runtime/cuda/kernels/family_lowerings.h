@@ -55,8 +55,9 @@ Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext&
 // multiples; LoweringContext::ownGeluGemm, ownDgeluGemm, ownDgeluBgradGemm); else cuBLASLt.
 bool ownGemm(const Node& n, const LoweringContext& ctx);
 // Which kinds it takes (CudaOptions::ownGemm, TPC_OWN_GEMM): "" or "0" none, else a comma list of "1" or "all"
-// (every kind), gelu_bias, dgelu, dgelu_bgrad, and "multicast" (ownGemmMulticast: in clusters of two blocks
-// sharing b's tiles).
+// (every kind), gelu_bias, dgelu, dgelu_bgrad, "multicast" (ownGemmMulticast: in clusters of two blocks
+// sharing b's tiles) and "pre1" (ownGemmPreAhead 1: dgelu's pre copied one chunk ahead, the earlier scheme, for
+// measuring).
 // Errors name `from` (the setting) and the kind that is not one.
 Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx);
 Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx);

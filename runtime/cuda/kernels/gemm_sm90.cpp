@@ -31,7 +31,8 @@ namespace {
 constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
 constexpr uint32_t kSharedBytes = 231424;  // 4 stages of 48 KiB, 32 KiB of store staging, barriers (GM_SMEM_BYTES)
 
-// Device code; the lowering prepends GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI, GM_SMEM_BYTES and GM_CLUSTER.
+// Device code; the lowering prepends GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI, GM_SMEM_BYTES, GM_CLUSTER and
+// GM_PRE_AHEAD.
 constexpr const char* kGemmSource = R"GEMM(
 #if !defined(GM_M) || !defined(GM_N) || !defined(GM_K) || !defined(GM_B_KMAJOR) || !defined(GM_MODE) || !defined(GM_EPI) || !defined(GM_SMEM_BYTES) || !defined(GM_CLUSTER)
 #error "define GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI, GM_SMEM_BYTES, GM_CLUSTER before this source"
@@ -47,6 +48,9 @@ constexpr const char* kGemmSource = R"GEMM(
 #endif
 #if GM_MODE != 1 && GM_MODE != 2
 #error "GM_MODE must be 1 or 2"
+#endif
+#if !defined(GM_PRE_AHEAD) || (GM_PRE_AHEAD != 1 && GM_PRE_AHEAD != 3)
+#error "define GM_PRE_AHEAD as 1 or 3 (dgelu: how many chunks ahead of their use pre's copies are issued)"
 #endif
 
 struct alignas(64) TmaDesc { unsigned long long v[16]; };   // bit-identical to CUtensorMap
@@ -73,6 +77,10 @@ constexpr int B_BOX_N = 64, B_BOX_BYTES = B_BOX_N * BK * 2;   // 8 KB
 constexpr int M = GM_M, N = GM_N, K = GM_K;
 constexpr bool DEFER = GM_MODE == 2;
 constexpr bool GELU = GM_EPI == 1;              // else dgelu (and, GM_EPI 3, its column sums)
+// dgelu: its staging slots as one for out and three for pre, whose copies are issued 3 chunks (k-slices, with
+// DEFER) ahead of their use (GM_PRE_AHEAD 3), or as gelu_bias's two pairs, out and pre, copied 1 chunk ahead (1).
+// A chunk's copy waits out an L2 round trip under the mainloop's TMA traffic; one k-slice of wgmmas may not cover it.
+constexpr int PRE_AHEAD = GELU ? 1 : GM_PRE_AHEAD;
 // GM_CLUSTER 2: blocks in pairs (a cluster) on tiles m and m + 1 of the same n: each loads its own a and half of
 // the shared b tile, multicast into both blocks' shared memory (32 KB a k-slice from L2 a block instead of 48).
 constexpr int CLUSTER = GM_CLUSTER;
@@ -434,12 +442,19 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       prev_s = s;
       if (++s == STAGES) { s = 0; ph ^= 1; }
     };
-    // Write one 8-row x 64-col chunk of out (and, gelu_bias, of aux) into this warp's smem slot pair and
-    // TMA-store it. Slot pairs alternate with `half`; wait_group.read<1> = the store issued two chunks ago
-    // (the last user of this pair) has finished reading smem.
-    auto store_chunk = [&](int half, int gcol, int grow, auto value) {
-      const unsigned so = epi_w + (half * 2) * EPI_SLOT, sx = so + EPI_SLOT;
-      if (lane == 0) bulk_wait_read<1>();
+    // Chunk c (0-7) of a warp's 16 x 256 part of a tile: rows + 8 (c % 2), columns + 64 (c / 2). Its staging slots:
+    // gelu_bias (and dgelu with PRE_AHEAD 1) alternate between two pairs, out then aux or pre; dgelu with PRE_AHEAD
+    // 3 has out in slot 0 and pre in slots 1-3 in turn.
+    auto out_slot = [&](int c) { return epi_w + (PRE_AHEAD == 1 ? (c % 2) * 2 : 0) * EPI_SLOT; };
+    // Write chunk c of out (and, gelu_bias, of aux) into this warp's staging slots and TMA-store it. wait_group.read
+    // = the last store from the out slot (two chunks ago with two pairs, the previous one with one slot) has
+    // finished reading smem.
+    auto store_chunk = [&](int c, int gcol, int grow, auto value) {
+      const unsigned so = out_slot(c), sx = so + EPI_SLOT;
+      if (lane == 0) {
+        if constexpr (PRE_AHEAD == 1) bulk_wait_read<1>();
+        else bulk_wait_read<0>();
+      }
       __syncwarp();
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -461,11 +476,13 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       }
     };
 #if GM_EPI >= 2
-    // pre of an 8-row x 64-col chunk, copied by the warp with cp.async into the chunk's slot pair's second slot
-    // (unused by dgelu), 128B-swizzled as the staging slots: each lane then reads its fragment columns where
-    // gelu_bias writes aux (conflict-free). No registers hold it in flight; await_pre waits for the copy.
-    auto load_pre = [&](int half, int grow, int gcol) {
-      const unsigned sx = epi_w + (half * 2 + 1) * EPI_SLOT;
+    auto pre_slot = [&](int c) { return epi_w + (PRE_AHEAD == 1 ? (c % 2) * 2 + 1 : 1 + c % 3) * EPI_SLOT; };
+    // pre of chunk c of the warp's part at (row0, col0), copied by the warp with cp.async into the chunk's pre slot,
+    // 128B-swizzled as the staging slots: each lane then reads its fragment columns where gelu_bias writes aux
+    // (conflict-free). No registers hold it in flight; await_pre waits for the copy.
+    auto load_pre = [&](int c, int row0, int col0) {
+      const unsigned sx = pre_slot(c);
+      const int grow = row0 + (c % 2) * 8, gcol = col0 + (c / 2) * 64;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = lane >> 2, q = (lane & 3) * 2 + i;  // row r, 16-byte piece q (8 columns) of the chunk
@@ -474,13 +491,22 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       }
       asm volatile("cp.async.commit_group;" ::: "memory");
     };
-    // Wait for this lane's copies, then for the warp's (every lane reads pieces other lanes copied).
-    auto await_pre = [&] {
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
+    // Wait for this lane's copies of chunk c, then for the warp's (every lane reads pieces other lanes copied).
+    // Copies are issued in chunk order, up to chunk c + PRE_AHEAD - 1 by now: as many newer groups may stay pending.
+    auto await_pre = [&](int c) {
+      const int newer = PRE_AHEAD - 1 < 7 - c ? PRE_AHEAD - 1 : 7 - c;
+      if (newer >= 2) asm volatile("cp.async.wait_group 2;" ::: "memory");
+      else if (newer == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
+      else asm volatile("cp.async.wait_group 0;" ::: "memory");
       __syncwarp();
     };
+    // The copies of chunks [first, PRE_AHEAD) before the epilogue's first chunk (their slots are free).
+    auto load_first_pre = [&](int first, int row0, int col0) {
+#pragma unroll
+      for (int c = first; c < PRE_AHEAD; ++c) load_pre(c, row0, col0);
+    };
     // The warp's 16 rows x 256 columns of pre into L2 at the start of a tile's mainloop (64 lines of 128 B, two a
-    // lane), so that the chunk copies, one k-slice ahead of their use, find it there.
+    // lane), so that the chunk copies, issued ahead of their use, find it there.
     auto prefetch_pre_l2 = [&](int grow, int gcol) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -488,10 +514,10 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
         asm volatile("prefetch.global.L2 [%0];" :: "l"(pre + (size_t)(grow + line / 4) * N + gcol + (line % 4) * 64));
       }
     };
-    // This lane's pre at fragment column group j of the chunk in pair `half` (where gelu_bias writes aux).
-    auto pre_at = [&](int half, int j) {
+    // This lane's pre at fragment column group j of chunk c.
+    auto pre_at = [&](int c, int j) {
       unsigned v;
-      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(epi_w + (half * 2 + 1) * EPI_SLOT + off_base + ((j ^ r8) << 4)) : "memory");
+      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(pre_slot(c) + off_base + ((j ^ r8) << 4)) : "memory");
       return v;
     };
 #endif
@@ -515,18 +541,18 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
     };
 #endif
     // DEFER: chunk c (= cg*2 + half) of the pending tile, from the packed bf16 sum; dgelu: pre of chunk c was
-    // loaded a chunk ahead, and the next chunk's is loaded once this one's is used.
+    // loaded PRE_AHEAD chunks ahead, and chunk c + PRE_AHEAD's is loaded once this one's is used.
     auto deferred_chunk = [&](auto cc) {
       constexpr int c = decltype(cc)::value, cg = c / 2, half = c % 2;
 #if GM_EPI >= 2
-      await_pre();
+      await_pre(c);
 #endif
-      store_chunk(half, pend_n0 + cg * 64, pend_row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
+      store_chunk(c, pend_n0 + cg * 64, pend_row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
 #if GM_EPI == 1
         va = hp[(cg * 8 + j) * 2 + half];
         vo = pack_bf16(gelu_tanh(bf16lo(va)), gelu_tanh(bf16hi(va)));
 #else
-        const unsigned mm = hp[(cg * 8 + j) * 2 + half], pv = pre_at(half, j);
+        const unsigned mm = hp[(cg * 8 + j) * 2 + half], pv = pre_at(c, j);
         vo = pack_bf16(bf16lo(mm) * gelu_tanh_grad(bf16lo(pv)), bf16hi(mm) * gelu_tanh_grad(bf16hi(pv)));
 #endif
 #if GM_EPI == 3
@@ -538,9 +564,9 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       column_sums(half, pend_row0, pend_n0 + cg * 64);
 #endif
 #if GM_EPI >= 2
-      // The next chunk's pre, into the other pair's slot (its last reader, chunk c - 1, is done: store_chunk's
-      // __syncwarp follows every lane's reads).
-      if constexpr (c < 7) load_pre((c + 1) % 2, pend_row0 + ((c + 1) % 2) * 8, pend_n0 + ((c + 1) / 2) * 64);
+      // Chunk c + PRE_AHEAD's pre, into the slot whose last reader is done (chunk c - 1's pair, or chunk c's own
+      // slot: store_chunk's __syncwarp follows every lane's reads).
+      if constexpr (c + PRE_AHEAD <= 7) load_pre(c + PRE_AHEAD, pend_row0, pend_n0);
 #endif
     };
 
@@ -551,7 +577,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 
 #if GM_EPI >= 2
       prefetch_pre_l2(row0, n0);
-      if constexpr (!DEFER) load_pre(0, row0, n0);         // the epilogue's first chunk, while the mainloop runs
+      if constexpr (!DEFER) load_first_pre(0, row0, n0);   // the epilogue's first chunks, while the mainloop runs
 #endif
       // ---- mainloop (keeps 1 wgmma group in flight) ----
       int kb = 0;
@@ -563,8 +589,14 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
         step(Int<0>{}); step(Int<1>{}); step(Int<2>{}); step(Int<3>{});
         step(Int<4>{}); step(Int<5>{}); step(Int<6>{}); step(Int<7>{});
       }
+      // PRE_AHEAD 3 with DEFER: this tile's first pre chunks, used in the next tile's first k-slices, once the
+      // previous tile's deferred chunks (k-slices 0-7) are done with their slots.
 #pragma unroll 1
-      for (; kb < KB; ++kb) kstep(kb, [] {});
+      for (; kb < KB; ++kb) kstep(kb, [&] {
+#if GM_EPI >= 2
+        if (PRE_AHEAD > 1 && DEFER && kb == 8) load_first_pre(0, row0, n0);
+#endif
+      });
       wgmma_wait<0>();
       acc_fence(acc);
       if (lane == 0) release(prev_s);
@@ -598,15 +630,15 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
             for (int j = 0; j < 8; ++j) hp[(cg * 8 + j) * 2 + half] = pack_bf16(sum(j, half, 0), sum(j, half, 1));
           } else {
 #if GM_EPI >= 2
-            await_pre();                                   // this chunk's pre (copied one chunk ahead)
+            await_pre(cg * 2 + half);                      // this chunk's pre (copied PRE_AHEAD chunks ahead)
 #endif
-            store_chunk(half, n0 + cg * 64, row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
+            store_chunk(cg * 2 + half, n0 + cg * 64, row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
               const float h0 = sum(j, half, 0), h1 = sum(j, half, 1);
 #if GM_EPI == 1
               va = pack_bf16(h0, h1);
               vo = pack_bf16(gelu_tanh(h0), gelu_tanh(h1));
 #else
-              const unsigned pv = pre_at(half, j);
+              const unsigned pv = pre_at(cg * 2 + half, j);
               vo = pack_bf16(h0 * gelu_tanh_grad(bf16lo(pv)), h1 * gelu_tanh_grad(bf16hi(pv)));
 #endif
 #if GM_EPI == 3
@@ -618,9 +650,9 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
             column_sums(half, row0, n0 + cg * 64);
 #endif
 #if GM_EPI >= 2
-            // The next chunk's pre into the other pair's slot (its last reader, the chunk before this one, is done).
+            // Chunk c + PRE_AHEAD's pre, into a slot whose last reader is done (as in deferred_chunk).
             const int c = cg * 2 + half;
-            if (c < 7) load_pre((c + 1) % 2, row0 + ((c + 1) % 2) * 8, n0 + ((c + 1) / 2) * 64);
+            if (c + PRE_AHEAD <= 7) load_pre(c + PRE_AHEAD, row0, n0);
 #endif
           }
         }
@@ -628,7 +660,8 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       if constexpr (DEFER) {
         pend_row0 = row0; pend_n0 = n0;
 #if GM_EPI >= 2
-        load_pre(0, pend_row0, pend_n0);                   // chunk 0's pre, used in the next tile's first k-slice
+        // The first chunks' pre, used in the next tile's first k-slices (PRE_AHEAD 3: loaded at k-slice 8 when there is one).
+        if (PRE_AHEAD == 1 || KB == 8) load_first_pre(0, pend_row0, pend_n0);
 #endif
       }
     }
@@ -649,6 +682,7 @@ struct GemmShape {
   bool bKMajor = false;  // b given as [N, K] (transpose_b)
   int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu, 3 dgelu_bgrad
   int cluster = 1;       // GM_CLUSTER: 2 where asked for (LoweringContext::ownGemmMulticast) and M / 128 is even
+  int preAhead = 3;      // GM_PRE_AHEAD (LoweringContext::ownGemmPreAhead)
 };
 
 // Why `n` is not ours to run (empty: it is), and its shape.
@@ -682,6 +716,7 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
   if (dgelu && n.operand(2)->type().numel() != s->M * s->N) return "takes pre of the product's shape";
   if (bgrad && n.result(1)->type().numel() != s->N) return "takes dgelu_bgrad's db as one value a column";
   s->cluster = ctx.ownGemmMulticast && (s->M / kTileM) % 2 == 0 ? 2 : 1;
+  s->preAhead = ctx.ownGemmPreAhead == 1 ? 1 : 3;
   return "";
 }
 
@@ -689,6 +724,7 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
 
 Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx) {
   ctx->ownGeluGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = ctx->ownGemmMulticast = false;
+  ctx->ownGemmPreAhead = 3;
   if (kinds.empty() || kinds == "0") return {};
   size_t at = 0;
   while (at <= kinds.size()) {
@@ -699,14 +735,18 @@ Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringConte
     else if (kind == "dgelu") ctx->ownDgeluGemm = true;
     else if (kind == "dgelu_bgrad") ctx->ownDgeluBgradGemm = true;
     else if (kind == "multicast") ctx->ownGemmMulticast = true;
+    else if (kind == "pre1") ctx->ownGemmPreAhead = 1;
     else
       return makeError(from, "='", kinds, "': '", kind, "' is not a kind our GEMM kernel runs (expected 0, or a comma ",
-                       "list of 1 or all (every kind), gelu_bias, dgelu, dgelu_bgrad and multicast (blocks in pairs ",
-                       "sharing b's tiles))");
+                       "list of 1 or all (every kind), gelu_bias, dgelu, dgelu_bgrad, multicast (blocks in pairs ",
+                       "sharing b's tiles) and pre1 (dgelu's pre copied one chunk ahead))");
     at = end + 1;
   }
-  if (ctx->ownGemmMulticast && !ctx->ownGeluGemm && !ctx->ownDgeluGemm && !ctx->ownDgeluBgradGemm)
+  const bool any = ctx->ownGeluGemm || ctx->ownDgeluGemm || ctx->ownDgeluBgradGemm;
+  if (ctx->ownGemmMulticast && !any)
     return makeError(from, "='", kinds, "': multicast is a way to run the kinds, name one too (e.g. all,multicast)");
+  if (ctx->ownGemmPreAhead == 1 && !any)
+    return makeError(from, "='", kinds, "': pre1 is a way to run the kinds, name one too (e.g. dgelu,pre1)");
   return {};
 }
 
@@ -724,7 +764,7 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   k.archSpecific = true;
   k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
                  "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n#define GM_EPI ", s.epilogue, "\n#define GM_SMEM_BYTES ",
-                 kSharedBytes, "\n#define GM_CLUSTER ", s.cluster, "\n", kGemmSource);
+                 kSharedBytes, "\n#define GM_CLUSTER ", s.cluster, "\n#define GM_PRE_AHEAD ", s.preAhead, "\n", kGemmSource);
   // A block a SM; in clusters of two, an even count (the loader lowers it to the pairs that fit at once).
   int64_t blocks = std::min<int64_t>(tiles, std::max(ctx.numSMs, 1));
   if (s.cluster == 2) blocks = std::max<int64_t>(2, blocks / 2 * 2);
