@@ -132,6 +132,13 @@ TEST_CASE("gemm sm90: the gelu_bias kernel's geometry, TMA descriptors, and its 
   CHECK(k.block.x == 384);
   CHECK(k.clusterX == 1);  // unless multicast is asked for
   CHECK(k.source.find("#define GM_CLUSTER 1") != std::string::npos);
+  // gelu_bias reads no pre: the same source whether or not pre1 is asked for.
+  CHECK(k.source.find("#define GM_PRE_AHEAD 1\n") != std::string::npos);
+  ctx.ownGemmPreAhead = 1;
+  auto l1 = lowerGemm(*c.n, ctx);
+  REQUIRE(l1.ok());
+  CHECK(l1->kernels[0].source == k.source);
+  ctx.ownGemmPreAhead = 3;
   // Arguments in the kernel's order: the descriptors of a, b, y, pre, then the bias's address.
   REQUIRE(k.args.size() == 5);
   for (int i = 0; i < 4; ++i) CHECK((k.args[i].kind == ArgKind::TensorMap && k.args[i].index == i));

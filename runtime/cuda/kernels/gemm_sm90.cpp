@@ -63,8 +63,8 @@ constexpr int B_BYTES = BN * BK * 2;            // 32 KB
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // 48 KB
 // Epilogue staging: per consumer warp a ring of 4 slots of 8 rows x 64 cols bf16 (1 KB each,
 // 128B-swizzled so that both the fragment stores and the TMA store are conflict-free).
-// Slots are used in pairs (out, aux) -> 2 pairs -> double-buffered TMA stores per warp (dgelu, with
-// one result, uses the first slot of each pair).
+// gelu_bias uses them in pairs (out, aux) -> double-buffered TMA stores per warp; dgelu has out in slot 0 and
+// pre's copies in slots 1-3 (GM_PRE_AHEAD 3), or pairs (out, pre) as gelu_bias's (GM_PRE_AHEAD 1).
 constexpr int EPI_SLOT = 8 * 64 * 2;
 constexpr int EPI_WARP = 4 * EPI_SLOT;
 constexpr int EPI_BYTES = 8 * EPI_WARP;         // 8 consumer warps -> 32 KB
@@ -81,6 +81,7 @@ constexpr bool GELU = GM_EPI == 1;              // else dgelu (and, GM_EPI 3, it
 // DEFER) ahead of their use (GM_PRE_AHEAD 3), or as gelu_bias's two pairs, out and pre, copied 1 chunk ahead (1).
 // A chunk's copy waits out an L2 round trip under the mainloop's TMA traffic; one k-slice of wgmmas may not cover it.
 constexpr int PRE_AHEAD = GELU ? 1 : GM_PRE_AHEAD;
+static_assert(PRE_AHEAD == 1 || PRE_AHEAD == 3, "pre_slot and await_pre know the schemes 1 and 3 only");
 // GM_CLUSTER 2: blocks in pairs (a cluster) on tiles m and m + 1 of the same n: each loads its own a and half of
 // the shared b tile, multicast into both blocks' shared memory (32 KB a k-slice from L2 a block instead of 48).
 constexpr int CLUSTER = GM_CLUSTER;
@@ -716,7 +717,7 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
   if (dgelu && n.operand(2)->type().numel() != s->M * s->N) return "takes pre of the product's shape";
   if (bgrad && n.result(1)->type().numel() != s->N) return "takes dgelu_bgrad's db as one value a column";
   s->cluster = ctx.ownGemmMulticast && (s->M / kTileM) % 2 == 0 ? 2 : 1;
-  s->preAhead = ctx.ownGemmPreAhead == 1 ? 1 : 3;
+  s->preAhead = gelu || ctx.ownGemmPreAhead == 1 ? 1 : 3;  // gelu_bias has no pre: one source either way
   return "";
 }
 
