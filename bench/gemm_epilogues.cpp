@@ -36,11 +36,13 @@ struct Args {
   bool multicast = false, pre1 = false;
 };
 
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "tpc_gemm_bench: error: %s\n", what.c_str());
+  std::exit(1);
+}
+
 [[noreturn]] void usage(const std::string& why) {
-  if (!why.empty()) {
-    std::fprintf(stderr, "tpc_gemm_bench: error: %s (tpc_gemm_bench --help lists the options)\n", why.c_str());
-    std::exit(1);
-  }
+  if (!why.empty()) fail(why + " (tpc_gemm_bench --help lists the options)");
   std::printf("usage: tpc_gemm_bench [--rows R] [--hidden D] [--copies C] [--kinds gelu_bias,dgelu,dgelu_bgrad] "
               "[--multicast] [--pre1]\n  R: a multiple of 256 (default 16384); D: a multiple of 64 (default 1024; the MLP is "
               "D -> 4D); C: GEMMs per timed graph (default 4)\n");
@@ -87,10 +89,7 @@ Args parse(int argc, char** argv) {
 
 Value* op(Graph& g, OpKind k, std::vector<Value*> operands, AttrDict attrs = {}) {
   auto n = g.create(k, std::move(operands), std::move(attrs));
-  if (!n.ok()) {
-    std::fprintf(stderr, "tpc_gemm_bench: error: %s\n", n.error().c_str());
-    std::exit(1);
-  }
+  if (!n.ok()) fail(n.error());
   return (*n)->result();
 }
 
@@ -149,10 +148,6 @@ Timing timeGraph(const Graph& g, const TensorMap& in, const Args& a, const std::
   o.profileStep = 2;
   o.profileCsv = csv;
   auto backend = createCudaBackend({}, o);
-  auto fail = [](const std::string& what) {
-    std::fprintf(stderr, "tpc_gemm_bench: error: %s\n", what.c_str());
-    std::exit(1);
-  };
   if (Status st = backend->prepare(g, {}); !st.ok()) fail(st.error());
   std::fflush(stdout);
   int saved = dup(1), devnull = open("/dev/null", O_WRONLY);  // the backend prints the profile table
@@ -187,10 +182,7 @@ int run(int argc, char** argv) {
   Args a = parse(argc, argv);
   unsetenv("TPC_OWN_GEMM");  // it would override CudaOptions::ownGemm
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
-    std::fprintf(stderr, "tpc_gemm_bench: error: no CUDA GPU\n");
-    return 1;
-  }
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) fail("no CUDA GPU");
   const int64_t K = a.hidden, N = 4 * a.hidden;
   const double flops = 2.0 * static_cast<double>(a.rows) * K * N;
   std::printf("%s (sm_%d%d); [%lld, %lld] x [%lld, %lld], %lld GEMMs a graph, %.1f GFLOP each\n", prop.name, prop.major,

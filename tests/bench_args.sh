@@ -10,21 +10,8 @@ trap 'rm -rf "$tmp"' EXIT
 data="$tmp/corpus"
 touch "$data.bin" "$data.idx"
 bench="$src/bench/vs_pytorch.py"
-failures=0
-
-expect_error() {  # expected-stderr-substring args...
-  local want="$1"
-  shift
-  local err rc
-  err="$(python3 "$bench" "$@" 2>&1 >/dev/null)"
-  rc=$?
-  if [ "$rc" -ne 1 ] || [ "$(printf '%s\n' "$err" | wc -l)" -ne 1 ] || [[ "$err" != *"$want"* ]]; then
-    echo "FAIL: vs_pytorch.py $*: exit $rc, stderr: $err (expected exit 1 and one line with: $want)"
-    failures=$((failures + 1))
-  else
-    echo "ok: vs_pytorch.py $* -> $err"
-  fi
-}
+cmd=(python3 "$bench")
+source "$(dirname "$0")/expect_error.sh"
 
 ok=(--tpc "$tpc" --data "$data")
 expect_error "vs_pytorch: error: --configs: unknown config 'gpt5' (known: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl)" \

@@ -4,20 +4,8 @@
 #   tests/gemm_bench_args.sh TPC_GEMM_BENCH
 set -u
 bench="$1"
-failures=0
-expect_error() {  # expected-stderr-substring args...
-  local want="$1"
-  shift
-  local err rc
-  err="$("$bench" "$@" 2>&1 >/dev/null)"
-  rc=$?
-  if [ "$rc" -ne 1 ] || [ "$(printf '%s\n' "$err" | wc -l)" -ne 1 ] || [[ "$err" != *"$want"* ]]; then
-    echo "FAIL: tpc_gemm_bench $*: exit $rc, stderr: $err (expected exit 1 and one line with: $want)"
-    failures=$((failures + 1))
-  else
-    echo "ok: tpc_gemm_bench $* -> $err"
-  fi
-}
+cmd=("$bench")
+source "$(dirname "$0")/expect_error.sh"
 expect_error "--rows must be a multiple of 256" --rows 100
 expect_error "--hidden must be a multiple of 64" --hidden 100
 expect_error "--copies must be a positive integer, got '0'" --copies 0

@@ -501,10 +501,10 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       else asm volatile("cp.async.wait_group 0;" ::: "memory");
       __syncwarp();
     };
-    // The copies of chunks [first, PRE_AHEAD) before the epilogue's first chunk (their slots are free).
-    auto load_first_pre = [&](int first, int row0, int col0) {
+    // The copies of chunks [0, PRE_AHEAD) before the epilogue's first chunk (their slots are free).
+    auto load_first_pre = [&](int row0, int col0) {
 #pragma unroll
-      for (int c = first; c < PRE_AHEAD; ++c) load_pre(c, row0, col0);
+      for (int c = 0; c < PRE_AHEAD; ++c) load_pre(c, row0, col0);
     };
     // The warp's 16 rows x 256 columns of pre into L2 at the start of a tile's mainloop (64 lines of 128 B, two a
     // lane), so that the chunk copies, issued ahead of their use, find it there.
@@ -578,7 +578,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 
 #if GM_EPI >= 2
       prefetch_pre_l2(row0, n0);
-      if constexpr (!DEFER) load_first_pre(0, row0, n0);   // the epilogue's first chunks, while the mainloop runs
+      if constexpr (!DEFER) load_first_pre(row0, n0);   // the epilogue's first chunks, while the mainloop runs
 #endif
       // ---- mainloop (keeps 1 wgmma group in flight) ----
       int kb = 0;
@@ -595,7 +595,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 #pragma unroll 1
       for (; kb < KB; ++kb) kstep(kb, [&] {
 #if GM_EPI >= 2
-        if (PRE_AHEAD > 1 && DEFER && kb == 8) load_first_pre(0, row0, n0);
+        if (PRE_AHEAD > 1 && DEFER && kb == 8) load_first_pre(row0, n0);
 #endif
       });
       wgmma_wait<0>();
@@ -662,7 +662,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
         pend_row0 = row0; pend_n0 = n0;
 #if GM_EPI >= 2
         // The first chunks' pre, used in the next tile's first k-slices (PRE_AHEAD 3: loaded at k-slice 8 when there is one).
-        if (PRE_AHEAD == 1 || KB == 8) load_first_pre(0, pend_row0, pend_n0);
+        if (PRE_AHEAD == 1 || KB == 8) load_first_pre(pend_row0, pend_n0);
 #endif
       }
     }
