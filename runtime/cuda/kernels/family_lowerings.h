@@ -61,5 +61,8 @@ bool ownGemm(const Node& n, const LoweringContext& ctx);
 // Errors name `from` (the setting) and the kind that is not one.
 Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx);
 Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx);
+// The part of lowerGemm's kernel source that holds every PTX instruction it uses, as functions (the CPU emulator of
+// tests/unit/sm90_emulator.h puts its own in its place).
+const char* gemmSm90Ptx();
 
 }  // namespace tpc::cuda

@@ -31,9 +31,9 @@ namespace {
 constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
 constexpr uint32_t kSharedBytes = 231424;  // 4 stages of 48 KiB, 32 KiB of store staging, barriers (GM_SMEM_BYTES)
 
-// Device code; the lowering prepends GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI, GM_SMEM_BYTES, GM_CLUSTER and
-// GM_PRE_AHEAD.
-constexpr const char* kGemmSource = R"GEMM(
+// Device code in three parts, kGemmHead (the checks and the layout), kGemmPtx and kGemmBody; the lowering prepends
+// GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI, GM_SMEM_BYTES, GM_CLUSTER and GM_PRE_AHEAD.
+constexpr const char* kGemmHead = R"GEMM(
 #if !defined(GM_M) || !defined(GM_N) || !defined(GM_K) || !defined(GM_B_KMAJOR) || !defined(GM_MODE) || !defined(GM_EPI) || !defined(GM_SMEM_BYTES) || !defined(GM_CLUSTER)
 #error "define GM_M, GM_N, GM_K, GM_B_KMAJOR, GM_MODE, GM_EPI, GM_SMEM_BYTES, GM_CLUSTER before this source"
 #endif
@@ -90,7 +90,18 @@ static_assert(M % BM == 0 && N % BN == 0 && K % BK == 0, "shape must be a multip
 static_assert(!DEFER || K >= 8 * BK, "GM_MODE 2 needs K >= 512");
 static_assert(SMEM_BYTES <= 232448, "exceeds sm_90 max dynamic smem");
 }
+)GEMM";
 
+// Every PTX instruction the kernel uses, behind a named function (tests/unit/sm90_emulator.h replaces this part to
+// run the kernel on the CPU).
+constexpr const char* kGemmPtx = R"GEMM(
+// The kernel's dynamic shared memory, 1 KB aligned for the 128-byte swizzle.
+#define GM_DYNAMIC_SMEM(name) extern __shared__ __attribute__((aligned(1024))) unsigned char name[]
+#if GM_CLUSTER == 2
+#define GM_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
+#else
+#define GM_CLUSTER_DIMS
+#endif
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   unsigned r;
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
@@ -180,28 +191,6 @@ __device__ __forceinline__ void acc_fence(float (&d)[128]) {
   for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
 }
 
-// wgmma shared-memory matrix descriptor (PTX ISA "matrix descriptor"): [0,14) start>>4,
-// [16,30) LBO>>4, [32,46) SBO>>4, [49,52) base offset (0: tiles are 1024-B aligned),
-// [62,64) layout = 1 (SWIZZLE_128B).
-//
-// K-major operand, 128B swizzle (A always; B when GM_B_KMAJOR=1): rows of 64 K-elements = 128 B,
-//   SBO = 1024 B (stride between 8-row core-matrix groups along M/N), LBO unused (=1).
-//   Advancing 16 elements along K inside the 128-B swizzle row = +32 B = +2 in the start field
-//   (hardware applies the XOR swizzle on the final address bits, same as TMA wrote them).
-__device__ __forceinline__ unsigned long long make_desc(unsigned saddr) {
-  return (unsigned long long)((saddr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-// MN-major operand, 128B swizzle (B when GM_B_KMAJOR=0; used with imm-trans-b = 1). CUTLASS
-// canonical form (cute make_gmma_desc<Major::MN>, in 16-B units, T = 8 bf16):
-//   Swizzle<3,4,3> o ((T,8,m),(8,k)) : ((1,T,LBO),(8T,SBO))
-// i.e. atoms of 64 N-elements (128 B) x 8 K-rows (1024 B); LBO = byte stride between atoms along
-// N (= one 8 KB TMA box here), SBO = byte stride between 8-row groups along K (1024 B).
-// Advancing K by 16 = two 8-row groups = +2048 B = +128 in the start field.
-__device__ __forceinline__ unsigned long long make_desc_mn(unsigned saddr) {
-  return (unsigned long long)((saddr & 0x3FFFF) >> 4) | ((unsigned long long)(cfg::B_BOX_BYTES >> 4) << 16) |
-         (64ull << 32) | (1ull << 62);
-}
-
 #if GM_B_KMAJOR
 #define GM_TRANS_B "0"
 #else
@@ -232,13 +221,61 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], unsigned long 
     : "l"(da), "l"(db), "r"(scale_d));
 }
 
-__device__ __forceinline__ float bf16lo(unsigned v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16hi(unsigned v) { return __uint_as_float(v & 0xFFFF0000u); }
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {   // round-to-nearest-even
   unsigned r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// Registers: the producer warpgroup gives some up, the consumers take them (setmaxnreg).
+template <int N> __device__ __forceinline__ void regs_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
+template <int N> __device__ __forceinline__ void regs_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
+// The barriers' initialisation, visible to the async proxy and the cluster.
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void prefetch_tmap(const TmaDesc* map) { asm volatile("prefetch.tensormap [%0];" :: "l"(map) : "memory"); }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
+__device__ __forceinline__ void sts32(unsigned addr, unsigned v) { asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory"); }
+__device__ __forceinline__ unsigned lds32(unsigned addr) {
+  unsigned v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void stg_f32x2(float* p, float a, float b) {
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};" :: "l"(p), "f"(a), "f"(b) : "memory");
+}
+// cp.async: 16 bytes global -> shared by this thread, its groups, and waiting until at most N newer groups are pending.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+)GEMM";
+
+// The kernel itself: plain CUDA C++ over kGemmPtx's functions.
+constexpr const char* kGemmBody = R"GEMM(
+// wgmma shared-memory matrix descriptor (PTX ISA "matrix descriptor"): [0,14) start>>4,
+// [16,30) LBO>>4, [32,46) SBO>>4, [49,52) base offset (0: tiles are 1024-B aligned),
+// [62,64) layout = 1 (SWIZZLE_128B).
+//
+// K-major operand, 128B swizzle (A always; B when GM_B_KMAJOR=1): rows of 64 K-elements = 128 B,
+//   SBO = 1024 B (stride between 8-row core-matrix groups along M/N), LBO unused (=1).
+//   Advancing 16 elements along K inside the 128-B swizzle row = +32 B = +2 in the start field
+//   (hardware applies the XOR swizzle on the final address bits, same as TMA wrote them).
+__device__ __forceinline__ unsigned long long make_desc(unsigned saddr) {
+  return (unsigned long long)((saddr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+// MN-major operand, 128B swizzle (B when GM_B_KMAJOR=0; used with imm-trans-b = 1). CUTLASS
+// canonical form (cute make_gmma_desc<Major::MN>, in 16-B units, T = 8 bf16):
+//   Swizzle<3,4,3> o ((T,8,m),(8,k)) : ((1,T,LBO),(8T,SBO))
+// i.e. atoms of 64 N-elements (128 B) x 8 K-rows (1024 B); LBO = byte stride between atoms along
+// N (= one 8 KB TMA box here), SBO = byte stride between 8-row groups along K (1024 B).
+// Advancing K by 16 = two 8-row groups = +2048 B = +128 in the start field.
+__device__ __forceinline__ unsigned long long make_desc_mn(unsigned saddr) {
+  return (unsigned long long)((saddr & 0x3FFFF) >> 4) | ((unsigned long long)(cfg::B_BOX_BYTES >> 4) << 16) |
+         (64ull << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ float bf16lo(unsigned v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16hi(unsigned v) { return __uint_as_float(v & 0xFFFF0000u); }
 // gelu(h) = 0.5 h (1 + tanh(u)), u = sqrt(2/pi) (h + 0.044715 h^3), as h / (1 + exp(-2u)): the same function
 // without 1 + tanh(u)'s cancellation for negative h (where an approximate tanh loses the result's digits), in
 // two MUFU ops (ex2, rcp: ~1e-6 relative). An IEEE division here made the epilogue outlast the wgmmas it hides
@@ -297,11 +334,6 @@ __device__ __forceinline__ void unit_origin(int unit, unsigned rank, int& m0, in
 // {64 n, 64 k} or, K-major, {64 k, 256 / GM_CLUSTER n}, out and aux {64, 8}), then the bias (gelu_bias) or pre
 // (dgelu: [M, N] row-major).
 static_assert(GM_SMEM_BYTES == cfg::SMEM_BYTES, "the launch's shared memory (kSharedBytes) must be the layout's");
-#if GM_CLUSTER == 2
-#define GM_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
-#else
-#define GM_CLUSTER_DIMS
-#endif
 
 #if GM_EPI == 1
 extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
@@ -319,7 +351,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
                         float* __restrict__ colsums) {
 #endif
   using namespace cfg;
-  extern __shared__ __attribute__((aligned(1024))) unsigned char smem_raw[];
+  GM_DYNAMIC_SMEM(smem_raw);
   const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;   // swizzled tiles need 1 KB alignment
   const unsigned epi = base + STAGES * STAGE_BYTES;
   const unsigned bars = epi + EPI_BYTES;                           // full[s] then empty[s], 8 B each
@@ -336,7 +368,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       mbar_init(full_bar(s), 1);              // producer's arrive.expect_tx + TMA tx bytes (both blocks' b halves)
       mbar_init(empty_bar(s), 8 * CLUSTER);   // lane 0 of each of the 8 consumer warps (of each block)
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_mbar_init();
     fence_proxy_async();
   }
   if constexpr (CLUSTER == 2) cluster_sync();
@@ -345,10 +377,10 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     // ------------------------------- producer ---------------------------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    regs_dealloc<40>();
     if (threadIdx.x == 0) {
-      asm volatile("prefetch.tensormap [%0];" :: "l"(&tmA) : "memory");
-      asm volatile("prefetch.tensormap [%0];" :: "l"(&tmB) : "memory");
+      prefetch_tmap(&tmA);
+      prefetch_tmap(&tmB);
       int s = 0; unsigned ph = 0;
       for (int unit = first_unit; unit < num_units; unit += unit_step) {
         int m0, n0;
@@ -395,7 +427,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
     }
   } else {
     // ------------------------------- consumers --------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    regs_alloc<232>();
     const int cw = wg - 1;                       // consumer WG: rows [64*cw, 64*cw+64) of the tile
     const int warp = (threadIdx.x / 32) & 3, lane = threadIdx.x & 31;
     const int r8 = lane >> 2;                    // fragment row within an 8-row group
@@ -463,8 +495,8 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
         value(j, vaux, vout);
         // 128B swizzle: 16-byte chunk index j XOR (row % 8) -> conflict-free across the warp.
         const unsigned off = off_base + ((j ^ r8) << 4);
-        if constexpr (GELU) asm volatile("st.shared.b32 [%0], %1;" :: "r"(sx + off), "r"(vaux) : "memory");
-        asm volatile("st.shared.b32 [%0], %1;" :: "r"(so + off), "r"(vout) : "memory");
+        if constexpr (GELU) sts32(sx + off, vaux);
+        sts32(so + off, vout);
       }
       fence_proxy_async();                                 // generic-proxy writes -> visible to TMA
       __syncwarp();
@@ -488,17 +520,17 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       for (int i = 0; i < 2; ++i) {
         const int r = lane >> 2, q = (lane & 3) * 2 + i;  // row r, 16-byte piece q (8 columns) of the chunk
         const unsigned short* src = pre + (size_t)(grow + r) * N + gcol + 8 * q;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(sx + r * 128 + ((q ^ r) << 4)), "l"(src) : "memory");
+        cp_async16(sx + r * 128 + ((q ^ r) << 4), src);
       }
-      asm volatile("cp.async.commit_group;" ::: "memory");
+      cp_async_commit();
     };
     // Wait for this lane's copies of chunk c, then for the warp's (every lane reads pieces other lanes copied).
     // Copies are issued in chunk order, up to chunk c + PRE_AHEAD - 1 by now: as many newer groups may stay pending.
     auto await_pre = [&](int c) {
       const int newer = PRE_AHEAD - 1 < 7 - c ? PRE_AHEAD - 1 : 7 - c;
-      if (newer >= 2) asm volatile("cp.async.wait_group 2;" ::: "memory");
-      else if (newer == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
-      else asm volatile("cp.async.wait_group 0;" ::: "memory");
+      if (newer >= 2) cp_async_wait<2>();
+      else if (newer == 1) cp_async_wait<1>();
+      else cp_async_wait<0>();
       __syncwarp();
     };
     // The copies of chunks [0, PRE_AHEAD) before the epilogue's first chunk (their slots are free).
@@ -512,15 +544,11 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int line = lane * 2 + i;
-        asm volatile("prefetch.global.L2 [%0];" :: "l"(pre + (size_t)(grow + line / 4) * N + gcol + (line % 4) * 64));
+        prefetch_l2(pre + (size_t)(grow + line / 4) * N + gcol + (line % 4) * 64);
       }
     };
     // This lane's pre at fragment column group j of chunk c.
-    auto pre_at = [&](int c, int j) {
-      unsigned v;
-      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(pre_slot(c) + off_base + ((j ^ r8) << 4)) : "memory");
-      return v;
-    };
+    auto pre_at = [&](int c, int j) { return lds32(pre_slot(c) + off_base + ((j ^ r8) << 4)); };
 #endif
 #if GM_EPI == 3
     // dgelu_bgrad: the chunk's values of this lane as stored (bf16; its row, columns 8j + 2q + e at cs[2j + e], q =
@@ -537,7 +565,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
         cs_half0[1] = cs[1];
       } else {
         float* dst = colsums + (size_t)(grow0 / 16) * N + gcol + 8 * r8 + 2 * (lane & 3);
-        asm volatile("st.global.v2.f32 [%0], {%1, %2};" :: "l"(dst), "f"(cs_half0[0] + cs[0]), "f"(cs_half0[1] + cs[1]) : "memory");
+        stg_f32x2(dst, cs_half0[0] + cs[0], cs_half0[1] + cs[1]);
       }
     };
 #endif
@@ -723,6 +751,8 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
 
 }  // namespace
 
+const char* gemmSm90Ptx() { return kGemmPtx; }
+
 Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx) {
   ctx->ownGeluGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = ctx->ownGemmMulticast = false;
   ctx->ownGemmPreAhead = 3;
@@ -765,7 +795,7 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   k.archSpecific = true;
   k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
                  "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n#define GM_EPI ", s.epilogue, "\n#define GM_SMEM_BYTES ",
-                 kSharedBytes, "\n#define GM_CLUSTER ", s.cluster, "\n#define GM_PRE_AHEAD ", s.preAhead, "\n", kGemmSource);
+                 kSharedBytes, "\n#define GM_CLUSTER ", s.cluster, "\n#define GM_PRE_AHEAD ", s.preAhead, "\n", kGemmHead, kGemmPtx, kGemmBody);
   // A block a SM; in clusters of two, an even count (the loader lowers it to the pairs that fit at once).
   int64_t blocks = std::min<int64_t>(tiles, std::max(ctx.numSMs, 1));
   if (s.cluster == 2) blocks = std::max<int64_t>(2, blocks / 2 * 2);
