@@ -5,6 +5,7 @@
 #ifdef TPC_HAVE_CUDA
 #include <catch2/catch.hpp>
 
+#include "gemm_sm90_nodes.h"
 #include "gpt_step_support.h"
 #include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/lowering.h"
@@ -15,47 +16,6 @@ namespace tpc {
 namespace {
 
 using namespace cuda;
-
-struct EpilogueNode {
-  std::unique_ptr<Graph> g;
-  Node* n = nullptr;
-};
-
-// matmul_epilogue(a[rows..., K], b[K, N] or b^T [N, K], third) {epilogue=kind}: gelu_bias takes bias[N] and gives
-// %y, %pre; dgelu takes pre[rows..., N] and gives %g.
-EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool transposeB, DType t) {
-  EpilogueNode r;
-  r.g = std::make_unique<Graph>(kind);
-  int64_t N = transposeB ? b[0] : b[1];
-  Shape third = {N};
-  if (kind == "dgelu" || kind == "dgelu_bgrad") {
-    third = a;
-    third.back() = N;
-  }
-  Value* x = r.g->addInput("a", TensorType(t, a));
-  Value* w = r.g->addInput("b", TensorType(t, b));
-  Value* v = r.g->addInput(kind == "gelu_bias" ? "bias" : "pre", TensorType(t, third));
-  AttrDict at;
-  at.set("epilogue", kind);
-  if (transposeB) at.set("transpose_b", true);
-  auto n = r.g->create(OpKind::MatmulEpilogue, {x, w, v}, at);
-  REQUIRE(n.ok());
-  r.n = *n;
-  if (kind == "dgelu") {
-    r.g->addOutput(r.n->result(0), "g");
-  } else if (kind == "dgelu_bgrad") {
-    r.g->addOutput(r.n->result(0), "g");
-    r.g->addOutput(r.n->result(1), "db");
-  } else {
-    r.g->addOutput(r.n->result(0), "y");
-    r.g->addOutput(r.n->result(1), "pre");
-  }
-  return r;
-}
-
-EpilogueNode geluBias(Shape a, Shape b, DType t = DType::bf16, bool transposeB = false) {
-  return epilogueNode("gelu_bias", std::move(a), std::move(b), transposeB, t);
-}
 
 // The MLP's backward through gelu is a = dy, b^T = the second weight [4D, D].
 EpilogueNode dgelu(Shape a, Shape b, bool transposeB, DType t = DType::bf16) {

@@ -1,0 +1,254 @@
+// Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) run on the CPU through tests/unit/sm90_emulator.h:
+// every variant the GPT uses (gelu_bias, dgelu with pre copied one or three chunks ahead, dgelu_bgrad; b in both
+// layouts; the deferred and the exact epilogue; blocks alone and in clusters of two) on random inputs against
+// sums in double, with its asynchronous copies landing as early and as late as PTX allows. The same numbers are
+// required bit for bit across those orders, between pre1 and pre3, and with and without clusters. Three kernels
+// with a wait taken out must fail here: the check can fail. Speed and the real hardware's rounding are the GPU
+// test's (test_matmul_epilogues_gpu.cpp).
+#ifdef TPC_HAVE_CUDA
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "gemm_sm90_nodes.h"
+#include "runtime/cuda/kernels/family_lowerings.h"
+#include "runtime/cuda/lowering.h"
+#include "runtime/host_tensor.h"
+#include "sm90_emulator.h"
+#include "test_support.h"
+
+namespace tpc {
+namespace {
+
+using namespace cuda;
+using test::Sm90Launch;
+
+struct Case {
+  std::string kind;           // gelu_bias, dgelu, dgelu_bgrad
+  int64_t M, N, K;
+  bool bT;                    // b given as [N, K]
+  std::string how;            // added to TPC_OWN_GEMM's list: "", "pre1", "multicast"
+  int64_t sms = 3;            // the persistent grid: 3 blocks over 4-8 tiles, so blocks take several
+};
+
+// The operands (bf16 bits) and what the kernel writes.
+struct Io {
+  std::vector<uint16_t> a, b, third, out0, out1;  // third: bias or pre; out0: y or g; out1: gelu_bias's pre
+  std::vector<float> colsums;                      // dgelu_bgrad's [M / 16, N] partial column sums
+};
+
+std::vector<uint16_t> randomBf16(size_t n, double span, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-span, span);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = floatToBf16(static_cast<float>(u(rng)));
+  return v;
+}
+
+Io inputs(const Case& c) {
+  Io io;
+  io.a = randomBf16(static_cast<size_t>(c.M * c.K), 1.0, 1);
+  io.b = randomBf16(static_cast<size_t>(c.K * c.N), 2.0 / std::sqrt(static_cast<double>(c.K)), 2);
+  io.third = c.kind == "gelu_bias" ? randomBf16(static_cast<size_t>(c.N), 0.5, 3) : randomBf16(static_cast<size_t>(c.M * c.N), 5.0, 3);
+  return io;
+}
+
+KernelSpec lower(const Case& c) {
+  EpilogueNode e = epilogueNode(c.kind, {c.M, c.K}, c.bT ? Shape{c.N, c.K} : Shape{c.K, c.N}, c.bT, DType::bf16);
+  LoweringContext ctx;
+  ctx.numSMs = static_cast<int>(c.sms);
+  REQUIRE(setOwnGemmKinds(c.how.empty() ? c.kind : c.kind + "," + c.how, "test", &ctx).ok());
+  auto l = lowerGemm(*e.n, ctx);
+  REQUIRE(l.ok());
+  return l->kernels[0];
+}
+
+Sm90Launch compile(const KernelSpec& k, const test::TempDir& dir) {
+  static int serial = 0;
+  auto fn = test::compileSm90Emulated(k.source, gemmSm90Ptx(), k.entry, dir.path.string(), serial++);
+  INFO((fn.ok() ? std::string() : fn.error()));
+  REQUIRE(fn.ok());
+  return *fn;
+}
+
+// One launch in `mode` on fresh outputs (NaN bytes, so that what the kernel does not write shows). Returns the
+// emulator's complaint, or "".
+std::string run(Sm90Launch fn, const KernelSpec& k, const Case& c, Io& io, int mode) {
+  io.out0.assign(static_cast<size_t>(c.M * c.N), 0xFFFF);
+  io.out1.assign(c.kind == "gelu_bias" ? static_cast<size_t>(c.M * c.N) : 0, 0xFFFF);
+  io.colsums.assign(c.kind == "dgelu_bgrad" ? static_cast<size_t>(c.M / 16 * c.N) : 0, std::nanf(""));
+  std::vector<test::Sm90EmulatedMap> maps;
+  for (const TensorMapSpec& m : k.maps) {
+    const void* base = m.operand ? (m.index == 0 ? io.a.data() : io.b.data()) : (m.index == 0 ? io.out0.data() : io.out1.data());
+    test::Sm90EmulatedMap e{};
+    e.base = base;
+    e.inner = static_cast<unsigned long long>(m.cols);
+    e.outer = static_cast<unsigned long long>(m.rows);
+    e.pitch = static_cast<unsigned long long>(m.cols) * 2;
+    e.boxInner = m.boxCols;
+    e.boxOuter = m.boxRows;
+    maps.push_back(e);
+  }
+  const void* third = io.third.data();
+  float* ws = io.colsums.data();
+  std::vector<void*> args;
+  for (const KernelArg& a : k.args) {
+    if (a.kind == ArgKind::TensorMap) args.push_back(&maps[static_cast<size_t>(a.index)]);
+    else if (a.kind == ArgKind::Operand) args.push_back(&third);
+    else args.push_back(&ws);
+  }
+  auto range = [](const auto& v) {
+    return std::pair<void*, void*>{const_cast<void*>(static_cast<const void*>(v.data())),
+                                   reinterpret_cast<void*>(v.size() * sizeof(v[0]))};
+  };
+  std::vector<void*> ranges;
+  for (auto [p, n] : {range(io.a), range(io.b), range(io.third), range(io.out0), range(io.out1), range(io.colsums)}) {
+    ranges.push_back(p);
+    ranges.push_back(n);
+  }
+  return fn(args.data(), k.grid.x, k.clusterX, k.block.x, k.sharedBytes, mode, ranges.data(),
+            static_cast<unsigned>(ranges.size() / 2));
+}
+
+float f(uint16_t h) { return bf16ToFloat(h); }
+
+double geluRef(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+double geluGradRef(double x) {
+  const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x), t = std::tanh(u);
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x);
+}
+
+// a b in double, [M, N].
+std::vector<double> product(const Case& c, const Io& io) {
+  std::vector<double> h(static_cast<size_t>(c.M * c.N), 0.0);
+  for (int64_t m = 0; m < c.M; ++m)
+    for (int64_t k = 0; k < c.K; ++k) {
+      const double av = f(io.a[static_cast<size_t>(m * c.K + k)]);
+      for (int64_t n = 0; n < c.N; ++n)
+        h[static_cast<size_t>(m * c.N + n)] += av * f(io.b[static_cast<size_t>(c.bT ? n * c.K + k : k * c.N + n)]);
+    }
+  return h;
+}
+
+// How many results differ from the sums in double (h = product()) by more than bf16 rounding allows (NaN, an
+// unwritten element, counts). The kernel rounds the f32 sum (and, deferred, the product) to bf16: within 2^-7 of
+// the result's scale.
+int64_t wrong(const Case& c, const Io& io, const std::vector<double>& h) {
+  int64_t bad = 0;
+  for (int64_t m = 0; m < c.M; ++m) {
+    for (int64_t n = 0; n < c.N; ++n) {
+      const size_t i = static_cast<size_t>(m * c.N + n);
+      const double s = h[i];
+      if (c.kind == "gelu_bias") {
+        const double x = s + f(io.third[static_cast<size_t>(n)]), pre = f(io.out1[i]), y = f(io.out0[i]);
+        bad += !(std::fabs(pre - x) <= 0x1p-8 * std::fabs(x) + 1e-4);
+        bad += !(std::fabs(y - geluRef(x)) <= 0x1p-7 * (std::fabs(geluRef(x)) + std::fabs(x)) + 1e-4);
+      } else {
+        const double want = s * geluGradRef(f(io.third[i])), g = f(io.out0[i]);
+        bad += !(std::fabs(g - want) <= 0x1p-7 * std::fabs(s) * 1.2 + 1e-4);
+      }
+    }
+  }
+  if (c.kind == "dgelu_bgrad")  // each warp's 16 rows of the stored g, per column
+    for (int64_t r = 0; r < c.M / 16; ++r)
+      for (int64_t n = 0; n < c.N; ++n) {
+        double sum = 0, mag = 0;
+        for (int64_t m = r * 16; m < r * 16 + 16; ++m) {
+          sum += f(io.out0[static_cast<size_t>(m * c.N + n)]);
+          mag += std::fabs(f(io.out0[static_cast<size_t>(m * c.N + n)]));
+        }
+        bad += !(std::fabs(io.colsums[static_cast<size_t>(r * c.N + n)] - sum) <= 1e-5 * mag + 1e-6);
+      }
+  return bad;
+}
+
+bool sameBits(const Io& x, const Io& y) {
+  return x.out0 == y.out0 && x.out1 == y.out1 &&
+         std::memcmp(x.colsums.data(), y.colsums.data(), x.colsums.size() * sizeof(float)) == 0 &&
+         x.colsums.size() == y.colsums.size();
+}
+
+// Runs the case in both modes; both must be right and the same bits. Returns mode 0's results.
+Io check(const Case& c, const test::TempDir& dir) {
+  INFO(c.kind << " M " << c.M << " N " << c.N << " K " << c.K << (c.bT ? " b^T" : " b") << " " << c.how);
+  KernelSpec k = lower(c);
+  Sm90Launch fn = compile(k, dir);
+  Io io = inputs(c), late = io;
+  const std::vector<double> h = product(c, io);
+  CHECK(run(fn, k, c, io, 0) == "");
+  CHECK(wrong(c, io, h) == 0);
+  CHECK(run(fn, k, c, late, 1) == "");
+  CHECK(wrong(c, late, h) == 0);
+  CHECK(sameBits(io, late));
+  return io;
+}
+
+}  // namespace
+
+TEST_CASE("gemm sm90 emulated: gelu_bias, dgelu and dgelu_bgrad against double, in both copy orders", "[cuda][emulator]") {
+  test::TempDir dir;
+  // gelu_bias: b [K, N] (N-major tiles), the deferred epilogue over 8 tiles; b^T and the exact epilogue (K < 512).
+  check({"gelu_bias", 512, 512, 512, false, ""}, dir);
+  check({"gelu_bias", 256, 512, 256, true, ""}, dir);
+  // dgelu as the GPT has it (b^T, deferred), pre three chunks ahead and one: the same bits.
+  Case d{"dgelu", 512, 512, 512, true, ""};
+  Io pre3 = check(d, dir);
+  d.how = "pre1";
+  CHECK(sameBits(pre3, check(d, dir)));
+  // dgelu with b [K, N], K 192 (fewer k-slices than the ring's stages; the exact epilogue); dgelu_bgrad, K 576 (a
+  // tail that starts mid-ring).
+  check({"dgelu", 256, 512, 192, false, ""}, dir);
+  check({"dgelu_bgrad", 512, 256, 576, true, ""}, dir);
+  check({"dgelu_bgrad", 256, 256, 256, true, "pre1"}, dir);
+}
+
+TEST_CASE("gemm sm90 emulated: blocks in clusters of two give the same bits", "[cuda][emulator]") {
+  test::TempDir dir;
+  for (Case c : {Case{"gelu_bias", 512, 512, 512, false, ""}, Case{"dgelu", 512, 512, 512, true, ""}}) {
+    Io alone = check(c, dir);
+    c.how = "multicast";
+    c.sms = 4;  // two clusters
+    KernelSpec k = lower(c);
+    CHECK(k.clusterX == 2);
+    CHECK(sameBits(alone, check(c, dir)));
+  }
+}
+
+TEST_CASE("gemm sm90 emulated: a kernel with a wait taken out gives wrong numbers", "[cuda][emulator]") {
+  test::TempDir dir;
+  struct Mutation {
+    const char *what, *from, *to;
+    int mode;  // the order that shows it
+  };
+  const Mutation mutations[] = {
+      // A stage handed back to the producer while the k-slice before is still reading it.
+      {"stage released early", "wgmma_wait<1>();", "wgmma_wait<2>();", 0},
+      // The out slot reused before the previous chunk's TMA store has read it (pre3's single out slot).
+      {"out slot reused early", "else bulk_wait_read<0>();", "else bulk_wait_read<1>();", 0},
+      // A chunk's pre read before its copy has landed.
+      {"pre read early", "const int newer = PRE_AHEAD - 1 < 7 - c ? PRE_AHEAD - 1 : 7 - c;",
+       "const int newer = PRE_AHEAD < 8 - c ? PRE_AHEAD : 8 - c;", 1},
+  };
+  const Case c{"dgelu", 512, 512, 512, true, ""};
+  const Io in = inputs(c);
+  const std::vector<double> h = product(c, in);
+  for (const Mutation& mu : mutations) {
+    INFO(mu.what);
+    KernelSpec k = lower(c);
+    const size_t at = k.source.find(mu.from);
+    REQUIRE(at != std::string::npos);
+    REQUIRE(k.source.find(mu.from, at + 1) == std::string::npos);
+    k.source.replace(at, std::strlen(mu.from), mu.to);
+    Sm90Launch fn = compile(k, dir);
+    Io io = in;
+    const std::string complaint = run(fn, k, c, io, mu.mode);
+    const int64_t bad = wrong(c, io, h);
+    UNSCOPED_INFO(mu.what << ": " << bad << " wrong elements; the emulator says '" << complaint << "'");
+    CHECK((!complaint.empty() || bad > 0));
+  }
+}
+
+}  // namespace tpc
+#endif
