@@ -12,7 +12,15 @@
 //   kLateWrites (1): writes land at the last moment (a TMA load when a thread waits on its barrier, a cp.async at
 //                   its wait_group), reads happen at issue: data used before it is waited for is caught.
 // A wgmma's accumulators are written when it runs, so reading them before wgmma.wait_group is caught in mode 0.
-// Not a performance model; the matrix descriptors are read as the kernel's comments define them.
+// Also caught: a TMA store of shared memory written without fence.proxy.async since; a thread that exits with
+// TMA stores, cp.async or wgmma groups it never waited for; an arrival, multicast or load landing in a block whose
+// threads have all exited (its shared memory is gone); a barrier left mid-phase at the end; misaligned TMA, cp.async
+// and mbarrier addresses (the dynamic shared memory starts 16-byte but not 1 KB aligned, so the kernel's own
+// alignment is exercised); a warp, block or cluster barrier or an mbarrier wait that is not met within 15 s.
+// Not modelled: wgmma.fence (a warp barrier here), fence.mbarrier_init, cluster-scope acquire and release, the
+// hardware's own reading of the matrix descriptors and of the wgmma transpose bit, cvt's operand order and the
+// multicast mask: the emulator reads those as the kernel's comments define them, the GPU test checks them. Not a
+// performance model.
 #pragma once
 
 #include <dlfcn.h>
@@ -54,25 +62,69 @@ static uint3 blockDim, gridDim;
 #define __launch_bounds__(...)
 #define __grid_constant__
 
-struct EmuBar { unsigned count = 0, pending = 0, phase = 0; long long tx = 0; std::vector<std::shared_ptr<std::function<void()>>> late; };
+// A TMA load held back (mode 1) until a thread waits on its barrier; a multicast is queued in both blocks and lands
+// once, with whichever waits first.
+struct EmuLate { bool done = false; std::function<void()> land; };
+struct EmuBar {
+  unsigned count = 0, pending = 0, phase = 0;
+  long long tx = 0;
+  std::vector<std::shared_ptr<EmuLate>> late;
+  size_t queued() const { return std::count_if(late.begin(), late.end(), [](const auto& l) { return !l->done; }); }
+};
+static void emu_fail(const std::string& what);
+static std::string emu_who();
+static std::atomic<bool> emu_failed{false};
+// A barrier of n threads (__syncwarp, __syncthreads, barrier.cluster) that gives up after 15 s, or at once after any
+// failure, instead of hanging the test.
+struct EmuBarrier {
+  explicit EmuBarrier(unsigned n, const char* what) : count(n), what(what) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> l(mu);
+    const unsigned long long gen = generation;
+    if (++arrived == count) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (generation == gen && !emu_failed) {
+      cv.wait_for(l, std::chrono::milliseconds(100));
+      if (generation == gen && std::chrono::steady_clock::now() > deadline) {
+        l.unlock();
+        emu_fail(emu_who() + ": waited 15 s at a " + what + " barrier (" + std::to_string(arrived) + " of " +
+                 std::to_string(count) + " threads there)");
+        return;
+      }
+    }
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  unsigned count, arrived = 0;
+  unsigned long long generation = 0;
+  const char* what;
+};
+constexpr unsigned kEmuDynOffset = 0x50;  // the dynamic shared memory's start in the block's window: 16-B aligned only
 struct EmuCluster;
 struct EmuBlock {
   std::vector<unsigned char> storage;
-  unsigned char* smem = nullptr;
-  size_t smemBytes = 0;
+  unsigned char* smem = nullptr;          // the block's shared window (address 0), 1 KB aligned
+  size_t smemBytes = 0;                   // dynamic shared memory, from kEmuDynOffset
   std::map<unsigned, EmuBar> bars;
-  std::unique_ptr<std::barrier<>> block;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::unique_ptr<EmuBarrier> block;
+  std::vector<std::unique_ptr<EmuBarrier>> warps;
   std::vector<unsigned long long> slots;
+  std::vector<unsigned short> unfenced;   // per 4-byte word: 1 + the thread whose generic write is not yet fenced
+  std::atomic<unsigned> live{0};          // threads still running; 0: the block has exited
+  bool dead = false;                      // under emu_mu
   unsigned rank = 0;
   EmuCluster* cluster = nullptr;
 };
-struct EmuCluster { std::vector<EmuBlock*> blocks; std::unique_ptr<std::barrier<>> bar; unsigned id = 0; };
+struct EmuCluster { std::vector<EmuBlock*> blocks; std::unique_ptr<EmuBarrier> bar; unsigned id = 0; };
 static int emu_mode = 0;
 static unsigned emu_clusters = 1;
 static std::recursive_mutex emu_mu;       // every barrier's state and the error (recursive: emu_fail under it)
 static std::condition_variable_any emu_cv;
-static std::atomic<bool> emu_failed{false};
 static std::string emu_error;
 static std::vector<std::pair<const unsigned char*, size_t>> emu_ranges;  // the global buffers the kernel may touch
 static thread_local EmuBlock* emu_blk;
@@ -83,7 +135,7 @@ static void emu_fail(const std::string& what) {
   if (!emu_failed.exchange(true)) emu_error = what;
   emu_cv.notify_all();
 }
-static std::string emu_who() {
+static std::string emu_who() {  // the thread that runs the operation (a late load: the one that waited for it)
   return "block " + std::to_string(blockIdx.x) + " thread " + std::to_string(emu_tid);
 }
 static bool emu_global_ok(const void* p, size_t n) {
@@ -93,8 +145,9 @@ static bool emu_global_ok(const void* p, size_t n) {
   return false;
 }
 static unsigned char* emu_smem_at(EmuBlock* b, unsigned addr, size_t n) {
-  if (addr + n > b->smemBytes) {
-    emu_fail(emu_who() + ": shared memory access at " + std::to_string(addr) + " past the block's " + std::to_string(b->smemBytes) + " bytes");
+  if (addr < kEmuDynOffset || addr + n > kEmuDynOffset + b->smemBytes) {
+    emu_fail(emu_who() + ": shared memory access at " + std::to_string(addr) + " outside the block's " +
+             std::to_string(b->smemBytes) + " bytes from " + std::to_string(kEmuDynOffset));
     static unsigned char sink[64];
     return sink;
   }
@@ -102,6 +155,9 @@ static unsigned char* emu_smem_at(EmuBlock* b, unsigned addr, size_t n) {
 }
 // 128-byte swizzle: the 16-byte chunk index (address bits 4-6) XOR the row within 8 (bits 7-9).
 static unsigned emu_swz(unsigned a) { return a ^ (((a >> 7) & 7u) << 4); }
+static void emu_aligned(unsigned long long a, unsigned n, const char* what) {
+  if (a % n) emu_fail(emu_who() + ": " + what + " at " + std::to_string(a) + ", not " + std::to_string(n) + "-byte aligned");
+}
 
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __expf(float x) { return std::exp(x); }
@@ -146,7 +202,7 @@ static thread_local EmuGroups emu_cp, emu_bulk, emu_mma;
 // The functions of gemmSm90Ptx(), emulated.
 inline const char* sm90EmulatedPtx() {
   return R"SHIM(
-#define GM_DYNAMIC_SMEM(name) unsigned char* name = emu_blk->smem
+#define GM_DYNAMIC_SMEM(name) unsigned char* name = emu_blk->smem + kEmuDynOffset
 #define GM_CLUSTER_DIMS
 inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - emu_blk->smem); }
 
@@ -167,6 +223,7 @@ static void emu_bar_check(EmuBar& m) {  // emu_mu held: the phase completes with
 }
 static void emu_arrive(EmuBlock* b, unsigned bar, long long bytes) {
   std::lock_guard<std::recursive_mutex> l(emu_mu);
+  if (b->dead) { emu_fail(emu_who() + ": arrives on an mbarrier of a block that has exited"); return; }
   EmuBar& m = emu_bar(b, bar);
   if (m.pending == 0) { emu_fail(emu_who() + ": more arrivals on mbarrier " + std::to_string(bar) + " than its count"); return; }
   m.tx += bytes;
@@ -179,6 +236,7 @@ static void emu_complete_tx(EmuBlock* b, unsigned bar, long long bytes) {  // em
   emu_bar_check(m);
 }
 inline void mbar_init(unsigned bar, unsigned count) {
+  emu_aligned(bar, 8, "an mbarrier");
   std::lock_guard<std::recursive_mutex> l(emu_mu);
   EmuBar& m = emu_blk->bars[bar];
   m = EmuBar{};
@@ -208,14 +266,19 @@ inline void mbar_wait(unsigned bar, unsigned parity) {
     if (!m.late.empty()) {
       auto late = std::move(m.late);
       m.late.clear();
-      for (auto& f : late) (*f)();   // each clears itself (a multicast is queued in both blocks)
+      for (auto& f : late)
+        if (!f->done) {
+          f->done = true;
+          f->land();
+        }
       continue;
     }
     if (emu_cv.wait_until(l, deadline) == std::cv_status::timeout) {
+      if ((emu_bar(emu_blk, bar).phase & 1u) != (parity & 1u)) return;
       std::string state;
       for (const auto& [at, b] : emu_blk->bars)
         state += " @" + std::to_string(at) + " phase " + std::to_string(b.phase) + " pending " + std::to_string(b.pending) +
-                 " tx " + std::to_string(b.tx) + (b.late.empty() ? ";" : " (loads queued);");
+                 " tx " + std::to_string(b.tx) + (b.queued() ? " (loads queued);" : ";");
       emu_fail(emu_who() + (PRODUCER ? " (producer)" : " (consumer)") + ": waited 15 s on mbarrier " +
                std::to_string(bar) + " for parity " + std::to_string(parity) + " (a deadlock); this block's barriers:" + state);
       return;
@@ -257,18 +320,20 @@ static void emu_tma_load(unsigned dst, const TmaDesc* map, unsigned bar, int c0,
   std::vector<EmuBlock*> to;
   if (multicast) to = emu_blk->cluster->blocks;
   else to.push_back(emu_blk);
-  auto done = std::make_shared<bool>(false);
-  auto land = std::make_shared<std::function<void()>>([=] {  // emu_mu held
-    if (*done) return;
-    *done = true;
+  emu_aligned(dst, 128, "a TMA load's destination");
+  auto land = [=] {  // emu_mu held
+    for (EmuBlock* b : to)
+      if (b->dead) { emu_fail(emu_who() + ": a TMA load lands in a block that has exited"); return; }
     for (EmuBlock* b : to) emu_box(b, dst, m, c0, c1, true);
     for (EmuBlock* b : to) emu_complete_tx(b, bar, bytes);
-  });
+  };
   std::lock_guard<std::recursive_mutex> l(emu_mu);
   if (emu_mode == 0) {
-    (*land)();
+    land();
   } else {
-    for (EmuBlock* b : to) emu_bar(b, bar).late.push_back(land);
+    auto late = std::make_shared<EmuLate>();
+    late->land = land;
+    for (EmuBlock* b : to) emu_bar(b, bar).late.push_back(late);
     emu_cv.notify_all();   // a thread already waiting on the barrier lands it
   }
 }
@@ -277,14 +342,29 @@ inline void tma_load_2d_multicast(unsigned dst, const TmaDesc* map, unsigned bar
 inline void tma_store_2d(const TmaDesc* map, unsigned src, int c0, int c1) {
   const EmuMap m = emu_map(map);
   EmuBlock* b = emu_blk;
-  auto store = [=] { emu_box(b, src, m, c0, c1, false); };
+  emu_aligned(src, 128, "a TMA store's source");
+  auto store = [=] {
+    // The async proxy reads it: every generic write to it must have been followed by fence.proxy.async.
+    for (unsigned long long i = 0; i < m.boxInner * m.boxOuter * 2; i += 4)
+      if (unsigned short w = b->unfenced[(src + i) / 4]) {
+        emu_fail(emu_who() + ": a TMA store reads shared memory at " + std::to_string(src + i) + " that thread " +
+                 std::to_string(w - 1) + " wrote without fence.proxy.async since");
+        break;
+      }
+    emu_box(b, src, m, c0, c1, false);
+  };
   if (emu_mode == 1) store();
   else emu_bulk.open.push_back(store);
 }
 inline void bulk_commit() { emu_bulk.commit(); }
 template <int N> inline void bulk_wait_read() { emu_bulk.run_all_but(N); }
 inline void bulk_wait_all() { emu_bulk.run_all_but(0); }
-inline void fence_proxy_async() {}
+static thread_local std::vector<unsigned> emu_unfenced;  // this thread's words written since its last proxy fence
+inline void fence_proxy_async() {
+  for (unsigned w : emu_unfenced)
+    if (emu_blk->unfenced[w] == emu_tid + 1) emu_blk->unfenced[w] = 0;
+  emu_unfenced.clear();
+}
 
 // The wgmma instructions are .sync.aligned: a warp's threads meet at each (as a warp executes them converged), so
 // that no lane runs ahead past a wgmma, e.g. to release a stage the others have not waited for yet.
@@ -310,6 +390,8 @@ static void emu_desc(unsigned long long d, unsigned& start, unsigned& lbo, unsig
   lbo = (unsigned)((d >> 16) & 0x3FFFu) << 4;
   sbo = (unsigned)((d >> 32) & 0x3FFFu) << 4;
   if ((d >> 62) != 1) emu_fail(emu_who() + ": a wgmma descriptor without the 128-byte swizzle");
+  // The base offset says where the matrix starts within the swizzle's 1 KB pattern (address bits 7-9).
+  if (((d >> 49) & 7u) != ((start >> 7) & 7u)) emu_fail(emu_who() + ": a wgmma descriptor whose base offset is not its start's");
 }
 // D[64 x 256] (+)= A[64 x 16] B[16 x 256], this thread's 128 accumulators: d[4j + e] is row 16 warp + lane / 4 +
 // 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2. A is K-major; B K-major (GM_B_KMAJOR) or N-major (atoms of 64 n x 8 k
@@ -361,8 +443,14 @@ inline void prefetch_tmap(const TmaDesc*) {}
 inline void prefetch_l2(const void* p) {
   if (!emu_global_ok(p, 1)) emu_fail(emu_who() + ": prefetch.global.L2 outside the kernel's buffers");
 }
-inline void sts32(unsigned addr, unsigned v) { std::memcpy(emu_smem_at(emu_blk, addr, 4), &v, 4); }
+inline void sts32(unsigned addr, unsigned v) {
+  emu_aligned(addr, 4, "st.shared.b32");
+  std::memcpy(emu_smem_at(emu_blk, addr, 4), &v, 4);
+  emu_blk->unfenced[addr / 4] = (unsigned short)(emu_tid + 1);
+  emu_unfenced.push_back(addr / 4);
+}
 inline unsigned lds32(unsigned addr) {
+  emu_aligned(addr, 4, "ld.shared.b32");
   unsigned v;
   std::memcpy(&v, emu_smem_at(emu_blk, addr, 4), 4);
   return v;
@@ -374,6 +462,8 @@ inline void stg_f32x2(float* p, float a, float b) {
 }
 inline void cp_async16(unsigned dst, const void* src) {
   if (!emu_global_ok(src, 16)) { emu_fail(emu_who() + ": cp.async from outside the kernel's buffers"); return; }
+  emu_aligned(dst, 16, "a cp.async destination");
+  emu_aligned((unsigned long long)(uintptr_t)src, 16, "a cp.async source");
   EmuBlock* b = emu_blk;
   auto copy = [=] { std::memcpy(emu_smem_at(b, dst, 16), src, 16); };
   if (emu_mode == 0) copy();
@@ -410,15 +500,17 @@ extern "C" const char* tpc_sm90_launch(void** args, unsigned grid, unsigned clus
   for (unsigned c = 0; c < emu_clusters; ++c) {
     clusters.push_back(std::make_unique<EmuCluster>());
     clusters.back()->id = c;
-    clusters.back()->bar = std::make_unique<std::barrier<>>(threads * cluster);
+    clusters.back()->bar = std::make_unique<EmuBarrier>(threads * cluster, "cluster");
   }
   for (unsigned i = 0; i < grid; ++i) {
     auto b = std::make_unique<EmuBlock>();
-    b->storage.assign(smem + 1024, 0xFF);   // NaN bf16 everywhere until written
+    b->storage.assign(1024 + kEmuDynOffset + smem, 0xFF);   // NaN bf16 everywhere until written
     b->smem = b->storage.data() + (1024 - (uintptr_t)b->storage.data() % 1024) % 1024;
     b->smemBytes = smem;
-    b->block = std::make_unique<std::barrier<>>(threads);
-    for (unsigned w = 0; w < (threads + 31) / 32; ++w) b->warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - w * 32)));
+    b->unfenced.assign((kEmuDynOffset + smem) / 4 + 1, 0);
+    b->live = threads;
+    b->block = std::make_unique<EmuBarrier>(threads, "block");
+    for (unsigned w = 0; w < (threads + 31) / 32; ++w) b->warps.push_back(std::make_unique<EmuBarrier>(std::min(32u, threads - w * 32), "warp"));
     b->slots.assign(threads, 0);
     b->rank = i % cluster;
     b->cluster = clusters[i / cluster].get();
@@ -426,26 +518,39 @@ extern "C" const char* tpc_sm90_launch(void** args, unsigned grid, unsigned clus
     blocks.push_back(std::move(b));
   }
   std::vector<std::thread> pool;
-  for (unsigned i = 0; i < grid; ++i)
-    for (unsigned t = 0; t < threads; ++t)
-      pool.emplace_back([&, i, t] {
-        emu_blk = blocks[i].get();
-        emu_tid = t;
-        threadIdx = {t, 0, 0};
-        blockIdx = {i, 0, 0};
-        emu_cp = EmuGroups{};
-        emu_bulk = EmuGroups{};
-        emu_mma = EmuGroups{};
-        emu_call2(TPC_EMU_ENTRY, args);
-        // What the kernel left in flight: its TMA stores complete on their own; cp.async and wgmma groups nobody
-        // waited for are a bug (their data was never used).
-        emu_bulk.commit();
-        emu_bulk.run_all_but(0);
-        if (emu_cp.pending() || emu_mma.pending())
-          emu_fail(emu_who() + ": exits with " + std::to_string(emu_cp.pending()) + " cp.async and " +
-                   std::to_string(emu_mma.pending()) + " wgmma groups never waited for");
-      });
+  try {
+    for (unsigned i = 0; i < grid; ++i)
+      for (unsigned t = 0; t < threads; ++t)
+        pool.emplace_back([&, i, t] {
+          emu_blk = blocks[i].get();
+          emu_tid = t;
+          threadIdx = {t, 0, 0};
+          blockIdx = {i, 0, 0};
+          emu_call2(TPC_EMU_ENTRY, args);
+          // Nothing may be in flight when a thread exits: its shared memory goes with the block, TMA stores still
+          // reading it included (cp.async.bulk.wait_group first); a cp.async or wgmma nobody waited for is data
+          // never used.
+          if (emu_bulk.pending() || emu_cp.pending() || emu_mma.pending())
+            emu_fail(emu_who() + ": exits with " + std::to_string(emu_bulk.pending()) + " TMA store, " +
+                     std::to_string(emu_cp.pending()) + " cp.async and " + std::to_string(emu_mma.pending()) +
+                     " wgmma groups never waited for");
+          if (--emu_blk->live == 0) {  // the block has exited: what lands in it from now on is a bug
+            std::lock_guard<std::recursive_mutex> l(emu_mu);
+            emu_blk->dead = true;
+            std::fill(emu_blk->storage.begin(), emu_blk->storage.end(), 0xFF);
+          }
+        });
+  } catch (const std::exception& e) {
+    emu_fail(std::string("starting a thread for each CUDA thread: ") + e.what());
+  }
   for (auto& th : pool) th.join();
+  // Every barrier between phases: no bytes or arrivals outstanding, no load that never landed.
+  for (unsigned i = 0; i < grid; ++i)
+    for (const auto& [at, m] : blocks[i]->bars)
+      if (m.tx != 0 || m.pending != m.count || m.queued())
+        emu_fail("block " + std::to_string(i) + " ends with mbarrier " + std::to_string(at) + " mid-phase (" +
+                 std::to_string(m.count - m.pending) + " of " + std::to_string(m.count) + " arrivals, " +
+                 std::to_string(m.tx) + " bytes outstanding" + (m.queued() ? ", loads never landed)" : ")"));
   result = emu_failed ? emu_error : std::string();
   return result.c_str();
 }
