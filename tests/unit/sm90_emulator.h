@@ -160,7 +160,7 @@ static void emu_aligned(unsigned long long a, unsigned n, const char* what) {
 }
 
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
-inline float __expf(float x) { return std::exp(x); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fdividef(float a, float b) { return a / b; }
 template <class T> inline T __ldg(const T* p) {
   if (!emu_global_ok(p, sizeof(T))) emu_fail(emu_who() + ": __ldg outside the kernel's buffers");
@@ -471,6 +471,8 @@ inline void cp_async16(unsigned dst, const void* src) {
 }
 inline void cp_async_commit() { emu_cp.commit(); }
 template <int N> inline void cp_async_wait() { emu_cp.run_all_but(N); }
+inline float ex2_approx(float x) { return std::exp2(x); }
+inline float rcp_approx(float x) { return 1.0f / x; }
 )SHIM";
 }
 

@@ -248,6 +248,9 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+// The MUFU's 2^x and 1/x (~2 ulp; subnormals flushed).
+__device__ __forceinline__ float ex2_approx(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+__device__ __forceinline__ float rcp_approx(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 )GEMM";
 
 // The kernel itself: plain CUDA C++ over kGemmPtx's functions.
@@ -278,23 +281,28 @@ __device__ __forceinline__ float bf16lo(unsigned v) { return __uint_as_float(v <
 __device__ __forceinline__ float bf16hi(unsigned v) { return __uint_as_float(v & 0xFFFF0000u); }
 // gelu(h) = 0.5 h (1 + tanh(u)), u = sqrt(2/pi) (h + 0.044715 h^3), as h / (1 + exp(-2u)): the same function
 // without 1 + tanh(u)'s cancellation for negative h (where an approximate tanh loses the result's digits), in
-// two MUFU ops (ex2, rcp: ~1e-6 relative). An IEEE division here made the epilogue outlast the wgmmas it hides
-// under (gpt2-medium's step 79 -> 82 ms); __fdividef(h, inf) is -0, gelu's limit.
+// two MUFU ops (ex2, rcp: ~1e-6 relative). exp(-2u) = 2^x with x = h (k0 + k1 h^2), the constants scaled by
+// -2 log2(e) (one multiply fewer). The epilogue's arithmetic runs between the wgmmas' issue and their wait, so
+// every instruction here counts: an IEEE division made it outlast the wgmmas it hides under (gpt2-medium's step
+// 79 -> 82 ms). __fdividef(h, inf) is -0, gelu's limit.
+constexpr float kGeluX0 = -2.8853900818f * 0.7978845608f, kGeluX1 = -2.8853900818f * 0.7978845608f * 0.044715f;
 __device__ __forceinline__ float gelu_tanh(float h) {
-  float u = h * (0.7978845608f + 0.0356774081f * (h * h));
-  return __fdividef(h, 1.0f + __expf(-2.0f * u));
+  const float x = h * __fmaf_rn(kGeluX1, h * h, kGeluX0);
+  return __fdividef(h, 1.0f + ex2_approx(x));
 }
 // gelu'(v) = (1 + t) / 2 + v (1 - t^2) c (1 + 3 a v^2) / 2 with t = tanh(u), u = c (v + a v^3): with
-// s = (1 + t) / 2 = 1 / (1 + e), e = exp(-2u), 1 - t^2 = 4 e s^2, so gelu'(v) = s (1 + 2 c v (e s) (1 + 3 a v^2)),
-// in the same two MUFU ops and without a cancelling 1 - t or 1 - t^2. u is clamped at -40 so that e stays finite
-// (e s = 1 there, s ~ 2e-35), and below v = -12 (u < -71) the result is gelu''s limit, 0: the v^3 factor would
-// otherwise outgrow s (-inf from v ~ -2e13). A NaN v stays NaN.
+// s = (1 + t) / 2 = 1 / (1 + e), e = exp(-2u), 1 - t^2 = 4 e s^2, so gelu'(v) = s (1 + p (e s)) with
+// p = 2 c v (1 + 3 a v^2), in the same two MUFU ops and without a cancelling 1 - t or 1 - t^2. -2u (as x, in
+// log2 units) is clamped at 80 log2(e) so that e stays finite (e s = 1 there, s ~ 2e-35), and below v = -12
+// (u < -71) the result is gelu''s limit, 0: p would otherwise outgrow s (-inf from v ~ -2e13). A NaN v stays NaN.
+// 11 float operations and 2 MUFU: with fewer, dgelu's epilogue hides under its wgmmas (twenty-third session).
 __device__ __forceinline__ float gelu_tanh_grad(float v) {
   const float v2 = v * v;
-  const float u = fmaxf(v * (0.7978845608f + 0.0356774081f * v2), -40.0f);
-  const float e = __expf(-2.0f * u);
-  const float sg = __fdividef(1.0f, 1.0f + e);
-  return v < -12.0f ? 0.0f : sg * (1.0f + 1.5957691216f * v * (e * sg) * (1.0f + 0.134145f * v2));
+  const float x = fminf(v * __fmaf_rn(kGeluX1, v2, kGeluX0), 115.41560327f);
+  const float e = ex2_approx(x);
+  const float sg = rcp_approx(1.0f + e);
+  const float p = v * __fmaf_rn(1.5957691216f * 3.0f * 0.044715f, v2, 1.5957691216f);
+  return v < -12.0f ? 0.0f : sg * __fmaf_rn(p, e * sg, 1.0f);
 }
 
 // One halving step of a reduce-scatter over the lanes that differ in MASK: of the C values v[0, C), a lane keeps
@@ -525,18 +533,33 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       cp_async_commit();
     };
     // Wait for this lane's copies of chunk c, then for the warp's (every lane reads pieces other lanes copied).
-    // Copies are issued in chunk order, up to chunk c + PRE_AHEAD - 1 by now: as many newer groups may stay pending.
-    auto await_pre = [&](int c) {
-      const int newer = PRE_AHEAD - 1 < 7 - c ? PRE_AHEAD - 1 : 7 - c;
-      if (newer >= 2) cp_async_wait<2>();
+    // cp.async.wait_group N waits until at most the N newest groups are pending: N is the number of copies issued
+    // after chunk c's by the time chunk c is used (more would be a read before the data lands; fewer, a wait for
+    // copies not needed yet). Without DEFER (and with PRE_AHEAD 1) copies go in chunk order, chunk c + PRE_AHEAD
+    // once chunk c is used. With DEFER and PRE_AHEAD 3 the next tile's first chunks are issued during this tile's
+    // last ones, in the order 2 (after chunk 5), 0 (after 6), 1 (after 7), each into the slot just freed; so before
+    // chunk 0's use only chunk 1's follows it, before chunk 1's chunk 3's, before chunk 2's 0, 1, 3 and 4; then
+    // two, except in the last tile's epilogue (`drain`), where nothing comes after chunk 7.
+    auto await_pre = [&](int c, bool drain) {
+      int newer = PRE_AHEAD - 1 < 7 - c ? PRE_AHEAD - 1 : 7 - c;
+      if (DEFER && PRE_AHEAD == 3) newer = c < 2 ? 1 : c == 2 ? 4 : drain && 7 - c < 2 ? 7 - c : 2;
+      if (newer >= 4) cp_async_wait<4>();
+      else if (newer >= 2) cp_async_wait<2>();
       else if (newer == 1) cp_async_wait<1>();
       else cp_async_wait<0>();
       __syncwarp();
     };
-    // The copies of chunks [0, PRE_AHEAD) before the epilogue's first chunk (their slots are free).
+    // The copies of chunks [0, PRE_AHEAD) where no epilogue is pending (their slots are free): in chunk order, or in
+    // the order of the copies made during a deferred epilogue (await_pre).
     auto load_first_pre = [&](int row0, int col0) {
+      if constexpr (DEFER && PRE_AHEAD == 3) {
+        load_pre(2, row0, col0);
+        load_pre(0, row0, col0);
+        load_pre(1, row0, col0);
+      } else {
 #pragma unroll
-      for (int c = 0; c < PRE_AHEAD; ++c) load_pre(c, row0, col0);
+        for (int c = 0; c < PRE_AHEAD; ++c) load_pre(c, row0, col0);
+      }
     };
     // The warp's 16 rows x 256 columns of pre into L2 at the start of a tile's mainloop (64 lines of 128 B, two a
     // lane), so that the chunk copies, issued ahead of their use, find it there.
@@ -570,11 +593,12 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
     };
 #endif
     // DEFER: chunk c (= cg*2 + half) of the pending tile, from the packed bf16 sum; dgelu: pre of chunk c was
-    // loaded PRE_AHEAD chunks ahead, and chunk c + PRE_AHEAD's is loaded once this one's is used.
-    auto deferred_chunk = [&](auto cc) {
+    // loaded ahead, and chunk c + PRE_AHEAD's (PRE_AHEAD 3, c >= 5: the running tile's chunk 2, 0 or 1, at (row0,
+    // col0), unless this is the last tile's epilogue, `drain`) is loaded once this one's is used.
+    auto deferred_chunk = [&](auto cc, auto drain, int row0, int col0) {
       constexpr int c = decltype(cc)::value, cg = c / 2, half = c % 2;
 #if GM_EPI >= 2
-      await_pre(c);
+      await_pre(c, decltype(drain)::value != 0);
 #endif
       store_chunk(c, pend_n0 + cg * 64, pend_row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
 #if GM_EPI == 1
@@ -596,6 +620,9 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       // Chunk c + PRE_AHEAD's pre, into the slot whose last reader is done (chunk c - 1's pair, or chunk c's own
       // slot: store_chunk's __syncwarp follows every lane's reads).
       if constexpr (c + PRE_AHEAD <= 7) load_pre(c + PRE_AHEAD, pend_row0, pend_n0);
+      else if constexpr (PRE_AHEAD == 3 && !decltype(drain)::value) load_pre(c == 5 ? 2 : c - 6, row0, col0);
+#else
+      (void)row0; (void)col0;
 #endif
     };
 
@@ -606,26 +633,27 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 
 #if GM_EPI >= 2
       prefetch_pre_l2(row0, n0);
-      if constexpr (!DEFER) load_first_pre(row0, n0);   // the epilogue's first chunks, while the mainloop runs
+      // The epilogue's first chunks, while the mainloop runs: without DEFER this tile's; with DEFER and PRE_AHEAD 3
+      // the deferred epilogue of the previous tile copies them (deferred_chunk), here only where there is none.
+      if (!DEFER || (PRE_AHEAD == 3 && pend_row0 < 0)) load_first_pre(row0, n0);
 #endif
       // ---- mainloop (keeps 1 wgmma group in flight) ----
       int kb = 0;
       if constexpr (DEFER) {
-        // The first 8 K slices each carry one epilogue chunk of the previous tile: ALU/MUFU work
-        // and smem stores run while the tensor cores chew on this tile. Needs K/64 >= 8.
+        // Epilogue chunk c of the previous tile runs in k-slice c KB / 8, spread over the mainloop: its ALU/MUFU
+        // work and smem stores run while the tensor cores chew on this tile, and past what a k-slice's wgmmas
+        // hide they hold back the next k-slice's issue. Needs K/64 >= 8.
         const bool pend = pend_row0 >= 0;
-        auto step = [&](auto cc) { kstep(kb++, [&] { if (pend) deferred_chunk(cc); }); };
+        auto step = [&](auto cc) {
+#pragma unroll 1
+          for (; kb < decltype(cc)::value * KB / 8; ++kb) kstep(kb, [] {});
+          kstep(kb++, [&] { if (pend) deferred_chunk(cc, Int<0>{}, row0, n0); });
+        };
         step(Int<0>{}); step(Int<1>{}); step(Int<2>{}); step(Int<3>{});
         step(Int<4>{}); step(Int<5>{}); step(Int<6>{}); step(Int<7>{});
       }
-      // PRE_AHEAD 3 with DEFER: this tile's first pre chunks, used in the next tile's first k-slices, once the
-      // previous tile's deferred chunks (k-slices 0-7) are done with their slots.
 #pragma unroll 1
-      for (; kb < KB; ++kb) kstep(kb, [&] {
-#if GM_EPI >= 2
-        if (PRE_AHEAD > 1 && DEFER && kb == 8) load_first_pre(row0, n0);
-#endif
-      });
+      for (; kb < KB; ++kb) kstep(kb, [] {});
       wgmma_wait<0>();
       acc_fence(acc);
       if (lane == 0) release(prev_s);
@@ -659,7 +687,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
             for (int j = 0; j < 8; ++j) hp[(cg * 8 + j) * 2 + half] = pack_bf16(sum(j, half, 0), sum(j, half, 1));
           } else {
 #if GM_EPI >= 2
-            await_pre(cg * 2 + half);                      // this chunk's pre (copied PRE_AHEAD chunks ahead)
+            await_pre(cg * 2 + half, false);               // this chunk's pre (copied PRE_AHEAD chunks ahead)
 #endif
             store_chunk(cg * 2 + half, n0 + cg * 64, row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
               const float h0 = sum(j, half, 0), h1 = sum(j, half, 1);
@@ -689,15 +717,16 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       if constexpr (DEFER) {
         pend_row0 = row0; pend_n0 = n0;
 #if GM_EPI >= 2
-        // The first chunks' pre, used in the next tile's first k-slices (PRE_AHEAD 3: loaded at k-slice 8 when there is one).
-        if (PRE_AHEAD == 1 || KB == 8) load_first_pre(pend_row0, pend_n0);
+        // PRE_AHEAD 1: the first chunk's pre, used in the next tile's first k-slice.
+        if (PRE_AHEAD == 1) load_first_pre(pend_row0, pend_n0);
 #endif
       }
     }
     if constexpr (DEFER) {
       if (pend_row0 >= 0) {
-        deferred_chunk(Int<0>{}); deferred_chunk(Int<1>{}); deferred_chunk(Int<2>{}); deferred_chunk(Int<3>{});
-        deferred_chunk(Int<4>{}); deferred_chunk(Int<5>{}); deferred_chunk(Int<6>{}); deferred_chunk(Int<7>{});
+        auto last = [&](auto cc) { deferred_chunk(cc, Int<1>{}, 0, 0); };
+        last(Int<0>{}); last(Int<1>{}); last(Int<2>{}); last(Int<3>{});
+        last(Int<4>{}); last(Int<5>{}); last(Int<6>{}); last(Int<7>{});
       }
     }
     if (lane == 0) bulk_wait_all();   // smem must stay alive until the stores have read it
