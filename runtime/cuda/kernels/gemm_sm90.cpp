@@ -12,8 +12,8 @@
 // 64 x 256 tiles of b into a 4-stage shared-memory ring with TMA (128-byte swizzle, mbarriers); two consumer
 // warpgroups each multiply 64 rows of the 128 x 256 output tile with wgmma m64n256k16 (f32 accumulators in
 // registers). The epilogue stores its results through shared memory with TMA stores. With K >= 512 (GM_MODE 2)
-// the epilogue's arithmetic and stores of a tile run during the next tile's mainloop, in 16 parts spread over its
-// k-slices and hidden under its wgmmas, from the tile's sum rounded to bf16: y = gelu(bf16(pre)) and g = bf16(a b) * gelu'(pre), as the
+// the epilogue's arithmetic and stores of a tile run during the next tile's mainloop, its 8 chunks spread over
+// the k-slices and hidden under their wgmmas, from the tile's sum rounded to bf16: y = gelu(bf16(pre)) and g = bf16(a b) * gelu'(pre), as the
 // unfused ops compute them; else (GM_MODE 1) right after the tile's mainloop from the f32 sum, as cuBLASLt's
 // epilogues. dgelu copies pre into shared memory with cp.async, chunks ahead of their use.
 // With multicast asked for (GM_CLUSTER 2: TPC_OWN_GEMM=...,multicast) the blocks run in clusters of two on tiles
@@ -333,8 +333,8 @@ __device__ __forceinline__ void unit_origin(int unit, unsigned rank, int& m0, in
 // DEFER=false: exact epilogue from the f32 sum h, right after the tile's mainloop: out = bf16(gelu(h))
 //              (gelu_bias), bf16(h * gelu'(pre)) (dgelu).
 // DEFER=true : only bf16(h) is formed after the mainloop (cheap; gelu_bias's aux); the epilogue's arithmetic,
-//              smem and TMA stores of that tile are spread over the K slices of the NEXT tile (part p of 16 in
-//              slice p KB / 16), hidden under its wgmmas: out = bf16(gelu(bf16(h))) or bf16(bf16(h) * gelu'(pre)), what the unfused
+//              smem and TMA stores of that tile are spread over the K slices of the NEXT tile (chunk c in
+//              slice c KB / 8), hidden under its wgmmas: out = bf16(gelu(bf16(h))) or bf16(bf16(h) * gelu'(pre)), what the unfused
 //              ops in bf16 compute; within ~1 bf16 ulp of the exact forms.
 // Launch (gemm_sm90.cpp): block 384 (warpgroup 0 the TMA producer, 1-2 the consumers), grid min(#SMs, tiles)
 // (GM_CLUSTER 2: even, in clusters of two by the kernel's attribute), GM_SMEM_BYTES of dynamic shared memory.
@@ -487,21 +487,18 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
     // gelu_bias (and dgelu with PRE_AHEAD 1) alternate between two pairs, out then aux or pre; dgelu with PRE_AHEAD
     // 3 has out in slot 0 and pre in slots 1-3 in turn.
     auto out_slot = [&](int c) { return epi_w + (PRE_AHEAD == 1 ? (c % 2) * 2 : 0) * EPI_SLOT; };
-    // Write fragment column groups [J0, J1) of chunk c of out (and, gelu_bias, of aux) into this warp's staging slots;
-    // the chunk's first part waits for the slot, its last TMA-stores it. wait_group.read = the last store from the
-    // out slot (two chunks ago with two pairs, the previous one with one slot) has finished reading smem.
-    auto store_chunk = [&](int c, int gcol, int grow, auto value, auto j0, auto j1) {
-      constexpr int J0 = decltype(j0)::value, J1 = decltype(j1)::value;
+    // Write chunk c of out (and, gelu_bias, of aux) into this warp's staging slots and TMA-store it. wait_group.read
+    // = the last store from the out slot (two chunks ago with two pairs, the previous one with one slot) has
+    // finished reading smem.
+    auto store_chunk = [&](int c, int gcol, int grow, auto value) {
       const unsigned so = out_slot(c), sx = so + EPI_SLOT;
-      if constexpr (J0 == 0) {
-        if (lane == 0) {
-          if constexpr (PRE_AHEAD == 1) bulk_wait_read<1>();
-          else bulk_wait_read<0>();
-        }
-        __syncwarp();
+      if (lane == 0) {
+        if constexpr (PRE_AHEAD == 1) bulk_wait_read<1>();
+        else bulk_wait_read<0>();
       }
+      __syncwarp();
 #pragma unroll
-      for (int j = J0; j < J1; ++j) {
+      for (int j = 0; j < 8; ++j) {
         unsigned vaux = 0, vout;
         value(j, vaux, vout);
         // 128B swizzle: 16-byte chunk index j XOR (row % 8) -> conflict-free across the warp.
@@ -509,7 +506,6 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
         if constexpr (GELU) sts32(sx + off, vaux);
         sts32(so + off, vout);
       }
-      if constexpr (J1 < 8) return;
       fence_proxy_async();                                 // generic-proxy writes -> visible to TMA
       __syncwarp();
       if (lane == 0) {
@@ -596,14 +592,13 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       }
     };
 #endif
-    // DEFER: part P (0: fragment columns groups 0-3, 1: 4-7) of chunk c (= cg*2 + half) of the pending tile, as
-    // pp = 2 c + P, from the packed bf16 sum; dgelu: pre of chunk c was loaded ahead, and chunk c + PRE_AHEAD's
-    // (PRE_AHEAD 3, c >= 5: the running tile's chunk 2, 0 or 1, at (row0, col0), unless this is the last tile's
-    // epilogue, `drain`) is loaded once this one's is used.
-    auto deferred_part = [&](auto pp, auto drain, int row0, int col0) {
-      constexpr int c = decltype(pp)::value / 2, P = decltype(pp)::value % 2, cg = c / 2, half = c % 2;
+    // DEFER: chunk c (= cg*2 + half) of the pending tile, from the packed bf16 sum; dgelu: pre of chunk c was
+    // loaded ahead, and chunk c + PRE_AHEAD's (PRE_AHEAD 3, c >= 5: the running tile's chunk 2, 0 or 1, at (row0,
+    // col0), unless this is the last tile's epilogue, `drain`) is loaded once this one's is used.
+    auto deferred_chunk = [&](auto cc, auto drain, int row0, int col0) {
+      constexpr int c = decltype(cc)::value, cg = c / 2, half = c % 2;
 #if GM_EPI >= 2
-      if constexpr (P == 0) await_pre(c, decltype(drain)::value != 0);
+      await_pre(c, decltype(drain)::value != 0);
 #endif
       store_chunk(c, pend_n0 + cg * 64, pend_row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
 #if GM_EPI == 1
@@ -617,8 +612,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
         cs[2 * j] = bf16lo(vo);
         cs[2 * j + 1] = bf16hi(vo);
 #endif
-      }, Int<4 * P>{}, Int<4 * P + 4>{});
-      if constexpr (P == 0) return;
+      });
 #if GM_EPI == 3
       column_sums(half, pend_row0, pend_n0 + cg * 64);
 #endif
@@ -646,27 +640,17 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       // ---- mainloop (keeps 1 wgmma group in flight) ----
       int kb = 0;
       if constexpr (DEFER) {
-        // Epilogue part p (of 16: 8 chunks in halves) of the previous tile runs in k-slice p KB / 16, spread over
-        // the mainloop (two parts a k-slice where KB < 16): its ALU/MUFU work and smem stores run while the tensor
-        // cores chew on this tile, and past what a k-slice's wgmmas hide they hold back the next k-slice's issue.
-        // Needs K/64 >= 8.
+        // Epilogue chunk c of the previous tile runs in k-slice c KB / 8, spread over the mainloop: its ALU/MUFU
+        // work and smem stores run while the tensor cores chew on this tile, and past what a k-slice's wgmmas
+        // hide they hold back the next k-slice's issue. Needs K/64 >= 8.
         const bool pend = pend_row0 >= 0;
-        auto step = [&](auto pp) {   // the k-slice of part p, if p is the first of its k-slice's parts
-          constexpr int p = decltype(pp)::value, at = p * KB / 16;
-          if constexpr (p == 0 || (p - 1) * KB / 16 != at) {
+        auto step = [&](auto cc) {
 #pragma unroll 1
-            for (; kb < at; ++kb) kstep(kb, [] {});
-            kstep(kb++, [&] {
-              if (!pend) return;
-              deferred_part(pp, Int<0>{}, row0, n0);
-              if constexpr (p < 15 && (p + 1) * KB / 16 == at) deferred_part(Int<p + 1>{}, Int<0>{}, row0, n0);
-            });
-          }
+          for (; kb < decltype(cc)::value * KB / 8; ++kb) kstep(kb, [] {});
+          kstep(kb++, [&] { if (pend) deferred_chunk(cc, Int<0>{}, row0, n0); });
         };
         step(Int<0>{}); step(Int<1>{}); step(Int<2>{}); step(Int<3>{});
         step(Int<4>{}); step(Int<5>{}); step(Int<6>{}); step(Int<7>{});
-        step(Int<8>{}); step(Int<9>{}); step(Int<10>{}); step(Int<11>{});
-        step(Int<12>{}); step(Int<13>{}); step(Int<14>{}); step(Int<15>{});
       }
 #pragma unroll 1
       for (; kb < KB; ++kb) kstep(kb, [] {});
@@ -718,7 +702,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
               cs[2 * j] = bf16lo(vo);
               cs[2 * j + 1] = bf16hi(vo);
 #endif
-            }, Int<0>{}, Int<8>{});
+            });
 #if GM_EPI == 3
             column_sums(half, row0, n0 + cg * 64);
 #endif
@@ -740,11 +724,9 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
     }
     if constexpr (DEFER) {
       if (pend_row0 >= 0) {
-        auto last = [&](auto pp) { deferred_part(pp, Int<1>{}, 0, 0); };
+        auto last = [&](auto cc) { deferred_chunk(cc, Int<1>{}, 0, 0); };
         last(Int<0>{}); last(Int<1>{}); last(Int<2>{}); last(Int<3>{});
         last(Int<4>{}); last(Int<5>{}); last(Int<6>{}); last(Int<7>{});
-        last(Int<8>{}); last(Int<9>{}); last(Int<10>{}); last(Int<11>{});
-        last(Int<12>{}); last(Int<13>{}); last(Int<14>{}); last(Int<15>{});
       }
     }
     if (lane == 0) bulk_wait_all();   // smem must stay alive until the stores have read it
