@@ -2,16 +2,17 @@
 # Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) against cuBLASLt on one GPU, in one call:
 #   0. tpc_gemm_bench (where built): the MLP's fused GEMMs alone, ours and cuBLASLt's, b in both layouts;
 #   1. its GPU test cases (gelu_bias and dgelu against cuBLASLt, the unfused ops, the CPU and double);
-#   2. training steps of each model alternating TPC_OWN_GEMM=0, gelu_bias, dgelu, dgelu,pre1, dgelu_bgrad (dgelu with the
-#      bias gradient summed in its epilogue), 1 and all,multicast (blocks in pairs sharing b's tiles), ROUNDS times, with the GPU's power draw and SM clock sampled every 100 ms
-#      (nvidia-smi): under the 700 W cap a kernel that is faster alone can lose in the step, and the power column
-#      shows whether it drew more;
-#   3. one profiled step of each model with TPC_OWN_GEMM=0, 1 and all,multicast (--profile-step 3 --profile-csv):
+#   2. training steps of each model alternating the TPC_OWN_GEMM settings in SETTINGS (default "0 gelu_bias 1"; also
+#      e.g. dgelu, dgelu,pre1, dgelu_bgrad, all,multicast), ROUNDS times, with the GPU's power draw and SM clock
+#      sampled every 100 ms (nvidia-smi): under the 700 W cap a kernel that is faster alone can lose in the step, and
+#      the power column shows whether it drew more;
+#   3. one profiled step of each model a setting (--profile-step 3 --profile-csv):
 #      the gelu_bias and dgelu GEMMs' summed time and TFLOP/s inside the step, by whichever kernel ran them;
 #   4. the local-memory instructions (STL, LDL) in the SASS of the GEMM kernels those runs compiled, from the
 #      kernel cache (cuobjdump, where the toolkit has it): the deferred epilogue spilled until the nineteenth
 #      session (docs/performance.md), and the unit test checks ptxas's report on this CUDA only.
-# Prints one table (ms a step over steps 3-N, median W and MHz while it ran); logs go to OUTDIR.
+# Prints one table (ms a step over steps 3-N, median W and MHz while it ran). OUTDIR gets five files (a device call
+# returns few): summary.txt, gemm_bench_d*.txt, epilogue_tests.log, and every run's log in steps.log and profiles.log.
 #   bench/own_gemm_ab.sh OUTDIR [MODEL:ITERS ...]     (default: models/gpt2.fb:40 models/gpt2-medium.fb:20)
 # Binaries from TPC_BUILD (default build): bin/tpc, tests/tpc_gpu_tests, models/*.fb. ROUNDS (default 2).
 set -uo pipefail
@@ -24,14 +25,17 @@ runs=("$@")
 [ ${#runs[@]} -gt 0 ] || runs=("$build/models/gpt2.fb:40" "$build/models/gpt2-medium.fb:20")
 # The kernel cache outside OUTDIR: a device call returns a limited count of files, and the cubins are many.
 export TPC_CACHE_DIR="${TPC_CACHE_DIR:-/tmp/own_gemm_ab_kcache}"
+scratch="$(mktemp -d "${TMPDIR:-/tmp}/own_gemm_ab.XXXXXX")"   # the power samples and profile CSVs
+settings=(${SETTINGS:-0 gelu_bias 1})
 rows=()
 
 # 0. The MLP's fused GEMMs alone (bench/gemm_epilogues.cpp): ours and cuBLASLt's, b as [K, N] and as [N, K], at
 #    gpt2-medium's shape (GEMM_BENCH_HIDDEN="1024 768" adds gpt2's): whether a slow kernel is slow for its epilogue
-#    or for b's layout. 22 settings a shape, each a few seconds (the steps' outputs come back to the host in f32).
+#    or for b's layout. 12 settings a shape (GEMM_BENCH_FLAGS="--multicast --pre1" adds 10), each a few seconds (the
+#    steps' outputs come back to the host in f32).
 if [ -x "$build/bin/tpc_gemm_bench" ]; then
   for hidden in ${GEMM_BENCH_HIDDEN:-1024}; do
-    "$build/bin/tpc_gemm_bench" --rows 16384 --hidden "$hidden" --copies 2 --multicast --pre1 > "$out/gemm_bench_d$hidden.txt" 2>&1
+    "$build/bin/tpc_gemm_bench" --rows 16384 --hidden "$hidden" --copies 2 ${GEMM_BENCH_FLAGS:-} > "$out/gemm_bench_d$hidden.txt" 2>&1
     rows+=("$(printf '%-34s %s' "tpc_gemm_bench --hidden $hidden" "exit $? ($out/gemm_bench_d$hidden.txt, printed last)")")
   done
 fi
@@ -44,17 +48,18 @@ rows+=("$(printf '%-34s %s' "GPU tests: cuda epilogues*" "$(tail -3 "$out/epilog
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for spec in "${runs[@]}"; do
     model="${spec%%:*}" iters="${spec##*:}" name="$(basename "${spec%%:*}" .fb)"
-    for kinds in 0 gelu_bias dgelu dgelu,pre1 dgelu_bgrad 1 all,multicast; do
+    for kinds in "${settings[@]}"; do
       tag="${name}_${kinds//,/-}_r${round}"
-      nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$out/$tag.power.csv" 2>/dev/null &
+      nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$scratch/$tag.power.csv" 2>/dev/null &
       smi=$!
       TPC_OWN_GEMM="$kinds" "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
-        --global-batch-size 16 --train-iters "$iters" --log-interval "$iters" > "$out/$tag.log" 2>&1
+        --global-batch-size 16 --train-iters "$iters" --log-interval "$iters" > "$scratch/$tag.log" 2>&1
       kill "$smi" 2>/dev/null
       wait "$smi" 2>/dev/null
-      ms="$(grep -oE 'time per step \(steps [0-9]+-[0-9]+\): [0-9.]+' "$out/$tag.log" | grep -oE '[0-9.]+$')"
-      loss="$(grep -oE 'loss [0-9.]+ -> [0-9.]+' "$out/$tag.log" | tail -1)"
-      power="$(python3 - "$out/$tag.power.csv" <<'PY' 2>/dev/null
+      { echo "==== $tag: TPC_OWN_GEMM=$kinds $model"; cat "$scratch/$tag.log"; } >> "$out/steps.log"
+      ms="$(grep -oE 'time per step \(steps [0-9]+-[0-9]+\): [0-9.]+' "$scratch/$tag.log" | grep -oE '[0-9.]+$')"
+      loss="$(grep -oE 'loss [0-9.]+ -> [0-9.]+' "$scratch/$tag.log" | tail -1)"
+      power="$(python3 - "$scratch/$tag.power.csv" <<'PY' 2>/dev/null
 import statistics, sys
 w, c = [], []
 for line in open(sys.argv[1]):
@@ -74,11 +79,12 @@ done
 # 3. One profiled step a setting: the GELU GEMMs' time inside the step, from the per-launch CSV.
 for spec in "${runs[@]}"; do
   model="${spec%%:*}" name="$(basename "${spec%%:*}" .fb)"
-  for kinds in 0 1 all,multicast; do
+  for kinds in "${settings[@]}"; do
     tag="${name}_${kinds//,/-}_profile"
     TPC_OWN_GEMM="$kinds" "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
-      --global-batch-size 16 --train-iters 4 --log-interval 4 --profile-step 3 --profile-csv "$out/$tag.csv" > "$out/$tag.log" 2>&1
-    summary="$(python3 - "$out/$tag.csv" <<'PY' 2>/dev/null
+      --global-batch-size 16 --train-iters 4 --log-interval 4 --profile-step 3 --profile-csv "$scratch/$tag.csv" > "$scratch/$tag.log" 2>&1
+    { echo "==== $tag: TPC_OWN_GEMM=$kinds $model"; cat "$scratch/$tag.log"; } >> "$out/profiles.log"
+    summary="$(python3 - "$scratch/$tag.csv" <<'PY' 2>/dev/null
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 total = sum(float(r["ms"]) for r in rows)
@@ -93,7 +99,7 @@ parts.append("bias sums %d x, %.3f ms" % (len(sums), sum(float(r["ms"]) for r in
 print("; ".join(parts) + "; all launches %.2f ms" % total)
 PY
 )"
-    rows+=("$(printf '%-34s %s' "$tag" "${summary:-FAIL (see $out/$tag.log)}")")
+    rows+=("$(printf '%-34s %s' "$tag" "${summary:-FAIL (see $out/profiles.log)}")")
   done
 done
 
@@ -112,3 +118,4 @@ fi
 
 printf '%s\n' "${rows[@]}" | tee "$out/summary.txt"
 cat "$out"/gemm_bench_d*.txt 2>/dev/null
+rm -rf "$scratch"
