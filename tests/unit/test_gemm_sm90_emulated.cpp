@@ -233,7 +233,7 @@ TEST_CASE("gemm sm90 emulated: a kernel with a wait or fence taken out is caught
       // The out slot reused before the previous chunk's TMA store has read it (pre3's single out slot).
       {"out slot reused early", "else bulk_wait_read<0>();", "else bulk_wait_read<1>();", 0, nullptr},
       // Chunks 3-7's pre read while the copy issued right after theirs may still be pending (chunks 0-2 unchanged).
-      {"pre read early", "drain && 7 - c < 2 ? 7 - c : 2;", "drain && 8 - c < 3 ? 8 - c : 4;", 1, nullptr},
+      {"pre read early", "drain && 7 - c < 2 ? 7 - c : 2)", "drain && 8 - c < 3 ? 8 - c : 4)", 1, nullptr},
       // The staging slot's fragment writes not fenced for the TMA store's async proxy.
       {"store unfenced", "      fence_proxy_async();                                 // generic-proxy writes -> visible to TMA",
        "", 1, "without fence.proxy.async"},

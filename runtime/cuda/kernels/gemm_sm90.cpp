@@ -285,7 +285,8 @@ __device__ __forceinline__ float bf16hi(unsigned v) { return __uint_as_float(v &
 // -2 log2(e) (one multiply fewer). The epilogue's arithmetic runs between the wgmmas' issue and their wait, so
 // every instruction here counts: an IEEE division made it outlast the wgmmas it hides under (gpt2-medium's step
 // 79 -> 82 ms). __fdividef(h, inf) is -0, gelu's limit.
-constexpr float kGeluX0 = -2.8853900818f * 0.7978845608f, kGeluX1 = -2.8853900818f * 0.7978845608f * 0.044715f;
+constexpr float kGeluC = 0.7978845608f, kGeluA = 0.044715f, kTwoLog2e = 2.8853900818f;   // c = sqrt(2/pi), a
+constexpr float kGeluX0 = -kTwoLog2e * kGeluC, kGeluX1 = kGeluX0 * kGeluA;
 __device__ __forceinline__ float gelu_tanh(float h) {
   const float x = h * __fmaf_rn(kGeluX1, h * h, kGeluX0);
   return __fdividef(h, 1.0f + ex2_approx(x));
@@ -298,10 +299,10 @@ __device__ __forceinline__ float gelu_tanh(float h) {
 // 11 float operations and 2 MUFU: with fewer, dgelu's epilogue hides under its wgmmas (twenty-third session).
 __device__ __forceinline__ float gelu_tanh_grad(float v) {
   const float v2 = v * v;
-  const float x = fminf(v * __fmaf_rn(kGeluX1, v2, kGeluX0), 115.41560327f);
+  const float x = fminf(v * __fmaf_rn(kGeluX1, v2, kGeluX0), 40.0f * kTwoLog2e);
   const float e = ex2_approx(x);
   const float sg = rcp_approx(1.0f + e);
-  const float p = v * __fmaf_rn(1.5957691216f * 3.0f * 0.044715f, v2, 1.5957691216f);
+  const float p = v * __fmaf_rn(2.0f * kGeluC * 3.0f * kGeluA, v2, 2.0f * kGeluC);
   return v < -12.0f ? 0.0f : sg * __fmaf_rn(p, e * sg, 1.0f);
 }
 
@@ -541,8 +542,8 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
     // chunk 0's use only chunk 1's follows it, before chunk 1's chunk 3's, before chunk 2's 0, 1, 3 and 4; then
     // two, except in the last tile's epilogue (`drain`), where nothing comes after chunk 7.
     auto await_pre = [&](int c, bool drain) {
-      int newer = PRE_AHEAD - 1 < 7 - c ? PRE_AHEAD - 1 : 7 - c;
-      if (DEFER && PRE_AHEAD == 3) newer = c < 2 ? 1 : c == 2 ? 4 : drain && 7 - c < 2 ? 7 - c : 2;
+      const int newer = DEFER && PRE_AHEAD == 3 ? (c < 2 ? 1 : c == 2 ? 4 : drain && 7 - c < 2 ? 7 - c : 2)
+                                                : (PRE_AHEAD - 1 < 7 - c ? PRE_AHEAD - 1 : 7 - c);
       if (newer >= 4) cp_async_wait<4>();
       else if (newer >= 2) cp_async_wait<2>();
       else if (newer == 1) cp_async_wait<1>();
