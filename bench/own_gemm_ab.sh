@@ -14,7 +14,8 @@
 # Prints one table (ms a step over steps 3-N, median W and MHz while it ran). OUTDIR gets five files (a device call
 # returns few): summary.txt, gemm_bench_d*.txt, epilogue_tests.log, and every run's log in steps.log and profiles.log.
 #   bench/own_gemm_ab.sh OUTDIR [MODEL:ITERS ...]     (default: models/gpt2.fb:40 models/gpt2-medium.fb:20)
-# Binaries from TPC_BUILD (default build): bin/tpc, tests/tpc_gpu_tests, models/*.fb. ROUNDS (default 2).
+# Binaries from TPC_BUILD (default build): bin/tpc, tests/tpc_gpu_tests, models/*.fb. ROUNDS (default 2). GEMM_BENCH=0 and
+# EPILOGUE_TESTS=0 leave out parts 0 and 1.
 set -uo pipefail
 
 out="${1:?usage: bench/own_gemm_ab.sh OUTDIR [MODEL:ITERS ...]}"
@@ -33,16 +34,18 @@ rows=()
 #    gpt2-medium's shape (GEMM_BENCH_HIDDEN="1024 768" adds gpt2's): whether a slow kernel is slow for its epilogue
 #    or for b's layout. 12 settings a shape (GEMM_BENCH_FLAGS="--multicast --pre1" adds 10), each a few seconds (the
 #    steps' outputs come back to the host in f32).
-if [ -x "$build/bin/tpc_gemm_bench" ]; then
+if [ -x "$build/bin/tpc_gemm_bench" ] && [ "${GEMM_BENCH:-1}" != 0 ]; then
   for hidden in ${GEMM_BENCH_HIDDEN:-1024}; do
     "$build/bin/tpc_gemm_bench" --rows 16384 --hidden "$hidden" --copies 2 ${GEMM_BENCH_FLAGS:-} > "$out/gemm_bench_d$hidden.txt" 2>&1
     rows+=("$(printf '%-34s %s' "tpc_gemm_bench --hidden $hidden" "exit $? ($out/gemm_bench_d$hidden.txt, printed last)")")
   done
 fi
 
-# 1. The GPU test cases of the epilogues (ours and cuBLASLt's).
-"$build/tests/tpc_gpu_tests" "cuda epilogues*" -s > "$out/epilogue_tests.log" 2>&1
-rows+=("$(printf '%-34s %s' "GPU tests: cuda epilogues*" "$(tail -3 "$out/epilogue_tests.log" | grep -E 'passed|failed' | tr -s ' ' | head -1)")")
+# 1. The GPU test cases of the epilogues (ours and cuBLASLt's); EPILOGUE_TESTS=0 leaves them to scripts/gpu_check.sh.
+if [ "${EPILOGUE_TESTS:-1}" != 0 ]; then
+  "$build/tests/tpc_gpu_tests" "cuda epilogues*" -s > "$out/epilogue_tests.log" 2>&1
+  rows+=("$(printf '%-34s %s' "GPU tests: cuda epilogues*" "$(tail -3 "$out/epilogue_tests.log" | grep -E 'passed|failed' | tr -s ' ' | head -1)")")
+fi
 
 # 2. Steps, alternating the switch; the power sampler runs beside each.
 for round in $(seq 1 "${ROUNDS:-2}"); do
