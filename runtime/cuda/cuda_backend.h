@@ -53,11 +53,11 @@ struct CudaOptions {
   // where it applies, instead of cuBLASLt: "" (none), a list of "gelu_bias", "dgelu" and "dgelu_bgrad" (dgelu with
   // its bias gradient summed in the epilogue; folded only where our kernel takes it), or "all", and ",multicast"
   // to run it in clusters of two blocks that share each tile of b by TMA multicast (",pre1": dgelu's pre copied
-  // one chunk ahead of its use instead of three, for measuring). None by default:
-  // gelu_bias takes 10-11% less time than cuBLASLt alone on the H200 at gpt2's and gpt2-medium's c_fc shapes,
-  // but is no faster within a training step (docs/performance.md, eighteenth session). The environment's
-  // TPC_OWN_GEMM (0, 1 = all, or the list) overrides it.
-  std::string ownGemm;
+  // one chunk ahead of its use instead of three, for measuring). gelu_bias by default: 12-14% faster than
+  // cuBLASLt's GELU_AUX_BIAS alone on the H200 at gpt2's and gpt2-medium's c_fc shapes, 0.5-0.8 ms less a
+  // gpt2-medium step (docs/performance.md, twenty-third session); dgelu is still slower than cuBLASLt's DGELU.
+  // The environment's TPC_OWN_GEMM (0, 1 = all, or the list) overrides it.
+  std::string ownGemm = "gelu_bias";
   // Per distinct GEMM, time cuBLASLt's first 8 heuristic candidates on the GPU and keep the fastest, remembered
   // in the kernel cache folder so later runs use the same algorithm (matmul_autotune.h); false: the
   // heuristic's first choice. cuDNN attention's engine configs likewise (cudnn_attention.h). The environment's

@@ -3,10 +3,10 @@
 //   dgelu     (GM_EPI 2): g = (a b) * gelu'(pre)    (the MLP's backward through its gelu)
 //   dgelu_bgrad (GM_EPI 3): dgelu, and db = g's column sums (the MLP's first bias gradient): each warp's 16 rows
 //               summed in its epilogue into a [M / 16, N] f32 workspace, then a second kernel sums those in order
-// Alone on the H200 gelu_bias takes 10-11% less time than cuBLASLt's GELU_AUX_BIAS at gpt2's and gpt2-medium's
-// c_fc shapes, but within a power-capped training step it is no faster (docs/performance.md, eighteenth
-// session), so both run only when asked for (CudaOptions::ownGemm, TPC_OWN_GEMM). cuBLASLt's DGELU runs an
-// older, slower kernel family than its plain GEMMs (fourteenth session's ncu), which is why dgelu is here too.
+// gelu_bias runs here by default (CudaOptions::ownGemm): 12-14% faster than cuBLASLt's GELU_AUX_BIAS alone on the
+// H200 at gpt2's and gpt2-medium's c_fc shapes, and faster inside a training step (docs/performance.md,
+// twenty-third session). dgelu and dgelu_bgrad run only when asked for (TPC_OWN_GEMM): cuBLASLt's DGELU runs an
+// older, slower kernel family than its plain GEMMs (fourteenth session's ncu), but ours is not yet faster.
 //
 // The kernel: persistent (a block a SM), warp-specialized. One producer thread streams 128 x 64 tiles of a and
 // 64 x 256 tiles of b into a 4-stage shared-memory ring with TMA (128-byte swizzle, mbarriers); two consumer
@@ -749,7 +749,7 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
   const std::string kind = n.op() == OpKind::MatmulEpilogue ? n.getStr("epilogue") : "";
   const bool gelu = kind == "gelu_bias", bgrad = kind == "dgelu_bgrad", dgelu = kind == "dgelu" || bgrad;
   if (!gelu && !dgelu) return "takes matmul_epilogue {epilogue=gelu_bias}, {epilogue=dgelu} and {epilogue=dgelu_bgrad}";
-  if (gelu && !ctx.ownGeluGemm) return "gelu_bias: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=gelu_bias or 1 turns it on)";
+  if (gelu && !ctx.ownGeluGemm) return "gelu_bias: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM; on by default)";
   if (kind == "dgelu" && !ctx.ownDgeluGemm) return "dgelu: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu or 1 turns it on)";
   if (bgrad && !ctx.ownDgeluBgradGemm)
     return "dgelu_bgrad: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu_bgrad or 1 turns it on)";
