@@ -1,11 +1,12 @@
-// tpc_gemm_bench: the GPT MLP's fused GEMMs (gelu_bias forward, dgelu and dgelu_bgrad backward) timed on the
+// tpc_gemm_bench: the GPT MLP's fused GEMMs (gelu_bias forward, dgelu and dgelu_bgrad backward; bias, and the plain
+// GEMM with no epilogue, at the same shape, for what an epilogue costs) timed on the
 // GPU through our sm_90 kernel (runtime/cuda/kernels/gemm_sm90.cpp, TPC_OWN_GEMM) and through cuBLASLt's
 // epilogues, with b given as [K, N] and as [N, K] (transpose_b: the layout the GPT's dgelu GEMM has), so that a
 // slow kernel is pinned to the epilogue or to b's layout. Each setting is one graph of `copies` independent
 // GEMMs (their own inputs: nothing is shared or cached between them) run once and then profiled launch by
 // launch (CudaOptions::profileStep); the table gives the mean GPU time per GEMM and its TFLOP/s.
 //
-//   tpc_gemm_bench [--rows 16384] [--hidden 1024] [--copies 4] [--kinds gelu_bias,dgelu,dgelu_bgrad] [--multicast]
+//   tpc_gemm_bench [--rows 16384] [--hidden 1024] [--copies 4] [--kinds gelu_bias,dgelu,dgelu_bgrad,bias,plain] [--multicast]
 //                  [--pre1]
 // --multicast adds ours in clusters of two blocks (TPC_OWN_GEMM's multicast); --pre1 adds dgelu with pre copied one
 // chunk ahead of its use instead of three (TPC_OWN_GEMM's pre1).
@@ -43,9 +44,10 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   if (!why.empty()) fail(why + " (tpc_gemm_bench --help lists the options)");
-  std::printf("usage: tpc_gemm_bench [--rows R] [--hidden D] [--copies C] [--kinds gelu_bias,dgelu,dgelu_bgrad] "
+  std::printf("usage: tpc_gemm_bench [--rows R] [--hidden D] [--copies C] [--kinds gelu_bias,dgelu,dgelu_bgrad,bias,plain] "
               "[--multicast] [--pre1]\n  R: a multiple of 256 (default 16384); D: a multiple of 64 (default 1024; the MLP is "
-              "D -> 4D); C: GEMMs per timed graph (default 4)\n");
+              "D -> 4D); C: GEMMs per timed graph (default 4)\n  kinds: default gelu_bias,dgelu,dgelu_bgrad; bias "
+              "(y = x w + bias) and plain (y = x w, cuBLASLt only) at gelu_bias's shape\n");
   std::exit(0);
 }
 
@@ -74,7 +76,8 @@ Args parse(int argc, char** argv) {
       a.kinds.clear();
       std::stringstream ss(v);
       for (std::string k; std::getline(ss, k, ',');) {
-        if (k != "gelu_bias" && k != "dgelu" && k != "dgelu_bgrad") usage("--kinds: '" + k + "' is not gelu_bias, dgelu or dgelu_bgrad");
+        if (k != "gelu_bias" && k != "dgelu" && k != "dgelu_bgrad" && k != "bias" && k != "plain")
+          usage("--kinds: '" + k + "' is not gelu_bias, dgelu, dgelu_bgrad, bias or plain");
         a.kinds.push_back(k);
       }
       if (a.kinds.empty()) usage("--kinds is empty");
@@ -93,8 +96,9 @@ Value* op(Graph& g, OpKind k, std::vector<Value*> operands, AttrDict attrs = {})
   return (*n)->result();
 }
 
-// `copies` GEMMs of one kind: gelu_bias y = gelu(x w + bias) with pre; dgelu g = (dy w) * gelu'(pre) (w: the
-// MLP's second weight, so K = D, N = 4D), with db = g's column sums for dgelu_bgrad. bT: w given as [N, K].
+// `copies` GEMMs of one kind: gelu_bias y = gelu(x w + bias) with pre; bias y = x w + bias; plain y = x w; dgelu
+// g = (dy w) * gelu'(pre) (w: the MLP's second weight, so K = D, N = 4D), with db = g's column sums for
+// dgelu_bgrad. bT: w given as [N, K].
 std::unique_ptr<Graph> mlpGemms(const Args& a, const std::string& kind, bool bT) {
   const int64_t K = a.hidden, N = 4 * a.hidden;
   auto g = std::make_unique<Graph>(kind);
@@ -111,6 +115,10 @@ std::unique_ptr<Graph> mlpGemms(const Args& a, const std::string& kind, bool bT)
       Value* pre = op(*g, OpKind::Add, {mm, g->addInput("bias" + s, T({N}))});
       g->addOutput(op(*g, OpKind::Gelu, {pre}), "y" + s);
       g->addOutput(pre, "pre" + s);
+    } else if (kind == "bias") {
+      g->addOutput(op(*g, OpKind::Add, {mm, g->addInput("bias" + s, T({N}))}), "y" + s);
+    } else if (kind == "plain") {
+      g->addOutput(mm, "y" + s);
     } else {
       Value* d = op(*g, OpKind::GeluGrad, {mm, g->addInput("pre" + s, T({a.rows / 256, 256, N}))});
       g->addOutput(d, "g" + s);
@@ -199,9 +207,10 @@ int run(int argc, char** argv) {
         double span = c == 'w' ? 2.0 / std::sqrt(static_cast<double>(K)) : c == 'p' ? 5.0 : 1.0;
         in[v->name()] = uniformBf16(v->shape(), span, seed++);
       }
-      std::vector<std::pair<std::string, std::string>> engines = {{"cuBLASLt", ""}, {"ours", kind}};
-      if (a.multicast) engines.push_back({"ours,multicast", kind + ",multicast"});
-      if (a.pre1 && kind != "gelu_bias") engines.push_back({"ours,pre1", kind + ",pre1"});
+      std::vector<std::pair<std::string, std::string>> engines = {{"cuBLASLt", ""}};
+      if (kind != "plain") engines.push_back({"ours", kind});
+      if (a.multicast && kind != "plain") engines.push_back({"ours,multicast", kind + ",multicast"});
+      if (a.pre1 && kind.rfind("dgelu", 0) == 0) engines.push_back({"ours,pre1", kind + ",pre1"});
       for (const auto& [name, own] : engines) {
         Timing t = timeGraph(*g, in, a, own);
         std::printf("%-12s %-8s %-22s %8lld %6lld %10.4f %9.1f\n", kind.c_str(), bT ? "[N,K]" : "[K,N]", name.c_str(),

@@ -17,7 +17,7 @@ struct EpilogueNode {
 };
 
 // matmul_epilogue(a[rows..., K], b[K, N] or b^T [N, K], third) {epilogue=kind}: gelu_bias takes bias[N] and gives
-// %y, %pre; dgelu takes pre[rows..., N] and gives %g.
+// %y, %pre; bias takes bias[N] and gives %y; dgelu takes pre[rows..., N] and gives %g.
 inline EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool transposeB, DType t) {
   EpilogueNode r;
   r.g = std::make_unique<Graph>(kind);
@@ -29,7 +29,7 @@ inline EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool
   }
   Value* x = r.g->addInput("a", TensorType(t, a));
   Value* w = r.g->addInput("b", TensorType(t, b));
-  Value* v = r.g->addInput(kind == "gelu_bias" ? "bias" : "pre", TensorType(t, third));
+  Value* v = r.g->addInput(kind == "gelu_bias" || kind == "bias" ? "bias" : "pre", TensorType(t, third));
   AttrDict at;
   at.set("epilogue", kind);
   if (transposeB) at.set("transpose_b", true);
@@ -38,6 +38,8 @@ inline EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool
   r.n = *n;
   if (kind == "dgelu") {
     r.g->addOutput(r.n->result(0), "g");
+  } else if (kind == "bias") {
+    r.g->addOutput(r.n->result(0), "y");
   } else if (kind == "dgelu_bgrad") {
     r.g->addOutput(r.n->result(0), "g");
     r.g->addOutput(r.n->result(1), "db");

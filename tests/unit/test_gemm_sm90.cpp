@@ -163,26 +163,74 @@ TEST_CASE("gemm sm90: dgelu takes our kernel at the tile multiples when switched
   CHECK_FALSE(ownGemm(*geluBias({1024, 768}, {768, 3072}).n, ctx));
 }
 
+// bias (c_attn's y = a b + bias, no residual) when switched on: one output, its descriptors, every variant compiled.
+TEST_CASE("gemm sm90: bias takes our kernel when switched on, as (a, b, bias) -> y, and compiles", "[cuda]") {
+  auto bias = [](Shape a, Shape b, bool bT = false, DType t = DType::bf16) {
+    return epilogueNode("bias", std::move(a), std::move(b), bT, t);
+  };
+  LoweringContext ctx;
+  ctx.numSMs = 132;
+  CHECK_FALSE(ownGemm(*bias({16, 1024, 768}, {768, 2304}).n, ctx));  // off unless asked for
+  ctx.ownGeluGemm = true;
+  CHECK_FALSE(ownGemm(*bias({16, 1024, 768}, {768, 2304}).n, ctx));  // gelu_bias's switch is not bias's
+  ctx.ownBiasGemm = true;
+  CHECK(ownGemm(*bias({16, 1024, 768}, {768, 2304}).n, ctx));     // gpt2's c_attn
+  CHECK(ownGemm(*bias({16, 1024, 1024}, {1024, 3072}).n, ctx));   // gpt2-medium's
+  CHECK(ownGemm(*bias({1024, 512}, {768, 512}, true).n, ctx));     // b^T
+  CHECK_FALSE(ownGemm(*bias({16, 1024, 768}, {768, 768 + 64}).n, ctx));  // N off the tile
+  CHECK_FALSE(ownGemm(*bias({1024, 768}, {768, 2304}, false, DType::f32).n, ctx));
+  EpilogueNode c = bias({16, 1024, 1024}, {1024, 3072});
+  auto l = lowerGemm(*c.n, ctx);
+  REQUIRE(l.ok());
+  REQUIRE(l->kernels.size() == 1);
+  const KernelSpec& k = l->kernels[0];
+  CHECK(k.entry == "gemm_bias_kernel");
+  CHECK(k.source.find("#define GM_EPI 4") != std::string::npos);
+  CHECK(k.source.find("#define GM_PRE_AHEAD 1\n") != std::string::npos);  // no pre
+  // The descriptors of a, b, y, then the bias's address.
+  REQUIRE(k.args.size() == 4);
+  for (int i = 0; i < 3; ++i) CHECK((k.args[i].kind == ArgKind::TensorMap && k.args[i].index == i));
+  CHECK((k.args[3].kind == ArgKind::Operand && k.args[3].index == 2));
+  REQUIRE(k.maps.size() == 3);
+  checkMap(k, 2, false, 0, 16384, 3072, 8);
+  test::TempDir cache;
+  NvrtcCompiler nvrtc(90, cache.path.string());
+  for (auto [K, bT] : std::vector<std::pair<int64_t, bool>>{{768, false}, {256, true}}) {
+    INFO("K " << K << (bT ? " b^T" : ""));
+    EpilogueNode g = bT ? bias({1024, K}, {512, K}, true) : bias({1024, K}, {K, 512});
+    auto lg = lowerGemm(*g.n, ctx);
+    REQUIRE(lg.ok());
+    auto cubin = nvrtc.compile(lg->kernels[0].source, lg->kernels[0].entry, true);
+    INFO((cubin.ok() ? std::string() : cubin.error()));
+    REQUIRE(cubin.ok());
+    checkNoSpills(nvrtc, lg->kernels[0]);
+  }
+}
+
 TEST_CASE("gemm sm90: the switch takes 0, or a list of 1, all, kinds and multicast, and names a wrong one", "[cuda]") {
   auto kinds = [](const std::string& s) {
     LoweringContext ctx;
-    ctx.ownGeluGemm = ctx.ownDgeluGemm = ctx.ownDgeluBgradGemm = ctx.ownGemmMulticast = true;  // every call sets all
+    ctx.ownGeluGemm = ctx.ownBiasGemm = ctx.ownDgeluGemm = ctx.ownDgeluBgradGemm = ctx.ownGemmMulticast = true;  // every call sets all
     Status st = setOwnGemmKinds(s, "TPC_OWN_GEMM", &ctx);
-    return st.ok() ? cat(int(ctx.ownGeluGemm), int(ctx.ownDgeluGemm), int(ctx.ownDgeluBgradGemm), int(ctx.ownGemmMulticast))
+    return st.ok() ? cat(int(ctx.ownGeluGemm), int(ctx.ownBiasGemm), int(ctx.ownDgeluGemm), int(ctx.ownDgeluBgradGemm),
+                         int(ctx.ownGemmMulticast))
                    : st.error();
   };
-  CHECK(kinds("") == "0000");
-  CHECK(kinds("0") == "0000");
-  CHECK(kinds("1") == "1110");
-  CHECK(kinds("all") == "1110");
-  CHECK(kinds("gelu_bias") == "1000");
-  CHECK(kinds("dgelu") == "0100");
-  CHECK(kinds("dgelu_bgrad") == "0010");
-  CHECK(kinds("dgelu,gelu_bias") == "1100");
-  CHECK(kinds("all,multicast") == "1111");
-  CHECK(kinds("multicast,1") == "1111");
-  CHECK(kinds("dgelu,multicast") == "0101");
-  CHECK(kinds("dgelu_bgrad,multicast") == "0011");
+  CHECK(kinds("") == "00000");
+  CHECK(kinds("0") == "00000");
+  CHECK(kinds("1") == "11110");
+  CHECK(kinds("all") == "11110");
+  CHECK(kinds("gelu_bias") == "10000");
+  CHECK(kinds("bias") == "01000");
+  CHECK(kinds("dgelu") == "00100");
+  CHECK(kinds("dgelu_bgrad") == "00010");
+  CHECK(kinds("dgelu,gelu_bias") == "10100");
+  CHECK(kinds("gelu_bias,bias") == "11000");
+  CHECK(kinds("all,multicast") == "11111");
+  CHECK(kinds("multicast,1") == "11111");
+  CHECK(kinds("dgelu,multicast") == "00101");
+  CHECK(kinds("bias,multicast") == "01001");
+  CHECK(kinds("dgelu_bgrad,multicast") == "00011");
   std::string bad = kinds("gelu_bias,gelu");
   CHECK(bad.find("TPC_OWN_GEMM='gelu_bias,gelu'") != std::string::npos);
   CHECK(bad.find("'gelu' is not a kind") != std::string::npos);
@@ -368,9 +416,10 @@ TEST_CASE("gemm sm90: dgelu_bgrad runs our kernel, then the column sums of its p
 }
 
 // A bf16 GPT training step as the backend rewrites it with TPC_OWN_GEMM=all (the default epilogue list, and
-// dgelu_bgrad where our kernel takes it): every layer's c_fc runs our gelu_bias and its input gradient our
-// dgelu_bgrad, and each lowers. Hidden 256 (4 x 256 = 1024 columns), 2 x 128 tokens.
-TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls and c_fc's bias gradient all run our kernel", "[cuda]") {
+// dgelu_bgrad where our kernel takes it): every layer's c_fc runs our gelu_bias, its input gradient our
+// dgelu_bgrad and c_attn our bias, and each lowers. Hidden 256 (4 x 256 = 1024 columns, 3 x 256 = 768 for c_attn),
+// 2 x 128 tokens.
+TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls, c_attn and c_fc's bias gradient all run our kernel", "[cuda]") {
   GptConfig cfg = test::smallGpt();
   cfg.hidden = 256;
   cfg.positions = 128;
@@ -396,7 +445,7 @@ TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls and c_fc's bias gradient al
     INFO((l.ok() ? std::string() : l.error()));
     CHECK(l.ok());
   }
-  CHECK(ours == std::map<std::string, int>{{"gelu_bias", 2}, {"dgelu_bgrad", 2}});
+  CHECK(ours == std::map<std::string, int>{{"gelu_bias", 2}, {"bias", 2}, {"dgelu_bgrad", 2}});
   CHECK(other.count("dgelu") == 0);
   CHECK(other.count("dgelu_bgrad") == 0);
   // Without our kernel, the default list keeps dgelu and the bias sum apart (cuBLASLt's DGELU_BGRAD is slower).

@@ -1,5 +1,5 @@
 // Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) run on the CPU through tests/unit/sm90_emulator.h:
-// every variant the GPT uses (gelu_bias, dgelu with pre copied one or three chunks ahead, dgelu_bgrad; b in both
+// every variant the GPT uses (gelu_bias, bias, dgelu with pre copied one or three chunks ahead, dgelu_bgrad; b in both
 // layouts; the deferred and the exact epilogue; blocks alone and in clusters of two) on random inputs against
 // sums in double, with its asynchronous copies landing as early and as late as PTX allows. The same numbers are
 // required bit for bit across those orders, between pre1 and pre3, and with and without clusters. Five kernels
@@ -26,7 +26,7 @@ using namespace cuda;
 using test::Sm90Launch;
 
 struct Case {
-  std::string kind;           // gelu_bias, dgelu, dgelu_bgrad
+  std::string kind;           // gelu_bias, bias, dgelu, dgelu_bgrad
   int64_t M, N, K;
   bool bT;                    // b given as [N, K]
   std::string how;            // added to TPC_OWN_GEMM's list: "", "pre1", "multicast"
@@ -51,7 +51,7 @@ Io inputs(const Case& c) {
   Io io;
   io.a = randomBf16(static_cast<size_t>(c.M * c.K), 1.0, 1);
   io.b = randomBf16(static_cast<size_t>(c.K * c.N), 2.0 / std::sqrt(static_cast<double>(c.K)), 2);
-  io.third = c.kind == "gelu_bias" ? randomBf16(static_cast<size_t>(c.N), 0.5, 3) : randomBf16(static_cast<size_t>(c.M * c.N), 5.0, 3);
+  io.third = c.kind == "gelu_bias" || c.kind == "bias" ? randomBf16(static_cast<size_t>(c.N), 0.5, 3) : randomBf16(static_cast<size_t>(c.M * c.N), 5.0, 3);
   return io;
 }
 
@@ -135,7 +135,8 @@ std::vector<double> product(const Case& c, const Io& io) {
 // How many results differ from the sums in double (h = product()) by more than the kernel's roundings allow (NaN,
 // an unwritten element, counts). Each rounding to bf16 is within 2^-9 of its value, and the f32 sums and the
 // kernel's gelu and gelu' within ~1e-6: the bounds are those steps' errors, doubled. gelu_bias: pre = bf16(s + bias)
-// and y = bf16(gelu(pre or the f32 sum)); dgelu: g = bf16(bf16(s) gelu'(pre)), or the f32 s unrounded (K < 512).
+// and y = bf16(gelu(pre or the f32 sum)); bias: y = bf16(s + bias); dgelu: g = bf16(bf16(s) gelu'(pre)), or the f32
+// s unrounded (K < 512).
 int64_t wrong(const Case& c, const Io& io, const std::vector<double>& h) {
   int64_t bad = 0;
   for (int64_t m = 0; m < c.M; ++m) {
@@ -146,6 +147,9 @@ int64_t wrong(const Case& c, const Io& io, const std::vector<double>& h) {
         const double x = s + f(io.third[static_cast<size_t>(n)]), pre = f(io.out1[i]), y = f(io.out0[i]);
         bad += !(std::fabs(pre - x) <= 0x1p-8 * std::fabs(x) + 1e-6);
         bad += !(std::fabs(y - geluRef(x)) <= 0x1p-8 * (std::fabs(geluGradRef(x) * x) + std::fabs(y)) + 1e-6);
+      } else if (c.kind == "bias") {
+        const double x = s + f(io.third[static_cast<size_t>(n)]), y = f(io.out0[i]);
+        bad += !(std::fabs(y - x) <= 0x1p-8 * std::fabs(x) + 1e-6);
       } else {
         const double want = s * geluGradRef(f(io.third[i])), g = f(io.out0[i]);
         bad += !(std::fabs(g - want) <= 0x1p-8 * (std::fabs(want) + std::fabs(g)) + 1e-6 * (1 + std::fabs(s)));
@@ -187,7 +191,7 @@ Io check(const Case& c, const test::TempDir& dir) {
 
 }  // namespace
 
-TEST_CASE("gemm sm90 emulated: gelu_bias, dgelu and dgelu_bgrad against double, in both copy orders", "[cuda][emulator]") {
+TEST_CASE("gemm sm90 emulated: gelu_bias, bias, dgelu and dgelu_bgrad against double, in both copy orders", "[cuda][emulator]") {
   test::TempDir dir;
   // gelu_bias: b [K, N] (N-major tiles), the deferred epilogue over 8 tiles; b^T and the exact epilogue (K < 512).
   check({"gelu_bias", 512, 512, 512, false, ""}, dir);
@@ -206,11 +210,15 @@ TEST_CASE("gemm sm90 emulated: gelu_bias, dgelu and dgelu_bgrad against double, 
   // k-slices 0, 1, 3, 4, 6, 7, 9, 10 of 12 (K 768, gpt2's).
   check({"dgelu", 256, 512, 1024, true, ""}, dir);
   check({"gelu_bias", 256, 512, 768, false, ""}, dir);
+  // bias (c_attn): the deferred stores over K 768's k-slices, b^T with the exact epilogue (K 256).
+  check({"bias", 512, 512, 768, false, ""}, dir);
+  check({"bias", 256, 512, 256, true, ""}, dir);
 }
 
 TEST_CASE("gemm sm90 emulated: blocks in clusters of two give the same bits", "[cuda][emulator]") {
   test::TempDir dir;
-  for (Case c : {Case{"gelu_bias", 512, 512, 512, false, ""}, Case{"dgelu", 512, 512, 512, true, ""}}) {
+  for (Case c : {Case{"gelu_bias", 512, 512, 512, false, ""}, Case{"bias", 512, 512, 512, true, ""},
+                 Case{"dgelu", 512, 512, 512, true, ""}}) {
     Io alone = check(c, dir);
     c.how = "multicast";
     c.sms = 4;  // two clusters

@@ -3,6 +3,7 @@
 //   dgelu     (GM_EPI 2): g = (a b) * gelu'(pre)    (the MLP's backward through its gelu)
 //   dgelu_bgrad (GM_EPI 3): dgelu, and db = g's column sums (the MLP's first bias gradient): each warp's 16 rows
 //               summed in its epilogue into a [M / 16, N] f32 workspace, then a second kernel sums those in order
+//   bias      (GM_EPI 4): y = a b + bias (the attention's c_attn): the sum rounded once, as cuBLASLt's BIAS
 // gelu_bias runs here by default (CudaOptions::ownGemm): 12-14% faster than cuBLASLt's GELU_AUX_BIAS alone on the
 // H200 at gpt2's and gpt2-medium's c_fc shapes, and faster inside a training step (docs/performance.md,
 // twenty-third session). dgelu and dgelu_bgrad run only when asked for (TPC_OWN_GEMM): cuBLASLt's DGELU runs an
@@ -40,9 +41,12 @@ constexpr const char* kGemmHead = R"GEMM(
 #if GM_CLUSTER != 1 && GM_CLUSTER != 2
 #error "GM_CLUSTER must be 1 or 2"
 #endif
-#if GM_EPI != 1 && GM_EPI != 2 && GM_EPI != 3
-#error "GM_EPI must be 1 (gelu_bias), 2 (dgelu) or 3 (dgelu_bgrad)"
+#if GM_EPI != 1 && GM_EPI != 2 && GM_EPI != 3 && GM_EPI != 4
+#error "GM_EPI must be 1 (gelu_bias), 2 (dgelu), 3 (dgelu_bgrad) or 4 (bias)"
 #endif
+// What the epilogue reads besides the sum: a bias row (gelu_bias, bias) or pre, [M, N] (dgelu, dgelu_bgrad).
+#define GM_HAS_BIAS (GM_EPI == 1 || GM_EPI == 4)
+#define GM_HAS_PRE (GM_EPI == 2 || GM_EPI == 3)
 #if GM_B_KMAJOR != 0 && GM_B_KMAJOR != 1
 #error "GM_B_KMAJOR must be 0 or 1"
 #endif
@@ -76,11 +80,11 @@ constexpr int THREADS = 384;                    // WG0 = producer, WG1/WG2 = con
 constexpr int B_BOX_N = 64, B_BOX_BYTES = B_BOX_N * BK * 2;   // 8 KB
 constexpr int M = GM_M, N = GM_N, K = GM_K;
 constexpr bool DEFER = GM_MODE == 2;
-constexpr bool GELU = GM_EPI == 1;              // else dgelu (and, GM_EPI 3, its column sums)
+constexpr bool GELU = GM_EPI == 1;              // gelu_bias: y and aux (pre) stored a chunk
 // dgelu: its staging slots as one for out and three for pre, whose copies are issued 3 chunks (k-slices, with
 // DEFER) ahead of their use (GM_PRE_AHEAD 3), or as gelu_bias's two pairs, out and pre, copied 1 chunk ahead (1).
 // A chunk's copy waits out an L2 round trip under the mainloop's TMA traffic; one k-slice of wgmmas may not cover it.
-constexpr int PRE_AHEAD = GELU ? 1 : GM_PRE_AHEAD;
+constexpr int PRE_AHEAD = GM_HAS_PRE ? GM_PRE_AHEAD : 1;
 static_assert(PRE_AHEAD == 1 || PRE_AHEAD == 3, "pre_slot and await_pre know the schemes 1 and 3 only");
 // GM_CLUSTER 2: blocks in pairs (a cluster) on tiles m and m + 1 of the same n: each loads its own a and half of
 // the shared b tile, multicast into both blocks' shared memory (32 KB a k-slice from L2 a block instead of 48).
@@ -340,8 +344,8 @@ __device__ __forceinline__ void unit_origin(int unit, unsigned rank, int& m0, in
 // Launch (gemm_sm90.cpp): block 384 (warpgroup 0 the TMA producer, 1-2 the consumers), grid min(#SMs, tiles)
 // (GM_CLUSTER 2: even, in clusters of two by the kernel's attribute), GM_SMEM_BYTES of dynamic shared memory.
 // Parameters: the TMA descriptors of X, W, out and (gelu_bias) aux (128B swizzle; boxes: X {64 k, 128 rows}, W
-// {64 n, 64 k} or, K-major, {64 k, 256 / GM_CLUSTER n}, out and aux {64, 8}), then the bias (gelu_bias) or pre
-// (dgelu: [M, N] row-major).
+// {64 n, 64 k} or, K-major, {64 k, 256 / GM_CLUSTER n}, out and aux {64, 8}), then the bias (gelu_bias, bias) or
+// pre (dgelu: [M, N] row-major).
 static_assert(GM_SMEM_BYTES == cfg::SMEM_BYTES, "the launch's shared memory (kSharedBytes) must be the layout's");
 
 #if GM_EPI == 1
@@ -353,6 +357,10 @@ gemm_gelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tm
 extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
 gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
                   const __grid_constant__ TmaDesc tmOut, const unsigned short* __restrict__ pre) {
+#elif GM_EPI == 4
+extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
+gemm_bias_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
+                 const __grid_constant__ TmaDesc tmOut, const unsigned short* __restrict__ bias) {
 #else
 extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
 gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
@@ -441,7 +449,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
     const int warp = (threadIdx.x / 32) & 3, lane = threadIdx.x & 31;
     const int r8 = lane >> 2;                    // fragment row within an 8-row group
     const unsigned epi_w = epi + (cw * 4 + warp) * EPI_WARP;
-#if GM_EPI == 1
+#if GM_HAS_BIAS
     const unsigned* bias32 = reinterpret_cast<const unsigned*>(bias);
 #endif
     float acc[128];
@@ -517,7 +525,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
         bulk_commit();
       }
     };
-#if GM_EPI >= 2
+#if GM_HAS_PRE
     auto pre_slot = [&](int c) { return epi_w + (PRE_AHEAD == 1 ? (c % 2) * 2 + 1 : 1 + c % 3) * EPI_SLOT; };
     // pre of chunk c of the warp's part at (row0, col0), copied by the warp with cp.async into the chunk's pre slot,
     // 128B-swizzled as the staging slots: each lane then reads its fragment columns where gelu_bias writes aux
@@ -598,13 +606,15 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
     // col0), unless this is the last tile's epilogue, `drain`) is loaded once this one's is used.
     auto deferred_chunk = [&](auto cc, auto drain, int row0, int col0) {
       constexpr int c = decltype(cc)::value, cg = c / 2, half = c % 2;
-#if GM_EPI >= 2
+#if GM_HAS_PRE
       await_pre(c, decltype(drain)::value != 0);
 #endif
       store_chunk(c, pend_n0 + cg * 64, pend_row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
 #if GM_EPI == 1
         va = hp[(cg * 8 + j) * 2 + half];
         vo = pack_bf16(gelu_tanh(bf16lo(va)), gelu_tanh(bf16hi(va)));
+#elif GM_EPI == 4
+        vo = hp[(cg * 8 + j) * 2 + half];
 #else
         const unsigned mm = hp[(cg * 8 + j) * 2 + half], pv = pre_at(c, j);
         vo = pack_bf16(bf16lo(mm) * gelu_tanh_grad(bf16lo(pv)), bf16hi(mm) * gelu_tanh_grad(bf16hi(pv)));
@@ -617,7 +627,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 #if GM_EPI == 3
       column_sums(half, pend_row0, pend_n0 + cg * 64);
 #endif
-#if GM_EPI >= 2
+#if GM_HAS_PRE
       // Chunk c + PRE_AHEAD's pre, into the slot whose last reader is done (chunk c - 1's pair, or chunk c's own
       // slot: store_chunk's __syncwarp follows every lane's reads).
       if constexpr (c + PRE_AHEAD <= 7) load_pre(c + PRE_AHEAD, pend_row0, pend_n0);
@@ -632,7 +642,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       unit_origin(unit, rank, m0, n0);
       const int row0 = m0 + cw * 64 + warp * 16;
 
-#if GM_EPI >= 2
+#if GM_HAS_PRE
       prefetch_pre_l2(row0, n0);
       // The epilogue's first chunks, while the mainloop runs: without DEFER this tile's; with DEFER and PRE_AHEAD 3
       // the deferred epilogue of the previous tile copies them (deferred_chunk), here only where there is none.
@@ -665,15 +675,15 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       // cols 8j + 2*(lane%4) + {0,1}; d[4j+{2,3}] -> row r8+8, same cols.
 #pragma unroll
       for (int cg = 0; cg < 4; ++cg) {                     // 64-column group
-#if GM_EPI == 1
+#if GM_HAS_BIAS
         unsigned bz[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) bz[j] = __ldg(bias32 + ((n0 + cg * 64 + 8 * j) >> 1) + (lane & 3));
 #endif
-        // The sum at fragment column group j, row half `half`, element k (0, 1) of the pair; + bias (gelu_bias).
+        // The sum at fragment column group j, row half `half`, element k (0, 1) of the pair; + bias (gelu_bias, bias).
         auto sum = [&](int j, int half, int k) {
           const float h = acc[(cg * 8 + j) * 4 + half * 2 + k];
-#if GM_EPI == 1
+#if GM_HAS_BIAS
           return h + (k ? bf16hi(bz[j]) : bf16lo(bz[j]));
 #else
           return h;
@@ -687,7 +697,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 #pragma unroll
             for (int j = 0; j < 8; ++j) hp[(cg * 8 + j) * 2 + half] = pack_bf16(sum(j, half, 0), sum(j, half, 1));
           } else {
-#if GM_EPI >= 2
+#if GM_HAS_PRE
             await_pre(cg * 2 + half, false);               // this chunk's pre (copied PRE_AHEAD chunks ahead)
 #endif
             store_chunk(cg * 2 + half, n0 + cg * 64, row0 + half * 8, [&](int j, unsigned& va, unsigned& vo) {
@@ -695,6 +705,8 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 #if GM_EPI == 1
               va = pack_bf16(h0, h1);
               vo = pack_bf16(gelu_tanh(h0), gelu_tanh(h1));
+#elif GM_EPI == 4
+              vo = pack_bf16(h0, h1);
 #else
               const unsigned pv = pre_at(cg * 2 + half, j);
               vo = pack_bf16(h0 * gelu_tanh_grad(bf16lo(pv)), h1 * gelu_tanh_grad(bf16hi(pv)));
@@ -707,7 +719,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 #if GM_EPI == 3
             column_sums(half, row0, n0 + cg * 64);
 #endif
-#if GM_EPI >= 2
+#if GM_HAS_PRE
             // Chunk c + PRE_AHEAD's pre, into a slot whose last reader is done (as in deferred_chunk).
             const int c = cg * 2 + half;
             if (c + PRE_AHEAD <= 7) load_pre(c + PRE_AHEAD, row0, n0);
@@ -717,7 +729,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       }
       if constexpr (DEFER) {
         pend_row0 = row0; pend_n0 = n0;
-#if GM_EPI >= 2
+#if GM_HAS_PRE
         // PRE_AHEAD 1: the first chunk's pre, used in the next tile's first k-slice.
         if (PRE_AHEAD == 1) load_first_pre(pend_row0, pend_n0);
 #endif
@@ -739,7 +751,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool bKMajor = false;  // b given as [N, K] (transpose_b)
-  int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu, 3 dgelu_bgrad
+  int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu, 3 dgelu_bgrad, 4 bias
   int cluster = 1;       // GM_CLUSTER: 2 where asked for (LoweringContext::ownGemmMulticast) and M / 128 is even
   int preAhead = 3;      // GM_PRE_AHEAD (LoweringContext::ownGemmPreAhead)
 };
@@ -748,23 +760,27 @@ struct GemmShape {
 std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
   const std::string kind = n.op() == OpKind::MatmulEpilogue ? n.getStr("epilogue") : "";
   const bool gelu = kind == "gelu_bias", bgrad = kind == "dgelu_bgrad", dgelu = kind == "dgelu" || bgrad;
-  if (!gelu && !dgelu) return "takes matmul_epilogue {epilogue=gelu_bias}, {epilogue=dgelu} and {epilogue=dgelu_bgrad}";
+  const bool bias = kind == "bias";
+  if (!gelu && !dgelu && !bias)
+    return "takes matmul_epilogue {epilogue=gelu_bias}, {epilogue=bias}, {epilogue=dgelu} and {epilogue=dgelu_bgrad}";
   if (gelu && !ctx.ownGeluGemm) return "gelu_bias: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM; on by default)";
+  if (bias && !ctx.ownBiasGemm) return "bias: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=bias or 1 turns it on)";
   if (kind == "dgelu" && !ctx.ownDgeluGemm) return "dgelu: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu or 1 turns it on)";
   if (bgrad && !ctx.ownDgeluBgradGemm)
     return "dgelu_bgrad: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu_bgrad or 1 turns it on)";
   if (ctx.smMajor != 9 || ctx.smMinor != 0) return "needs an sm_90 GPU (wgmma, TMA)";
   if (ctx.maxSharedBytes < static_cast<int64_t>(kSharedBytes)) return cat("needs ", kSharedBytes, " bytes of shared memory a block");
-  if (n.numOperands() != 3 || n.numResults() != (kind == "dgelu" ? 1 : 2))
+  if (n.numOperands() != 3 || n.numResults() != (kind == "dgelu" || bias ? 1 : 2))
     return gelu ? "takes gelu_bias without a residual: (a, b, bias) -> (y, pre)"
-                : bgrad ? "takes dgelu_bgrad as (a, b, pre) -> (g, db)" : "takes dgelu as (a, b, pre) -> g";
+           : bias ? "takes bias without a residual: (a, b, bias) -> y"
+           : bgrad ? "takes dgelu_bgrad as (a, b, pre) -> (g, db)" : "takes dgelu as (a, b, pre) -> g";
   for (const Value* v : n.operands())
     if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
   for (const Value* v : n.results())
     if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
   const Value *a = n.operand(0), *b = n.operand(1);
   if (n.getBool("transpose_a") || b->type().rank() != 2 || a->type().rank() < 2) return "takes a[..., M, K] x b[K, N] (or b^T)";
-  s->epilogue = gelu ? 1 : bgrad ? 3 : 2;
+  s->epilogue = gelu ? 1 : bias ? 4 : bgrad ? 3 : 2;
   s->bKMajor = n.getBool("transpose_b");
   s->K = a->shape().back();
   s->N = s->bKMajor ? b->shape()[0] : b->shape()[1];
@@ -773,9 +789,10 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
     return cat("needs M % ", kTileM, ", N % ", kTileN, " and K % ", kTileK, " to be 0 (M ", s->M, ", N ", s->N, ", K ", s->K, ")");
   if (s->M >= (int64_t(1) << 31) || s->N >= (int64_t(1) << 31) || s->K >= (int64_t(1) << 31)) return "needs dims under 2^31 (TMA coordinates)";
   if (dgelu && n.operand(2)->type().numel() != s->M * s->N) return "takes pre of the product's shape";
+  if (!dgelu && n.operand(2)->type().numel() != s->N) return "takes a bias of one value a column";
   if (bgrad && n.result(1)->type().numel() != s->N) return "takes dgelu_bgrad's db as one value a column";
   s->cluster = ctx.ownGemmMulticast && (s->M / kTileM) % 2 == 0 ? 2 : 1;
-  s->preAhead = gelu || ctx.ownGemmPreAhead == 1 ? 1 : 3;  // gelu_bias has no pre: one source either way
+  s->preAhead = !dgelu || ctx.ownGemmPreAhead == 1 ? 1 : 3;  // gelu_bias and bias have no pre: one source either way
   return "";
 }
 
@@ -784,26 +801,27 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
 const char* gemmSm90Ptx() { return kGemmPtx; }
 
 Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx) {
-  ctx->ownGeluGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = ctx->ownGemmMulticast = false;
+  ctx->ownGeluGemm = ctx->ownBiasGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = ctx->ownGemmMulticast = false;
   ctx->ownGemmPreAhead = 3;
   if (kinds.empty() || kinds == "0") return {};
   size_t at = 0;
   while (at <= kinds.size()) {
     size_t end = std::min(kinds.find(',', at), kinds.size());
     std::string kind = kinds.substr(at, end - at);
-    if (kind == "1" || kind == "all") ctx->ownGeluGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = true;
+    if (kind == "1" || kind == "all") ctx->ownGeluGemm = ctx->ownBiasGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = true;
     else if (kind == "gelu_bias") ctx->ownGeluGemm = true;
+    else if (kind == "bias") ctx->ownBiasGemm = true;
     else if (kind == "dgelu") ctx->ownDgeluGemm = true;
     else if (kind == "dgelu_bgrad") ctx->ownDgeluBgradGemm = true;
     else if (kind == "multicast") ctx->ownGemmMulticast = true;
     else if (kind == "pre1") ctx->ownGemmPreAhead = 1;
     else
       return makeError(from, "='", kinds, "': '", kind, "' is not a kind our GEMM kernel runs (expected 0, or a comma ",
-                       "list of 1 or all (every kind), gelu_bias, dgelu, dgelu_bgrad, multicast (blocks in pairs ",
+                       "list of 1 or all (every kind), gelu_bias, bias, dgelu, dgelu_bgrad, multicast (blocks in pairs ",
                        "sharing b's tiles) and pre1 (dgelu's pre copied one chunk ahead))");
     at = end + 1;
   }
-  const bool any = ctx->ownGeluGemm || ctx->ownDgeluGemm || ctx->ownDgeluBgradGemm;
+  const bool any = ctx->ownGeluGemm || ctx->ownBiasGemm || ctx->ownDgeluGemm || ctx->ownDgeluBgradGemm;
   if (ctx->ownGemmMulticast && !any)
     return makeError(from, "='", kinds, "': multicast is a way to run the kinds, name one too (e.g. all,multicast)");
   if (ctx->ownGemmPreAhead == 1 && !any)
@@ -821,7 +839,10 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   if (std::string why = refusal(n, ctx, &s); !why.empty()) return makeError("gemm_sm90: ", n.opName(), ": ", why);
   int64_t tiles = (s.M / kTileM) * (s.N / kTileN);
   KernelSpec k;
-  k.entry = s.epilogue == 1 ? "gemm_gelu_kernel" : s.epilogue == 2 ? "gemm_dgelu_kernel" : "gemm_dgelu_bgrad_kernel";
+  k.entry = s.epilogue == 1   ? "gemm_gelu_kernel"
+            : s.epilogue == 4 ? "gemm_bias_kernel"
+            : s.epilogue == 2 ? "gemm_dgelu_kernel"
+                              : "gemm_dgelu_bgrad_kernel";
   k.archSpecific = true;
   k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
                  "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n#define GM_EPI ", s.epilogue, "\n#define GM_SMEM_BYTES ",
