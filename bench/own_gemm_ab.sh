@@ -32,11 +32,13 @@ rows=()
 
 # 0. The MLP's fused GEMMs alone (bench/gemm_epilogues.cpp): ours and cuBLASLt's, b as [K, N] and as [N, K], at
 #    gpt2-medium's shape (GEMM_BENCH_HIDDEN="1024 768" adds gpt2's): whether a slow kernel is slow for its epilogue
-#    or for b's layout. 12 settings a shape (GEMM_BENCH_FLAGS="--multicast --pre1" adds 10), each a few seconds (the
+#    or for b's layout. 12 settings a shape (GEMM_BENCH_FLAGS="--multicast --pre1" adds 10; GEMM_BENCH_KINDS, default
+#    gelu_bias,dgelu,dgelu_bgrad, may add bias and plain: tpc_gemm_bench --help), each a few seconds (the
 #    steps' outputs come back to the host in f32).
 if [ -x "$build/bin/tpc_gemm_bench" ] && [ "${GEMM_BENCH:-1}" != 0 ]; then
   for hidden in ${GEMM_BENCH_HIDDEN:-1024}; do
-    "$build/bin/tpc_gemm_bench" --rows 16384 --hidden "$hidden" --copies 2 ${GEMM_BENCH_FLAGS:-} > "$out/gemm_bench_d$hidden.txt" 2>&1
+    "$build/bin/tpc_gemm_bench" --rows 16384 --hidden "$hidden" --copies 2 --kinds "${GEMM_BENCH_KINDS:-gelu_bias,dgelu,dgelu_bgrad}" \
+      ${GEMM_BENCH_FLAGS:-} > "$out/gemm_bench_d$hidden.txt" 2>&1
     rows+=("$(printf '%-34s %s' "tpc_gemm_bench --hidden $hidden" "exit $? ($out/gemm_bench_d$hidden.txt, printed last)")")
   done
 fi
@@ -92,8 +94,10 @@ import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 total = sum(float(r["ms"]) for r in rows)
 parts = []
-for kind in ("gelu_bias", "dgelu"):  # dgelu: dgelu_bgrad's GEMMs too
-    mine = [r for r in rows if ("with epilogue " + kind) in r["gemm"]]
+def epilogue(r):  # the word after "with epilogue " in the GEMM's description: gelu_bias, bias, bias+residual, dgelu...
+    return r["gemm"].split("with epilogue ")[1].split()[0] if "with epilogue " in r["gemm"] else ""
+for kind in ("gelu_bias", "bias", "dgelu"):  # dgelu: dgelu_bgrad's GEMMs too
+    mine = [r for r in rows if epilogue(r) == kind or (kind == "dgelu" and epilogue(r).startswith("dgelu"))]
     ms = sum(float(r["ms"]) for r in mine)
     fl = [float(r["tflops"]) for r in mine if r["tflops"]]
     parts.append("%s %d x, %.3f ms (%.0f-%.0f TFLOP/s)" % (kind, len(mine), ms, min(fl or [0]), max(fl or [0])))
