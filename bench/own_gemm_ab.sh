@@ -2,7 +2,8 @@
 # Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) against cuBLASLt on one GPU, in one call:
 #   0. tpc_gemm_bench (where built): the MLP's fused GEMMs alone, ours and cuBLASLt's, b in both layouts;
 #   1. its GPU test cases (gelu_bias and dgelu against cuBLASLt, the unfused ops, the CPU and double);
-#   2. training steps of each model alternating the TPC_OWN_GEMM settings in SETTINGS (default "0 gelu_bias 1"; also
+#   2. training steps of each model alternating the TPC_OWN_GEMM settings in SETTINGS (default "0 gelu_bias 1"; `1`
+#      includes bias, c_attn's GEMM, since the twenty-fourth session: gelu_bias,dgelu,dgelu_bgrad is the earlier `1`; also
 #      e.g. dgelu, dgelu,pre1, dgelu_bgrad, all,multicast), ROUNDS times, with the GPU's power draw and SM clock
 #      sampled every 100 ms (nvidia-smi): under the 700 W cap a kernel that is faster alone can lose in the step, and
 #      the power column shows whether it drew more;

@@ -163,7 +163,8 @@ TEST_CASE("gemm sm90: dgelu takes our kernel at the tile multiples when switched
   CHECK_FALSE(ownGemm(*geluBias({1024, 768}, {768, 3072}).n, ctx));
 }
 
-// bias (c_attn's y = a b + bias, no residual) when switched on: one output, its descriptors, every variant compiled.
+// bias (c_attn's y = a b + bias, no residual) when switched on: one output, its descriptors, and two variants
+// compiled without spills (the deferred epilogue with b [K, N], the exact one with b^T; the emulated test runs all).
 TEST_CASE("gemm sm90: bias takes our kernel when switched on, as (a, b, bias) -> y, and compiles", "[cuda]") {
   auto bias = [](Shape a, Shape b, bool bT = false, DType t = DType::bf16) {
     return epilogueNode("bias", std::move(a), std::move(b), bT, t);

@@ -210,8 +210,9 @@ TEST_CASE("gemm sm90 emulated: gelu_bias, bias, dgelu and dgelu_bgrad against do
   // k-slices 0, 1, 3, 4, 6, 7, 9, 10 of 12 (K 768, gpt2's).
   check({"dgelu", 256, 512, 1024, true, ""}, dir);
   check({"gelu_bias", 256, 512, 768, false, ""}, dir);
-  // bias (c_attn): the deferred stores over K 768's k-slices, b^T with the exact epilogue (K 256).
+  // bias (c_attn): the deferred stores over K 768's k-slices, the exact epilogue (K 256) with b and b^T.
   check({"bias", 512, 512, 768, false, ""}, dir);
+  check({"bias", 256, 512, 256, false, ""}, dir);
   check({"bias", 256, 512, 256, true, ""}, dir);
 }
 

@@ -1,4 +1,4 @@
-// matmul_epilogue on sm_90 as our own GEMM kernel (bf16; f32 accumulation), for two epilogues:
+// matmul_epilogue on sm_90 as our own GEMM kernel (bf16; f32 accumulation), for four epilogues:
 //   gelu_bias (GM_EPI 1): y = gelu(a b + bias), pre = a b + bias
 //   dgelu     (GM_EPI 2): g = (a b) * gelu'(pre)    (the MLP's backward through its gelu)
 //   dgelu_bgrad (GM_EPI 3): dgelu, and db = g's column sums (the MLP's first bias gradient): each warp's 16 rows
@@ -7,7 +7,8 @@
 // gelu_bias runs here by default (CudaOptions::ownGemm): 12-14% faster than cuBLASLt's GELU_AUX_BIAS alone on the
 // H200 at gpt2's and gpt2-medium's c_fc shapes, and faster inside a training step (docs/performance.md,
 // twenty-third session). dgelu and dgelu_bgrad run only when asked for (TPC_OWN_GEMM): cuBLASLt's DGELU runs an
-// older, slower kernel family than its plain GEMMs (fourteenth session's ncu), but ours is not yet faster.
+// older, slower kernel family than its plain GEMMs (fourteenth session's ncu), but ours is not yet faster. bias
+// too, until a GPU has timed it (twenty-fourth session).
 //
 // The kernel: persistent (a block a SM), warp-specialized. One producer thread streams 128 x 64 tiles of a and
 // 64 x 256 tiles of b into a 4-stage shared-memory ring with TMA (128-byte swizzle, mbarriers); two consumer
@@ -67,8 +68,9 @@ constexpr int B_BYTES = BN * BK * 2;            // 32 KB
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // 48 KB
 // Epilogue staging: per consumer warp a ring of 4 slots of 8 rows x 64 cols bf16 (1 KB each,
 // 128B-swizzled so that both the fragment stores and the TMA store are conflict-free).
-// gelu_bias uses them in pairs (out, aux) -> double-buffered TMA stores per warp; dgelu has out in slot 0 and
-// pre's copies in slots 1-3 (GM_PRE_AHEAD 3), or pairs (out, pre) as gelu_bias's (GM_PRE_AHEAD 1).
+// gelu_bias uses them in pairs (out, aux) -> double-buffered TMA stores per warp (bias: out in slots 0 and 2, 1
+// and 3 idle); dgelu has out in slot 0 and pre's copies in slots 1-3 (GM_PRE_AHEAD 3), or pairs (out, pre) as
+// gelu_bias's (GM_PRE_AHEAD 1).
 constexpr int EPI_SLOT = 8 * 64 * 2;
 constexpr int EPI_WARP = 4 * EPI_SLOT;
 constexpr int EPI_BYTES = 8 * EPI_WARP;         // 8 consumer warps -> 32 KB
@@ -493,8 +495,8 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       if (++s == STAGES) { s = 0; ph ^= 1; }
     };
     // Chunk c (0-7) of a warp's 16 x 256 part of a tile: rows + 8 (c % 2), columns + 64 (c / 2). Its staging slots:
-    // gelu_bias (and dgelu with PRE_AHEAD 1) alternate between two pairs, out then aux or pre; dgelu with PRE_AHEAD
-    // 3 has out in slot 0 and pre in slots 1-3 in turn.
+    // gelu_bias (and bias, and dgelu with PRE_AHEAD 1) alternate between two pairs, out then aux or pre (bias: out
+    // only); dgelu with PRE_AHEAD 3 has out in slot 0 and pre in slots 1-3 in turn.
     auto out_slot = [&](int c) { return epi_w + (PRE_AHEAD == 1 ? (c % 2) * 2 : 0) * EPI_SLOT; };
     // Write chunk c of out (and, gelu_bias, of aux) into this warp's staging slots and TMA-store it. wait_group.read
     // = the last store from the out slot (two chunks ago with two pairs, the previous one with one slot) has
