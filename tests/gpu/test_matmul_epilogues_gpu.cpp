@@ -141,6 +141,16 @@ Value* bf16Matmul(Graph& g, Value* a, Value* w, bool transposeB) {
   return (*mm)->result();
 }
 
+// add(x w, bias) in g: x [rows / 256, 256, K], w [K, N] (or [N, K], transpose_b) and bias [N], bf16 inputs.
+Value* matmulPlusBias(Graph& g, int64_t rows, int64_t K, int64_t N, bool transposeB) {
+  auto T = [&](Shape s) { return TensorType(DType::bf16, std::move(s)); };
+  Value* x = g.addInput("x", T({rows / 256, 256, K}));
+  Value* w = g.addInput("w", T(transposeB ? Shape{N, K} : Shape{K, N}));
+  auto sum = g.create(OpKind::Add, {bf16Matmul(g, x, w, transposeB), g.addInput("bias", T({N}))});
+  REQUIRE(sum.ok());
+  return (*sum)->result();
+}
+
 // Every input of g drawn uniformly from [-span, span] (spanOf its name), in order; bf16Values: rounded to bf16
 // on the host, so that a double reference sees the GPU's inputs.
 TensorMap uniformInputs(const Graph& g, uint32_t seed, const std::function<double(const std::string&)>& spanOf,
@@ -232,16 +242,11 @@ TEST_CASE("cuda epilogues: gelu_bias through our sm_90 GEMM kernel matches the C
            {1024, 576, 768, true}}) {
     INFO("[" << rows << ", " << K << "] x [" << K << ", " << N << "]" << (bT ? " (b^T)" : ""));
     auto g = std::make_unique<Graph>("gelu_bias");
-    auto T = [&](Shape s) { return TensorType(DType::bf16, std::move(s)); };
-    Value* x = g->addInput("x", T({rows / 256, 256, K}));
-    Value* w = g->addInput("w", T(bT ? Shape{N, K} : Shape{K, N}));
-    Value* bias = g->addInput("bias", T({N}));
-    auto pre = g->create(OpKind::Add, {bf16Matmul(*g, x, w, bT), bias});
-    REQUIRE(pre.ok());
-    auto y = g->create(OpKind::Gelu, {(*pre)->result()});
+    Value* pre = matmulPlusBias(*g, rows, K, N, bT);
+    auto y = g->create(OpKind::Gelu, {pre});
     REQUIRE(y.ok());
     g->addOutput((*y)->result(), "y");
-    g->addOutput((*pre)->result(), "pre");
+    g->addOutput(pre, "pre");
     TensorMap in = uniformInputs(*g, 23, [&](const std::string& v) { return v == "w" ? 2.0 / std::sqrt(double(K)) : 1.0; },
                                  false);
     auto [ours, cublas, unfused] = runThreeWays(*g, in, "gelu_bias", sm90);
@@ -284,13 +289,7 @@ TEST_CASE("cuda epilogues: bias through our sm_90 GEMM kernel matches the CPU, c
            {512, 512, 768, false}, {1024, 256, 512, true}, {8192, 768, 2304, false}, {16384, 1024, 3072, true}}) {
     INFO("[" << rows << ", " << K << "] x [" << K << ", " << N << "]" << (bT ? " (b^T)" : ""));
     auto g = std::make_unique<Graph>("bias");
-    auto T = [&](Shape s) { return TensorType(DType::bf16, std::move(s)); };
-    Value* x = g->addInput("x", T({rows / 256, 256, K}));
-    Value* w = g->addInput("w", T(bT ? Shape{N, K} : Shape{K, N}));
-    Value* bias = g->addInput("bias", T({N}));
-    auto y = g->create(OpKind::Add, {bf16Matmul(*g, x, w, bT), bias});
-    REQUIRE(y.ok());
-    g->addOutput((*y)->result(), "y");
+    g->addOutput(matmulPlusBias(*g, rows, K, N, bT), "y");
     TensorMap in = uniformInputs(*g, 29, [&](const std::string& v) { return v == "w" ? 2.0 / std::sqrt(double(K)) : 1.0; },
                                  false);
     auto [ours, cublas, unfused] = runThreeWays(*g, in, "bias", sm90);

@@ -841,10 +841,9 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   if (std::string why = refusal(n, ctx, &s); !why.empty()) return makeError("gemm_sm90: ", n.opName(), ": ", why);
   int64_t tiles = (s.M / kTileM) * (s.N / kTileN);
   KernelSpec k;
-  k.entry = s.epilogue == 1   ? "gemm_gelu_kernel"
-            : s.epilogue == 4 ? "gemm_bias_kernel"
-            : s.epilogue == 2 ? "gemm_dgelu_kernel"
-                              : "gemm_dgelu_bgrad_kernel";
+  static const char* const kEntry[] = {nullptr, "gemm_gelu_kernel", "gemm_dgelu_kernel", "gemm_dgelu_bgrad_kernel",
+                                       "gemm_bias_kernel"};  // by GM_EPI
+  k.entry = kEntry[s.epilogue];
   k.archSpecific = true;
   k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
                  "\n#define GM_MODE ", s.K >= 8 * kTileK ? 2 : 1, "\n#define GM_EPI ", s.epilogue, "\n#define GM_SMEM_BYTES ",
