@@ -1,13 +1,14 @@
 // tpc_gemm_bench: the GPT MLP's fused GEMMs (gelu_bias forward, dgelu and dgelu_bgrad backward; bias, and the plain
-// GEMM with no epilogue, at the same shape, for what an epilogue costs) timed on the
-// GPU through our sm_90 kernel (runtime/cuda/kernels/gemm_sm90.cpp, TPC_OWN_GEMM) and through cuBLASLt's
+// GEMM with no epilogue, at the same shape, for what an epilogue costs; and bias_residual, y = x w + bias + r, the
+// epilogue of the attention projection's and c_proj's forward GEMMs, at the projection's [rows, D] x [D, D]) timed
+// on the GPU through our sm_90 kernel (runtime/cuda/kernels/gemm_sm90.cpp, TPC_OWN_GEMM) and through cuBLASLt's
 // epilogues, with b given as [K, N] and as [N, K] (transpose_b: the layout the GPT's dgelu GEMM has), so that a
 // slow kernel is pinned to the epilogue or to b's layout. Each setting is one graph of `copies` independent
 // GEMMs (their own inputs: nothing is shared or cached between them) run once and then profiled launch by
 // launch (CudaOptions::profileStep); the table gives the mean GPU time per GEMM and its TFLOP/s.
 //
-//   tpc_gemm_bench [--rows 16384] [--hidden 1024] [--copies 4] [--kinds gelu_bias,dgelu,dgelu_bgrad,bias,plain] [--multicast]
-//                  [--pre1]
+//   tpc_gemm_bench [--rows 16384] [--hidden 1024] [--copies 4] [--kinds gelu_bias,dgelu,dgelu_bgrad,bias,bias_residual,plain]
+//                  [--multicast] [--pre1]
 // --multicast adds ours in clusters of two blocks (TPC_OWN_GEMM's multicast); --pre1 adds dgelu with pre copied one
 // chunk ahead of its use instead of three (TPC_OWN_GEMM's pre1).
 //
@@ -16,6 +17,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -44,10 +46,11 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   if (!why.empty()) fail(why + " (tpc_gemm_bench --help lists the options)");
-  std::printf("usage: tpc_gemm_bench [--rows R] [--hidden D] [--copies C] [--kinds gelu_bias,dgelu,dgelu_bgrad,bias,plain] "
-              "[--multicast] [--pre1]\n  R: a multiple of 256 (default 16384); D: a multiple of 64 (default 1024; the MLP is "
-              "D -> 4D); C: GEMMs per timed graph (default 4)\n  kinds: default gelu_bias,dgelu,dgelu_bgrad; bias "
-              "(y = x w + bias) and plain (y = x w, cuBLASLt only) at gelu_bias's shape\n");
+  std::printf("usage: tpc_gemm_bench [--rows R] [--hidden D] [--copies C] "
+              "[--kinds gelu_bias,dgelu,dgelu_bgrad,bias,bias_residual,plain] [--multicast] [--pre1]\n  R: a multiple of 256 "
+              "(default 16384); D: a multiple of 64 (default 1024; the MLP is D -> 4D); C: GEMMs per timed graph (default 4)\n"
+              "  kinds: default gelu_bias,dgelu,dgelu_bgrad; bias (y = x w + bias) and plain (y = x w, cuBLASLt only) at "
+              "gelu_bias's shape; bias_residual (y = x w + bias + r) at the attention projection's, w [D, D]\n");
   std::exit(0);
 }
 
@@ -76,8 +79,8 @@ Args parse(int argc, char** argv) {
       a.kinds.clear();
       std::stringstream ss(v);
       for (std::string k; std::getline(ss, k, ',');) {
-        if (k != "gelu_bias" && k != "dgelu" && k != "dgelu_bgrad" && k != "bias" && k != "plain")
-          usage("--kinds: '" + k + "' is not gelu_bias, dgelu, dgelu_bgrad, bias or plain");
+        if (k != "gelu_bias" && k != "dgelu" && k != "dgelu_bgrad" && k != "bias" && k != "bias_residual" && k != "plain")
+          usage("--kinds: '" + k + "' is not gelu_bias, dgelu, dgelu_bgrad, bias, bias_residual or plain");
         a.kinds.push_back(k);
       }
       if (a.kinds.empty()) usage("--kinds is empty");
@@ -96,11 +99,15 @@ Value* op(Graph& g, OpKind k, std::vector<Value*> operands, AttrDict attrs = {})
   return (*n)->result();
 }
 
-// `copies` GEMMs of one kind: gelu_bias y = gelu(x w + bias) with pre; bias y = x w + bias; plain y = x w; dgelu
-// g = (dy w) * gelu'(pre) (w: the MLP's second weight, so K = D, N = 4D), with db = g's column sums for
-// dgelu_bgrad. bT: w given as [N, K].
+// A kind's GEMM is [rows, D] x [D, N]: N = 4D (gelu_bias's shape) but for bias_residual, at the attention
+// projection's N = D.
+int64_t gemmN(const Args& a, const std::string& kind) { return kind == "bias_residual" ? a.hidden : 4 * a.hidden; }
+
+// `copies` GEMMs of one kind: gelu_bias y = gelu(x w + bias) with pre; bias y = x w + bias; bias_residual
+// y = r + (x w + bias); plain y = x w; dgelu g = (dy w) * gelu'(pre) (w: the MLP's second weight, so K = D, N = 4D),
+// with db = g's column sums for dgelu_bgrad. bT: w given as [N, K].
 std::unique_ptr<Graph> mlpGemms(const Args& a, const std::string& kind, bool bT) {
-  const int64_t K = a.hidden, N = 4 * a.hidden;
+  const int64_t K = a.hidden, N = gemmN(a, kind);
   auto g = std::make_unique<Graph>(kind);
   auto T = [](Shape s) { return TensorType(DType::bf16, std::move(s)); };
   AttrDict tb, rowsAxes;
@@ -117,6 +124,11 @@ std::unique_ptr<Graph> mlpGemms(const Args& a, const std::string& kind, bool bT)
       g->addOutput(pre, "pre" + s);
     } else if (kind == "bias") {
       g->addOutput(op(*g, OpKind::Add, {mm, g->addInput("bias" + s, T({N}))}), "y" + s);
+    } else if (kind == "bias_residual") {
+      // The residual add as the GPT writes it, add(r, add(x w, bias)): the fold takes the bias add's sole reader
+      // (either operand order) into matmul_epilogue {bias} with r as its fourth operand (C with beta 1 in cuBLASLt).
+      Value* biased = op(*g, OpKind::Add, {mm, g->addInput("bias" + s, T({N}))});
+      g->addOutput(op(*g, OpKind::Add, {g->addInput("r" + s, T({a.rows / 256, 256, N})), biased}), "y" + s);
     } else if (kind == "plain") {
       g->addOutput(mm, "y" + s);
     } else {
@@ -191,14 +203,19 @@ int run(int argc, char** argv) {
   unsetenv("TPC_OWN_GEMM");  // it would override CudaOptions::ownGemm
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) fail("no CUDA GPU");
-  const int64_t K = a.hidden, N = 4 * a.hidden;
-  const double flops = 2.0 * static_cast<double>(a.rows) * K * N;
-  std::printf("%s (sm_%d%d); [%lld, %lld] x [%lld, %lld], %lld GEMMs a graph, %.1f GFLOP each\n", prop.name, prop.major,
+  const int64_t K = a.hidden;
+  auto flops = [&](int64_t N) { return 2.0 * static_cast<double>(a.rows) * K * N; };
+  std::printf("%s (sm_%d%d); [%lld, %lld] x [%lld, %lld], %lld GEMMs a graph, %.1f GFLOP each", prop.name, prop.major,
               prop.minor, static_cast<long long>(a.rows), static_cast<long long>(K), static_cast<long long>(K),
-              static_cast<long long>(N), static_cast<long long>(a.copies), flops * 1e-9);
-  std::printf("%-12s %-8s %-22s %8s %6s %10s %9s\n", "kind", "b", "engine", "launches", "ours", "ms/GEMM", "TFLOP/s");
+              static_cast<long long>(4 * K), static_cast<long long>(a.copies), flops(4 * K) * 1e-9);
+  if (std::find(a.kinds.begin(), a.kinds.end(), "bias_residual") != a.kinds.end())  // its own shape
+    std::printf(" (bias_residual: w [%lld, %lld], %.1f GFLOP)", static_cast<long long>(K), static_cast<long long>(K),
+                flops(K) * 1e-9);
+  std::printf("\n");
+  std::printf("%-13s %-8s %-22s %8s %6s %10s %9s\n", "kind", "b", "engine", "launches", "ours", "ms/GEMM", "TFLOP/s");
   for (const std::string& kind : a.kinds)
     for (bool bT : {false, true}) {
+      const double gemmFlops = flops(gemmN(a, kind));
       auto g = mlpGemms(a, kind, bT);
       TensorMap in;
       uint64_t seed = 1;
@@ -213,9 +230,9 @@ int run(int argc, char** argv) {
       if (a.pre1 && kind.rfind("dgelu", 0) == 0) engines.push_back({"ours,pre1", kind + ",pre1"});
       for (const auto& [name, own] : engines) {
         Timing t = timeGraph(*g, in, a, own);
-        std::printf("%-12s %-8s %-22s %8lld %6lld %10.4f %9.1f\n", kind.c_str(), bT ? "[N,K]" : "[K,N]", name.c_str(),
+        std::printf("%-13s %-8s %-22s %8lld %6lld %10.4f %9.1f\n", kind.c_str(), bT ? "[N,K]" : "[K,N]", name.c_str(),
                     static_cast<long long>(t.launches), static_cast<long long>(t.ownKernels), t.msPerGemm,
-                    flops / (t.msPerGemm * 1e-3) * 1e-12);
+                    gemmFlops / (t.msPerGemm * 1e-3) * 1e-12);
         std::fflush(stdout);
       }
     }

@@ -1504,7 +1504,7 @@ class CudaBackend final : public Backend {
           int64_t K = a->shape().back();
           l.flops = 2.0 * static_cast<double>(n.result()->type().numel()) * static_cast<double>(K);
           l.gemm = cat("matmul ", a->type().str(), " x ", n.operand(1)->type().str(), " with epilogue ", n.getStr("epilogue"),
-                       " (", ks.entry, ")");
+                       n.numOperands() == 4 ? "+residual" : "", " (", ks.entry, ")");  // as cuBLASLt's rows say it
         }
         if (ks.sharedBytes > 48 * 1024)
           if (CUresult e = driver_->funcSetAttribute(l.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -50,11 +50,12 @@ struct CudaOptions {
   // DGELU_BGRAD GEMMs 1.5 ms more than the unfused ops. The environment's TPC_MATMUL_EPILOGUES overrides it.
   std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu";
   // The matmul_epilogue kinds run on sm_90 by our GEMM kernel (TMA, wgmma; runtime/cuda/kernels/gemm_sm90.cpp)
-  // where it applies, instead of cuBLASLt: "" (none), a list of "gelu_bias", "bias" (without a residual), "dgelu"
-  // and "dgelu_bgrad" (dgelu with its bias gradient summed in the epilogue; folded only where our kernel takes it),
-  // or "all", and ",multicast" to run it in clusters of two blocks that share each tile of b by TMA multicast
-  // (",pre1": dgelu's pre copied one chunk ahead of its use instead of three, for measuring). bias is not yet
-  // measured on a GPU, hence off. gelu_bias by default: 12-14% faster than
+  // where it applies, instead of cuBLASLt: "" (none), a list of "gelu_bias", "bias" (without a residual),
+  // "bias_residual" (bias with one), "dgelu" and "dgelu_bgrad" (dgelu with its bias gradient summed in the
+  // epilogue; folded only where our kernel takes it), or "all", and ",multicast" to run it in clusters of two
+  // blocks that share each tile of b by TMA multicast (",pre1": dgelu's pre copied one chunk ahead of its use
+  // instead of three, for measuring). bias and bias_residual are off until a step shows them faster (bias: 6%
+  // faster alone, within the noise in a step; twenty-fourth and twenty-fifth sessions). gelu_bias by default: 12-14% faster than
   // cuBLASLt's GELU_AUX_BIAS alone on the H200 at gpt2's and gpt2-medium's c_fc shapes, 0.5-0.8 ms less a
   // gpt2-medium step (docs/performance.md, twenty-third session); dgelu is still slower than cuBLASLt's DGELU.
   // The environment's TPC_OWN_GEMM (0, 1 = all, or the list) overrides it.

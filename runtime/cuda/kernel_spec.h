@@ -92,9 +92,10 @@ struct LoweringContext {
   // ... gamma (read twice a row) from shared memory, loaded once a block, where that is faster (normalization.cpp).
   bool layerNormGradGammaShared = true;
   bool embeddingGradSegments = true;  // embedding_grad: ranks within an id's segment, a warp per table row (gather.cpp)
-  // matmul_epilogue gelu_bias, bias (without a residual) and dgelu on sm_90 through our GEMM kernel (gemm_sm90.cpp)
-  // where it applies, else cuBLASLt's GELU_AUX_BIAS, BIAS and DGELU (CudaOptions::ownGemm, TPC_OWN_GEMM).
-  bool ownGeluGemm = false, ownBiasGemm = false, ownDgeluGemm = false;
+  // matmul_epilogue gelu_bias, bias (without a residual), bias_residual (bias with one) and dgelu on sm_90 through
+  // our GEMM kernel (gemm_sm90.cpp) where it applies, else cuBLASLt's GELU_AUX_BIAS, BIAS (beta 1 on the residual)
+  // and DGELU (CudaOptions::ownGemm, TPC_OWN_GEMM).
+  bool ownGeluGemm = false, ownBiasGemm = false, ownBiasResidualGemm = false, ownDgeluGemm = false;
   bool ownDgeluBgradGemm = false;  // ... and dgelu_bgrad (g and its column sums; folded only where ours runs it)
   bool ownGemmMulticast = false;  // ... in clusters of two blocks sharing b's tiles by TMA multicast
   int ownGemmPreAhead = 3;        // ... dgelu's pre copied 3 chunks ahead of its use, or 1 (TPC_OWN_GEMM's pre1)

@@ -194,8 +194,9 @@ ThreeWays runThreeWays(const Graph& g, const TensorMap& in, const std::string& k
     REQUIRE(other.bytes() == t.bytes());
     CHECK(std::memcmp(t.raw(), other.raw(), t.bytes()) == 0);
   }
-  // dgelu copies pre 3 chunks ahead of its use, or 1 with pre1: where it waits changes, not what it computes.
-  if (kind.rfind("dgelu", 0) == 0) {
+  // dgelu copies pre (bias_residual r) 3 chunks ahead of its use, or 1 with pre1: where it waits changes, not
+  // what it computes.
+  if (kind.rfind("dgelu", 0) == 0 || kind == "bias_residual") {
     StepRun p1 = ownGemmOnGpu(g, in, true, kind + ",pre1");
     CHECK(p1.info.gemmKernels == (sm90 ? 1 : 0));
     for (const auto& [name, t] : own.out) {
@@ -293,6 +294,37 @@ TEST_CASE("cuda epilogues: bias through our sm_90 GEMM kernel matches the CPU, c
     TensorMap in = uniformInputs(*g, 29, [&](const std::string& v) { return v == "w" ? 2.0 / std::sqrt(double(K)) : 1.0; },
                                  false);
     auto [ours, cublas, unfused] = runThreeWays(*g, in, "bias", sm90);
+    double relLt = difference(ours.at("y"), cublas.at("y")), relUnfused = difference(ours.at("y"), unfused.at("y"));
+    WARN("y: max difference over max value: ours vs cuBLASLt's epilogue " << relLt << ", vs the unfused ops " << relUnfused);
+    CHECK(relLt <= 8e-3);
+    CHECK(relUnfused <= 1.6e-2);
+    if (rows <= 1024) checkAgainstCpu(*g, in, ours, {"y"});
+  }
+}
+
+// bias_residual (the attention projection's and c_proj's y = r + (x w + bias), onto the residual stream) at the tile
+// multiples runs our sm_90 kernel when asked: cuBLASLt's BIAS epilogue with beta 1 on r rounds the sum once; ours
+// too where K < 512, and rounds x w + bias first with the deferred epilogue (K >= 512), one rounding fewer than the
+// unfused ops. Shapes: gpt2's and gpt2-medium's projections (N = K) and gpt2's c_proj (K = 4N), and small ones with
+// b^T and the exact epilogue. r spans [-4, 4], a residual stream's scale over the product's ~1.
+TEST_CASE("cuda epilogues: bias_residual through our sm_90 GEMM kernel matches the CPU, cuBLASLt and the unfused ops",
+          "[gpu][epilogue]") {
+  test::requireGpuOrSkip();
+  unsetenv("TPC_OWN_GEMM");
+  const bool sm90 = onSm90();
+  for (auto [rows, K, N, bT] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
+           {512, 512, 768, false}, {1024, 256, 512, true}, {16384, 768, 768, false}, {8192, 3072, 768, false},
+           {16384, 1024, 1024, false}, {1024, 1024, 256, true}}) {
+    INFO("[" << rows << ", " << K << "] x [" << K << ", " << N << "]" << (bT ? " (b^T)" : "") << " + r");
+    auto g = std::make_unique<Graph>("bias_residual");
+    Value* sum = matmulPlusBias(*g, rows, K, N, bT);
+    auto y = g->create(OpKind::Add, {g->addInput("r", TensorType(DType::bf16, {rows / 256, 256, N})), sum});
+    REQUIRE(y.ok());
+    g->addOutput((*y)->result(), "y");
+    TensorMap in = uniformInputs(*g, 31, [&](const std::string& v) {
+      return v == "w" ? 2.0 / std::sqrt(double(K)) : v == "r" ? 4.0 : 1.0;
+    }, false);
+    auto [ours, cublas, unfused] = runThreeWays(*g, in, "bias_residual", sm90);
     double relLt = difference(ours.at("y"), cublas.at("y")), relUnfused = difference(ours.at("y"), unfused.at("y"));
     WARN("y: max difference over max value: ours vs cuBLASLt's epilogue " << relLt << ", vs the unfused ops " << relUnfused);
     CHECK(relLt <= 8e-3);

@@ -17,7 +17,8 @@ struct EpilogueNode {
 };
 
 // matmul_epilogue(a[rows..., K], b[K, N] or b^T [N, K], third) {epilogue=kind}: gelu_bias takes bias[N] and gives
-// %y, %pre; bias takes bias[N] and gives %y; dgelu takes pre[rows..., N] and gives %g.
+// %y, %pre; bias takes bias[N] and gives %y; dgelu takes pre[rows..., N] and gives %g. bias_residual is
+// {epilogue=bias} with a fourth operand, r[rows..., N]: (a, b, bias, r) -> %y.
 inline EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool transposeB, DType t) {
   EpilogueNode r;
   r.g = std::make_unique<Graph>(kind);
@@ -29,16 +30,23 @@ inline EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool
   }
   Value* x = r.g->addInput("a", TensorType(t, a));
   Value* w = r.g->addInput("b", TensorType(t, b));
-  Value* v = r.g->addInput(kind == "gelu_bias" || kind == "bias" ? "bias" : "pre", TensorType(t, third));
+  const bool residual = kind == "bias_residual";
+  Value* v = r.g->addInput(kind == "gelu_bias" || kind == "bias" || residual ? "bias" : "pre", TensorType(t, third));
+  std::vector<Value*> operands = {x, w, v};
+  if (residual) {
+    Shape rs = a;
+    rs.back() = N;
+    operands.push_back(r.g->addInput("r", TensorType(t, rs)));
+  }
   AttrDict at;
-  at.set("epilogue", kind);
+  at.set("epilogue", residual ? "bias" : kind);
   if (transposeB) at.set("transpose_b", true);
-  auto n = r.g->create(OpKind::MatmulEpilogue, {x, w, v}, at);
+  auto n = r.g->create(OpKind::MatmulEpilogue, operands, at);
   REQUIRE(n.ok());
   r.n = *n;
   if (kind == "dgelu") {
     r.g->addOutput(r.n->result(0), "g");
-  } else if (kind == "bias") {
+  } else if (kind == "bias" || residual) {
     r.g->addOutput(r.n->result(0), "y");
   } else if (kind == "dgelu_bgrad") {
     r.g->addOutput(r.n->result(0), "g");

@@ -1,4 +1,4 @@
-// Our sm_90 GEMM kernel for matmul_epilogue gelu_bias and dgelu (runtime/cuda/kernels/gemm_sm90.cpp) without a
+// Our sm_90 GEMM kernel for matmul_epilogue (runtime/cuda/kernels/gemm_sm90.cpp) without a
 // GPU: which nodes it takes (else cuBLASLt), its switch, its launch geometry and TMA descriptors, and that its
 // source compiles with NVRTC for sm_90a. Its numbers against the unfused ops are the GPU test's
 // (test_matmul_epilogues_gpu.cpp).
@@ -208,30 +208,90 @@ TEST_CASE("gemm sm90: bias takes our kernel when switched on, as (a, b, bias) ->
   }
 }
 
+// bias_residual (the attention projection's and c_proj's y = a b + bias + r) when switched on: bias's switch is not
+// its, nor its bias's; the residual is read as dgelu reads pre (copied 3 chunks ahead, or 1 with pre1); its
+// arguments; and the deferred and the exact epilogue compiled without spills.
+TEST_CASE("gemm sm90: bias_residual takes our kernel when switched on, as (a, b, bias, r) -> y, and compiles", "[cuda]") {
+  auto residual = [](Shape a, Shape b, bool bT = false, DType t = DType::bf16) {
+    return epilogueNode("bias_residual", std::move(a), std::move(b), bT, t);
+  };
+  LoweringContext ctx;
+  ctx.numSMs = 132;
+  CHECK_FALSE(ownGemm(*residual({16, 1024, 768}, {768, 768}).n, ctx));  // off unless asked for
+  ctx.ownBiasGemm = true;
+  CHECK_FALSE(ownGemm(*residual({16, 1024, 768}, {768, 768}).n, ctx));  // bias's switch is not bias_residual's
+  ctx.ownBiasResidualGemm = true;
+  CHECK(ownGemm(*residual({16, 1024, 768}, {768, 768}).n, ctx));     // gpt2's attention projection
+  CHECK(ownGemm(*residual({16, 1024, 3072}, {3072, 768}).n, ctx));   // gpt2's c_proj
+  CHECK(ownGemm(*residual({16, 1024, 1024}, {1024, 1024}).n, ctx));  // gpt2-medium's
+  CHECK(ownGemm(*residual({1024, 256}, {512, 256}, true).n, ctx));   // b^T, K < 512
+  CHECK_FALSE(ownGemm(*residual({16, 1024, 768}, {768, 768 + 64}).n, ctx));  // N off the tile
+  CHECK_FALSE(ownGemm(*residual({1024, 768}, {768, 768}, false, DType::f32).n, ctx));
+  ctx.ownBiasGemm = false;
+  CHECK(ownGemm(*residual({16, 1024, 768}, {768, 768}).n, ctx));
+  CHECK_FALSE(ownGemm(*epilogueNode("bias", {16, 1024, 768}, {768, 2304}, false, DType::bf16).n, ctx));
+  EpilogueNode c = residual({16, 1024, 1024}, {1024, 1024});
+  auto l = lowerGemm(*c.n, ctx);
+  REQUIRE(l.ok());
+  REQUIRE(l->kernels.size() == 1);
+  const KernelSpec& k = l->kernels[0];
+  CHECK(k.entry == "gemm_bias_residual_kernel");
+  CHECK(k.source.find("#define GM_EPI 5") != std::string::npos);
+  CHECK(k.source.find("#define GM_MODE 2") != std::string::npos);          // K 1024: the deferred epilogue
+  CHECK(k.source.find("#define GM_PRE_AHEAD 3\n") != std::string::npos);  // r copied as dgelu's pre
+  // The descriptors of a, b, y, then the bias's and the residual's addresses.
+  REQUIRE(k.args.size() == 5);
+  for (int i = 0; i < 3; ++i) CHECK((k.args[i].kind == ArgKind::TensorMap && k.args[i].index == i));
+  CHECK((k.args[3].kind == ArgKind::Operand && k.args[3].index == 2));
+  CHECK((k.args[4].kind == ArgKind::Operand && k.args[4].index == 3));
+  REQUIRE(k.maps.size() == 3);
+  checkMap(k, 2, false, 0, 16384, 1024, 8);
+  LoweringContext pre1 = ctx;
+  REQUIRE(setOwnGemmKinds("bias_residual,pre1", "TPC_OWN_GEMM", &pre1).ok());
+  auto l1 = lowerGemm(*c.n, pre1);
+  REQUIRE(l1.ok());
+  CHECK(l1->kernels[0].source.find("#define GM_PRE_AHEAD 1\n") != std::string::npos);
+  test::TempDir cache;
+  NvrtcCompiler nvrtc(90, cache.path.string());
+  for (auto [K, bT] : std::vector<std::pair<int64_t, bool>>{{768, false}, {256, true}}) {
+    INFO("K " << K << (bT ? " b^T" : ""));
+    EpilogueNode g = bT ? residual({1024, K}, {512, K}, true) : residual({1024, K}, {K, 512});
+    auto lg = lowerGemm(*g.n, ctx);
+    REQUIRE(lg.ok());
+    auto cubin = nvrtc.compile(lg->kernels[0].source, lg->kernels[0].entry, true);
+    INFO((cubin.ok() ? std::string() : cubin.error()));
+    REQUIRE(cubin.ok());
+    checkNoSpills(nvrtc, lg->kernels[0]);
+  }
+}
+
 TEST_CASE("gemm sm90: the switch takes 0, or a list of 1, all, kinds and multicast, and names a wrong one", "[cuda]") {
   auto kinds = [](const std::string& s) {
     LoweringContext ctx;
-    ctx.ownGeluGemm = ctx.ownBiasGemm = ctx.ownDgeluGemm = ctx.ownDgeluBgradGemm = ctx.ownGemmMulticast = true;  // every call sets all
+    ctx.ownGeluGemm = ctx.ownBiasGemm = ctx.ownBiasResidualGemm = ctx.ownDgeluGemm = ctx.ownDgeluBgradGemm = true;
+    ctx.ownGemmMulticast = true;  // every call sets all
     Status st = setOwnGemmKinds(s, "TPC_OWN_GEMM", &ctx);
-    return st.ok() ? cat(int(ctx.ownGeluGemm), int(ctx.ownBiasGemm), int(ctx.ownDgeluGemm), int(ctx.ownDgeluBgradGemm),
-                         int(ctx.ownGemmMulticast))
+    return st.ok() ? cat(int(ctx.ownGeluGemm), int(ctx.ownBiasGemm), int(ctx.ownBiasResidualGemm), int(ctx.ownDgeluGemm),
+                         int(ctx.ownDgeluBgradGemm), int(ctx.ownGemmMulticast))
                    : st.error();
   };
-  CHECK(kinds("") == "00000");
-  CHECK(kinds("0") == "00000");
-  CHECK(kinds("1") == "11110");
-  CHECK(kinds("all") == "11110");
-  CHECK(kinds("gelu_bias") == "10000");
-  CHECK(kinds("bias") == "01000");
-  CHECK(kinds("dgelu") == "00100");
-  CHECK(kinds("dgelu_bgrad") == "00010");
-  CHECK(kinds("dgelu,gelu_bias") == "10100");
-  CHECK(kinds("gelu_bias,bias") == "11000");
-  CHECK(kinds("all,multicast") == "11111");
-  CHECK(kinds("multicast,1") == "11111");
-  CHECK(kinds("dgelu,multicast") == "00101");
-  CHECK(kinds("bias,multicast") == "01001");
-  CHECK(kinds("dgelu_bgrad,multicast") == "00011");
+  CHECK(kinds("") == "000000");
+  CHECK(kinds("0") == "000000");
+  CHECK(kinds("1") == "111110");
+  CHECK(kinds("all") == "111110");
+  CHECK(kinds("gelu_bias") == "100000");
+  CHECK(kinds("bias") == "010000");
+  CHECK(kinds("dgelu") == "000100");
+  CHECK(kinds("dgelu_bgrad") == "000010");
+  CHECK(kinds("dgelu,gelu_bias") == "100100");
+  CHECK(kinds("gelu_bias,bias") == "110000");
+  CHECK(kinds("bias_residual") == "001000");
+  CHECK(kinds("gelu_bias,bias_residual,bias") == "111000");
+  CHECK(kinds("all,multicast") == "111111");
+  CHECK(kinds("multicast,1") == "111111");
+  CHECK(kinds("dgelu,multicast") == "000101");
+  CHECK(kinds("bias,multicast") == "010001");
+  CHECK(kinds("dgelu_bgrad,multicast") == "000011");
   std::string bad = kinds("gelu_bias,gelu");
   CHECK(bad.find("TPC_OWN_GEMM='gelu_bias,gelu'") != std::string::npos);
   CHECK(bad.find("'gelu' is not a kind") != std::string::npos);
@@ -418,9 +478,10 @@ TEST_CASE("gemm sm90: dgelu_bgrad runs our kernel, then the column sums of its p
 
 // A bf16 GPT training step as the backend rewrites it with TPC_OWN_GEMM=all (the default epilogue list, and
 // dgelu_bgrad where our kernel takes it): every layer's c_fc runs our gelu_bias, its input gradient our
-// dgelu_bgrad and c_attn our bias, and each lowers. Hidden 256 (4 x 256 = 1024 columns, 3 x 256 = 768 for c_attn),
-// 2 x 128 tokens.
-TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls, c_attn and c_fc's bias gradient all run our kernel", "[cuda]") {
+// dgelu_bgrad, c_attn our bias and the attention projection and c_proj our bias_residual, and each lowers. Hidden
+// 256 (4 x 256 = 1024 columns, 3 x 256 = 768 for c_attn), 2 x 128 tokens.
+TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls, c_attn, the projections and c_fc's bias gradient all run our kernel",
+          "[cuda]") {
   GptConfig cfg = test::smallGpt();
   cfg.hidden = 256;
   cfg.positions = 128;
@@ -439,14 +500,15 @@ TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls, c_attn and c_fc's bias gra
   std::map<std::string, int> ours, other;
   for (const Node* n : step->nodes()) {
     if (n->op() != OpKind::MatmulEpilogue) continue;
-    (ownGemm(*n, ctx) ? ours : other)[n->getStr("epilogue")]++;
+    (ownGemm(*n, ctx) ? ours : other)[n->getStr("epilogue") + (n->numOperands() == 4 ? "+residual" : "")]++;
     if (!ownGemm(*n, ctx)) continue;
     INFO(n->getStr("epilogue") << " " << n->operand(0)->type().str() << " x " << n->operand(1)->type().str());
     auto l = lowerGemm(*n, ctx);
     INFO((l.ok() ? std::string() : l.error()));
     CHECK(l.ok());
   }
-  CHECK(ours == std::map<std::string, int>{{"gelu_bias", 2}, {"bias", 2}, {"dgelu_bgrad", 2}});
+  // bias+residual: the attention projection and c_proj of each layer.
+  CHECK(ours == std::map<std::string, int>{{"gelu_bias", 2}, {"bias", 2}, {"bias+residual", 4}, {"dgelu_bgrad", 2}});
   CHECK(other.count("dgelu") == 0);
   CHECK(other.count("dgelu_bgrad") == 0);
   // Without our kernel, the default list keeps dgelu and the bias sum apart (cuBLASLt's DGELU_BGRAD is slower).

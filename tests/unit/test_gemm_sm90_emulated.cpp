@@ -1,5 +1,6 @@
 // Our sm_90 GEMM kernel (runtime/cuda/kernels/gemm_sm90.cpp) run on the CPU through tests/unit/sm90_emulator.h:
-// every variant the GPT uses (gelu_bias, bias, dgelu with pre copied one or three chunks ahead, dgelu_bgrad; b in both
+// every variant the GPT uses (gelu_bias, bias, bias_residual and dgelu with pre or r copied one or three chunks ahead,
+// dgelu_bgrad; b in both
 // layouts; the deferred and the exact epilogue; blocks alone and in clusters of two) on random inputs against
 // sums in double, with its asynchronous copies landing as early and as late as PTX allows. The same numbers are
 // required bit for bit across those orders, between pre1 and pre3, and with and without clusters. Five kernels
@@ -26,7 +27,7 @@ using namespace cuda;
 using test::Sm90Launch;
 
 struct Case {
-  std::string kind;           // gelu_bias, bias, dgelu, dgelu_bgrad
+  std::string kind;           // gelu_bias, bias, bias_residual, dgelu, dgelu_bgrad
   int64_t M, N, K;
   bool bT;                    // b given as [N, K]
   std::string how;            // added to TPC_OWN_GEMM's list: "", "pre1", "multicast"
@@ -35,7 +36,8 @@ struct Case {
 
 // The operands (bf16 bits) and what the kernel writes.
 struct Io {
-  std::vector<uint16_t> a, b, third, out0, out1;  // third: bias or pre; out0: y or g; out1: gelu_bias's pre
+  std::vector<uint16_t> a, b, third, fourth, out0, out1;  // third: bias or pre; fourth: bias_residual's r; out0: y
+                                                         // or g; out1: gelu_bias's pre
   std::vector<float> colsums;                      // dgelu_bgrad's [M / 16, N] partial column sums
 };
 
@@ -51,7 +53,9 @@ Io inputs(const Case& c) {
   Io io;
   io.a = randomBf16(static_cast<size_t>(c.M * c.K), 1.0, 1);
   io.b = randomBf16(static_cast<size_t>(c.K * c.N), 2.0 / std::sqrt(static_cast<double>(c.K)), 2);
-  io.third = c.kind == "gelu_bias" || c.kind == "bias" ? randomBf16(static_cast<size_t>(c.N), 0.5, 3) : randomBf16(static_cast<size_t>(c.M * c.N), 5.0, 3);
+  const bool biasRow = c.kind == "gelu_bias" || c.kind == "bias" || c.kind == "bias_residual";
+  io.third = biasRow ? randomBf16(static_cast<size_t>(c.N), 0.5, 3) : randomBf16(static_cast<size_t>(c.M * c.N), 5.0, 3);
+  if (c.kind == "bias_residual") io.fourth = randomBf16(static_cast<size_t>(c.M * c.N), 2.0, 4);
   return io;
 }
 
@@ -92,11 +96,12 @@ std::string run(Sm90Launch fn, const KernelSpec& k, const Case& c, Io& io, int m
     maps.push_back(e);
   }
   const void* third = io.third.data();
+  const void* fourth = io.fourth.data();
   float* ws = io.colsums.data();
   std::vector<void*> args;
   for (const KernelArg& a : k.args) {
     if (a.kind == ArgKind::TensorMap) args.push_back(&maps[static_cast<size_t>(a.index)]);
-    else if (a.kind == ArgKind::Operand) args.push_back(&third);
+    else if (a.kind == ArgKind::Operand) args.push_back(a.index == 3 ? &fourth : &third);
     else args.push_back(&ws);
   }
   auto range = [](const auto& v) {
@@ -104,7 +109,8 @@ std::string run(Sm90Launch fn, const KernelSpec& k, const Case& c, Io& io, int m
                                    reinterpret_cast<void*>(v.size() * sizeof(v[0]))};
   };
   std::vector<void*> ranges;
-  for (auto [p, n] : {range(io.a), range(io.b), range(io.third), range(io.out0), range(io.out1), range(io.colsums)}) {
+  for (auto [p, n] : {range(io.a), range(io.b), range(io.third), range(io.fourth), range(io.out0), range(io.out1),
+                      range(io.colsums)}) {
     ranges.push_back(p);
     ranges.push_back(n);
   }
@@ -135,8 +141,8 @@ std::vector<double> product(const Case& c, const Io& io) {
 // How many results differ from the sums in double (h = product()) by more than the kernel's roundings allow (NaN,
 // an unwritten element, counts). Each rounding to bf16 is within 2^-9 of its value, and the f32 sums and the
 // kernel's gelu and gelu' within ~1e-6: the bounds are those steps' errors, doubled. gelu_bias: pre = bf16(s + bias)
-// and y = bf16(gelu(pre or the f32 sum)); bias: y = bf16(s + bias); dgelu: g = bf16(bf16(s) gelu'(pre)), or the f32
-// s unrounded (K < 512).
+// and y = bf16(gelu(pre or the f32 sum)); bias: y = bf16(s + bias); bias_residual: y = bf16(bf16(s + bias) + r), or
+// bf16(s + bias + r) (K < 512); dgelu: g = bf16(bf16(s) gelu'(pre)), or the f32 s unrounded (K < 512).
 int64_t wrong(const Case& c, const Io& io, const std::vector<double>& h) {
   int64_t bad = 0;
   for (int64_t m = 0; m < c.M; ++m) {
@@ -150,6 +156,9 @@ int64_t wrong(const Case& c, const Io& io, const std::vector<double>& h) {
       } else if (c.kind == "bias") {
         const double x = s + f(io.third[static_cast<size_t>(n)]), y = f(io.out0[i]);
         bad += !(std::fabs(y - x) <= 0x1p-8 * std::fabs(x) + 1e-6);
+      } else if (c.kind == "bias_residual") {
+        const double x = s + f(io.third[static_cast<size_t>(n)]), want = x + f(io.fourth[i]), y = f(io.out0[i]);
+        bad += !(std::fabs(y - want) <= 0x1p-8 * (std::fabs(x) + std::fabs(want)) + 1e-6);
       } else {
         const double want = s * geluGradRef(f(io.third[i])), g = f(io.out0[i]);
         bad += !(std::fabs(g - want) <= 0x1p-8 * (std::fabs(want) + std::fabs(g)) + 1e-6 * (1 + std::fabs(s)));
@@ -191,7 +200,8 @@ Io check(const Case& c, const test::TempDir& dir) {
 
 }  // namespace
 
-TEST_CASE("gemm sm90 emulated: gelu_bias, bias, dgelu and dgelu_bgrad against double, in both copy orders", "[cuda][emulator]") {
+TEST_CASE("gemm sm90 emulated: gelu_bias, bias, bias_residual, dgelu and dgelu_bgrad against double, in both copy orders",
+          "[cuda][emulator]") {
   test::TempDir dir;
   // gelu_bias: b [K, N] (N-major tiles), the deferred epilogue over 8 tiles; b^T and the exact epilogue (K < 512).
   check({"gelu_bias", 512, 512, 512, false, ""}, dir);
@@ -214,12 +224,19 @@ TEST_CASE("gemm sm90 emulated: gelu_bias, bias, dgelu and dgelu_bgrad against do
   check({"bias", 512, 512, 768, false, ""}, dir);
   check({"bias", 256, 512, 256, false, ""}, dir);
   check({"bias", 256, 512, 256, true, ""}, dir);
+  // bias_residual (the attention projection, c_proj): r copied three chunks ahead and one, the same bits, over K
+  // 1024's k-slices (gpt2-medium's projection); the exact epilogue (K 256) with b^T.
+  Case r{"bias_residual", 512, 256, 1024, false, ""};
+  Io r3 = check(r, dir);
+  r.how = "pre1";
+  CHECK(sameBits(r3, check(r, dir)));
+  check({"bias_residual", 256, 512, 256, true, ""}, dir);
 }
 
 TEST_CASE("gemm sm90 emulated: blocks in clusters of two give the same bits", "[cuda][emulator]") {
   test::TempDir dir;
   for (Case c : {Case{"gelu_bias", 512, 512, 512, false, ""}, Case{"bias", 512, 512, 512, true, ""},
-                 Case{"dgelu", 512, 512, 512, true, ""}}) {
+                 Case{"dgelu", 512, 512, 512, true, ""}, Case{"bias_residual", 512, 256, 512, false, ""}}) {
     Io alone = check(c, dir);
     c.how = "multicast";
     c.sms = 4;  // two clusters

@@ -4,11 +4,14 @@
 //   dgelu_bgrad (GM_EPI 3): dgelu, and db = g's column sums (the MLP's first bias gradient): each warp's 16 rows
 //               summed in its epilogue into a [M / 16, N] f32 workspace, then a second kernel sums those in order
 //   bias      (GM_EPI 4): y = a b + bias (the attention's c_attn): the sum rounded once, as cuBLASLt's BIAS
+//   bias_residual (GM_EPI 5): y = a b + bias + r (the attention projection and c_proj, onto the residual stream):
+//               r [M, N] copied into shared memory ahead of its use as dgelu's pre is
 // gelu_bias runs here by default (CudaOptions::ownGemm): 12-14% faster than cuBLASLt's GELU_AUX_BIAS alone on the
 // H200 at gpt2's and gpt2-medium's c_fc shapes, and faster inside a training step (docs/performance.md,
 // twenty-third session). dgelu and dgelu_bgrad run only when asked for (TPC_OWN_GEMM): cuBLASLt's DGELU runs an
 // older, slower kernel family than its plain GEMMs (fourteenth session's ncu), but ours is not yet faster. bias
-// too, until a GPU has timed it (twenty-fourth session).
+// and bias_residual too: bias was 6% faster than cuBLASLt's BIAS alone but not measurably so in a step
+// (twenty-fourth and twenty-fifth sessions).
 //
 // The kernel: persistent (a block a SM), warp-specialized. One producer thread streams 128 x 64 tiles of a and
 // 64 x 256 tiles of b into a 4-stage shared-memory ring with TMA (128-byte swizzle, mbarriers); two consumer
@@ -42,12 +45,13 @@ constexpr const char* kGemmHead = R"GEMM(
 #if GM_CLUSTER != 1 && GM_CLUSTER != 2
 #error "GM_CLUSTER must be 1 or 2"
 #endif
-#if GM_EPI != 1 && GM_EPI != 2 && GM_EPI != 3 && GM_EPI != 4
-#error "GM_EPI must be 1 (gelu_bias), 2 (dgelu), 3 (dgelu_bgrad) or 4 (bias)"
+#if GM_EPI < 1 || GM_EPI > 5
+#error "GM_EPI must be 1 (gelu_bias), 2 (dgelu), 3 (dgelu_bgrad), 4 (bias) or 5 (bias_residual)"
 #endif
-// What the epilogue reads besides the sum: a bias row (gelu_bias, bias) or pre, [M, N] (dgelu, dgelu_bgrad).
-#define GM_HAS_BIAS (GM_EPI == 1 || GM_EPI == 4)
-#define GM_HAS_PRE (GM_EPI == 2 || GM_EPI == 3)
+// What the epilogue reads besides the sum: a bias row (gelu_bias, bias, bias_residual) and/or an [M, N] tensor,
+// called pre below: dgelu's pre, or bias_residual's residual r.
+#define GM_HAS_BIAS (GM_EPI == 1 || GM_EPI == 4 || GM_EPI == 5)
+#define GM_HAS_PRE (GM_EPI == 2 || GM_EPI == 3 || GM_EPI == 5)
 #if GM_B_KMAJOR != 0 && GM_B_KMAJOR != 1
 #error "GM_B_KMAJOR must be 0 or 1"
 #endif
@@ -69,7 +73,7 @@ constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // 48 KB
 // Epilogue staging: per consumer warp a ring of 4 slots of 8 rows x 64 cols bf16 (1 KB each,
 // 128B-swizzled so that both the fragment stores and the TMA store are conflict-free).
 // gelu_bias uses them in pairs (out, aux) -> double-buffered TMA stores per warp (bias: out in slots 0 and 2, 1
-// and 3 idle); dgelu has out in slot 0 and pre's copies in slots 1-3 (GM_PRE_AHEAD 3), or pairs (out, pre) as
+// and 3 idle); dgelu (and bias_residual, r as pre) has out in slot 0 and pre's copies in slots 1-3 (GM_PRE_AHEAD 3), or pairs (out, pre) as
 // gelu_bias's (GM_PRE_AHEAD 1).
 constexpr int EPI_SLOT = 8 * 64 * 2;
 constexpr int EPI_WARP = 4 * EPI_SLOT;
@@ -337,17 +341,18 @@ __device__ __forceinline__ void unit_origin(int unit, unsigned rank, int& m0, in
   n0 = (unit % num_n) * cfg::BN;
 }
 
-// DEFER=false: exact epilogue from the f32 sum h, right after the tile's mainloop: out = bf16(gelu(h))
-//              (gelu_bias), bf16(h * gelu'(pre)) (dgelu).
+// DEFER=false: exact epilogue from the f32 sum h (+ bias), right after the tile's mainloop: out = bf16(gelu(h))
+//              (gelu_bias), bf16(h * gelu'(pre)) (dgelu), bf16(h + r) (bias_residual, rounded once as cuBLASLt's).
 // DEFER=true : only bf16(h) is formed after the mainloop (cheap; gelu_bias's aux); the epilogue's arithmetic,
 //              smem and TMA stores of that tile are spread over the K slices of the NEXT tile (chunk c in
-//              slice c KB / 8), hidden under its wgmmas: out = bf16(gelu(bf16(h))) or bf16(bf16(h) * gelu'(pre)), what the unfused
-//              ops in bf16 compute; within ~1 bf16 ulp of the exact forms.
+//              slice c KB / 8), hidden under its wgmmas: out = bf16(gelu(bf16(h))), bf16(bf16(h) * gelu'(pre)) or
+//              bf16(bf16(h) + r), closer to what the unfused ops in bf16 compute (they round after each op);
+//              within ~1 bf16 ulp of the exact forms.
 // Launch (gemm_sm90.cpp): block 384 (warpgroup 0 the TMA producer, 1-2 the consumers), grid min(#SMs, tiles)
 // (GM_CLUSTER 2: even, in clusters of two by the kernel's attribute), GM_SMEM_BYTES of dynamic shared memory.
 // Parameters: the TMA descriptors of X, W, out and (gelu_bias) aux (128B swizzle; boxes: X {64 k, 128 rows}, W
-// {64 n, 64 k} or, K-major, {64 k, 256 / GM_CLUSTER n}, out and aux {64, 8}), then the bias (gelu_bias, bias) or
-// pre (dgelu: [M, N] row-major).
+// {64 n, 64 k} or, K-major, {64 k, 256 / GM_CLUSTER n}, out and aux {64, 8}), then the bias (gelu_bias, bias,
+// bias_residual) and/or pre (dgelu's pre, bias_residual's residual: [M, N] row-major).
 static_assert(GM_SMEM_BYTES == cfg::SMEM_BYTES, "the launch's shared memory (kSharedBytes) must be the layout's");
 
 #if GM_EPI == 1
@@ -363,6 +368,11 @@ gemm_dgelu_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ T
 extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
 gemm_bias_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
                  const __grid_constant__ TmaDesc tmOut, const unsigned short* __restrict__ bias) {
+#elif GM_EPI == 5
+extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
+gemm_bias_residual_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
+                          const __grid_constant__ TmaDesc tmOut, const unsigned short* __restrict__ bias,
+                          const unsigned short* __restrict__ pre) {   // pre: the residual r, [M, N]
 #else
 extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
 gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
@@ -617,6 +627,9 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
         vo = pack_bf16(gelu_tanh(bf16lo(va)), gelu_tanh(bf16hi(va)));
 #elif GM_EPI == 4
         vo = hp[(cg * 8 + j) * 2 + half];
+#elif GM_EPI == 5
+        const unsigned mm = hp[(cg * 8 + j) * 2 + half], rv = pre_at(c, j);
+        vo = pack_bf16(bf16lo(mm) + bf16lo(rv), bf16hi(mm) + bf16hi(rv));
 #else
         const unsigned mm = hp[(cg * 8 + j) * 2 + half], pv = pre_at(c, j);
         vo = pack_bf16(bf16lo(mm) * gelu_tanh_grad(bf16lo(pv)), bf16hi(mm) * gelu_tanh_grad(bf16hi(pv)));
@@ -709,6 +722,9 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
               vo = pack_bf16(gelu_tanh(h0), gelu_tanh(h1));
 #elif GM_EPI == 4
               vo = pack_bf16(h0, h1);
+#elif GM_EPI == 5
+              const unsigned rv = pre_at(cg * 2 + half, j);
+              vo = pack_bf16(h0 + bf16lo(rv), h1 + bf16hi(rv));
 #else
               const unsigned pv = pre_at(cg * 2 + half, j);
               vo = pack_bf16(h0 * gelu_tanh_grad(bf16lo(pv)), h1 * gelu_tanh_grad(bf16hi(pv)));
@@ -753,7 +769,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool bKMajor = false;  // b given as [N, K] (transpose_b)
-  int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu, 3 dgelu_bgrad, 4 bias
+  int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu, 3 dgelu_bgrad, 4 bias, 5 bias_residual
   int cluster = 1;       // GM_CLUSTER: 2 where asked for (LoweringContext::ownGemmMulticast) and M / 128 is even
   int preAhead = 3;      // GM_PRE_AHEAD (LoweringContext::ownGemmPreAhead)
 };
@@ -762,19 +778,24 @@ struct GemmShape {
 std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
   const std::string kind = n.op() == OpKind::MatmulEpilogue ? n.getStr("epilogue") : "";
   const bool gelu = kind == "gelu_bias", bgrad = kind == "dgelu_bgrad", dgelu = kind == "dgelu" || bgrad;
-  const bool bias = kind == "bias";
-  if (!gelu && !dgelu && !bias)
-    return "takes matmul_epilogue {epilogue=gelu_bias}, {epilogue=bias}, {epilogue=dgelu} and {epilogue=dgelu_bgrad}";
+  // bias_residual: matmul_epilogue {epilogue=bias} with a fourth operand, the residual r.
+  const bool residual = kind == "bias" && n.numOperands() == 4, bias = kind == "bias" && !residual;
+  if (!gelu && !dgelu && !bias && !residual)
+    return "takes matmul_epilogue {epilogue=gelu_bias}, {epilogue=bias} (with a residual or not), {epilogue=dgelu} and "
+           "{epilogue=dgelu_bgrad}";
   if (gelu && !ctx.ownGeluGemm) return "gelu_bias: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM; on by default)";
   if (bias && !ctx.ownBiasGemm) return "bias: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=bias or 1 turns it on)";
+  if (residual && !ctx.ownBiasResidualGemm)
+    return "bias_residual: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=bias_residual or 1 turns it on)";
   if (kind == "dgelu" && !ctx.ownDgeluGemm) return "dgelu: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu or 1 turns it on)";
   if (bgrad && !ctx.ownDgeluBgradGemm)
     return "dgelu_bgrad: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu_bgrad or 1 turns it on)";
   if (ctx.smMajor != 9 || ctx.smMinor != 0) return "needs an sm_90 GPU (wgmma, TMA)";
   if (ctx.maxSharedBytes < static_cast<int64_t>(kSharedBytes)) return cat("needs ", kSharedBytes, " bytes of shared memory a block");
-  if (n.numOperands() != 3 || n.numResults() != (kind == "dgelu" || bias ? 1 : 2))
+  if (n.numOperands() != (residual ? 4 : 3) || n.numResults() != (kind == "dgelu" || bias || residual ? 1 : 2))
     return gelu ? "takes gelu_bias without a residual: (a, b, bias) -> (y, pre)"
            : bias ? "takes bias without a residual: (a, b, bias) -> y"
+           : residual ? "takes bias_residual as (a, b, bias, r) -> y"
            : bgrad ? "takes dgelu_bgrad as (a, b, pre) -> (g, db)" : "takes dgelu as (a, b, pre) -> g";
   for (const Value* v : n.operands())
     if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
@@ -782,7 +803,7 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
     if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
   const Value *a = n.operand(0), *b = n.operand(1);
   if (n.getBool("transpose_a") || b->type().rank() != 2 || a->type().rank() < 2) return "takes a[..., M, K] x b[K, N] (or b^T)";
-  s->epilogue = gelu ? 1 : bias ? 4 : bgrad ? 3 : 2;
+  s->epilogue = gelu ? 1 : bias ? 4 : residual ? 5 : bgrad ? 3 : 2;
   s->bKMajor = n.getBool("transpose_b");
   s->K = a->shape().back();
   s->N = s->bKMajor ? b->shape()[0] : b->shape()[1];
@@ -792,9 +813,11 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
   if (s->M >= (int64_t(1) << 31) || s->N >= (int64_t(1) << 31) || s->K >= (int64_t(1) << 31)) return "needs dims under 2^31 (TMA coordinates)";
   if (dgelu && n.operand(2)->type().numel() != s->M * s->N) return "takes pre of the product's shape";
   if (!dgelu && n.operand(2)->type().numel() != s->N) return "takes a bias of one value a column";
+  if (residual && n.operand(3)->type().numel() != s->M * s->N) return "takes a residual of the product's shape";
   if (bgrad && n.result(1)->type().numel() != s->N) return "takes dgelu_bgrad's db as one value a column";
   s->cluster = ctx.ownGemmMulticast && (s->M / kTileM) % 2 == 0 ? 2 : 1;
-  s->preAhead = !dgelu || ctx.ownGemmPreAhead == 1 ? 1 : 3;  // gelu_bias and bias have no pre: one source either way
+  // gelu_bias and bias have no pre: one source either way. bias_residual copies r as dgelu copies pre.
+  s->preAhead = !(dgelu || residual) || ctx.ownGemmPreAhead == 1 ? 1 : 3;
   return "";
 }
 
@@ -803,27 +826,31 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
 const char* gemmSm90Ptx() { return kGemmPtx; }
 
 Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx) {
-  ctx->ownGeluGemm = ctx->ownBiasGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = ctx->ownGemmMulticast = false;
+  ctx->ownGeluGemm = ctx->ownBiasGemm = ctx->ownBiasResidualGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = false;
+  ctx->ownGemmMulticast = false;
   ctx->ownGemmPreAhead = 3;
   if (kinds.empty() || kinds == "0") return {};
   size_t at = 0;
   while (at <= kinds.size()) {
     size_t end = std::min(kinds.find(',', at), kinds.size());
     std::string kind = kinds.substr(at, end - at);
-    if (kind == "1" || kind == "all") ctx->ownGeluGemm = ctx->ownBiasGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = true;
+    if (kind == "1" || kind == "all")
+      ctx->ownGeluGemm = ctx->ownBiasGemm = ctx->ownBiasResidualGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = true;
     else if (kind == "gelu_bias") ctx->ownGeluGemm = true;
     else if (kind == "bias") ctx->ownBiasGemm = true;
+    else if (kind == "bias_residual") ctx->ownBiasResidualGemm = true;
     else if (kind == "dgelu") ctx->ownDgeluGemm = true;
     else if (kind == "dgelu_bgrad") ctx->ownDgeluBgradGemm = true;
     else if (kind == "multicast") ctx->ownGemmMulticast = true;
     else if (kind == "pre1") ctx->ownGemmPreAhead = 1;
     else
       return makeError(from, "='", kinds, "': '", kind, "' is not a kind our GEMM kernel runs (expected 0, or a comma ",
-                       "list of 1 or all (every kind), gelu_bias, bias, dgelu, dgelu_bgrad, multicast (blocks in pairs ",
+                       "list of 1 or all (every kind), gelu_bias, bias, bias_residual, dgelu, dgelu_bgrad, multicast (blocks in pairs ",
                        "sharing b's tiles) and pre1 (dgelu's pre copied one chunk ahead))");
     at = end + 1;
   }
-  const bool any = ctx->ownGeluGemm || ctx->ownBiasGemm || ctx->ownDgeluGemm || ctx->ownDgeluBgradGemm;
+  const bool any = ctx->ownGeluGemm || ctx->ownBiasGemm || ctx->ownBiasResidualGemm || ctx->ownDgeluGemm ||
+                   ctx->ownDgeluBgradGemm;
   if (ctx->ownGemmMulticast && !any)
     return makeError(from, "='", kinds, "': multicast is a way to run the kinds, name one too (e.g. all,multicast)");
   if (ctx->ownGemmPreAhead == 1 && !any)
@@ -842,7 +869,7 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   int64_t tiles = (s.M / kTileM) * (s.N / kTileN);
   KernelSpec k;
   static const char* const kEntry[] = {nullptr, "gemm_gelu_kernel", "gemm_dgelu_kernel", "gemm_dgelu_bgrad_kernel",
-                                       "gemm_bias_kernel"};  // by GM_EPI
+                                       "gemm_bias_kernel", "gemm_bias_residual_kernel"};  // by GM_EPI
   k.entry = kEntry[s.epilogue];
   k.archSpecific = true;
   k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
@@ -867,7 +894,8 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
     k.maps.push_back(box(false, 1, s.M, s.N, 8));
     k.args.push_back({ArgKind::TensorMap, 3});
   }
-  k.args.push_back({ArgKind::Operand, 2});  // the bias, or pre
+  k.args.push_back({ArgKind::Operand, 2});                       // the bias, or pre
+  if (s.epilogue == 5) k.args.push_back({ArgKind::Operand, 3});  // then the residual
   NodeLowering l;
   if (s.epilogue == 3) {  // the warps' 16-row column sums, then db = their column sums in order
     const int64_t partials = s.M / 16;
