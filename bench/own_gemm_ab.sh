@@ -3,8 +3,9 @@
 #   0. tpc_gemm_bench (where built): the MLP's fused GEMMs alone, ours and cuBLASLt's, b in both layouts;
 #   1. its GPU test cases (gelu_bias and dgelu against cuBLASLt, the unfused ops, the CPU and double);
 #   2. training steps of each model alternating the TPC_OWN_GEMM settings in SETTINGS (default "0 gelu_bias 1"; `1`
-#      includes bias, c_attn's GEMM, since the twenty-fourth session: gelu_bias,dgelu,dgelu_bgrad is the earlier `1`; also
-#      e.g. dgelu, dgelu,pre1, dgelu_bgrad, all,multicast), ROUNDS times, with the GPU's power draw and SM clock
+#      includes bias, c_attn's GEMM, since the twenty-fourth session and bias_residual, the attention projection's and
+#      c_proj's, since the twenty-fifth: gelu_bias,dgelu,dgelu_bgrad is the earliest `1`; also e.g. dgelu, dgelu,pre1,
+#      dgelu_bgrad, all,multicast), ROUNDS times, with the GPU's power draw and SM clock
 #      sampled every 100 ms (nvidia-smi): under the 700 W cap a kernel that is faster alone can lose in the step, and
 #      the power column shows whether it drew more;
 #   3. one profiled step of each model a setting (--profile-step 3 --profile-csv):
@@ -34,7 +35,7 @@ rows=()
 # 0. The MLP's fused GEMMs alone (bench/gemm_epilogues.cpp): ours and cuBLASLt's, b as [K, N] and as [N, K], at
 #    gpt2-medium's shape (GEMM_BENCH_HIDDEN="1024 768" adds gpt2's): whether a slow kernel is slow for its epilogue
 #    or for b's layout. 12 settings a shape (GEMM_BENCH_FLAGS="--multicast --pre1" adds 10; GEMM_BENCH_KINDS, default
-#    gelu_bias,dgelu,dgelu_bgrad, may add bias and plain: tpc_gemm_bench --help), each a few seconds (the
+#    gelu_bias,dgelu,dgelu_bgrad, may add bias, bias_residual and plain: tpc_gemm_bench --help), each a few seconds (the
 #    steps' outputs come back to the host in f32).
 if [ -x "$build/bin/tpc_gemm_bench" ] && [ "${GEMM_BENCH:-1}" != 0 ]; then
   for hidden in ${GEMM_BENCH_HIDDEN:-1024}; do
@@ -50,11 +51,15 @@ if [ "${EPILOGUE_TESTS:-1}" != 0 ]; then
   rows+=("$(printf '%-34s %s' "GPU tests: cuda epilogues*" "$(tail -3 "$out/epilogue_tests.log" | grep -E 'passed|failed' | tr -s ' ' | head -1)")")
 fi
 
-# 2. Steps, alternating the switch; the power sampler runs beside each.
+# 2. Steps, alternating the switch; the power sampler runs beside each. Round r starts at setting r - 1 (mod their
+#    count): the first run after a pause or a model change meets a cooler GPU (higher clocks; twenty-fifth session),
+#    which should not always be the same setting's.
 for round in $(seq 1 "${ROUNDS:-2}"); do
+  order=()
+  for ((i = 0; i < ${#settings[@]}; ++i)); do order+=("${settings[(i + round - 1) % ${#settings[@]}]}"); done
   for spec in "${runs[@]}"; do
     model="${spec%%:*}" iters="${spec##*:}" name="$(basename "${spec%%:*}" .fb)"
-    for kinds in "${settings[@]}"; do
+    for kinds in "${order[@]}"; do
       tag="${name}_${kinds//,/-}_r${round}"
       nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$scratch/$tag.power.csv" 2>/dev/null &
       smi=$!
@@ -97,7 +102,7 @@ total = sum(float(r["ms"]) for r in rows)
 parts = []
 def epilogue(r):  # the word after "with epilogue " in the GEMM's description: gelu_bias, bias, bias+residual, dgelu...
     return r["gemm"].split("with epilogue ")[1].split()[0] if "with epilogue " in r["gemm"] else ""
-for kind in ("gelu_bias", "bias", "dgelu"):  # dgelu: dgelu_bgrad's GEMMs too
+for kind in ("gelu_bias", "bias", "bias+residual", "dgelu"):  # bias: without a residual; dgelu: dgelu_bgrad's too
     mine = [r for r in rows if epilogue(r) == kind or (kind == "dgelu" and epilogue(r).startswith("dgelu"))]
     ms = sum(float(r["ms"]) for r in mine)
     fl = [float(r["tflops"]) for r in mine if r["tflops"]]
