@@ -102,12 +102,13 @@ total = sum(float(r["ms"]) for r in rows)
 parts = []
 def epilogue(r):  # the word after "with epilogue " in the GEMM's description: gelu_bias, bias, bias+residual, dgelu...
     return r["gemm"].split("with epilogue ")[1].split()[0] if "with epilogue " in r["gemm"] else ""
-for kind in ("gelu_bias", "bias", "bias+residual", "dgelu"):  # bias: without a residual; dgelu: dgelu_bgrad's too
+for kind in ("gelu_bias", "bias", "bias+residual", "dgelu", "bgrad_a"):  # bias: without a residual; dgelu: dgelu_bgrad's too
     mine = [r for r in rows if epilogue(r) == kind or (kind == "dgelu" and epilogue(r).startswith("dgelu"))]
     ms = sum(float(r["ms"]) for r in mine)
     fl = [float(r["tflops"]) for r in mine if r["tflops"]]
     parts.append("%s %d x, %.3f ms (%.0f-%.0f TFLOP/s)" % (kind, len(mine), ms, min(fl or [0]), max(fl or [0])))
-sums = [r for r in rows if r["op"].startswith("reduce_sum") or "tpc_dgelu_bgrad_columns" in r["what"]]
+sums = [r for r in rows if r["op"].startswith("reduce_sum") or "tpc_dgelu_bgrad_columns" in r["what"]
+        or "tpc_bgrad_a_columns" in r["what"]]
 parts.append("bias sums %d x, %.3f ms" % (len(sums), sum(float(r["ms"]) for r in sums)))
 print("; ".join(parts) + "; all launches %.2f ms" % total)
 PY

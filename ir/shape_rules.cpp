@@ -223,10 +223,10 @@ Result<Types> inferMatmul(const Ctx& c) {
 // The operand and result lists per epilogue are in ops.def; the layout limits are cuBLASLt's (one GEMM).
 Result<Types> inferMatmulEpilogue(const Ctx& c) {
   const std::string& e = c.s("epilogue");
-  size_t want = e == "bgrad_b" ? 2 : 3;
+  size_t want = e == "bgrad_b" || e == "bgrad_a" ? 2 : 3;
   bool residual = e == "bias" && c.in.size() == 4;
-  if (e != "bias" && e != "gelu_bias" && e != "dgelu" && e != "dgelu_bgrad" && e != "bgrad_b")
-    return c.err("epilogue '", e, "' is not one of bias, gelu_bias, dgelu, dgelu_bgrad, bgrad_b");
+  if (e != "bias" && e != "gelu_bias" && e != "dgelu" && e != "dgelu_bgrad" && e != "bgrad_b" && e != "bgrad_a")
+    return c.err("epilogue '", e, "' is not one of bias, gelu_bias, dgelu, dgelu_bgrad, bgrad_b, bgrad_a");
   if (c.in.size() != want && !residual)
     return c.err("epilogue ", e, " takes ", want, e == "bias" ? " or 4" : "", " operands, got ", c.in.size());
   TPC_ASSIGN(Types mm, (inferMatmul(Ctx{c.op, c.in.take_front(2), c.attrs, c.mesh})));
@@ -242,8 +242,11 @@ Result<Types> inferMatmulEpilogue(const Ctx& c) {
   if (residual && c.in[3] != out) return c.err("residual must be ", out.str(), ", got ", c.in[3].str());
   if (e == "bgrad_b" && (!c.b("transpose_a") || c.b("transpose_b")))
     return c.err("epilogue bgrad_b needs transpose_a=true and transpose_b=false (b's rows are the sum)");
+  if (e == "bgrad_a" && c.b("transpose_a"))
+    return c.err("epilogue bgrad_a needs transpose_a=false (a's rows are the sum)");
   if (e == "gelu_bias") return Types{out, out};
   if (e == "dgelu_bgrad" || e == "bgrad_b") return Types{out, vec};
+  if (e == "bgrad_a") return Types{out, TensorType(c.in[0].dtype, {c.in[0].shape.back()})};
   return mm;
 }
 Status checkQKV(const Ctx& c, size_t q, size_t k, size_t v) {

@@ -5,6 +5,8 @@
 //   add(matmul(a, b), bias)                    => matmul_epilogue(a, b, bias) {epilogue=bias}
 //   reduce_sum(gelu_grad(matmul(a, b), pre))   => %g, %db = matmul_epilogue(a, b, pre) {epilogue=dgelu_bgrad}
 //   gelu_grad(matmul(a, b), pre)               => matmul_epilogue(a, b, pre) {epilogue=dgelu}
+//   reduce_sum(d) beside matmul(d or reshape(d), w)            (an input gradient and its bias gradient)
+//                                              => %dx, %db = matmul_epilogue(d, w) {epilogue=bgrad_a}
 //   reduce_sum(d) beside matmul(x, reshape(d)) {transpose_a}   (a weight gradient and its bias gradient)
 //                                              => %w, %db = matmul_epilogue(x, reshape(d)) {epilogue=bgrad_b}
 // bias is [N]; the sums are over every dim but the last. The matmul's result must have no other reader.
@@ -30,9 +32,11 @@ class FoldMatmulEpiloguesPass final : public Pass {
   Result<bool> run(Graph& g) override {
     bool changed = false;
     using Rule = Result<bool> (FoldMatmulEpiloguesPass::*)(Graph&, Node*);
-    // gelu before bias (it takes the bias add too); dgelu before bgrad_b (it may take the bias sum).
+    // gelu before bias (it takes the bias add too); dgelu before bgrad_a and bgrad_b (it may take the bias sum);
+    // bgrad_a (the input gradient's GEMM sums it) before bgrad_b (the weight gradient's).
     for (Rule rule : {&FoldMatmulEpiloguesPass::geluBias, &FoldMatmulEpiloguesPass::bias,
-                      &FoldMatmulEpiloguesPass::dgelu, &FoldMatmulEpiloguesPass::bgradB}) {
+                      &FoldMatmulEpiloguesPass::dgelu, &FoldMatmulEpiloguesPass::bgradA,
+                      &FoldMatmulEpiloguesPass::bgradB}) {
       dead_.clear();
       refresh(g);
       for (Node* n : g.nodeVector()) {
@@ -180,6 +184,51 @@ class FoldMatmulEpiloguesPass final : public Pass {
     return true;
   }
 
+  // Moves the reshapes among `operands` defined at or after `at` up to it (their sources defined before it); false
+  // when an operand is defined there otherwise.
+  bool hoistBefore(Graph& g, Node* at, std::initializer_list<Value*> operands) {
+    std::vector<Node*> hoist;
+    for (Value* v : operands) {
+      Node* def = v->def();
+      if (!def || pos_.lookup(def) < pos_.lookup(at)) continue;
+      Node* src = def->op() == OpKind::Reshape ? def->operand(0)->def() : nullptr;
+      if (def->op() == OpKind::Reshape && (!src || pos_.lookup(src) < pos_.lookup(at))) hoist.push_back(def);
+      else return false;
+    }
+    for (Node* h : hoist) g.move(h, at);
+    return true;
+  }
+
+  // reduce_sum(d) over its rows, and a matmul(d or reshape(d) to [rows, N], w) (the input gradient d w^T) =>
+  // bgrad_a at the earlier of the two.
+  Result<bool> bgradA(Graph& g, Node* n) {
+    if (!sumsAllButLast(*n) || n->result()->placement()) return false;
+    Value* d = n->operand(0);
+    const int64_t N = d->shape().back();
+    std::vector<Value*> views = {d};
+    for (Node* u : users(d))
+      if (u->op() == OpKind::Reshape && !u->result()->shape().empty() && u->result()->shape().back() == N)
+        views.push_back(u->result());
+    for (Value* a : views) {
+      for (Node* m : users(a)) {
+        if (m->op() != OpKind::Matmul || m->operand(0) != a || m->operand(1) == a || m->getBool("transpose_a") ||
+            m->operand(1)->type().rank() != 2 || m->result()->placement())
+          continue;
+        Node* at = pos_.lookup(m) < pos_.lookup(n) ? m : n;
+        if (!hoistBefore(g, at, {a, m->operand(1)})) continue;
+        TPC_ASSIGN(Node * e, (candidate(g, *m, "bgrad_a", {a, m->operand(1)}, at)));
+        if (!e) return false;
+        if (e->result(1)->type() != n->result()->type()) {  // a bias sum of another dtype than d's
+          g.erase(e);
+          return false;
+        }
+        replace(g, e, {m->result(), n->result()}, {m, n});
+        return true;
+      }
+    }
+    return false;
+  }
+
   // reduce_sum(d) over its rows, and a matmul(x, d or reshape(d) to [rows, N]) {transpose_a} (the weight
   // gradient, after fold-batch-matmul-sum) => bgrad_b at the earlier of the two; a reshape defined between
   // them is moved up with it.
@@ -197,17 +246,7 @@ class FoldMatmulEpiloguesPass final : public Pass {
             m->operand(0)->type().rank() != 2 || m->result()->placement())
           continue;
         Node* at = pos_.lookup(m) < pos_.lookup(n) ? m : n;
-        std::vector<Node*> hoist;
-        bool ok = true;
-        for (Value* v : {m->operand(0), b}) {
-          Node* def = v->def();
-          if (!def || pos_.lookup(def) < pos_.lookup(at)) continue;
-          Node* src = def->op() == OpKind::Reshape ? def->operand(0)->def() : nullptr;
-          if (def->op() == OpKind::Reshape && (!src || pos_.lookup(src) < pos_.lookup(at))) hoist.push_back(def);
-          else ok = false;
-        }
-        if (!ok) continue;
-        for (Node* h : hoist) g.move(h, at);
+        if (!hoistBefore(g, at, {m->operand(0), b})) continue;
         TPC_ASSIGN(Node * e, (candidate(g, *m, "bgrad_b", {m->operand(0), b}, at)));
         if (!e) return false;
         if (e->result(1)->type() != n->result()->type()) {  // a bias sum of another dtype than b's

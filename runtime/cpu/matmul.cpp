@@ -141,7 +141,7 @@ Status kernelMatmulEpilogue(KernelArgs<T>& a) {
   const T* x = a.in.size() > 2 ? a.operand(2).f.data() : nullptr;  // bias or pre
   const T* res = a.in.size() > 3 ? a.operand(3).f.data() : nullptr;
   T* pre = e == "gelu_bias" ? a.result(1).f.data() : nullptr;
-  const int kind = e == "bias" ? 0 : e == "gelu_bias" ? 1 : e == "bgrad_b" ? 3 : 2;
+  const int kind = e == "bias" ? 0 : e == "gelu_bias" ? 1 : e == "bgrad_b" || e == "bgrad_a" ? 3 : 2;
   a.ctx.pool.parallelFor(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, N)), [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0 * N; i < r1 * N; ++i) {
       int64_t j = i % N;
@@ -153,8 +153,9 @@ Status kernelMatmulEpilogue(KernelArgs<T>& a) {
       }
     }
   });
-  if (e == "dgelu_bgrad" || e == "bgrad_b") {
-    const Buf<T>& src = e == "bgrad_b" ? a.operand(1) : out;  // bgrad_b: b [K, N], summed over its K rows
+  if (e == "dgelu_bgrad" || e == "bgrad_b" || e == "bgrad_a") {
+    // bgrad_b: b [K, N], summed over its K rows; bgrad_a: a [..., K] over all but its last dim.
+    const Buf<T>& src = e == "bgrad_b" ? a.operand(1) : e == "bgrad_a" ? a.operand(0) : out;
     int64_t n = src.shape().back(), r = n ? src.numel() / n : 0;
     std::vector<double> sum(static_cast<size_t>(n), 0.0);
     for (int64_t i = 0; i < r; ++i)

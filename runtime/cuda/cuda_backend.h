@@ -51,15 +51,17 @@ struct CudaOptions {
   std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu";
   // The matmul_epilogue kinds run on sm_90 by our GEMM kernel (TMA, wgmma; runtime/cuda/kernels/gemm_sm90.cpp)
   // where it applies, instead of cuBLASLt: "" (none), a list of "gelu_bias", "bias" (without a residual),
-  // "bias_residual" (bias with one), "dgelu" and "dgelu_bgrad" (dgelu with its bias gradient summed in the
-  // epilogue; folded only where our kernel takes it), or "all", and ",multicast" to run it in clusters of two
-  // blocks that share each tile of b by TMA multicast (",pre1": dgelu's pre copied one chunk ahead of its use
-  // instead of three, for measuring). bias and bias_residual are off until a step shows them faster (bias: 6%
-  // faster alone, within the noise in a step; twenty-fourth and twenty-fifth sessions). gelu_bias by default: 12-14% faster than
-  // cuBLASLt's GELU_AUX_BIAS alone on the H200 at gpt2's and gpt2-medium's c_fc shapes, 0.5-0.8 ms less a
-  // gpt2-medium step (docs/performance.md, twenty-third session); dgelu is still slower than cuBLASLt's DGELU.
-  // The environment's TPC_OWN_GEMM (0, 1 = all, or the list) overrides it.
-  std::string ownGemm = "gelu_bias";
+  // "bias_residual" (bias with one), "dgelu", "dgelu_bgrad" (dgelu with its bias gradient summed in the epilogue)
+  // and "bgrad_a" (an input gradient d w^T with d's bias gradient summed from the a tiles; both folded only where
+  // our kernel takes them), or "all", and ",multicast" to run it in clusters of two blocks that share each tile of
+  // b by TMA multicast (",pre1": dgelu's pre copied one chunk ahead of its use instead of three, for measuring).
+  // gelu_bias by default: 12-14% faster than cuBLASLt's GELU_AUX_BIAS alone on the H200 at gpt2's and
+  // gpt2-medium's c_fc shapes, 0.5-0.8 ms less a gpt2-medium step (twenty-third session); bgrad_a by default: the
+  // c_attn and c_fc bias sums no longer read dQKV and the DGELU output again, 1.1 ms less a gpt2-medium step and
+  // 0.45 ms a gpt2 step on the H100 (twenty-fifth session). bias and bias_residual are off (bias: 6% faster alone,
+  // within the noise in a step; bias_residual as fast as cuBLASLt or slower); dgelu is still slower than
+  // cuBLASLt's DGELU (docs/performance.md). The environment's TPC_OWN_GEMM (0, 1 = all, or the list) overrides it.
+  std::string ownGemm = "gelu_bias,bgrad_a";
   // Per distinct GEMM, time cuBLASLt's first 8 heuristic candidates on the GPU and keep the fastest, remembered
   // in the kernel cache folder so later runs use the same algorithm (matmul_autotune.h); false: the
   // heuristic's first choice. cuDNN attention's engine configs likewise (cudnn_attention.h). The environment's

@@ -97,6 +97,7 @@ struct LoweringContext {
   // and DGELU (CudaOptions::ownGemm, TPC_OWN_GEMM).
   bool ownGeluGemm = false, ownBiasGemm = false, ownBiasResidualGemm = false, ownDgeluGemm = false;
   bool ownDgeluBgradGemm = false;  // ... and dgelu_bgrad (g and its column sums; folded only where ours runs it)
+  bool ownBgradAGemm = false;      // ... and bgrad_a (d w^T and d's column sums; folded only where ours runs it)
   bool ownGemmMulticast = false;  // ... in clusters of two blocks sharing b's tiles by TMA multicast
   int ownGemmPreAhead = 3;        // ... dgelu's pre copied 3 chunks ahead of its use, or 1 (TPC_OWN_GEMM's pre1)
 };

@@ -50,7 +50,8 @@ Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEp
   // between the QKV projection and attention (it takes the projection's output as it is), so either order
   // with the epilogue fold fires both on GPT steps (test_rewrite_for_cuda.cpp); first, so that it sees the
   // fuse pass's fusion groups as they are (the fold ungroups singletons) and the fold sees dqkv as one
-  // attention_qkv_grad result, whose bias sum and weight gradient become one bgrad_b.
+  // attention_qkv_grad result, whose bias sum and input gradient become one bgrad_a (or with the weight gradient
+  // one bgrad_b, where bgrad_a is refused).
   TPC_TRY(createPackQkvAttentionPass()->run(g));
   // Weight gradients as one matmul over all rows: no [B, K, N] intermediate, f32 accumulation over the batch.
   TPC_TRY(createFoldBatchMatmulSumPass()->run(g));

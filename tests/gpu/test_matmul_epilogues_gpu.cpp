@@ -333,6 +333,60 @@ TEST_CASE("cuda epilogues: bias_residual through our sm_90 GEMM kernel matches t
   }
 }
 
+// bgrad_a (an input gradient y = d w^T with d's bias gradient db = d's column sums: c_attn's over dQKV and c_fc's
+// over DGELU's output) runs our sm_90 kernel when asked; cuBLASLt has no such epilogue, so without ours the
+// matmul and the reduce_sum stay apart (the "cuBLASLt" run). y: the plain GEMM's bits up to its summation order;
+// db: each k-slice's 16-row sums by the warps of one column tile, then in order in double; against the unfused
+// ops and d's column sums in double, within a bf16 step of the sum plus 1e-5 of its sum of |d|. A 16-row group
+// or a k-slice left out or counted twice moves a sum by about 4 mean |d|, past that. Shapes: gpt2's and
+// gpt2-medium's c_attn and c_fc input gradients (3 and 4 column tiles sharing the k-slices), and small ones with
+// b [K, N] and the exact epilogue (K < 512), and more column tiles than k-slices.
+TEST_CASE("cuda epilogues: bgrad_a through our sm_90 GEMM kernel matches the CPU and the unfused ops",
+          "[gpu][epilogue]") {
+  test::requireGpuOrSkip();
+  unsetenv("TPC_OWN_GEMM");
+  const bool sm90 = onSm90();
+  for (auto [rows, K, N, bT] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
+           {512, 768, 512, true}, {1024, 192, 1024, false}, {16384, 2304, 768, true}, {16384, 3072, 1024, true},
+           {8192, 4096, 1024, true}, {1024, 256, 512, false}}) {
+    INFO("[" << rows << ", " << K << "] x [" << K << ", " << N << "]" << (bT ? " (b^T)" : "") << " with a's column sums");
+    auto g = std::make_unique<Graph>("bgrad_a");
+    Value* d = g->addInput("d", TensorType(DType::bf16, {rows / 256, 256, K}));
+    Value* w = g->addInput("w", TensorType(DType::bf16, bT ? Shape{N, K} : Shape{K, N}));
+    g->addOutput(bf16Matmul(*g, d, w, bT), "y");
+    AttrDict rowsAxes;
+    rowsAxes.set("axes", std::vector<int64_t>{0, 1});
+    auto db = g->create(OpKind::ReduceSum, {d}, rowsAxes);
+    REQUIRE(db.ok());
+    g->addOutput((*db)->result(), "db");
+    TensorMap in = uniformInputs(*g, 37, [&](const std::string& v) { return v == "w" ? 2.0 / std::sqrt(double(K)) : 1.0; },
+                                 true);
+    auto [ours, cublas, unfused] = runThreeWays(*g, in, "bgrad_a", sm90);
+    for (const char* name : {"y", "db"}) {
+      double relLt = difference(ours.at(name), cublas.at(name)), relUnfused = difference(ours.at(name), unfused.at(name));
+      WARN(name << ": max difference over max value: ours vs cuBLASLt's GEMM and a reduce_sum " << relLt
+                << ", vs the unfused ops " << relUnfused);
+      CHECK(relLt <= 8e-3);
+      CHECK(relUnfused <= 8e-3);
+    }
+    const HostTensor &dv = in.at("d"), &dbv = ours.at("db");
+    double worst = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      double sum = 0, sumAbs = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        sum += dv.getAsDouble(r * K + k);
+        sumAbs += std::abs(dv.getAsDouble(r * K + k));
+      }
+      double step = sum == 0 ? 0.0 : std::ldexp(1.0, std::ilogb(sum) - 7);
+      double diff = std::abs(dbv.getAsDouble(k) - sum) / std::max(step + 1e-5 * sumAbs, 1e-38);
+      worst = std::isnan(diff) ? INFINITY : std::max(worst, diff);
+    }
+    WARN("db against d's column sums in double: worst " << worst << " of the allowed");
+    CHECK(worst <= 1.0);
+    if (rows <= 1024) checkAgainstCpu(*g, in, ours, {"y", "db"});
+  }
+}
+
 // dgelu (the MLP's input gradient through gelu: g = (dy w^T) * gelu'(pre)) at the tile multiples runs our sm_90
 // kernel when asked: against cuBLASLt's DGELU, the unfused GPU ops and the CPU backend, and on sampled rows
 // against the product and gelu' in double at every element. Shapes as the gelu_bias case's, w^T mostly (the GPT's

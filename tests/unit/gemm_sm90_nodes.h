@@ -18,7 +18,8 @@ struct EpilogueNode {
 
 // matmul_epilogue(a[rows..., K], b[K, N] or b^T [N, K], third) {epilogue=kind}: gelu_bias takes bias[N] and gives
 // %y, %pre; bias takes bias[N] and gives %y; dgelu takes pre[rows..., N] and gives %g. bias_residual is
-// {epilogue=bias} with a fourth operand, r[rows..., N]: (a, b, bias, r) -> %y.
+// {epilogue=bias} with a fourth operand, r[rows..., N]: (a, b, bias, r) -> %y. bgrad_a takes no third operand
+// and gives %y, %db (a's column sums, [K]).
 inline EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool transposeB, DType t) {
   EpilogueNode r;
   r.g = std::make_unique<Graph>(kind);
@@ -31,8 +32,9 @@ inline EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool
   Value* x = r.g->addInput("a", TensorType(t, a));
   Value* w = r.g->addInput("b", TensorType(t, b));
   const bool residual = kind == "bias_residual";
-  Value* v = r.g->addInput(kind == "gelu_bias" || kind == "bias" || residual ? "bias" : "pre", TensorType(t, third));
-  std::vector<Value*> operands = {x, w, v};
+  std::vector<Value*> operands = {x, w};
+  if (kind != "bgrad_a")
+    operands.push_back(r.g->addInput(kind == "gelu_bias" || kind == "bias" || residual ? "bias" : "pre", TensorType(t, third)));
   if (residual) {
     Shape rs = a;
     rs.back() = N;
@@ -48,7 +50,7 @@ inline EpilogueNode epilogueNode(const std::string& kind, Shape a, Shape b, bool
     r.g->addOutput(r.n->result(0), "g");
   } else if (kind == "bias" || residual) {
     r.g->addOutput(r.n->result(0), "y");
-  } else if (kind == "dgelu_bgrad") {
+  } else if (kind == "dgelu_bgrad" || kind == "bgrad_a") {
     r.g->addOutput(r.n->result(0), "g");
     r.g->addOutput(r.n->result(1), "db");
   } else {

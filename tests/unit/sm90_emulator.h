@@ -455,10 +455,21 @@ inline unsigned lds32(unsigned addr) {
   std::memcpy(&v, emu_smem_at(emu_blk, addr, 4), 4);
   return v;
 }
+inline void lds128(unsigned addr, unsigned& a, unsigned& b, unsigned& c, unsigned& d) {
+  emu_aligned(addr, 16, "ld.shared.v4.b32");
+  unsigned v[4];
+  std::memcpy(v, emu_smem_at(emu_blk, addr, 16), 16);
+  a = v[0], b = v[1], c = v[2], d = v[3];
+}
 inline void stg_f32x2(float* p, float a, float b) {
   if (!emu_global_ok(p, 8)) { emu_fail(emu_who() + ": st.global.v2.f32 outside the kernel's buffers"); return; }
   p[0] = a;
   p[1] = b;
+}
+inline void stg_f32x4(float* p, float a, float b, float c, float d) {
+  if (!emu_global_ok(p, 16)) { emu_fail(emu_who() + ": st.global.v4.f32 outside the kernel's buffers"); return; }
+  emu_aligned((unsigned long long)(uintptr_t)p, 16, "st.global.v4.f32");
+  p[0] = a, p[1] = b, p[2] = c, p[3] = d;
 }
 inline void cp_async16(unsigned dst, const void* src) {
   if (!emu_global_ok(src, 16)) { emu_fail(emu_who() + ": cp.async from outside the kernel's buffers"); return; }

@@ -105,9 +105,11 @@ TEST_CASE("fold-matmul-epilogues: a GPT step's bias, gelu, residual and bias-gra
   int matmuls = count(*g, OpKind::Matmul);
   CHECK(fold(*folded));
   // Per layer: QKV + bias; attention and MLP projections + bias + residual; c_fc + bias + gelu (its input kept
-  // as aux); c_fc's input gradient with dgelu and c_fc's bias gradient; the bias gradients of c_attn and of
-  // both projections beside their weight gradients.
-  std::map<std::string, int> want = {{"bias", 2}, {"bias+residual", 4}, {"gelu_bias", 2}, {"dgelu_bgrad", 2}, {"bgrad_b", 6}};
+  // as aux); c_fc's input gradient with dgelu and c_fc's bias gradient; the bias gradients of c_attn and the
+  // attention projection beside their input gradients (bgrad_a, before bgrad_b), and c_proj's beside its weight
+  // gradient (its input gradient is the dgelu GEMM's).
+  std::map<std::string, int> want = {{"bias", 2},        {"bias+residual", 4}, {"gelu_bias", 2},
+                                     {"dgelu_bgrad", 2}, {"bgrad_a", 4},       {"bgrad_b", 2}};
   CHECK(epilogues(*folded) == want);
   CHECK(count(*folded, OpKind::Gelu) == 0);
   CHECK(count(*folded, OpKind::GeluGrad) == 0);
@@ -125,7 +127,8 @@ TEST_CASE("fold-matmul-epilogues: bf16 compute: the same folds, the same step wi
   auto g = cudaStep(true);
   auto folded = g->clone();
   CHECK(fold(*folded));
-  std::map<std::string, int> want = {{"bias", 2}, {"bias+residual", 4}, {"gelu_bias", 2}, {"dgelu_bgrad", 2}, {"bgrad_b", 6}};
+  std::map<std::string, int> want = {{"bias", 2},        {"bias+residual", 4}, {"gelu_bias", 2},
+                                     {"dgelu_bgrad", 2}, {"bgrad_a", 4},       {"bgrad_b", 2}};
   CHECK(epilogues(*folded) == want);
   for (const Node* n : folded->nodes())
     if (n->op() == OpKind::MatmulEpilogue) CHECK(n->result()->dtype() == DType::bf16);
@@ -148,13 +151,20 @@ TEST_CASE("fold-matmul-epilogues: a refused candidate keeps its unfused ops", "[
     CHECK(folded->numNodes() == g->numNodes());
     CHECK(epilogues(*folded).empty());
   }
-  SECTION("dgelu_bgrad and bias+residual refused: dgelu, the plain bias and bgrad_b take their place") {
+  SECTION("dgelu_bgrad and bias+residual refused: dgelu, the plain bias and bgrad_a take their place") {
     auto folded = g->clone();
     CHECK(fold(*folded, [](const Node& n) {
       return n.getStr("epilogue") != "dgelu_bgrad" && !(n.getStr("epilogue") == "bias" && n.numOperands() == 4);
     }));
-    // c_fc's bias gradient now comes from beside its weight gradient.
-    std::map<std::string, int> want = {{"bias", 6}, {"gelu_bias", 2}, {"dgelu", 2}, {"bgrad_b", 8}};
+    // c_fc's bias gradient now comes from beside its input gradient.
+    std::map<std::string, int> want = {{"bias", 6}, {"gelu_bias", 2}, {"dgelu", 2}, {"bgrad_a", 6}, {"bgrad_b", 2}};
+    CHECK(epilogues(*folded) == want);
+    checkClose(twoSteps(*g), twoSteps(*folded), 1e-5);
+  }
+  SECTION("bgrad_a refused (cuBLASLt has no such epilogue): bgrad_b takes the sums beside the weight gradients") {
+    auto folded = g->clone();
+    CHECK(fold(*folded, [](const Node& n) { return n.getStr("epilogue") != "bgrad_a"; }));
+    std::map<std::string, int> want = {{"bias", 2}, {"bias+residual", 4}, {"gelu_bias", 2}, {"dgelu_bgrad", 2}, {"bgrad_b", 6}};
     CHECK(epilogues(*folded) == want);
     checkClose(twoSteps(*g), twoSteps(*folded), 1e-5);
   }
@@ -187,6 +197,15 @@ TEST_CASE("matmul_epilogue: shape rule", "[passes][epilogue]") {
   CHECK(bad.error().find("not one of") != std::string::npos);
   auto bg = make("bgrad_b", {a, b});
   REQUIRE(!bg.ok());  // needs transpose_a (and a 2-D a)
+  auto ba = make("bgrad_a", {a, b});  // a's sum over its rows: one value a column of a (K)
+  REQUIRE(ba.ok());
+  CHECK((*ba)->numResults() == 2);
+  CHECK((*ba)->result(0)->type() == pre->type());
+  CHECK((*ba)->result(1)->type() == TensorType(DType::f32, {8}));
+  Value* a2 = g.addInput("a2", TensorType(DType::f32, {8, 4}));
+  auto bat = make("bgrad_a", {a2, b}, true);
+  REQUIRE(!bat.ok());
+  CHECK(bat.error().find("bgrad_a needs transpose_a=false") != std::string::npos);
 }
 
 // cuBLASLt documents its GELU epilogue as "GELU" without a formula. tpc's gelu is GPT-2's tanh approximation;

@@ -265,33 +265,92 @@ TEST_CASE("gemm sm90: bias_residual takes our kernel when switched on, as (a, b,
   }
 }
 
+// bgrad_a (an input gradient d w^T and d's column sums, the bias gradient: c_attn's and c_fc's dgrad GEMMs) when
+// switched on: (a, b) -> (y, db) with db one value a column of a; its workspace of 16-row partial sums [M / 16, K]
+// and the column kernel over them; no pre, no bias; the deferred and the exact epilogue compiled without spills.
+TEST_CASE("gemm sm90: bgrad_a takes our kernel when switched on, as (a, b) -> (y, db), and compiles", "[cuda]") {
+  auto bgradA = [](Shape a, Shape b, bool bT = true, DType t = DType::bf16) {
+    return epilogueNode("bgrad_a", std::move(a), std::move(b), bT, t);
+  };
+  LoweringContext ctx;
+  ctx.numSMs = 132;
+  CHECK_FALSE(ownGemm(*bgradA({16, 1024, 3072}, {1024, 3072}).n, ctx));  // off unless asked for
+  ctx.ownDgeluBgradGemm = true;
+  CHECK_FALSE(ownGemm(*bgradA({16, 1024, 3072}, {1024, 3072}).n, ctx));  // dgelu_bgrad's switch is not bgrad_a's
+  ctx.ownBgradAGemm = true;
+  CHECK(ownGemm(*bgradA({16, 1024, 3072}, {1024, 3072}).n, ctx));  // gpt2-medium's c_attn input gradient
+  CHECK(ownGemm(*bgradA({16, 1024, 4096}, {1024, 4096}).n, ctx));  // and c_fc's
+  CHECK(ownGemm(*bgradA({16, 1024, 2304}, {768, 2304}).n, ctx));   // gpt2's c_attn (3 column tiles)
+  CHECK(ownGemm(*bgradA({1024, 512}, {512, 768}, false).n, ctx));  // b [K, N]
+  CHECK_FALSE(ownGemm(*bgradA({16, 1024, 2304}, {384, 2304}).n, ctx));  // N off the tile (gpt2's c_attn at tp 2)
+  CHECK_FALSE(ownGemm(*bgradA({1024, 3072}, {1024, 3072}, true, DType::f32).n, ctx));
+  EpilogueNode c = bgradA({16, 1024, 3072}, {1024, 3072});
+  auto l = lowerGemm(*c.n, ctx);
+  REQUIRE(l.ok());
+  REQUIRE(l->kernels.size() == 2);
+  CHECK(l->workspaceBytes == 16384 / 16 * 3072 * 4);
+  const KernelSpec& k = l->kernels[0];
+  CHECK(k.entry == "gemm_bgrad_a_kernel");
+  CHECK(k.source.find("#define GM_EPI 6") != std::string::npos);
+  CHECK(k.source.find("#define GM_PRE_AHEAD 1\n") != std::string::npos);  // no pre
+  // The descriptors of a, b and y, then the partials' address (the workspace).
+  REQUIRE(k.args.size() == 4);
+  for (int i = 0; i < 3; ++i) CHECK((k.args[i].kind == ArgKind::TensorMap && k.args[i].index == i));
+  CHECK((k.args[3].kind == ArgKind::Workspace && k.args[3].index == 0));
+  REQUIRE(k.maps.size() == 3);
+  checkMap(k, 2, false, 0, 16384, 1024, 8);
+  const KernelSpec& cols = l->kernels[1];
+  CHECK(cols.entry == "tpc_bgrad_a_columns");
+  CHECK(cols.grid.x == 3072 / 32);  // one column of db a thread: K of them
+  REQUIRE(cols.args.size() == 2);
+  CHECK((cols.args[0].kind == ArgKind::Workspace && cols.args[0].index == 0));
+  CHECK((cols.args[1].kind == ArgKind::Result && cols.args[1].index == 1));
+  test::TempDir cache;
+  NvrtcCompiler nvrtc(90, cache.path.string());
+  for (auto [K, bT] : std::vector<std::pair<int64_t, bool>>{{768, true}, {256, false}}) {
+    INFO("K " << K << (bT ? " b^T" : ""));
+    EpilogueNode g = bT ? bgradA({1024, K}, {512, K}, true) : bgradA({1024, K}, {K, 512}, false);
+    auto lg = lowerGemm(*g.n, ctx);
+    REQUIRE(lg.ok());
+    auto cubin = nvrtc.compile(lg->kernels[0].source, lg->kernels[0].entry, true);
+    INFO((cubin.ok() ? std::string() : cubin.error()));
+    REQUIRE(cubin.ok());
+    checkNoSpills(nvrtc, lg->kernels[0]);
+    auto colCubin = nvrtc.compile(lg->kernels[1].source, lg->kernels[1].entry);
+    INFO((colCubin.ok() ? std::string() : colCubin.error()));
+    CHECK(colCubin.ok());
+  }
+}
+
 TEST_CASE("gemm sm90: the switch takes 0, or a list of 1, all, kinds and multicast, and names a wrong one", "[cuda]") {
   auto kinds = [](const std::string& s) {
     LoweringContext ctx;
     ctx.ownGeluGemm = ctx.ownBiasGemm = ctx.ownBiasResidualGemm = ctx.ownDgeluGemm = ctx.ownDgeluBgradGemm = true;
-    ctx.ownGemmMulticast = true;  // every call sets all
+    ctx.ownBgradAGemm = ctx.ownGemmMulticast = true;  // every call sets all
     Status st = setOwnGemmKinds(s, "TPC_OWN_GEMM", &ctx);
     return st.ok() ? cat(int(ctx.ownGeluGemm), int(ctx.ownBiasGemm), int(ctx.ownBiasResidualGemm), int(ctx.ownDgeluGemm),
-                         int(ctx.ownDgeluBgradGemm), int(ctx.ownGemmMulticast))
+                         int(ctx.ownDgeluBgradGemm), int(ctx.ownBgradAGemm), int(ctx.ownGemmMulticast))
                    : st.error();
   };
-  CHECK(kinds("") == "000000");
-  CHECK(kinds("0") == "000000");
-  CHECK(kinds("1") == "111110");
-  CHECK(kinds("all") == "111110");
-  CHECK(kinds("gelu_bias") == "100000");
-  CHECK(kinds("bias") == "010000");
-  CHECK(kinds("dgelu") == "000100");
-  CHECK(kinds("dgelu_bgrad") == "000010");
-  CHECK(kinds("dgelu,gelu_bias") == "100100");
-  CHECK(kinds("gelu_bias,bias") == "110000");
-  CHECK(kinds("bias_residual") == "001000");
-  CHECK(kinds("gelu_bias,bias_residual,bias") == "111000");
-  CHECK(kinds("all,multicast") == "111111");
-  CHECK(kinds("multicast,1") == "111111");
-  CHECK(kinds("dgelu,multicast") == "000101");
-  CHECK(kinds("bias,multicast") == "010001");
-  CHECK(kinds("dgelu_bgrad,multicast") == "000011");
+  CHECK(kinds("") == "0000000");
+  CHECK(kinds("0") == "0000000");
+  CHECK(kinds("1") == "1111110");
+  CHECK(kinds("all") == "1111110");
+  CHECK(kinds("gelu_bias") == "1000000");
+  CHECK(kinds("bias") == "0100000");
+  CHECK(kinds("dgelu") == "0001000");
+  CHECK(kinds("dgelu_bgrad") == "0000100");
+  CHECK(kinds("dgelu,gelu_bias") == "1001000");
+  CHECK(kinds("gelu_bias,bias") == "1100000");
+  CHECK(kinds("bias_residual") == "0010000");
+  CHECK(kinds("bgrad_a") == "0000010");
+  CHECK(kinds("bgrad_a,multicast") == "0000011");
+  CHECK(kinds("gelu_bias,bias_residual,bias") == "1110000");
+  CHECK(kinds("all,multicast") == "1111111");
+  CHECK(kinds("multicast,1") == "1111111");
+  CHECK(kinds("dgelu,multicast") == "0001001");
+  CHECK(kinds("bias,multicast") == "0100001");
+  CHECK(kinds("dgelu_bgrad,multicast") == "0000101");
   std::string bad = kinds("gelu_bias,gelu");
   CHECK(bad.find("TPC_OWN_GEMM='gelu_bias,gelu'") != std::string::npos);
   CHECK(bad.find("'gelu' is not a kind") != std::string::npos);
@@ -478,7 +537,8 @@ TEST_CASE("gemm sm90: dgelu_bgrad runs our kernel, then the column sums of its p
 
 // A bf16 GPT training step as the backend rewrites it with TPC_OWN_GEMM=all (the default epilogue list, and
 // dgelu_bgrad where our kernel takes it): every layer's c_fc runs our gelu_bias, its input gradient our
-// dgelu_bgrad, c_attn our bias and the attention projection and c_proj our bias_residual, and each lowers. Hidden
+// dgelu_bgrad, c_attn our bias and its input gradient our bgrad_a, and the attention projection and c_proj our
+// bias_residual, and each lowers. Hidden
 // 256 (4 x 256 = 1024 columns, 3 x 256 = 768 for c_attn), 2 x 128 tokens.
 TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls, c_attn, the projections and c_fc's bias gradient all run our kernel",
           "[cuda]") {
@@ -491,6 +551,11 @@ TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls, c_attn, the projections an
   const std::string defaults = ",bias,bias_residual,gelu_bias,dgelu,";
   std::function<bool(const Node&)> canRun = [&](const Node& n) {  // as cuda_backend.cpp's
     if (n.getStr("epilogue") == "dgelu_bgrad") return ownGemm(n, ctx);
+    if (n.getStr("epilogue") == "bgrad_a") {  // not the residual stream's sums (layer_norm_grad's sum_dx)
+      const Node* d = n.operand(0)->def();
+      while (d && d->op() == OpKind::Reshape) d = d->operand(0)->def();
+      return ownGemm(n, ctx) && !(d && (d->op() == OpKind::Add || d->op() == OpKind::LayerNormGrad));
+    }
     std::string kind = n.getStr("epilogue") + (n.numOperands() == 4 ? "_residual" : "");
     return defaults.find("," + kind + ",") != std::string::npos;
   };
@@ -507,8 +572,16 @@ TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls, c_attn, the projections an
     INFO((l.ok() ? std::string() : l.error()));
     CHECK(l.ok());
   }
-  // bias+residual: the attention projection and c_proj of each layer.
-  CHECK(ours == std::map<std::string, int>{{"gelu_bias", 2}, {"bias", 2}, {"bias+residual", 4}, {"dgelu_bgrad", 2}});
+  // bias+residual: the attention projection and c_proj of each layer; bgrad_a: c_attn's input gradient with its
+  // bias sum (over attention_qkv_grad's dQKV).
+  CHECK(ours == std::map<std::string, int>{
+                    {"gelu_bias", 2}, {"bias", 2}, {"bias+residual", 4}, {"dgelu_bgrad", 2}, {"bgrad_a", 2}});
+  for (const Node* n : step->nodes())
+    if (n->op() == OpKind::MatmulEpilogue && n->getStr("epilogue") == "bgrad_a") {
+      const Node* d = n->operand(0)->def();
+      while (d && d->op() == OpKind::Reshape) d = d->operand(0)->def();
+      CHECK((d && d->op() == OpKind::AttentionQkvGrad));
+    }
   CHECK(other.count("dgelu") == 0);
   CHECK(other.count("dgelu_bgrad") == 0);
   // Without our kernel, the default list keeps dgelu and the bias sum apart (cuBLASLt's DGELU_BGRAD is slower).

@@ -27,7 +27,7 @@ using namespace cuda;
 using test::Sm90Launch;
 
 struct Case {
-  std::string kind;           // gelu_bias, bias, bias_residual, dgelu, dgelu_bgrad
+  std::string kind;           // gelu_bias, bias, bias_residual, dgelu, dgelu_bgrad, bgrad_a
   int64_t M, N, K;
   bool bT;                    // b given as [N, K]
   std::string how;            // added to TPC_OWN_GEMM's list: "", "pre1", "multicast"
@@ -38,7 +38,7 @@ struct Case {
 struct Io {
   std::vector<uint16_t> a, b, third, fourth, out0, out1;  // third: bias or pre; fourth: bias_residual's r; out0: y
                                                          // or g; out1: gelu_bias's pre
-  std::vector<float> colsums;                      // dgelu_bgrad's [M / 16, N] partial column sums
+  std::vector<float> colsums;  // dgelu_bgrad's [M / 16, N] partial column sums of g, bgrad_a's [M / 16, K] of a
 };
 
 std::vector<uint16_t> randomBf16(size_t n, double span, uint64_t seed) {
@@ -54,7 +54,8 @@ Io inputs(const Case& c) {
   io.a = randomBf16(static_cast<size_t>(c.M * c.K), 1.0, 1);
   io.b = randomBf16(static_cast<size_t>(c.K * c.N), 2.0 / std::sqrt(static_cast<double>(c.K)), 2);
   const bool biasRow = c.kind == "gelu_bias" || c.kind == "bias" || c.kind == "bias_residual";
-  io.third = biasRow ? randomBf16(static_cast<size_t>(c.N), 0.5, 3) : randomBf16(static_cast<size_t>(c.M * c.N), 5.0, 3);
+  if (c.kind != "bgrad_a")
+    io.third = biasRow ? randomBf16(static_cast<size_t>(c.N), 0.5, 3) : randomBf16(static_cast<size_t>(c.M * c.N), 5.0, 3);
   if (c.kind == "bias_residual") io.fourth = randomBf16(static_cast<size_t>(c.M * c.N), 2.0, 4);
   return io;
 }
@@ -82,7 +83,10 @@ Sm90Launch compile(const KernelSpec& k, const test::TempDir& dir) {
 std::string run(Sm90Launch fn, const KernelSpec& k, const Case& c, Io& io, int mode) {
   io.out0.assign(static_cast<size_t>(c.M * c.N), 0xFFFF);
   io.out1.assign(c.kind == "gelu_bias" ? static_cast<size_t>(c.M * c.N) : 0, 0xFFFF);
-  io.colsums.assign(c.kind == "dgelu_bgrad" ? static_cast<size_t>(c.M / 16 * c.N) : 0, std::nanf(""));
+  io.colsums.assign(c.kind == "dgelu_bgrad" ? static_cast<size_t>(c.M / 16 * c.N)
+                    : c.kind == "bgrad_a"   ? static_cast<size_t>(c.M / 16 * c.K)
+                                            : 0,
+                    std::nanf(""));
   std::vector<test::Sm90EmulatedMap> maps;
   for (const TensorMapSpec& m : k.maps) {
     const void* base = m.operand ? (m.index == 0 ? io.a.data() : io.b.data()) : (m.index == 0 ? io.out0.data() : io.out1.data());
@@ -156,6 +160,9 @@ int64_t wrong(const Case& c, const Io& io, const std::vector<double>& h) {
       } else if (c.kind == "bias") {
         const double x = s + f(io.third[static_cast<size_t>(n)]), y = f(io.out0[i]);
         bad += !(std::fabs(y - x) <= 0x1p-8 * std::fabs(x) + 1e-6);
+      } else if (c.kind == "bgrad_a") {
+        const double y = f(io.out0[i]);
+        bad += !(std::fabs(y - s) <= 0x1p-8 * std::fabs(s) + 1e-6);
       } else if (c.kind == "bias_residual") {
         const double x = s + f(io.third[static_cast<size_t>(n)]), want = x + f(io.fourth[i]), y = f(io.out0[i]);
         bad += !(std::fabs(y - want) <= 0x1p-8 * (std::fabs(x) + std::fabs(want)) + 1e-6);
@@ -165,6 +172,16 @@ int64_t wrong(const Case& c, const Io& io, const std::vector<double>& h) {
       }
     }
   }
+  if (c.kind == "bgrad_a")  // each warp's 16 rows of a, per column of a: every k-slice's by one tile's warps
+    for (int64_t r = 0; r < c.M / 16; ++r)
+      for (int64_t k = 0; k < c.K; ++k) {
+        double sum = 0, mag = 0;
+        for (int64_t m = r * 16; m < r * 16 + 16; ++m) {
+          sum += f(io.a[static_cast<size_t>(m * c.K + k)]);
+          mag += std::fabs(f(io.a[static_cast<size_t>(m * c.K + k)]));
+        }
+        bad += !(std::fabs(io.colsums[static_cast<size_t>(r * c.K + k)] - sum) <= 1e-6 * mag + 1e-7);
+      }
   if (c.kind == "dgelu_bgrad")  // each warp's 16 rows of the stored g, per column
     for (int64_t r = 0; r < c.M / 16; ++r)
       for (int64_t n = 0; n < c.N; ++n) {
@@ -200,7 +217,7 @@ Io check(const Case& c, const test::TempDir& dir) {
 
 }  // namespace
 
-TEST_CASE("gemm sm90 emulated: gelu_bias, bias, bias_residual, dgelu and dgelu_bgrad against double, in both copy orders",
+TEST_CASE("gemm sm90 emulated: gelu_bias, bias, bias_residual, dgelu, dgelu_bgrad and bgrad_a against double, in both orders",
           "[cuda][emulator]") {
   test::TempDir dir;
   // gelu_bias: b [K, N] (N-major tiles), the deferred epilogue over 8 tiles; b^T and the exact epilogue (K < 512).
@@ -231,12 +248,19 @@ TEST_CASE("gemm sm90 emulated: gelu_bias, bias, bias_residual, dgelu and dgelu_b
   r.how = "pre1";
   CHECK(sameBits(r3, check(r, dir)));
   check({"bias_residual", 256, 512, 256, true, ""}, dir);
+  // bgrad_a (c_attn's and c_fc's input gradients, b^T): k-slices shared out over 2 column tiles (N 512) with the
+  // deferred epilogue, over 3 (N 768, gpt2's) with K 576's 9 k-slices (tile 0 sums 3, tiles 1 and 2 3 each), and
+  // the exact epilogue with b [K, N] and more column tiles (4) than k-slices (K 192: 3).
+  check({"bgrad_a", 256, 512, 768, true, ""}, dir);
+  check({"bgrad_a", 256, 768, 576, true, ""}, dir);
+  check({"bgrad_a", 256, 1024, 192, false, ""}, dir);
 }
 
 TEST_CASE("gemm sm90 emulated: blocks in clusters of two give the same bits", "[cuda][emulator]") {
   test::TempDir dir;
   for (Case c : {Case{"gelu_bias", 512, 512, 512, false, ""}, Case{"bias", 512, 512, 512, true, ""},
-                 Case{"dgelu", 512, 512, 512, true, ""}, Case{"bias_residual", 512, 256, 512, false, ""}}) {
+                 Case{"dgelu", 512, 512, 512, true, ""}, Case{"bias_residual", 512, 256, 512, false, ""},
+                 Case{"bgrad_a", 512, 512, 512, true, ""}}) {
     Io alone = check(c, dir);
     c.how = "multicast";
     c.sms = 4;  // two clusters

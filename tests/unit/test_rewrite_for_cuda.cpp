@@ -103,7 +103,7 @@ void checkBoth(const Graph& original, const Graph& unfolded, const Graph& after,
   for (const auto& [e, k] : epi) {
     folded += k;
     adds += k * (e == "bias" || e == "gelu_bias" ? 1 : e == "bias+residual" ? 2 : 0);
-    biasSums += e == "dgelu_bgrad" || e == "bgrad_b" ? k : 0;
+    biasSums += e == "dgelu_bgrad" || e == "bgrad_b" || e == "bgrad_a" ? k : 0;
   }
   CHECK(c.matmul == u.matmul - folded);
   CHECK(c.reduceSum == u.reduceSum - biasSums);
@@ -115,7 +115,7 @@ void checkBoth(const Graph& original, const Graph& unfolded, const Graph& after,
   for (const Node* n : after.nodes()) lnResidual += n->op() == OpKind::LayerNormGrad && n->numOperands() == 4;
   CHECK(lnResidual == 2 * layers);
   // The QKV projection is an epilogue node that attention_qkv reads (through a reshape), and its bias
-  // gradient a bgrad_b that reads attention_qkv_grad's result.
+  // gradient a bgrad_a (with the input gradient) that reads attention_qkv_grad's result.
   if (!qkvFolded) return;
   for (const Node* n : after.nodes()) {
     if (n->op() != OpKind::AttentionQkv) continue;
@@ -126,8 +126,8 @@ void checkBoth(const Graph& original, const Graph& unfolded, const Graph& after,
   }
   int qkvBgrad = 0;
   for (const Node* n : after.nodes()) {
-    if (n->op() != OpKind::MatmulEpilogue || n->getStr("epilogue") != "bgrad_b") continue;
-    const Node* d = throughReshapes(n->operand(1))->def();
+    if (n->op() != OpKind::MatmulEpilogue || n->getStr("epilogue") != "bgrad_a") continue;
+    const Node* d = throughReshapes(n->operand(0))->def();
     qkvBgrad += d && d->op() == OpKind::AttentionQkvGrad;
   }
   CHECK(qkvBgrad == layers);
@@ -186,9 +186,11 @@ void checkClose(const TensorMap& want, const TensorMap& got, double tol) {
 }
 
 // Per layer: QKV + bias; attention and MLP projections + bias + residual; c_fc + bias + gelu; c_fc's input
-// gradient with dgelu and c_fc's bias gradient; the bias gradients of c_attn and both projections.
-const std::map<std::string, int> kUnsharded = {
-    {"bias", 2}, {"bias+residual", 4}, {"gelu_bias", 2}, {"dgelu_bgrad", 2}, {"bgrad_b", 6}};
+// gradient with dgelu and c_fc's bias gradient; the bias gradients of c_attn and the attention projection beside
+// their input gradients (every candidate accepted: the CUDA backend takes bgrad_a only where its GEMM kernel runs
+// it), and c_proj's beside its weight gradient (its input gradient is the dgelu GEMM's).
+const std::map<std::string, int> kUnsharded = {{"bias", 2},        {"bias+residual", 4}, {"gelu_bias", 2},
+                                               {"dgelu_bgrad", 2}, {"bgrad_a", 4},       {"bgrad_b", 2}};
 
 }  // namespace
 
@@ -225,7 +227,7 @@ TEST_CASE("rewriteForCuda: bf16 compute: both rewrites fire, the same step withi
 
 // megatron-tp's rank programs read the rank's q, k, v columns as one packed [C, 3*Hl*Dh] matrix again
 // (partition's foldStackedQkv), so both rewrites fire as on one rank: the QKV bias add and the bias sum beside
-// its weight gradient are epilogues. The row-parallel projections add their bias to the partial sum before the
+// its input gradient are epilogues. The row-parallel projections add their bias to the partial sum before the
 // all_reduce on rank 0 only, with the residual add (all folded); rank 1 holds zeros for both and adds nothing
 // (partition's foldZeroShareAdds), so its projections stay plain matmuls.
 TEST_CASE("rewriteForCuda: on the rank programs of megatron-tp 2 both rewrites fire and the step matches",
@@ -236,7 +238,7 @@ TEST_CASE("rewriteForCuda: on the rank programs of megatron-tp 2 both rewrites f
   std::vector<std::unique_ptr<Graph>> rewritten;
   for (size_t r = 0; r < plain.size(); ++r) {
     INFO("rank " << r);
-    std::map<std::string, int> want = {{"gelu_bias", 2}, {"dgelu_bgrad", 2}, {"bgrad_b", 6}, {"bias", 2}};
+    std::map<std::string, int> want = {{"gelu_bias", 2}, {"dgelu_bgrad", 2}, {"bgrad_a", 4}, {"bgrad_b", 2}, {"bias", 2}};
     if (r == 0) want["bias+residual"] = 4;
     auto l = plain[r]->clone(), unfolded = plain[r]->clone();
     rewrite(*l, true);

@@ -1,4 +1,4 @@
-// matmul_epilogue on sm_90 as our own GEMM kernel (bf16; f32 accumulation), for four epilogues:
+// matmul_epilogue on sm_90 as our own GEMM kernel (bf16; f32 accumulation), for six epilogues:
 //   gelu_bias (GM_EPI 1): y = gelu(a b + bias), pre = a b + bias
 //   dgelu     (GM_EPI 2): g = (a b) * gelu'(pre)    (the MLP's backward through its gelu)
 //   dgelu_bgrad (GM_EPI 3): dgelu, and db = g's column sums (the MLP's first bias gradient): each warp's 16 rows
@@ -6,7 +6,13 @@
 //   bias      (GM_EPI 4): y = a b + bias (the attention's c_attn): the sum rounded once, as cuBLASLt's BIAS
 //   bias_residual (GM_EPI 5): y = a b + bias + r (the attention projection and c_proj, onto the residual stream):
 //               r [M, N] copied into shared memory ahead of its use as dgelu's pre is
-// gelu_bias runs here by default (CudaOptions::ownGemm): 12-14% faster than cuBLASLt's GELU_AUX_BIAS alone on the
+//   bgrad_a   (GM_EPI 6): y = a b, and db = a's column sums (an input gradient d w^T and the bias gradient of d:
+//               c_attn's over cuDNN's dQKV, c_fc's over DGELU's output): each warp sums its 16 rows of the a
+//               tiles it has in shared memory anyway, for the k-slices kb with kb % (N / 256) == its tile's n
+//               index (each k-slice of a row block once), into a [M / 16, K] f32 workspace; a second kernel sums
+//               those in order. The reduce_sum that read all of d again (~40-50 us a layer on gpt2-medium) goes.
+// gelu_bias and bgrad_a run here by default (CudaOptions::ownGemm; bgrad_a: 1.1 ms less a gpt2-medium step on the
+// H100, twenty-fifth session). gelu_bias: 12-14% faster than cuBLASLt's GELU_AUX_BIAS alone on the
 // H200 at gpt2's and gpt2-medium's c_fc shapes, and faster inside a training step (docs/performance.md,
 // twenty-third session). dgelu and dgelu_bgrad run only when asked for (TPC_OWN_GEMM): cuBLASLt's DGELU runs an
 // older, slower kernel family than its plain GEMMs (fourteenth session's ncu), but ours is not yet faster. bias
@@ -45,13 +51,15 @@ constexpr const char* kGemmHead = R"GEMM(
 #if GM_CLUSTER != 1 && GM_CLUSTER != 2
 #error "GM_CLUSTER must be 1 or 2"
 #endif
-#if GM_EPI < 1 || GM_EPI > 5
-#error "GM_EPI must be 1 (gelu_bias), 2 (dgelu), 3 (dgelu_bgrad), 4 (bias) or 5 (bias_residual)"
+#if GM_EPI < 1 || GM_EPI > 6
+#error "GM_EPI must be 1 (gelu_bias), 2 (dgelu), 3 (dgelu_bgrad), 4 (bias), 5 (bias_residual) or 6 (bgrad_a)"
 #endif
 // What the epilogue reads besides the sum: a bias row (gelu_bias, bias, bias_residual) and/or an [M, N] tensor,
 // called pre below: dgelu's pre, or bias_residual's residual r.
 #define GM_HAS_BIAS (GM_EPI == 1 || GM_EPI == 4 || GM_EPI == 5)
 #define GM_HAS_PRE (GM_EPI == 2 || GM_EPI == 3 || GM_EPI == 5)
+// The epilogue stores the sum (+ bias) as it is: bias, and bgrad_a (whose sums are of a, in the mainloop).
+#define GM_PLAIN_OUT (GM_EPI == 4 || GM_EPI == 6)
 #if GM_B_KMAJOR != 0 && GM_B_KMAJOR != 1
 #error "GM_B_KMAJOR must be 0 or 1"
 #endif
@@ -249,8 +257,14 @@ __device__ __forceinline__ unsigned lds32(unsigned addr) {
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
+__device__ __forceinline__ void lds128(unsigned addr, unsigned& a, unsigned& b, unsigned& c, unsigned& d) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(addr) : "memory");
+}
 __device__ __forceinline__ void stg_f32x2(float* p, float a, float b) {
   asm volatile("st.global.v2.f32 [%0], {%1, %2};" :: "l"(p), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void stg_f32x4(float* p, float a, float b, float c, float d) {
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
 // cp.async: 16 bytes global -> shared by this thread, its groups, and waiting until at most N newer groups are pending.
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
@@ -373,6 +387,10 @@ extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
 gemm_bias_residual_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
                           const __grid_constant__ TmaDesc tmOut, const unsigned short* __restrict__ bias,
                           const unsigned short* __restrict__ pre) {   // pre: the residual r, [M, N]
+#elif GM_EPI == 6
+extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
+gemm_bgrad_a_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
+                    const __grid_constant__ TmaDesc tmOut, float* __restrict__ colsums) {
 #else
 extern "C" __global__ void GM_CLUSTER_DIMS __launch_bounds__(384, 1)
 gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB,
@@ -481,6 +499,41 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       }
     };
 
+#if GM_EPI == 6
+    // bgrad_a: the running tile's n index and this warp's first row; the warp's 16 rows of stage st's a tile (k-slice
+    // kb) summed over rows into colsums[row / 16][64 kb + c]. A lane reads one 16-byte piece (8 columns) of 4 rows
+    // (row lane / 8 + 4i, piece lane % 8 at its 128B swizzle: piece ^ row % 8); lanes 8 apart hold the same columns
+    // and add theirs in a fixed order; lanes 0-7 store the 16-row sums. While the k-slice's wgmmas run.
+    int sum_nt = 0, sum_row0 = 0;
+    auto sum_a = [&](int kb, unsigned st) {
+      const unsigned sa = base + st * STAGE_BYTES + (cw * 64 + warp * 16) * 128;
+      const unsigned piece = lane & 7;
+      float t[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) t[e] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const unsigned r = (lane >> 3) + 4 * i;
+        unsigned v[4];
+        lds128(sa + r * 128 + ((piece ^ (r & 7)) << 4), v[0], v[1], v[2], v[3]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          t[2 * e] += bf16lo(v[e]);
+          t[2 * e + 1] += bf16hi(v[e]);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        t[e] += __shfl_xor_sync(0xffffffffu, t[e], 8);
+        t[e] += __shfl_xor_sync(0xffffffffu, t[e], 16);
+      }
+      if (lane < 8) {
+        float* dst = colsums + (size_t)(sum_row0 / 16) * K + kb * BK + 8 * piece;
+        stg_f32x4(dst, t[0], t[1], t[2], t[3]);
+        stg_f32x4(dst + 4, t[4], t[5], t[6], t[7]);
+      }
+    };
+#endif
     // One 64-wide K slice: 4 x m64n256k16, then `between()` runs while the wgmmas execute
     // (they are async), then wait until slice kb-1 is done and hand its smem stage back.
     auto kstep = [&](int kb, auto between) {
@@ -499,6 +552,9 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16(acc, da + 2 * kk, db + DB_K16 * kk, (kb | kk) != 0);
       wgmma_commit();
       between();
+#if GM_EPI == 6
+      if (kb % (N / BN) == sum_nt) sum_a(kb, (unsigned)s);
+#endif
       wgmma_wait<1>();
       if (kb > 0 && lane == 0) release(prev_s);
       prev_s = s;
@@ -625,7 +681,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 #if GM_EPI == 1
         va = hp[(cg * 8 + j) * 2 + half];
         vo = pack_bf16(gelu_tanh(bf16lo(va)), gelu_tanh(bf16hi(va)));
-#elif GM_EPI == 4
+#elif GM_PLAIN_OUT
         vo = hp[(cg * 8 + j) * 2 + half];
 #elif GM_EPI == 5
         const unsigned mm = hp[(cg * 8 + j) * 2 + half], rv = pre_at(c, j);
@@ -656,6 +712,10 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
       int m0, n0;
       unit_origin(unit, rank, m0, n0);
       const int row0 = m0 + cw * 64 + warp * 16;
+#if GM_EPI == 6
+      sum_nt = n0 / BN;
+      sum_row0 = row0;
+#endif
 
 #if GM_HAS_PRE
       prefetch_pre_l2(row0, n0);
@@ -720,7 +780,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 #if GM_EPI == 1
               va = pack_bf16(h0, h1);
               vo = pack_bf16(gelu_tanh(h0), gelu_tanh(h1));
-#elif GM_EPI == 4
+#elif GM_PLAIN_OUT
               vo = pack_bf16(h0, h1);
 #elif GM_EPI == 5
               const unsigned rv = pre_at(cg * 2 + half, j);
@@ -769,7 +829,7 @@ gemm_dgelu_bgrad_kernel(const __grid_constant__ TmaDesc tmA, const __grid_consta
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
   bool bKMajor = false;  // b given as [N, K] (transpose_b)
-  int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu, 3 dgelu_bgrad, 4 bias, 5 bias_residual
+  int epilogue = 1;      // GM_EPI: 1 gelu_bias, 2 dgelu, 3 dgelu_bgrad, 4 bias, 5 bias_residual, 6 bgrad_a
   int cluster = 1;       // GM_CLUSTER: 2 where asked for (LoweringContext::ownGemmMulticast) and M / 128 is even
   int preAhead = 3;      // GM_PRE_AHEAD (LoweringContext::ownGemmPreAhead)
 };
@@ -780,22 +840,25 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
   const bool gelu = kind == "gelu_bias", bgrad = kind == "dgelu_bgrad", dgelu = kind == "dgelu" || bgrad;
   // bias_residual: matmul_epilogue {epilogue=bias} with a fourth operand, the residual r.
   const bool residual = kind == "bias" && n.numOperands() == 4, bias = kind == "bias" && !residual;
-  if (!gelu && !dgelu && !bias && !residual)
-    return "takes matmul_epilogue {epilogue=gelu_bias}, {epilogue=bias} (with a residual or not), {epilogue=dgelu} and "
-           "{epilogue=dgelu_bgrad}";
+  const bool sumsA = kind == "bgrad_a";
+  if (!gelu && !dgelu && !bias && !residual && !sumsA)
+    return "takes matmul_epilogue {epilogue=gelu_bias}, {epilogue=bias} (with a residual or not), {epilogue=dgelu}, "
+           "{epilogue=dgelu_bgrad} and {epilogue=bgrad_a}";
   if (gelu && !ctx.ownGeluGemm) return "gelu_bias: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM; on by default)";
   if (bias && !ctx.ownBiasGemm) return "bias: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=bias or 1 turns it on)";
   if (residual && !ctx.ownBiasResidualGemm)
     return "bias_residual: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=bias_residual or 1 turns it on)";
+  if (sumsA && !ctx.ownBgradAGemm) return "bgrad_a: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=bgrad_a or 1 turns it on)";
   if (kind == "dgelu" && !ctx.ownDgeluGemm) return "dgelu: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu or 1 turns it on)";
   if (bgrad && !ctx.ownDgeluBgradGemm)
     return "dgelu_bgrad: switched off (CudaOptions::ownGemm, TPC_OWN_GEMM=dgelu_bgrad or 1 turns it on)";
   if (ctx.smMajor != 9 || ctx.smMinor != 0) return "needs an sm_90 GPU (wgmma, TMA)";
   if (ctx.maxSharedBytes < static_cast<int64_t>(kSharedBytes)) return cat("needs ", kSharedBytes, " bytes of shared memory a block");
-  if (n.numOperands() != (residual ? 4 : 3) || n.numResults() != (kind == "dgelu" || bias || residual ? 1 : 2))
+  if (n.numOperands() != (residual ? 4 : sumsA ? 2 : 3) || n.numResults() != (kind == "dgelu" || bias || residual ? 1 : 2))
     return gelu ? "takes gelu_bias without a residual: (a, b, bias) -> (y, pre)"
            : bias ? "takes bias without a residual: (a, b, bias) -> y"
            : residual ? "takes bias_residual as (a, b, bias, r) -> y"
+           : sumsA ? "takes bgrad_a as (a, b) -> (y, db)"
            : bgrad ? "takes dgelu_bgrad as (a, b, pre) -> (g, db)" : "takes dgelu as (a, b, pre) -> g";
   for (const Value* v : n.operands())
     if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
@@ -803,7 +866,7 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
     if (v->dtype() != DType::bf16) return "takes bf16 operands and results";
   const Value *a = n.operand(0), *b = n.operand(1);
   if (n.getBool("transpose_a") || b->type().rank() != 2 || a->type().rank() < 2) return "takes a[..., M, K] x b[K, N] (or b^T)";
-  s->epilogue = gelu ? 1 : bias ? 4 : residual ? 5 : bgrad ? 3 : 2;
+  s->epilogue = gelu ? 1 : bias ? 4 : residual ? 5 : sumsA ? 6 : bgrad ? 3 : 2;
   s->bKMajor = n.getBool("transpose_b");
   s->K = a->shape().back();
   s->N = s->bKMajor ? b->shape()[0] : b->shape()[1];
@@ -812,7 +875,8 @@ std::string refusal(const Node& n, const LoweringContext& ctx, GemmShape* s) {
     return cat("needs M % ", kTileM, ", N % ", kTileN, " and K % ", kTileK, " to be 0 (M ", s->M, ", N ", s->N, ", K ", s->K, ")");
   if (s->M >= (int64_t(1) << 31) || s->N >= (int64_t(1) << 31) || s->K >= (int64_t(1) << 31)) return "needs dims under 2^31 (TMA coordinates)";
   if (dgelu && n.operand(2)->type().numel() != s->M * s->N) return "takes pre of the product's shape";
-  if (!dgelu && n.operand(2)->type().numel() != s->N) return "takes a bias of one value a column";
+  if (!dgelu && !sumsA && n.operand(2)->type().numel() != s->N) return "takes a bias of one value a column";
+  if (sumsA && n.result(1)->type().numel() != s->K) return "takes bgrad_a's db as one value a column of a";
   if (residual && n.operand(3)->type().numel() != s->M * s->N) return "takes a residual of the product's shape";
   if (bgrad && n.result(1)->type().numel() != s->N) return "takes dgelu_bgrad's db as one value a column";
   s->cluster = ctx.ownGemmMulticast && (s->M / kTileM) % 2 == 0 ? 2 : 1;
@@ -827,7 +891,7 @@ const char* gemmSm90Ptx() { return kGemmPtx; }
 
 Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringContext* ctx) {
   ctx->ownGeluGemm = ctx->ownBiasGemm = ctx->ownBiasResidualGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = false;
-  ctx->ownGemmMulticast = false;
+  ctx->ownBgradAGemm = ctx->ownGemmMulticast = false;
   ctx->ownGemmPreAhead = 3;
   if (kinds.empty() || kinds == "0") return {};
   size_t at = 0;
@@ -835,22 +899,24 @@ Status setOwnGemmKinds(const std::string& kinds, const char* from, LoweringConte
     size_t end = std::min(kinds.find(',', at), kinds.size());
     std::string kind = kinds.substr(at, end - at);
     if (kind == "1" || kind == "all")
-      ctx->ownGeluGemm = ctx->ownBiasGemm = ctx->ownBiasResidualGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm = true;
+      ctx->ownGeluGemm = ctx->ownBiasGemm = ctx->ownBiasResidualGemm = ctx->ownDgeluGemm = ctx->ownDgeluBgradGemm =
+          ctx->ownBgradAGemm = true;
     else if (kind == "gelu_bias") ctx->ownGeluGemm = true;
     else if (kind == "bias") ctx->ownBiasGemm = true;
     else if (kind == "bias_residual") ctx->ownBiasResidualGemm = true;
     else if (kind == "dgelu") ctx->ownDgeluGemm = true;
     else if (kind == "dgelu_bgrad") ctx->ownDgeluBgradGemm = true;
+    else if (kind == "bgrad_a") ctx->ownBgradAGemm = true;
     else if (kind == "multicast") ctx->ownGemmMulticast = true;
     else if (kind == "pre1") ctx->ownGemmPreAhead = 1;
     else
       return makeError(from, "='", kinds, "': '", kind, "' is not a kind our GEMM kernel runs (expected 0, or a comma ",
-                       "list of 1 or all (every kind), gelu_bias, bias, bias_residual, dgelu, dgelu_bgrad, multicast (blocks in pairs ",
-                       "sharing b's tiles) and pre1 (dgelu's pre copied one chunk ahead))");
+                       "list of 1 or all (every kind), gelu_bias, bias, bias_residual, dgelu, dgelu_bgrad, bgrad_a, multicast ",
+                       "(blocks in pairs sharing b's tiles) and pre1 (dgelu's pre copied one chunk ahead))");
     at = end + 1;
   }
   const bool any = ctx->ownGeluGemm || ctx->ownBiasGemm || ctx->ownBiasResidualGemm || ctx->ownDgeluGemm ||
-                   ctx->ownDgeluBgradGemm;
+                   ctx->ownDgeluBgradGemm || ctx->ownBgradAGemm;
   if (ctx->ownGemmMulticast && !any)
     return makeError(from, "='", kinds, "': multicast is a way to run the kinds, name one too (e.g. all,multicast)");
   if (ctx->ownGemmPreAhead == 1 && !any)
@@ -869,7 +935,7 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
   int64_t tiles = (s.M / kTileM) * (s.N / kTileN);
   KernelSpec k;
   static const char* const kEntry[] = {nullptr, "gemm_gelu_kernel", "gemm_dgelu_kernel", "gemm_dgelu_bgrad_kernel",
-                                       "gemm_bias_kernel", "gemm_bias_residual_kernel"};  // by GM_EPI
+                                       "gemm_bias_kernel", "gemm_bias_residual_kernel", "gemm_bgrad_a_kernel"};  // by GM_EPI
   k.entry = kEntry[s.epilogue];
   k.archSpecific = true;
   k.source = cat("#define GM_M ", s.M, "\n#define GM_N ", s.N, "\n#define GM_K ", s.K, "\n#define GM_B_KMAJOR ", s.bKMajor ? 1 : 0,
@@ -894,26 +960,27 @@ Result<NodeLowering> lowerGemm(const Node& n, const LoweringContext& ctx) {
     k.maps.push_back(box(false, 1, s.M, s.N, 8));
     k.args.push_back({ArgKind::TensorMap, 3});
   }
-  k.args.push_back({ArgKind::Operand, 2});                       // the bias, or pre
+  if (s.epilogue != 6) k.args.push_back({ArgKind::Operand, 2});  // the bias, or pre
   if (s.epilogue == 5) k.args.push_back({ArgKind::Operand, 3});  // then the residual
   NodeLowering l;
-  if (s.epilogue == 3) {  // the warps' 16-row column sums, then db = their column sums in order
-    const int64_t partials = s.M / 16;
+  if (s.epilogue == 3 || s.epilogue == 6) {  // the warps' 16-row column sums (of g, or of a), then db = theirs in order
+    const int64_t partials = s.M / 16, cols = s.epilogue == 3 ? s.N : s.K;
+    const std::string entry = s.epilogue == 3 ? "tpc_dgelu_bgrad_columns" : "tpc_bgrad_a_columns";
     k.args.push_back(workspaceArg(0));
-    l.workspaceBytes = partials * s.N * 4;
+    l.workspaceBytes = partials * cols * 4;
     l.kernels.push_back(std::move(k));
     KernelSpec c;
-    c.entry = "tpc_dgelu_bgrad_columns";
+    c.entry = entry;
     c.source = devicePrelude() + accessors("db", n.result(1)->dtype()) + R"(
-extern "C" __global__ void __launch_bounds__(1024) tpc_dgelu_bgrad_columns(const float* part, db_t* DB) {
+extern "C" __global__ void __launch_bounds__(1024) )" + entry + R"((const float* part, db_t* DB) {
   __shared__ double red[32 * 33];
   const i64 col = (i64)blockIdx.x * 32 + threadIdx.x;
-  const double v = tpc_column_sum(part, )" + i64Lit(partials) + ", " + i64Lit(s.N) + R"(, col, red);
-  if (threadIdx.y == 0 && col < )" + i64Lit(s.N) + R"() db_st(DB, col, (float)v);
+  const double v = tpc_column_sum(part, )" + i64Lit(partials) + ", " + i64Lit(cols) + R"(, col, red);
+  if (threadIdx.y == 0 && col < )" + i64Lit(cols) + R"() db_st(DB, col, (float)v);
 }
 )";
     c.block = {32, 32, 1};
-    c.grid = {static_cast<uint32_t>(s.N / 32), 1, 1};
+    c.grid = {static_cast<uint32_t>(cols / 32), 1, 1};
     c.args = {workspaceArg(0), resultArg(1)};
     l.kernels.push_back(std::move(c));
     return l;
