@@ -63,10 +63,14 @@ void registerBuiltinPasses(PassRegistry& r) {
                "one rank's program: attention (and its gradient) reads q, k, v from the QKV projection's layout and "
                "writes [B, T, H, Dh] (attention_qkv): no transposes, slices, zero-padded concats or adds around it",
                {}, plain<createPackQkvAttentionPass>});
+  // Run by name, it folds what cuBLASLt runs: bgrad_a is the CUDA backend's, which folds it where its own GEMM
+  // kernel takes it (a bgrad_a left for cuBLASLt would have no epilogue to run as).
   (void)r.add({"fold-matmul-epilogues",
                "one rank's program: bias adds (with a residual add), gelu, gelu_grad and bias sums around a matmul "
                "become matmul_epilogue nodes, each one cuBLASLt call with an epilogue (the CUDA backend runs it)",
-               {}, [](const PassOptions&) -> Result<std::unique_ptr<Pass>> { return createFoldMatmulEpiloguesPass(); }});
+               {}, [](const PassOptions&) -> Result<std::unique_ptr<Pass>> {
+                 return createFoldMatmulEpiloguesPass([](const Node& n) { return n.getStr("epilogue") != "bgrad_a"; });
+               }});
   (void)r.add({"global-norm-skip-casts",
                "one rank's program: global_norm reads bf16/f16 gradients instead of their exact f32 casts (same "
                "norm; the casts left for the clip multiply fold into the CUDA backend's AdamW kernel)",

@@ -1,5 +1,6 @@
 // `fold-matmul-epilogues`: the elementwise ops and bias sums around a matmul become one matmul_epilogue
-// node (ops.def), which the CUDA backend runs as one cuBLASLt call with an epilogue. Rules, in this order:
+// node (ops.def), which the CUDA backend runs as one cuBLASLt call with an epilogue (bgrad_a, and dgelu_bgrad where
+// it asks, as its own sm_90 GEMM kernel: runtime/cuda/kernels/gemm_sm90.cpp). Rules, in this order:
 //   gelu(add(matmul(a, b), bias))              => %y, %pre = matmul_epilogue(a, b, bias) {epilogue=gelu_bias}
 //   add(res, add(matmul(a, b), bias))          => matmul_epilogue(a, b, bias, res) {epilogue=bias}
 //   add(matmul(a, b), bias)                    => matmul_epilogue(a, b, bias) {epilogue=bias}

@@ -366,15 +366,12 @@ class CudaBackend final : public Backend {
           // dgelu_bgrad, whose cuBLASLt form is slower than the unfused ops (off the default list), folds where our
           // GEMM kernel runs it (TPC_OWN_GEMM) as a dgelu would.
           if (kind == "dgelu_bgrad" && ownGemm(n, ctx_)) return only.empty() || only.find(",dgelu,") != std::string::npos;
-          // bgrad_a (d w^T with d's bias sum) has no cuBLASLt form: it folds where our GEMM kernel runs it, but for
-          // the residual stream's sums (d an add, or a layer_norm_grad's dx): the layer_norm_grad kernel that
-          // writes that stream sums them as it goes (sum_dx, below).
-          if (kind == "bgrad_a") {
-            const Value* d = n.operand(0);
-            while (d->def() && d->def()->op() == OpKind::Reshape) d = d->def()->operand(0);
-            const bool stream = d->def() && (d->def()->op() == OpKind::Add || d->def()->op() == OpKind::LayerNormGrad);
-            return ownGemm(n, ctx_) && !(stream && foldLayerNormGradBiasSum_);
-          }
+          // bgrad_a (d w^T with d's bias sum) has no cuBLASLt form: it folds where our GEMM kernel runs it (and the
+          // list has it), but for the residual stream's sums: the layer_norm_grad kernel that writes that stream
+          // sums them as it goes (sum_dx, below), where both of its folds are on.
+          if (kind == "bgrad_a")
+            return ownGemm(n, ctx_) && (only.empty() || only.find(",bgrad_a,") != std::string::npos) &&
+                   !(residualStreamGradient(n.operand(0)) && foldLayerNormGradBiasSum_ && foldLayerNormGradResidual_);
           if (kind == "bias" && n.numOperands() == 4) kind = "bias_residual";
           if (!only.empty() && only.find(cat(",", kind, ",")) == std::string::npos) return false;
           return dev(r).matmul->supports(n);

@@ -42,13 +42,14 @@ struct CudaOptions {
   // Fold bias adds, gelu, residual adds and bias gradients into the matmuls as cuBLASLt epilogues where
   // cuBLASLt has an algorithm for them (fold-matmul-epilogues); false keeps the unfused ops (comparisons).
   bool matmulEpilogues = true;
-  // The epilogue kinds folded, comma-separated (bias, bias_residual, gelu_bias, dgelu, dgelu_bgrad, bgrad_b),
-  // or "all". bias, bias_residual, gelu_bias and dgelu by default: on the H200 (gpt2, micro batch 16, bf16;
+  // The epilogue kinds folded, comma-separated (bias, bias_residual, gelu_bias, dgelu, dgelu_bgrad, bgrad_b,
+  // bgrad_a), or "all". bgrad_a, which cuBLASLt has no form of, folds only where our GEMM kernel runs it (ownGemm
+  // below; dgelu_bgrad there too, whenever dgelu is listed). bias, bias_residual, gelu_bias and dgelu by default: on the H200 (gpt2, micro batch 16, bf16;
   // docs/performance.md) the forward kinds took the step from 41.7 to 38.0 ms and dgelu + bgrad_b to 36.5 ms,
   // but once the bias sums had the chunked column-reduce kernels, cuBLASLt's BGRADA GEMMs (360-620 TFLOP/s
   // against 600-730 plain) cost 1.0 ms more than those kernels (32.2 -> 31.1 ms without bgrad_b), and its
   // DGELU_BGRAD GEMMs 1.5 ms more than the unfused ops. The environment's TPC_MATMUL_EPILOGUES overrides it.
-  std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu";
+  std::string matmulEpilogueKinds = "bias,bias_residual,gelu_bias,dgelu,bgrad_a";
   // The matmul_epilogue kinds run on sm_90 by our GEMM kernel (TMA, wgmma; runtime/cuda/kernels/gemm_sm90.cpp)
   // where it applies, instead of cuBLASLt: "" (none), a list of "gelu_bias", "bias" (without a residual),
   // "bias_residual" (bias with one), "dgelu", "dgelu_bgrad" (dgelu with its bias gradient summed in the epilogue)

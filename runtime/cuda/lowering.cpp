@@ -67,6 +67,11 @@ Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEp
   return {};
 }
 
+bool residualStreamGradient(const Value* d) {
+  while (d->def() && d->def()->op() == OpKind::Reshape) d = d->def()->operand(0);
+  return d->def() && (d->def()->op() == OpKind::Add || d->def()->op() == OpKind::LayerNormGrad);
+}
+
 Result<NodeLowering> lowerNode(const Node& n, const LoweringContext& ctx) {
   if (const FamilyLowering* f = findFamilyLowering(n.op())) return (*f)(n, ctx);
   if (n.has(traits::Collective)) return lowerSingleRankCollective(n, ctx);

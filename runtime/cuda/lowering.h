@@ -30,6 +30,10 @@ NodeExec nodeExec(const Node& n);
 Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue = {},
                       bool foldLayerNormGradResidual = true,
                       const std::function<bool(const Node&)>& canSumLayerNormGradDx = {});
+// Whether a bias sum of `d` is the residual stream's (d an add, or a layer_norm_grad's dx, through reshapes):
+// with both layer_norm_grad folds on, the layer_norm_grad kernel that writes that stream sums it as it goes
+// (sum_dx), so the CUDA backend leaves it out of bgrad_a.
+bool residualStreamGradient(const Value* d);
 // The kernels of a Kernels node; a collective over an axis of size 1 is lowered as a copy.
 Result<NodeLowering> lowerNode(const Node& n, const LoweringContext& ctx);
 

@@ -10,6 +10,8 @@
 #include <random>
 
 #include "gpt_step_support.h"
+#include "passes/builtin_passes.h"
+#include "passes/pass_registry.h"
 #include "fusion_test_support.h"
 #include "ir/verifier.h"
 #include "runtime/cpu/cpu_backend.h"
@@ -168,6 +170,24 @@ TEST_CASE("fold-matmul-epilogues: a refused candidate keeps its unfused ops", "[
     CHECK(epilogues(*folded) == want);
     checkClose(twoSteps(*g), twoSteps(*folded), 1e-5);
   }
+}
+
+// Run by name (a user's pipeline), the pass folds only what cuBLASLt runs: no bgrad_a, which only the CUDA
+// backend's own GEMM kernel runs (it folds it itself, where that kernel takes it).
+TEST_CASE("fold-matmul-epilogues: run by name, it leaves bgrad_a to the CUDA backend", "[passes][epilogue]") {
+  PassRegistry r;
+  registerBuiltinPasses(r);
+  const PassInfo* info = r.find("fold-matmul-epilogues");
+  REQUIRE(info);
+  auto pass = info->factory({});
+  REQUIRE(pass.ok());
+  auto g = cudaStep(false);
+  auto folded = g->clone();
+  auto did = (*pass)->run(*folded);
+  REQUIRE(did.ok());
+  CHECK(*did);
+  std::map<std::string, int> want = {{"bias", 2}, {"bias+residual", 4}, {"gelu_bias", 2}, {"dgelu_bgrad", 2}, {"bgrad_b", 6}};
+  CHECK(epilogues(*folded) == want);
 }
 
 TEST_CASE("matmul_epilogue: shape rule", "[passes][epilogue]") {

@@ -282,7 +282,7 @@ TEST_CASE("gemm sm90: bgrad_a takes our kernel when switched on, as (a, b) -> (y
   CHECK(ownGemm(*bgradA({16, 1024, 4096}, {1024, 4096}).n, ctx));  // and c_fc's
   CHECK(ownGemm(*bgradA({16, 1024, 2304}, {768, 2304}).n, ctx));   // gpt2's c_attn (3 column tiles)
   CHECK(ownGemm(*bgradA({1024, 512}, {512, 768}, false).n, ctx));  // b [K, N]
-  CHECK_FALSE(ownGemm(*bgradA({16, 1024, 2304}, {384, 2304}).n, ctx));  // N off the tile (gpt2's c_attn at tp 2)
+  CHECK_FALSE(ownGemm(*bgradA({16, 1024, 2304}, {384, 2304}).n, ctx));  // N 384: off the tile
   CHECK_FALSE(ownGemm(*bgradA({1024, 3072}, {1024, 3072}, true, DType::f32).n, ctx));
   EpilogueNode c = bgradA({16, 1024, 3072}, {1024, 3072});
   auto l = lowerGemm(*c.n, ctx);
@@ -551,11 +551,8 @@ TEST_CASE("gemm sm90: a bf16 GPT step's GELU matmuls, c_attn, the projections an
   const std::string defaults = ",bias,bias_residual,gelu_bias,dgelu,";
   std::function<bool(const Node&)> canRun = [&](const Node& n) {  // as cuda_backend.cpp's
     if (n.getStr("epilogue") == "dgelu_bgrad") return ownGemm(n, ctx);
-    if (n.getStr("epilogue") == "bgrad_a") {  // not the residual stream's sums (layer_norm_grad's sum_dx)
-      const Node* d = n.operand(0)->def();
-      while (d && d->op() == OpKind::Reshape) d = d->operand(0)->def();
-      return ownGemm(n, ctx) && !(d && (d->op() == OpKind::Add || d->op() == OpKind::LayerNormGrad));
-    }
+    if (n.getStr("epilogue") == "bgrad_a")  // not the residual stream's sums (layer_norm_grad's sum_dx)
+      return ownGemm(n, ctx) && !residualStreamGradient(n.operand(0));
     std::string kind = n.getStr("epilogue") + (n.numOperands() == 4 ? "_residual" : "");
     return defaults.find("," + kind + ",") != std::string::npos;
   };

@@ -50,13 +50,13 @@ Result<NodeLowering> lowerClipScale(const Node& n, const LoweringContext& ctx);
 Result<NodeLowering> lowerCastGroup(const FusionGroup& g, const LoweringContext& ctx, int64_t maxBlocks = 2048,
                                     const std::vector<bool>& kept = {});  // multi_tensor.cpp
 
-// gemm_sm90.cpp: a matmul_epilogue {epilogue=gelu_bias, bias (with a residual or not), dgelu or dgelu_bgrad} as
-// our Hopper GEMM kernel (TMA loads, wgmma, TMA stores; dgelu_bgrad then a column-sum kernel) where ownGemm accepts
-// it (sm_90, bf16, the tile multiples; LoweringContext::ownGeluGemm, ownBiasGemm, ownBiasResidualGemm, ownDgeluGemm,
-// ownDgeluBgradGemm); else cuBLASLt.
+// gemm_sm90.cpp: a matmul_epilogue {epilogue=gelu_bias, bias (with a residual or not), dgelu, dgelu_bgrad or
+// bgrad_a} as our Hopper GEMM kernel (TMA loads, wgmma, TMA stores; dgelu_bgrad and bgrad_a then a column-sum
+// kernel) where ownGemm accepts it (sm_90, bf16, the tile multiples; LoweringContext::ownGeluGemm, ownBiasGemm,
+// ownBiasResidualGemm, ownDgeluGemm, ownDgeluBgradGemm, ownBgradAGemm); else cuBLASLt (bgrad_a: never folded then).
 bool ownGemm(const Node& n, const LoweringContext& ctx);
 // Which kinds it takes (CudaOptions::ownGemm, TPC_OWN_GEMM): "" or "0" none, else a comma list of "1" or "all"
-// (every kind), gelu_bias, bias, bias_residual, dgelu, dgelu_bgrad, "multicast" (ownGemmMulticast: in clusters of two blocks
+// (every kind), gelu_bias, bias, bias_residual, dgelu, dgelu_bgrad, bgrad_a, "multicast" (ownGemmMulticast: in clusters of two blocks
 // sharing b's tiles) and "pre1" (ownGemmPreAhead 1: dgelu's pre copied one chunk ahead, the earlier scheme, for
 // measuring).
 // Errors name `from` (the setting) and the kind that is not one.
