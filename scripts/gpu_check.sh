@@ -8,6 +8,9 @@
 # Data: TPC_DATA_DIR (default: tpc's own lookup). GPT2_ITERS (default 30) steps of gpt2. The GPU tests run in one
 # process (GPU_TESTS picks cases by a Catch2 spec, SUITE_TIMEOUT bounds them, ONLY_TESTS=1 stops after them):
 #   ONLY_TESTS=1 GPU_TESTS="cuda epilogues*,cuda param draw*" scripts/gpu_check.sh OUTDIR
+# The whole GPU suite takes longer than one 600 s device call (twenty-fifth session): GPU_TESTS_SHARD=i/n runs
+# every n-th of the cases listed, from the i-th, so n calls run each case once:
+#   ONLY_TESTS=1 GPU_TESTS_SHARD=1/2 scripts/gpu_check.sh OUT1; ONLY_TESTS=1 GPU_TESTS_SHARD=2/2 scripts/gpu_check.sh OUT2
 set -uo pipefail
 
 out="${1:?usage: scripts/gpu_check.sh OUTDIR}"
@@ -34,6 +37,19 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 #    1500); ONLY_TESTS=1 stops after them.
 spec=(); [ -n "${GPU_TESTS:-}" ] && spec=("$GPU_TESTS")
 "$tests" --list-test-names-only "${spec[@]}" 2>/dev/null | sed '/^\s*$/d' > "$out/gpu_tests.list"
+if [ -n "${GPU_TESTS_SHARD:-}" ]; then
+  # i/n: the listed cases k with k % n == i - 1 (k from 0, in the binary's order), run by name (Catch2's -f).
+  if ! [[ "$GPU_TESTS_SHARD" =~ ^([0-9]+)/([0-9]+)$ ]] || [ "${BASH_REMATCH[1]}" -lt 1 ] ||
+     [ "${BASH_REMATCH[1]}" -gt "${BASH_REMATCH[2]}" ]; then
+    echo "gpu_check.sh: error: GPU_TESTS_SHARD='$GPU_TESTS_SHARD' is not i/n with 1 <= i <= n (e.g. 1/2)" >&2
+    exit 1
+  fi
+  awk -v i="${BASH_REMATCH[1]}" -v n="${BASH_REMATCH[2]}" '(NR - i) % n == 0' "$out/gpu_tests.list" > "$out/gpu_tests.shard"
+  mv "$out/gpu_tests.shard" "$out/gpu_tests.list"
+  # Catch2 reads each line as a test spec: a name's commas, brackets, '*', '~', quotes and backslashes escaped.
+  sed 's/[][\\,*~"]/\\&/g' "$out/gpu_tests.list" > "$out/gpu_tests.names"
+  spec=(-f "$out/gpu_tests.names")
+fi
 timeout "${SUITE_TIMEOUT:-1500}" "$tests" "${spec[@]}" -r xml -d yes -o "$out/gpu_tests.xml" > "$out/gpu_tests.log" 2>&1
 rc=$?
 row "GPU tests, one process: $(wc -l < "$out/gpu_tests.list") cases" "$([ $rc = 0 ] && echo PASS || echo FAIL)" \
