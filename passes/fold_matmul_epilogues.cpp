@@ -200,6 +200,23 @@ class FoldMatmulEpiloguesPass final : public Pass {
     return true;
   }
 
+  // The bias sum n and matmul m (which reads the summed tensor) as one `epilogue` (bgrad_a or bgrad_b) over m's
+  // operands, at the earlier of the two: NotHere when an operand is defined between them (not a reshape that can
+  // move up), Refused when canRun_ refuses it or its sum's dtype is not n's.
+  enum class SumFold { Folded, Refused, NotHere };
+  Result<SumFold> foldSumInto(Graph& g, Node* n, Node* m, const char* epilogue) {
+    Node* at = pos_.lookup(m) < pos_.lookup(n) ? m : n;
+    if (!hoistBefore(g, at, {m->operand(0), m->operand(1)})) return SumFold::NotHere;
+    TPC_ASSIGN(Node * e, (candidate(g, *m, epilogue, {m->operand(0), m->operand(1)}, at)));
+    if (!e) return SumFold::Refused;
+    if (e->result(1)->type() != n->result()->type()) {  // a bias sum of another dtype than the summed tensor's
+      g.erase(e);
+      return SumFold::Refused;
+    }
+    replace(g, e, {m->result(), n->result()}, {m, n});
+    return SumFold::Folded;
+  }
+
   // reduce_sum(d) over its rows, and a matmul(d or reshape(d) to [rows, N], w) (the input gradient d w^T) =>
   // bgrad_a at the earlier of the two.
   Result<bool> bgradA(Graph& g, Node* n) {
@@ -215,16 +232,8 @@ class FoldMatmulEpiloguesPass final : public Pass {
         if (m->op() != OpKind::Matmul || m->operand(0) != a || m->operand(1) == a || m->getBool("transpose_a") ||
             m->operand(1)->type().rank() != 2 || m->result()->placement())
           continue;
-        Node* at = pos_.lookup(m) < pos_.lookup(n) ? m : n;
-        if (!hoistBefore(g, at, {a, m->operand(1)})) continue;
-        TPC_ASSIGN(Node * e, (candidate(g, *m, "bgrad_a", {a, m->operand(1)}, at)));
-        if (!e) return false;
-        if (e->result(1)->type() != n->result()->type()) {  // a bias sum of another dtype than d's
-          g.erase(e);
-          return false;
-        }
-        replace(g, e, {m->result(), n->result()}, {m, n});
-        return true;
+        TPC_ASSIGN(SumFold f, (foldSumInto(g, n, m, "bgrad_a")));
+        if (f != SumFold::NotHere) return f == SumFold::Folded;
       }
     }
     return false;
@@ -246,16 +255,8 @@ class FoldMatmulEpiloguesPass final : public Pass {
         if (m->op() != OpKind::Matmul || m->operand(1) != b || !m->getBool("transpose_a") || m->getBool("transpose_b") ||
             m->operand(0)->type().rank() != 2 || m->result()->placement())
           continue;
-        Node* at = pos_.lookup(m) < pos_.lookup(n) ? m : n;
-        if (!hoistBefore(g, at, {m->operand(0), b})) continue;
-        TPC_ASSIGN(Node * e, (candidate(g, *m, "bgrad_b", {m->operand(0), b}, at)));
-        if (!e) return false;
-        if (e->result(1)->type() != n->result()->type()) {  // a bias sum of another dtype than b's
-          g.erase(e);
-          return false;
-        }
-        replace(g, e, {m->result(), n->result()}, {m, n});
-        return true;
+        TPC_ASSIGN(SumFold f, (foldSumInto(g, n, m, "bgrad_b")));
+        if (f != SumFold::NotHere) return f == SumFold::Folded;
       }
     }
     return false;

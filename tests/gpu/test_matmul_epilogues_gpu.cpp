@@ -224,6 +224,42 @@ void checkAgainstCpu(const Graph& g, const TensorMap& in, const TensorMap& ours,
   }
 }
 
+// reduce_sum(v) over its two leading dims ([rows / 256, 256, N] -> [N]): a bias gradient.
+Value* sumOverRows(Graph& g, Value* v) {
+  AttrDict rowsAxes;
+  rowsAxes.set("axes", std::vector<int64_t>{0, 1});
+  auto db = g.create(OpKind::ReduceSum, {v}, rowsAxes);
+  REQUIRE(db.ok());
+  return (*db)->result();
+}
+
+// db [cols] against the column sums in double of src [rows, cols]: the worst |db - sum| over a bf16 step of the
+// sum plus 1e-5 of the column's sum of |src| (1 or less passes).
+double worstColumnSum(const HostTensor& src, int64_t rows, int64_t cols, const HostTensor& db) {
+  double worst = 0;
+  for (int64_t n = 0; n < cols; ++n) {
+    double sum = 0, sumAbs = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      sum += src.getAsDouble(r * cols + n);
+      sumAbs += std::abs(src.getAsDouble(r * cols + n));
+    }
+    double step = sum == 0 ? 0.0 : std::ldexp(1.0, std::ilogb(sum) - 7);
+    double diff = std::abs(db.getAsDouble(n) - sum) / std::max(step + 1e-5 * sumAbs, 1e-38);
+    worst = std::isnan(diff) ? INFINITY : std::max(worst, diff);
+  }
+  return worst;
+}
+
+// Output `name` of ours against the cuBLASLt run's (`lt`: what that run was) within 8e-3 of the largest value,
+// and the unfused ops' within `unfusedTol`.
+void checkLtAndUnfused(const TensorMap& ours, const TensorMap& cublas, const TensorMap& unfused, const char* name,
+                       const char* lt, double unfusedTol) {
+  double relLt = difference(ours.at(name), cublas.at(name)), relUnfused = difference(ours.at(name), unfused.at(name));
+  WARN(name << ": max difference over max value: ours vs " << lt << " " << relLt << ", vs the unfused ops " << relUnfused);
+  CHECK(relLt <= 8e-3);
+  CHECK(relUnfused <= unfusedTol);
+}
+
 }  // namespace
 
 // gelu_bias at the tile multiples (M % 128, N % 256, K % 64) runs our sm_90 kernel (gemm_sm90.cpp) when asked:
@@ -294,10 +330,7 @@ TEST_CASE("cuda epilogues: bias through our sm_90 GEMM kernel matches the CPU, c
     TensorMap in = uniformInputs(*g, 29, [&](const std::string& v) { return v == "w" ? 2.0 / std::sqrt(double(K)) : 1.0; },
                                  false);
     auto [ours, cublas, unfused] = runThreeWays(*g, in, "bias", sm90);
-    double relLt = difference(ours.at("y"), cublas.at("y")), relUnfused = difference(ours.at("y"), unfused.at("y"));
-    WARN("y: max difference over max value: ours vs cuBLASLt's epilogue " << relLt << ", vs the unfused ops " << relUnfused);
-    CHECK(relLt <= 8e-3);
-    CHECK(relUnfused <= 1.6e-2);
+    checkLtAndUnfused(ours, cublas, unfused, "y", "cuBLASLt's epilogue", 1.6e-2);
     if (rows <= 1024) checkAgainstCpu(*g, in, ours, {"y"});
   }
 }
@@ -325,10 +358,7 @@ TEST_CASE("cuda epilogues: bias_residual through our sm_90 GEMM kernel matches t
       return v == "w" ? 2.0 / std::sqrt(double(K)) : v == "r" ? 4.0 : 1.0;
     }, false);
     auto [ours, cublas, unfused] = runThreeWays(*g, in, "bias_residual", sm90);
-    double relLt = difference(ours.at("y"), cublas.at("y")), relUnfused = difference(ours.at("y"), unfused.at("y"));
-    WARN("y: max difference over max value: ours vs cuBLASLt's epilogue " << relLt << ", vs the unfused ops " << relUnfused);
-    CHECK(relLt <= 8e-3);
-    CHECK(relUnfused <= 1.6e-2);
+    checkLtAndUnfused(ours, cublas, unfused, "y", "cuBLASLt's epilogue", 1.6e-2);
     if (rows <= 1024) checkAgainstCpu(*g, in, ours, {"y"});
   }
 }
@@ -354,33 +384,13 @@ TEST_CASE("cuda epilogues: bgrad_a through our sm_90 GEMM kernel matches the CPU
     Value* d = g->addInput("d", TensorType(DType::bf16, {rows / 256, 256, K}));
     Value* w = g->addInput("w", TensorType(DType::bf16, bT ? Shape{N, K} : Shape{K, N}));
     g->addOutput(bf16Matmul(*g, d, w, bT), "y");
-    AttrDict rowsAxes;
-    rowsAxes.set("axes", std::vector<int64_t>{0, 1});
-    auto db = g->create(OpKind::ReduceSum, {d}, rowsAxes);
-    REQUIRE(db.ok());
-    g->addOutput((*db)->result(), "db");
+    g->addOutput(sumOverRows(*g, d), "db");
     TensorMap in = uniformInputs(*g, 37, [&](const std::string& v) { return v == "w" ? 2.0 / std::sqrt(double(K)) : 1.0; },
                                  true);
     auto [ours, cublas, unfused] = runThreeWays(*g, in, "bgrad_a", sm90);
-    for (const char* name : {"y", "db"}) {
-      double relLt = difference(ours.at(name), cublas.at(name)), relUnfused = difference(ours.at(name), unfused.at(name));
-      WARN(name << ": max difference over max value: ours vs cuBLASLt's GEMM and a reduce_sum " << relLt
-                << ", vs the unfused ops " << relUnfused);
-      CHECK(relLt <= 8e-3);
-      CHECK(relUnfused <= 8e-3);
-    }
-    const HostTensor &dv = in.at("d"), &dbv = ours.at("db");
-    double worst = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      double sum = 0, sumAbs = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        sum += dv.getAsDouble(r * K + k);
-        sumAbs += std::abs(dv.getAsDouble(r * K + k));
-      }
-      double step = sum == 0 ? 0.0 : std::ldexp(1.0, std::ilogb(sum) - 7);
-      double diff = std::abs(dbv.getAsDouble(k) - sum) / std::max(step + 1e-5 * sumAbs, 1e-38);
-      worst = std::isnan(diff) ? INFINITY : std::max(worst, diff);
-    }
+    for (const char* name : {"y", "db"})
+      checkLtAndUnfused(ours, cublas, unfused, name, "cuBLASLt's GEMM and a reduce_sum", 8e-3);
+    double worst = worstColumnSum(in.at("d"), rows, K, ours.at("db"));
     WARN("db against d's column sums in double: worst " << worst << " of the allowed");
     CHECK(worst <= 1.0);
     if (rows <= 1024) checkAgainstCpu(*g, in, ours, {"y", "db"});
@@ -414,13 +424,7 @@ TEST_CASE("cuda epilogues: dgelu through our sm_90 GEMM kernel matches the CPU, 
     auto d = g->create(OpKind::GeluGrad, {bf16Matmul(*g, dy, w, bT), pre});
     REQUIRE(d.ok());
     g->addOutput((*d)->result(), "g");
-    if (bgrad) {
-      AttrDict rowsAxes;
-      rowsAxes.set("axes", std::vector<int64_t>{0, 1});
-      auto db = g->create(OpKind::ReduceSum, {(*d)->result()}, rowsAxes);
-      REQUIRE(db.ok());
-      g->addOutput((*db)->result(), "db");
-    }
+    if (bgrad) g->addOutput(sumOverRows(*g, (*d)->result()), "db");
     TensorMap in = uniformInputs(
         *g, 29, [&](const std::string& v) { return v == "pre" ? 5.0 : v == "w" ? 2.0 / std::sqrt(double(K)) : 1.0; }, true);
     auto [ours, cublas, unfused] = runThreeWays(*g, in, bgrad ? "dgelu_bgrad" : "dgelu", sm90);
@@ -429,23 +433,8 @@ TEST_CASE("cuda epilogues: dgelu through our sm_90 GEMM kernel matches the CPU, 
       // of g's column sums in double (ours g: the values summed), within a bf16 step of the sum plus 1e-5 of
       // the column's sum of |g| (f32 sums of 16 rows, then in double). A 16-row group left out or counted twice
       // moves a sum by about 4 mean |g|, past that.
-      double relLt = difference(ours.at("db"), cublas.at("db")), relUnfused = difference(ours.at("db"), unfused.at("db"));
-      WARN("db: max difference over max value: ours vs cuBLASLt's DGELU and a reduce_sum " << relLt << ", vs the unfused ops "
-                                                                                            << relUnfused);
-      CHECK(relLt <= 8e-3);
-      CHECK(relUnfused <= 8e-3);
-      const HostTensor &gv = ours.at("g"), &dbv = ours.at("db");
-      double worst = 0;
-      for (int64_t n = 0; n < N; ++n) {
-        double sum = 0, sumAbs = 0;
-        for (int64_t r = 0; r < rows; ++r) {
-          sum += gv.getAsDouble(r * N + n);
-          sumAbs += std::abs(gv.getAsDouble(r * N + n));
-        }
-        double step = sum == 0 ? 0.0 : std::ldexp(1.0, std::ilogb(sum) - 7);
-        double diff = std::abs(dbv.getAsDouble(n) - sum) / std::max(step + 1e-5 * sumAbs, 1e-38);
-        worst = std::isnan(diff) ? INFINITY : std::max(worst, diff);
-      }
+      checkLtAndUnfused(ours, cublas, unfused, "db", "cuBLASLt's DGELU and a reduce_sum", 8e-3);
+      double worst = worstColumnSum(ours.at("g"), rows, N, ours.at("db"));
       WARN("db against g's column sums in double: worst " << worst << " of the allowed");
       CHECK(worst <= 1.0);
     }

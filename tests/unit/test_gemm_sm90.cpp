@@ -45,6 +45,29 @@ void checkMap(const KernelSpec& ks, size_t i, bool operand, int64_t index, int64
   CHECK(m.boxCols == 64);
 }
 
+// `kind`'s deferred (K 768) and exact (K 256) epilogues, [1024, K] x [K, 512], the deferred one with b^T or b
+// [K, N] (deferredBT; the exact one the other way), compiled for sm_90a without spills, and a column kernel where
+// the lowering has one.
+void checkVariantsCompile(const std::string& kind, const LoweringContext& ctx, bool deferredBT) {
+  test::TempDir cache;
+  NvrtcCompiler nvrtc(90, cache.path.string());
+  for (int64_t K : {768, 256}) {
+    const bool bT = (K == 768) == deferredBT;
+    INFO("K " << K << (bT ? " b^T" : ""));
+    EpilogueNode g = epilogueNode(kind, {1024, K}, bT ? Shape{512, K} : Shape{K, 512}, bT, DType::bf16);
+    auto lg = lowerGemm(*g.n, ctx);
+    REQUIRE(lg.ok());
+    auto cubin = nvrtc.compile(lg->kernels[0].source, lg->kernels[0].entry, true);
+    INFO((cubin.ok() ? std::string() : cubin.error()));
+    REQUIRE(cubin.ok());
+    checkNoSpills(nvrtc, lg->kernels[0]);
+    if (lg->kernels.size() < 2) continue;
+    auto colCubin = nvrtc.compile(lg->kernels[1].source, lg->kernels[1].entry);
+    INFO((colCubin.ok() ? std::string() : colCubin.error()));
+    CHECK(colCubin.ok());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gemm sm90: gelu_bias takes our kernel at the tile multiples on sm_90 only", "[cuda]") {
@@ -194,18 +217,7 @@ TEST_CASE("gemm sm90: bias takes our kernel when switched on, as (a, b, bias) ->
   CHECK((k.args[3].kind == ArgKind::Operand && k.args[3].index == 2));
   REQUIRE(k.maps.size() == 3);
   checkMap(k, 2, false, 0, 16384, 3072, 8);
-  test::TempDir cache;
-  NvrtcCompiler nvrtc(90, cache.path.string());
-  for (auto [K, bT] : std::vector<std::pair<int64_t, bool>>{{768, false}, {256, true}}) {
-    INFO("K " << K << (bT ? " b^T" : ""));
-    EpilogueNode g = bT ? bias({1024, K}, {512, K}, true) : bias({1024, K}, {K, 512});
-    auto lg = lowerGemm(*g.n, ctx);
-    REQUIRE(lg.ok());
-    auto cubin = nvrtc.compile(lg->kernels[0].source, lg->kernels[0].entry, true);
-    INFO((cubin.ok() ? std::string() : cubin.error()));
-    REQUIRE(cubin.ok());
-    checkNoSpills(nvrtc, lg->kernels[0]);
-  }
+  checkVariantsCompile("bias", ctx, false);
 }
 
 // bias_residual (the attention projection's and c_proj's y = a b + bias + r) when switched on: bias's switch is not
@@ -251,18 +263,7 @@ TEST_CASE("gemm sm90: bias_residual takes our kernel when switched on, as (a, b,
   auto l1 = lowerGemm(*c.n, pre1);
   REQUIRE(l1.ok());
   CHECK(l1->kernels[0].source.find("#define GM_PRE_AHEAD 1\n") != std::string::npos);
-  test::TempDir cache;
-  NvrtcCompiler nvrtc(90, cache.path.string());
-  for (auto [K, bT] : std::vector<std::pair<int64_t, bool>>{{768, false}, {256, true}}) {
-    INFO("K " << K << (bT ? " b^T" : ""));
-    EpilogueNode g = bT ? residual({1024, K}, {512, K}, true) : residual({1024, K}, {K, 512});
-    auto lg = lowerGemm(*g.n, ctx);
-    REQUIRE(lg.ok());
-    auto cubin = nvrtc.compile(lg->kernels[0].source, lg->kernels[0].entry, true);
-    INFO((cubin.ok() ? std::string() : cubin.error()));
-    REQUIRE(cubin.ok());
-    checkNoSpills(nvrtc, lg->kernels[0]);
-  }
+  checkVariantsCompile("bias_residual", ctx, false);
 }
 
 // bgrad_a (an input gradient d w^T and d's column sums, the bias gradient: c_attn's and c_fc's dgrad GEMMs) when
@@ -305,21 +306,7 @@ TEST_CASE("gemm sm90: bgrad_a takes our kernel when switched on, as (a, b) -> (y
   REQUIRE(cols.args.size() == 2);
   CHECK((cols.args[0].kind == ArgKind::Workspace && cols.args[0].index == 0));
   CHECK((cols.args[1].kind == ArgKind::Result && cols.args[1].index == 1));
-  test::TempDir cache;
-  NvrtcCompiler nvrtc(90, cache.path.string());
-  for (auto [K, bT] : std::vector<std::pair<int64_t, bool>>{{768, true}, {256, false}}) {
-    INFO("K " << K << (bT ? " b^T" : ""));
-    EpilogueNode g = bT ? bgradA({1024, K}, {512, K}, true) : bgradA({1024, K}, {K, 512}, false);
-    auto lg = lowerGemm(*g.n, ctx);
-    REQUIRE(lg.ok());
-    auto cubin = nvrtc.compile(lg->kernels[0].source, lg->kernels[0].entry, true);
-    INFO((cubin.ok() ? std::string() : cubin.error()));
-    REQUIRE(cubin.ok());
-    checkNoSpills(nvrtc, lg->kernels[0]);
-    auto colCubin = nvrtc.compile(lg->kernels[1].source, lg->kernels[1].entry);
-    INFO((colCubin.ok() ? std::string() : colCubin.error()));
-    CHECK(colCubin.ok());
-  }
+  checkVariantsCompile("bgrad_a", ctx, true);
 }
 
 TEST_CASE("gemm sm90: the switch takes 0, or a list of 1, all, kinds and multicast, and names a wrong one", "[cuda]") {

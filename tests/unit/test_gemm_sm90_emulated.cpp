@@ -142,6 +142,23 @@ std::vector<double> product(const Case& c, const Io& io) {
   return h;
 }
 
+// How many of the [rows / 16, cols] sums of src's 16-row groups (bf16 [rows, cols]) are not within rel of the
+// group's sum of |values| plus abs of its sum in double.
+int64_t wrongRowSums(const std::vector<uint16_t>& src, int64_t rows, int64_t cols, const std::vector<float>& sums,
+                     double rel, double abs) {
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows / 16; ++r)
+    for (int64_t n = 0; n < cols; ++n) {
+      double sum = 0, mag = 0;
+      for (int64_t m = r * 16; m < r * 16 + 16; ++m) {
+        sum += f(src[static_cast<size_t>(m * cols + n)]);
+        mag += std::fabs(f(src[static_cast<size_t>(m * cols + n)]));
+      }
+      bad += !(std::fabs(sums[static_cast<size_t>(r * cols + n)] - sum) <= rel * mag + abs);
+    }
+  return bad;
+}
+
 // How many results differ from the sums in double (h = product()) by more than the kernel's roundings allow (NaN,
 // an unwritten element, counts). Each rounding to bf16 is within 2^-9 of its value, and the f32 sums and the
 // kernel's gelu and gelu' within ~1e-6: the bounds are those steps' errors, doubled. gelu_bias: pre = bf16(s + bias)
@@ -172,26 +189,10 @@ int64_t wrong(const Case& c, const Io& io, const std::vector<double>& h) {
       }
     }
   }
-  if (c.kind == "bgrad_a")  // each warp's 16 rows of a, per column of a: every k-slice's by one tile's warps
-    for (int64_t r = 0; r < c.M / 16; ++r)
-      for (int64_t k = 0; k < c.K; ++k) {
-        double sum = 0, mag = 0;
-        for (int64_t m = r * 16; m < r * 16 + 16; ++m) {
-          sum += f(io.a[static_cast<size_t>(m * c.K + k)]);
-          mag += std::fabs(f(io.a[static_cast<size_t>(m * c.K + k)]));
-        }
-        bad += !(std::fabs(io.colsums[static_cast<size_t>(r * c.K + k)] - sum) <= 1e-6 * mag + 1e-7);
-      }
-  if (c.kind == "dgelu_bgrad")  // each warp's 16 rows of the stored g, per column
-    for (int64_t r = 0; r < c.M / 16; ++r)
-      for (int64_t n = 0; n < c.N; ++n) {
-        double sum = 0, mag = 0;
-        for (int64_t m = r * 16; m < r * 16 + 16; ++m) {
-          sum += f(io.out0[static_cast<size_t>(m * c.N + n)]);
-          mag += std::fabs(f(io.out0[static_cast<size_t>(m * c.N + n)]));
-        }
-        bad += !(std::fabs(io.colsums[static_cast<size_t>(r * c.N + n)] - sum) <= 1e-5 * mag + 1e-6);
-      }
+  // bgrad_a: each warp's 16 rows of a, per column of a (every k-slice's by one tile's warps); dgelu_bgrad: of the
+  // stored g, per column.
+  if (c.kind == "bgrad_a") bad += wrongRowSums(io.a, c.M, c.K, io.colsums, 1e-6, 1e-7);
+  if (c.kind == "dgelu_bgrad") bad += wrongRowSums(io.out0, c.M, c.N, io.colsums, 1e-5, 1e-6);
   return bad;
 }
 
