@@ -5,7 +5,8 @@
 #   2. training steps of each model alternating the TPC_OWN_GEMM settings in SETTINGS (default "0 gelu_bias 1"; `1`
 #      includes bias, c_attn's GEMM, since the twenty-fourth session and bias_residual, the attention projection's and
 #      c_proj's, since the twenty-fifth: gelu_bias,dgelu,dgelu_bgrad is the earliest `1`; also e.g. dgelu, dgelu,pre1,
-#      dgelu_bgrad, all,multicast), ROUNDS times, with the GPU's power draw and SM clock
+#      dgelu_bgrad, all,multicast; a setting with '=' is instead environment assignments joined by '+', e.g.
+#      TPC_LN_GRAD_STAGES=3 or TPC_OWN_GEMM=gelu_bias+TPC_MEMBW_OFF=lnregs), ROUNDS times, with the GPU's power draw and SM clock
 #      sampled every 100 ms (nvidia-smi): under the 700 W cap a kernel that is faster alone can lose in the step, and
 #      the power column shows whether it drew more;
 #   3. one profiled step of each model a setting (--profile-step 3 --profile-csv):
@@ -31,6 +32,10 @@ export TPC_CACHE_DIR="${TPC_CACHE_DIR:-/tmp/own_gemm_ab_kcache}"
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/own_gemm_ab.XXXXXX")"   # the power samples and profile CSVs
 settings=(${SETTINGS:-0 gelu_bias 1})
 rows=()
+# The environment of a setting: TPC_OWN_GEMM=<setting>, or the setting's own assignments (see part 2).
+setting_env() {
+  if [[ "$1" == *=* ]]; then printf '%s\n' ${1//+/ }; else printf 'TPC_OWN_GEMM=%s\n' "$1"; fi
+}
 
 # 0. The MLP's fused GEMMs alone (bench/gemm_epilogues.cpp): ours and cuBLASLt's, b as [K, N] and as [N, K], at
 #    gpt2-medium's shape (GEMM_BENCH_HIDDEN="1024 768" adds gpt2's): whether a slow kernel is slow for its epilogue
@@ -63,11 +68,11 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       tag="${name}_${kinds//,/-}_r${round}"
       nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$scratch/$tag.power.csv" 2>/dev/null &
       smi=$!
-      TPC_OWN_GEMM="$kinds" "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
+      env $(setting_env "$kinds") "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
         --global-batch-size 16 --train-iters "$iters" --log-interval "$iters" > "$scratch/$tag.log" 2>&1
       kill "$smi" 2>/dev/null
       wait "$smi" 2>/dev/null
-      { echo "==== $tag: TPC_OWN_GEMM=$kinds $model"; cat "$scratch/$tag.log"; } >> "$out/steps.log"
+      { echo "==== $tag: $(setting_env "$kinds" | tr '\n' ' ')$model"; cat "$scratch/$tag.log"; } >> "$out/steps.log"
       ms="$(grep -oE 'time per step \(steps [0-9]+-[0-9]+\): [0-9.]+' "$scratch/$tag.log" | grep -oE '[0-9.]+$')"
       loss="$(grep -oE 'loss [0-9.]+ -> [0-9.]+' "$scratch/$tag.log" | tail -1)"
       power="$(python3 - "$scratch/$tag.power.csv" <<'PY' 2>/dev/null
@@ -92,9 +97,9 @@ for spec in "${runs[@]}"; do
   model="${spec%%:*}" name="$(basename "${spec%%:*}" .fb)"
   for kinds in "${settings[@]}"; do
     tag="${name}_${kinds//,/-}_profile"
-    TPC_OWN_GEMM="$kinds" "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
+    env $(setting_env "$kinds") "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
       --global-batch-size 16 --train-iters 4 --log-interval 4 --profile-step 3 --profile-csv "$scratch/$tag.csv" > "$scratch/$tag.log" 2>&1
-    { echo "==== $tag: TPC_OWN_GEMM=$kinds $model"; cat "$scratch/$tag.log"; } >> "$out/profiles.log"
+    { echo "==== $tag: $(setting_env "$kinds" | tr '\n' ' ')$model"; cat "$scratch/$tag.log"; } >> "$out/profiles.log"
     summary="$(python3 - "$scratch/$tag.csv" <<'PY' 2>/dev/null
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
@@ -110,6 +115,8 @@ for kind in ("gelu_bias", "bias", "bias+residual", "dgelu", "bgrad_a"):  # bias:
 sums = [r for r in rows if r["op"].startswith("reduce_sum") or "tpc_dgelu_bgrad_columns" in r["what"]
         or "tpc_bgrad_a_columns" in r["what"]]
 parts.append("bias sums %d x, %.3f ms" % (len(sums), sum(float(r["ms"]) for r in sums)))
+lng = [r for r in rows if r["op"].startswith("layer_norm_grad")]
+parts.append("layer_norm_grad %d x, %.3f ms" % (len(lng), sum(float(r["ms"]) for r in lng)))
 print("; ".join(parts) + "; all launches %.2f ms" % total)
 PY
 )"

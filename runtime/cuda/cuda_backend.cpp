@@ -283,6 +283,14 @@ class CudaBackend final : public Backend {
     ctx_.layerNormGradBlocks = !isOff("lngrad2");
     if (isOff("lnregs")) ctx_.layerNormGradRegColumns = ctx_.layerNormGradRegSumColumns = 0;  // its sums in shared memory
     if (isOff("lngamma")) ctx_.layerNormGradGammaShared = false;  // its gamma from global memory
+    if (const char* st = std::getenv("TPC_LN_GRAD_STAGES"); st && *st) {
+      char* endp = nullptr;
+      const long v = std::strtol(st, &endp, 10);
+      if (*endp || v < 0 || v == 1 || v > 8)
+        return makeError("TPC_LN_GRAD_STAGES=", st, ": expected 0 (rows prefetched into registers) or 2-8 (rows a warp ",
+                         "in a shared-memory ring)");
+      ctx_.layerNormGradStages = static_cast<int>(v);
+    }
     ctx_.embeddingGradSegments = !isOff("embgrad2");
     foldLayerNormGradResidual_ = !isOff("lnres");
     foldLayerNormGradBiasSum_ = !isOff("lnsum");

@@ -208,6 +208,22 @@ TEST_CASE("bench: loss, layer_norm, embedding_grad, bias reduce_sum and global_n
       b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual sum_dx", how), lngs, {DY, X, G, R});
     }
     b.ctx.layerNormGradGammaShared = true;
+    // x, dy and the residual through a cp.async ring of rows a warp (LoweringContext::layerNormGradStages; 0: the
+    // next row prefetched into registers), with the default sums and with every sum in registers.
+    for (int stages : {0, 2, 3, 4}) {
+      b.ctx.layerNormGradStages = stages;
+      for (auto [reg, regSum] : std::vector<std::pair<int, int>>{{24, 0}, {32, 32}}) {
+        b.ctx.layerNormGradRegColumns = reg;
+        b.ctx.layerNormGradRegSumColumns = regSum;
+        const std::string how = cat(" (stages ", stages, ", regs ", reg, " ", regSum, ")");
+        if (regSum == 0) b.run(cat("layer_norm_grad bf16 [16384, ", D, "]", how), lng, {DY, X, G});
+        b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual", how), lngr, {DY, X, G, R});
+        b.run(cat("layer_norm_grad bf16 [16384, ", D, "] residual sum_dx", how), lngs, {DY, X, G, R});
+      }
+    }
+    b.ctx.layerNormGradStages = cuda::LoweringContext{}.layerNormGradStages;
+    b.ctx.layerNormGradRegColumns = cuda::LoweringContext{}.layerNormGradRegColumns;
+    b.ctx.layerNormGradRegSumColumns = cuda::LoweringContext{}.layerNormGradRegSumColumns;
     for (void* p : {X, DY, G, B, R}) cudaFree(p);
   }
   {

@@ -140,6 +140,41 @@ TEST_CASE("cuda kernels: the old layer_norm_grad and embedding_grad kernels matc
   CHECK(sameBits > 100);
 }
 
+// layer_norm_grad's rows through the cp.async ring (LoweringContext::layerNormGradStages): every result (dx,
+// dgamma, dbeta and dx's sums) the bits of the register prefetch, which sums in the same order.
+TEST_CASE("cuda kernels: layer_norm_grad's ring of rows gives the register prefetch's bits", "[gpu]") {
+  requireGpuOrSkip();
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  int compared = 0, allResults = 0;
+  for (const Case& c : allCases()) {
+    if (c.ctx.layerNormGradStages == 0) continue;
+    INFO(c.name);
+    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
+    std::vector<HostTensor> in = c.make(rng);
+    OneOp o = oneOp(c.op, c.types, c.attrs);
+    LoweringContext plain = c.ctx;
+    plain.layerNormGradStages = 0;
+    auto ring = lowerCase(c, o), regs = lowerCase(c, o, plain);
+    REQUIRE(ring.ok());
+    REQUIRE(regs.ok());
+    std::vector<HostTensor> a = runGpu(nvrtc, o, *ring, in, 4242, 7), b = runGpu(nvrtc, o, *regs, in, 4242, 7);
+    REQUIRE(a.size() == b.size());
+    // Where the ring's shared memory leaves fewer blocks a SM, the blocks' partial sums group other rows: then
+    // only dx has the same bits.
+    const bool sameGrid = ring->kernels[0].grid.x == regs->kernels[0].grid.x;
+    allResults += sameGrid;
+    for (size_t r = 0; r < (sameGrid ? a.size() : 1); ++r) {
+      INFO("result " << r);
+      CHECK(std::memcmp(a[r].raw(), b[r].raw(), a[r].bytes()) == 0);
+    }
+    ++compared;
+  }
+  CHECK(compared >= 8);
+  CHECK(allResults >= 4);
+}
+
 // The kernels that may write a result over an operand (OpInfo::inPlaceResult: dlogits over the logits), doing
 // so as the memory plan lets them when the operand is dead: the same bits as into a buffer of their own.
 TEST_CASE("cuda kernels: in-place kernels give the same bits written over their operand", "[gpu]") {

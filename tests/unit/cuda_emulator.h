@@ -212,6 +212,7 @@ inline void tpc_cp_async16(void* dst, const void* src, bool full) {
 inline void tpc_cp_async_commit() {}
 inline void tpc_cp_async_wait_all() {}
 inline void tpc_cp_async_wait_one() {}
+template <int N> inline void tpc_cp_async_wait_n() {}
 inline float tpc_ex2(float x) { return std::exp2(x); }
 )SHIM";
 }

@@ -238,6 +238,32 @@ inline std::vector<Case> allCases() {
     regs.ctx.layerNormGradRegColumns = regs.ctx.layerNormGradRegSumColumns = 32;
     cs.push_back(std::move(regs));
   }
+  // The block kernel with its rows through a cp.async ring of 2 or 3 rows a warp (LoweringContext::
+  // layerNormGradStages): more rows a warp than stages, a last block short of rows, sums in shared memory and in
+  // registers, f32 rows (two 16-byte copies a piece), element loads (771: no ring, the register prefetch).
+  for (auto [dt, shape, res, sumDx, stages] : std::vector<std::tuple<DType, Shape, bool, bool, int>>{
+           {bf, {2053, 768}, true, true, 3},
+           {bf, {2053, 768}, true, false, 2},
+           {bf, {4201, 256}, false, false, 3},
+           {bf, {1031, 1024}, true, true, 2},
+           {f, {2049, 1024}, false, false, 3},
+           {h, {6151, 40}, true, true, 3},
+           {h, {300, 771}, true, false, 3}}) {
+    TensorType x = tt(dt, shape), g = tt(f, {shape.back()});
+    std::vector<TensorType> types = {x, x, g};
+    if (res) types.push_back(x);
+    AttrDict a = attrs({{"eps", 1e-5}});
+    if (sumDx) a.set("sum_dx", true);
+    cs.push_back(simple(cat("layer_norm_grad ", stages, " stages ", x.str(), res ? " residual" : "", sumDx ? " sum_dx" : ""),
+                        OpKind::LayerNormGrad, types, a, {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
+    cs.back().ctx.layerNormGradStages = stages;
+    if (sumDx) {
+      Case regs = cs.back();
+      regs.name += " (sums in registers)";
+      regs.ctx.layerNormGradRegColumns = regs.ctx.layerNormGradRegSumColumns = 32;
+      cs.push_back(std::move(regs));
+    }
+  }
   for (auto [dt, shape, axis] : std::vector<std::tuple<DType, Shape, int64_t>>{
            {f, {5, 300}, -1}, {f, {3, 7, 5}, 1}, {bf, {4, 2000}, -1}, {f, {6, 4}, 0}}) {
     cs.push_back(simple(cat("softmax ", tt(dt, shape).str(), " axis ", axis), OpKind::Softmax, {tt(dt, shape)},

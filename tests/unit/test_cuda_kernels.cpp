@@ -149,6 +149,50 @@ TEST_CASE("cuda kernels: layer_norm_grad and embedding_grad at gpt2 sizes: the n
   CHECK(eo->kernels.size() == 4);
 }
 
+// layer_norm_grad's rows through a cp.async ring (LoweringContext::layerNormGradStages) at gpt2's and
+// gpt2-medium's widths: the ring's shared memory (x, dy and the residual: 3 x 1.5 KiB a row at 768) sets the
+// blocks a SM, and no configuration spills (ptxas; MIN_BLOCKS lets it take more registers where shared
+// memory allows fewer blocks). Rows of element loads (771) keep the register prefetch.
+TEST_CASE("cuda kernels: layer_norm_grad's ring of rows: geometry, and no spills at gpt2 widths", "[cuda]") {
+  TempDir cache;
+  cuda::NvrtcCompiler nvrtc(90, cache.path.string());
+  for (int64_t D : {int64_t(768), int64_t(1024)})
+    for (int stages : {2, 3})
+      for (bool sumDx : {false, true}) {
+        INFO("D " << D << ", " << stages << " stages" << (sumDx ? ", sum_dx" : ""));
+        TensorType x(DType::bf16, {16, 1024, D}), g(DType::f32, {D});
+        AttrDict a = attrs({{"eps", 1e-5}});
+        if (sumDx) a.set("sum_dx", true);
+        OneOp ln = oneOp(OpKind::LayerNormGrad, {x, x, g, x}, a);
+        LoweringContext ctx = sm90();
+        ctx.layerNormGradStages = stages;
+        auto l = (*cuda::findFamilyLowering(OpKind::LayerNormGrad))(*ln.node, ctx);
+        REQUIRE(l.ok());
+        const KernelSpec& k = l->kernels[0];
+        CHECK(k.source.find(cat("#define STAGES ", stages, "\n")) != std::string::npos);
+        const int64_t ring = 4 * stages * 3 * D * 2;  // 4 warps, three 16-bit rows a stage
+        // The warps' sums (2 or 3 sets; combined through shared memory even where a warp keeps them in registers:
+        // D 768), and gamma unless the sums of 1024 columns with sum_dx fill shared memory.
+        const bool regAcc = D <= 768;
+        const int64_t sums = 4 * (sumDx ? 3 : 2) * D * 4 + (regAcc || !sumDx ? D * 4 : 0);
+        CHECK(int64_t(k.sharedBytes) == ring + sums);
+        const int64_t blocksPerSM = std::min<int64_t>(3, (228 * 1024) / (ring + sums + 1024));
+        const int64_t warps = 132 * blocksPerSM * 4, rpw = (16384 + warps - 1) / warps;
+        CHECK(int64_t(k.grid.x) == (16384 + 4 * rpw - 1) / (4 * rpw));
+        auto report = nvrtc.ptxasReport(k.source, k.entry);
+        INFO((report.ok() ? *report : report.error()));
+        REQUIRE(report.ok());
+        CHECK(report->find(" 0 bytes spill stores, 0 bytes spill loads") != std::string::npos);
+      }
+  TensorType odd(DType::f16, {300, 771}), g(DType::f32, {771});
+  OneOp ln = oneOp(OpKind::LayerNormGrad, {odd, odd, g, odd}, attrs({{"eps", 1e-5}}));
+  LoweringContext ctx = sm90();
+  ctx.layerNormGradStages = 3;
+  auto l = (*cuda::findFamilyLowering(OpKind::LayerNormGrad))(*ln.node, ctx);
+  REQUIRE(l.ok());
+  CHECK(l->kernels[0].source.find("#define STAGES 0\n") != std::string::npos);
+}
+
 TEST_CASE("cuda kernels: lowerings refuse what they cannot run", "[cuda]") {
   OneOp big = oneOp(OpKind::Attention, {f32({1, 1, 8, 160}), f32({1, 1, 8, 160}), f32({1, 1, 8, 160})});
   auto r = (*cuda::findFamilyLowering(OpKind::Attention))(*big.node, sm90());
@@ -447,6 +491,41 @@ TEST_CASE("cuda kernels: the replaced layer_norm_grad and embedding_grad kernels
   }
   CHECK(compared > 0);
   CHECK(sameBits > 0);
+}
+
+// Hidden, as above: layer_norm_grad's rows through the cp.async ring (LoweringContext::layerNormGradStages)
+// give the register prefetch's bits in every result. (The emulator lands a copy at once, so this checks the
+// ring's indexing, not its waits; the GPU test runs the same comparison.)
+TEST_CASE("cuda kernels: layer_norm_grad's ring of rows gives the register prefetch's bits under the CPU emulator",
+          "[.cuda-emu]") {
+  const char* filter = std::getenv("TPC_EMU_FILTER");
+  TempDir dir;
+  std::map<std::string, EmuLaunch> built;
+  int compared = 0, allResults = 0;
+  for (const Case& c : allCases()) {
+    if (c.ctx.layerNormGradStages == 0 || (filter && !matchesAny(c.name, filter))) continue;
+    INFO(c.name);
+    OneOp o = oneOp(c.op, c.types, c.attrs);
+    LoweringContext plain = c.ctx;
+    plain.layerNormGradStages = 0;
+    auto ring = lowerCase(c, o), regs = lowerCase(c, o, plain);
+    REQUIRE(ring.ok());
+    REQUIRE(regs.ok());
+    std::vector<HostTensor> a, b;
+    compared += runEmulatedCase(c, o, *ring, dir.path.string(), built, false, {}, &a);
+    runEmulatedCase(c, o, *regs, dir.path.string(), built, false, {}, &b);
+    REQUIRE(a.size() == b.size());
+    // Where the ring's shared memory leaves fewer blocks a SM, the blocks' partial sums group other rows: then
+    // only dx has the same bits.
+    const bool sameGrid = ring->kernels[0].grid.x == regs->kernels[0].grid.x;
+    allResults += sameGrid;
+    for (size_t r = 0; r < (sameGrid ? a.size() : 1); ++r) {
+      INFO("result " << r);
+      CHECK(std::memcmp(a[r].raw(), b[r].raw(), a[r].bytes()) == 0);
+    }
+  }
+  CHECK(compared > 0);
+  CHECK(allResults > 0);
 }
 
 // Hidden, as above: the kernels that may write a result over an operand (OpInfo::inPlaceResult: dlogits over

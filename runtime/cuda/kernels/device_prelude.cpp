@@ -199,6 +199,8 @@ __device__ __forceinline__ void tpc_cp_async_commit() { asm volatile("cp.async.c
 __device__ __forceinline__ void tpc_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 // All but the most recently committed group complete (a two-buffer pipeline's wait).
 __device__ __forceinline__ void tpc_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+// All but the N most recently committed groups complete (an N + 1 deep pipeline's wait).
+template <int N> __device__ __forceinline__ void tpc_cp_async_wait_n() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 // 2^x in one MUFU.EX2, results below 2^-126 flushed to zero (exp2f without fast math adds a denormal fix-up).
 __device__ __forceinline__ float tpc_ex2(float x) {
   float r;

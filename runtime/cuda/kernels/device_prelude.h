@@ -23,7 +23,8 @@ const std::string& devicePrelude();
 //   tpc_u32x4 (16-byte vector), tpc_mma_bf16 / tpc_mma_f16(float c[4], const u32 a[4], const u32 b[2])
 //   (mma.sync m16n8k16, f32 accumulate), tpc_pack_bf16 / tpc_pack_f16(lo, hi) -> u32,
 //   tpc_ldsm_x4_trans(u32 r[4], const void* shared_row) (ldmatrix .x4 .trans), tpc_cp_async16 (16 bytes global ->
-//   shared) with tpc_cp_async_commit / tpc_cp_async_wait_all / tpc_cp_async_wait_one (all but the last group),
+//   shared) with tpc_cp_async_commit / tpc_cp_async_wait_all / tpc_cp_async_wait_one (all but the last group) /
+//   tpc_cp_async_wait_n<N> (all but the last N groups),
 //   tpc_ex2(x) (2^x, one MUFU.EX2, flushing results below 2^-126).
 const std::string& tensorCorePrelude();
 

@@ -326,7 +326,17 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, 
   // H200, [16384, D] with the residual: 768 0.0442 -> 0.0400 ms, with sum_dx 0.0465 -> 0.0432; 1024 0.0586 ->
   // 0.0525, but with sum_dx (the sums in shared memory) 0.0643 -> 0.0652. The same bits either way.
   const bool gammaShared = ctx.layerNormGradGammaShared && (regAcc || !sumDx);
-  const int64_t sharedBytes = accBytes + (gammaShared ? w.NV * w.U * 32 * 4 : 0);
+  const int64_t gammaBytes = gammaShared ? w.NV * w.U * 32 * 4 : 0;
+  // With stages (rows of 16-byte pieces), x, dy and the residual come through a ring of that many rows a warp in
+  // shared memory, filled by cp.async STAGES - 1 to STAGES rows ahead, instead of the next row's x and dy held in
+  // registers: more bytes in flight a SM, fewer registers. A lane reads back only the pieces it copied, so its
+  // own cp.async.wait_group is the only synchronisation.
+  const bool res = n.numOperands() == 4;
+  const int64_t stages = w.U == 8 && ctx.layerNormGradStages >= 2 ? ctx.layerNormGradStages : 0;
+  auto rawBytes = [](DType t) { return dtypeSize(t) * 8; };  // a lane's piece of U = 8 elements
+  const int64_t stageBytes = w.NV * 32 * (rawBytes(n.operand(0)->dtype()) + rawBytes(n.operand(1)->dtype()) +
+                                          (res ? rawBytes(n.operand(3)->dtype()) : 0));
+  const int64_t sharedBytes = accBytes + gammaBytes + kWarpsPerBlock * stages * stageBytes;
   // Three blocks a SM (168 registers a thread) where the sums are in registers, and with sum_dx (its sums in
   // shared memory leave gamma in global memory): at 128 registers that kernel spilled 124 bytes a thread
   // (gpt2-medium's [16384, 1024]).
@@ -337,7 +347,6 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, 
   int64_t rpb = rpw * kWarpsPerBlock;
   int64_t nb = std::max<int64_t>(1, (w.rows + rpb - 1) / rpb);
   int64_t partBytes = nb * w.D * 4;
-  const bool res = n.numOperands() == 4;
   std::string src = devicePrelude() + accessors("dy", n.operand(0)->dtype()) + accessors("x", n.operand(1)->dtype()) +
                     accessors("g", n.operand(2)->dtype()) + accessors("dx", n.result(0)->dtype()) +
                     accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) +
@@ -350,7 +359,31 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, 
          (res ? rawPieces("r", n.operand(3)->dtype(), w.U) : std::string()) +
          cat("#define RPB ", i64Lit(rpb), "\n#define NB ", i64Lit(nb), "\n#define REG_ACC ", regAcc ? 1 : 0,
              "\n#define MIN_BLOCKS ", blocksPerSM, "\n#define SUM_DX ", sumDx ? 1 : 0, "\n#define SUM_REG ",
-             sumReg ? 1 : 0, "\n#define NACC ", nacc, "\n#define GAMMA_SHARED ", gammaShared ? 1 : 0, "\n");
+             sumReg ? 1 : 0, "\n#define NACC ", nacc, "\n#define GAMMA_SHARED ", gammaShared ? 1 : 0, "\n#define STAGES ",
+             stages, "\n#define RING_AT ", accBytes + gammaBytes, "\n#define STAGE_BYTES ", stageBytes, "\n");
+  if (stages) src += tensorCorePrelude() + R"(
+// Row `row`'s pieces of x, dy (and r) into ring stage st ([x pieces][dy pieces][r pieces], each [NV][32 lanes]).
+__device__ __forceinline__ void tpc_ring_fill(char* st, const x_t* X, const dy_t* DY, const void* Rv, i64 row, int lane) {
+  x_raw* xs = reinterpret_cast<x_raw*>(st);
+  dy_raw* es = reinterpret_cast<dy_raw*>(xs + NV * 32);
+#pragma unroll
+  FOR_PIECES {
+#pragma unroll
+    for (int c = 0; c < (int)sizeof(x_raw) / 16; ++c)
+      tpc_cp_async16(reinterpret_cast<char*>(xs + i * 32 + lane) + 16 * c, reinterpret_cast<const char*>(X + row * D + PIECE) + 16 * c, true);
+#pragma unroll
+    for (int c = 0; c < (int)sizeof(dy_raw) / 16; ++c)
+      tpc_cp_async16(reinterpret_cast<char*>(es + i * 32 + lane) + 16 * c, reinterpret_cast<const char*>(DY + row * D + PIECE) + 16 * c, true);
+#if RES
+    r_raw* rs = reinterpret_cast<r_raw*>(es + NV * 32);
+    const r_t* R = reinterpret_cast<const r_t*>(Rv);
+#pragma unroll
+    for (int c = 0; c < (int)sizeof(r_raw) / 16; ++c)
+      tpc_cp_async16(reinterpret_cast<char*>(rs + i * 32 + lane) + 16 * c, reinterpret_cast<const char*>(R + row * D + PIECE) + 16 * c, true);
+#endif
+  }
+}
+)";
   NodeLowering out;
   out.workspaceBytes = nacc * partBytes;
   {
@@ -397,27 +430,57 @@ extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_nor
 #else
 #define GAMMA(i, g) g_ldu(G, PIECE, g)
 #endif
+  i64 row = (i64)blockIdx.x * RPB + warp;
+#if STAGES
+  char* ring = reinterpret_cast<char*>(smem) + RING_AT + warp * STAGES * STAGE_BYTES;
+#if RES
+  const void* Rv = R;
+#else
+  const void* Rv = nullptr;
+#endif
+#pragma unroll
+  for (int s_ = 0; s_ < STAGES; ++s_) {  // a group a row, empty past the block's rows
+    if (row + s_ * WPB < end) tpc_ring_fill(ring + s_ * STAGE_BYTES, X, DY, Rv, row + s_ * WPB, lane);
+    tpc_cp_async_commit();
+  }
+  int slot = 0;
+#else
   x_raw xn[NV];
   dy_raw en[NV];
-  i64 row = (i64)blockIdx.x * RPB + warp;
   if (row < end) {
 #pragma unroll
     FOR_PIECES { x_ldr(X + row * D, PIECE, xn[i]); dy_ldr(DY + row * D, PIECE, en[i]); }
   }
+#endif
   for (; row < end; row += WPB) {
     // The row stays as loaded (16-bit pieces: half the registers) and is converted where used.
     x_raw xc[NV];
     dy_raw ec[NV];
+#if STAGES
+    tpc_cp_async_wait_n<STAGES - 1>();  // this row's group (the later rows' may still be in flight)
+    char* st = ring + slot * STAGE_BYTES;
+#pragma unroll
+    FOR_PIECES {
+      xc[i] = reinterpret_cast<const x_raw*>(st)[i * 32 + lane];
+      ec[i] = reinterpret_cast<const dy_raw*>(st + NV * 32 * sizeof(x_raw))[i * 32 + lane];
+    }
+#else
 #pragma unroll
     for (int i = 0; i < NV; ++i) { xc[i] = xn[i]; ec[i] = en[i]; }
     if (row + WPB < end) {
 #pragma unroll
       FOR_PIECES { x_ldr(X + (row + WPB) * D, PIECE, xn[i]); dy_ldr(DY + (row + WPB) * D, PIECE, en[i]); }
     }
+#endif
 #if RES
     r_raw rn[NV];
+#if STAGES
+#pragma unroll
+    FOR_PIECES rn[i] = reinterpret_cast<const r_raw*>(st + NV * 32 * (sizeof(x_raw) + sizeof(dy_raw)))[i * 32 + lane];
+#else
 #pragma unroll
     FOR_PIECES r_ldr(R + row * D, PIECE, rn[i]);
+#endif
 #endif
     // tpc_row_stats's arithmetic.
     float s = 0.f;
@@ -477,6 +540,12 @@ extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_nor
 #endif
       dx_stu(DX + row * D, PIECE, d);
     }
+#if STAGES
+    // This slot's pieces are in registers and used: refill it STAGES rows on (same lane, same bytes).
+    if (row + STAGES * WPB < end) tpc_ring_fill(st, X, DY, Rv, row + STAGES * WPB, lane);
+    tpc_cp_async_commit();
+    slot = slot + 1 == STAGES ? 0 : slot + 1;
+#endif
   }
 #if SUM_REG
 #pragma unroll
