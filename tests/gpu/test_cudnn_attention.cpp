@@ -209,74 +209,78 @@ TEST_CASE("cudnn attention: a bf16 GPT trains 10 steps to our kernels' losses, b
   CHECK(losses[1] == losses[2]);
 }
 
-// gpt2's attention ([16, 1024, 3, 12, 64] packed, causal bf16) through cuDNN: the forward, then the backward
-// as built deterministic (the default) and with dQ accumulated by atomics, each timed over 20 runs and run
-// three times more to see whether its gradients keep their bits.
+// gpt2's and gpt2-medium's attention ([16, 1024, 3, H, 64] packed, bf16; H 12 and 16) through cuDNN, causal and
+// not: the forward, then the backward as built deterministic (the default) and with dQ accumulated by atomics,
+// each timed over 20 runs and run three times more to see whether its gradients keep their bits. The causal rows
+// count half the FLOPs of the full ones: their rate against the full rows' is what the masked half costs.
 TEST_CASE("bench: cuDNN attention at gpt2's shape with a deterministic backward or not", "[gpu][.bench]") {
   requireGpuOrSkip();
-  const int64_t B = 16, T = 1024, H = 12, D = 64;
-  const std::vector<int64_t> perm{2, 0, 3, 1, 4};
-  AttrDict a = attrs({{"causal", true}});
-  a.set("perm", perm);
-  const Shape qkv = packedShape(B, T, H, D, perm), o{B, T, H, D}, lse{B, H, T};
-  const DType bf = DType::bf16;
-  OneOp fwd = oneOp(OpKind::AttentionQkv, {tt(bf, qkv)}, a);
-  OneOp bwd = oneOp(OpKind::AttentionQkvGrad, {tt(bf, o), tt(bf, qkv), tt(bf, o), tt(DType::f32, lse)}, a);
-  std::mt19937 rng(7);
-  HostTensor qkvH = uniformT(tt(bf, qkv), rng), doutH = uniformT(tt(bf, o), rng);
-  auto upload = [](const HostTensor& t) {
-    void* p = nullptr;
-    CUDA_OK(cudaMalloc(&p, t.bytes()));
-    CUDA_OK(cudaMemcpy(p, t.raw(), t.bytes(), cudaMemcpyHostToDevice));
-    return p;
-  };
-  auto alloc = [](const Shape& s, DType dt) {
-    void* p = nullptr;
-    CUDA_OK(cudaMalloc(&p, static_cast<size_t>(TensorType(dt, s).bytes())));
-    return p;
-  };
-  void *dQkv = upload(qkvH), *dDout = upload(doutH), *dOut = alloc(o, bf), *dLse = alloc(lse, DType::f32),
-       *dGrad = alloc(qkv, bf);
-  cudaEvent_t e0, e1;
-  CUDA_OK(cudaEventCreate(&e0));
-  CUDA_OK(cudaEventCreate(&e1));
-  for (bool deterministic : {true, false}) {
-    auto att = cuda::CudnnAttention::create(deterministic);
-    if (!att.ok()) FAIL(att.error());
-    auto pf = (*att)->plan(*fwd.node), pb = (*att)->plan(*bwd.node);
-    if (!pf.ok()) FAIL(pf.error());
-    if (!pb.ok()) FAIL(pb.error());
-    void* ws = nullptr;
-    CUDA_OK(cudaMalloc(&ws, static_cast<size_t>(std::max((*att)->workspaceBytes(*pf), (*att)->workspaceBytes(*pb)) + 1)));
-    auto bf_ = (*att)->bind(*pf, {dQkv}, {dOut, dLse}, ws);
-    auto bb = (*att)->bind(*pb, {dDout, dQkv, dOut, dLse}, {dGrad}, ws);
-    REQUIRE(bf_.ok());
-    REQUIRE(bb.ok());
-    auto timeIt = [&](int binding) {
-      for (int i = 0; i < 3; ++i) REQUIRE((*att)->run(binding, nullptr).ok());
-      CUDA_OK(cudaEventRecord(e0));
-      for (int i = 0; i < 20; ++i) REQUIRE((*att)->run(binding, nullptr).ok());
-      CUDA_OK(cudaEventRecord(e1));
-      CUDA_OK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-      return ms / 20;
+  for (auto [H, causal] : std::vector<std::pair<int64_t, bool>>{{12, true}, {12, false}, {16, true}, {16, false}}) {
+    const int64_t B = 16, T = 1024, D = 64;
+    const std::vector<int64_t> perm{2, 0, 3, 1, 4};
+    AttrDict a = attrs({{"causal", causal}});
+    a.set("perm", perm);
+    const Shape qkv = packedShape(B, T, H, D, perm), o{B, T, H, D}, lse{B, H, T};
+    const DType bf = DType::bf16;
+    OneOp fwd = oneOp(OpKind::AttentionQkv, {tt(bf, qkv)}, a);
+    OneOp bwd = oneOp(OpKind::AttentionQkvGrad, {tt(bf, o), tt(bf, qkv), tt(bf, o), tt(DType::f32, lse)}, a);
+    std::mt19937 rng(7);
+    HostTensor qkvH = uniformT(tt(bf, qkv), rng), doutH = uniformT(tt(bf, o), rng);
+    auto upload = [](const HostTensor& t) {
+      void* p = nullptr;
+      CUDA_OK(cudaMalloc(&p, t.bytes()));
+      CUDA_OK(cudaMemcpy(p, t.raw(), t.bytes(), cudaMemcpyHostToDevice));
+      return p;
     };
-    float fms = timeIt(*bf_), bms = timeIt(*bb);
-    std::vector<std::vector<char>> bits;
-    for (int i = 0; i < 3; ++i) {
-      REQUIRE((*att)->run(*bb, nullptr).ok());
-      CUDA_OK(cudaDeviceSynchronize());
-      bits.emplace_back(static_cast<size_t>(TensorType(bf, qkv).bytes()));
-      CUDA_OK(cudaMemcpy(bits.back().data(), dGrad, bits.back().size(), cudaMemcpyDeviceToHost));
+    auto alloc = [](const Shape& s, DType dt) {
+      void* p = nullptr;
+      CUDA_OK(cudaMalloc(&p, static_cast<size_t>(TensorType(dt, s).bytes())));
+      return p;
+    };
+    void *dQkv = upload(qkvH), *dDout = upload(doutH), *dOut = alloc(o, bf), *dLse = alloc(lse, DType::f32),
+         *dGrad = alloc(qkv, bf);
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    for (bool deterministic : {true, false}) {
+      auto att = cuda::CudnnAttention::create(deterministic);
+      if (!att.ok()) FAIL(att.error());
+      auto pf = (*att)->plan(*fwd.node), pb = (*att)->plan(*bwd.node);
+      if (!pf.ok()) FAIL(pf.error());
+      if (!pb.ok()) FAIL(pb.error());
+      void* ws = nullptr;
+      CUDA_OK(cudaMalloc(&ws, static_cast<size_t>(std::max((*att)->workspaceBytes(*pf), (*att)->workspaceBytes(*pb)) + 1)));
+      auto bf_ = (*att)->bind(*pf, {dQkv}, {dOut, dLse}, ws);
+      auto bb = (*att)->bind(*pb, {dDout, dQkv, dOut, dLse}, {dGrad}, ws);
+      REQUIRE(bf_.ok());
+      REQUIRE(bb.ok());
+      auto timeIt = [&](int binding) {
+        for (int i = 0; i < 3; ++i) REQUIRE((*att)->run(binding, nullptr).ok());
+        CUDA_OK(cudaEventRecord(e0));
+        for (int i = 0; i < 20; ++i) REQUIRE((*att)->run(binding, nullptr).ok());
+        CUDA_OK(cudaEventRecord(e1));
+        CUDA_OK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+        return ms / 20;
+      };
+      float fms = timeIt(*bf_), bms = timeIt(*bb);
+      std::vector<std::vector<char>> bits;
+      for (int i = 0; i < 3; ++i) {
+        REQUIRE((*att)->run(*bb, nullptr).ok());
+        CUDA_OK(cudaDeviceSynchronize());
+        bits.emplace_back(static_cast<size_t>(TensorType(bf, qkv).bytes()));
+        CUDA_OK(cudaMemcpy(bits.back().data(), dGrad, bits.back().size(), cudaMemcpyDeviceToHost));
+      }
+      const bool same = bits[0] == bits[1] && bits[1] == bits[2];
+      std::printf("H %d, %s: %s\n  forward (%s) %.3f ms (%.1f TFLOP/s), backward (%s) %.3f ms (%.1f TFLOP/s), workspace %.1f MiB; "
+                  "gradients of 3 runs %s\n",
+                  (int)H, causal ? "causal" : "full", (*att)->what(*pb).c_str(), (*att)->engine(*pf).c_str(), fms, (*att)->flops(*pf) / fms / 1e9, (*att)->engine(*pb).c_str(), bms, (*att)->flops(*pb) / bms / 1e9,
+                  (*att)->workspaceBytes(*pb) / 1048576.0, same ? "bit-identical" : "DIFFER");
+      if (deterministic) CHECK(same);
+      cudaFree(ws);
     }
-    const bool same = bits[0] == bits[1] && bits[1] == bits[2];
-    std::printf("%s\n  forward (%s) %.3f ms (%.1f TFLOP/s), backward (%s) %.3f ms (%.1f TFLOP/s), workspace %.1f MiB; "
-                "gradients of 3 runs %s\n",
-                (*att)->what(*pb).c_str(), (*att)->engine(*pf).c_str(), fms, (*att)->flops(*pf) / fms / 1e9, (*att)->engine(*pb).c_str(), bms, (*att)->flops(*pb) / bms / 1e9,
-                (*att)->workspaceBytes(*pb) / 1048576.0, same ? "bit-identical" : "DIFFER");
-    if (deterministic) CHECK(same);
-    cudaFree(ws);
+    for (void* p : {dQkv, dDout, dOut, dLse, dGrad}) cudaFree(p);
+    for (cudaEvent_t e : {e0, e1}) cudaEventDestroy(e);
   }
-  for (void* p : {dQkv, dDout, dOut, dLse, dGrad}) cudaFree(p);
 }
