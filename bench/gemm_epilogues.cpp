@@ -9,6 +9,9 @@
 //
 //   tpc_gemm_bench [--rows 16384] [--hidden 1024] [--copies 4] [--kinds gelu_bias,dgelu,dgelu_bgrad,bias,bias_residual,plain]
 //                  [--multicast] [--pre1]
+// bias, bias_residual and plain take a shape suffix: @fc1 ([D, 4D], c_fc's; bias's and plain's default), @proj ([D, D],
+// the attention projection's; bias_residual's default) or @fc2 ([4D, D], c_proj's): e.g. bias@fc2,bias_residual@fc2
+// is what the residual (cuBLASLt's C with beta 1) costs c_proj's GEMM.
 // --multicast adds ours in clusters of two blocks (TPC_OWN_GEMM's multicast); --pre1 adds dgelu with pre copied one
 // chunk ahead of its use instead of three (TPC_OWN_GEMM's pre1).
 //
@@ -50,7 +53,8 @@ struct Args {
               "[--kinds gelu_bias,dgelu,dgelu_bgrad,bias,bias_residual,plain] [--multicast] [--pre1]\n  R: a multiple of 256 "
               "(default 16384); D: a multiple of 64 (default 1024; the MLP is D -> 4D); C: GEMMs per timed graph (default 4)\n"
               "  kinds: default gelu_bias,dgelu,dgelu_bgrad; bias (y = x w + bias) and plain (y = x w, cuBLASLt only) at "
-              "gelu_bias's shape; bias_residual (y = x w + bias + r) at the attention projection's, w [D, D]\n");
+              "gelu_bias's shape; bias_residual (y = x w + bias + r) at the attention projection's, w [D, D]; a suffix @fc1, "
+              "@proj or @fc2 on bias, bias_residual or plain sets w to [D, 4D], [D, D] or [4D, D]\n");
   std::exit(0);
 }
 
@@ -79,8 +83,13 @@ Args parse(int argc, char** argv) {
       a.kinds.clear();
       std::stringstream ss(v);
       for (std::string k; std::getline(ss, k, ',');) {
-        if (k != "gelu_bias" && k != "dgelu" && k != "dgelu_bgrad" && k != "bias" && k != "bias_residual" && k != "plain")
+        const std::string base = k.substr(0, k.find('@')), shape = k.find('@') == std::string::npos ? "" : k.substr(k.find('@'));
+        if (base != "gelu_bias" && base != "dgelu" && base != "dgelu_bgrad" && base != "bias" && base != "bias_residual" &&
+            base != "plain")
           usage("--kinds: '" + k + "' is not gelu_bias, dgelu, dgelu_bgrad, bias, bias_residual or plain");
+        if (!shape.empty() && ((base != "bias" && base != "bias_residual" && base != "plain") ||
+                               (shape != "@fc1" && shape != "@proj" && shape != "@fc2")))
+          usage("--kinds: '" + k + "': only bias, bias_residual and plain take a shape, @fc1, @proj or @fc2");
         a.kinds.push_back(k);
       }
       if (a.kinds.empty()) usage("--kinds is empty");
@@ -99,15 +108,22 @@ Value* op(Graph& g, OpKind k, std::vector<Value*> operands, AttrDict attrs = {})
   return (*n)->result();
 }
 
-// A kind's GEMM is [rows, D] x [D, N]: N = 4D (gelu_bias's shape) but for bias_residual, at the attention
-// projection's N = D.
-int64_t gemmN(const Args& a, const std::string& kind) { return kind == "bias_residual" ? a.hidden : 4 * a.hidden; }
+// A kind's GEMM is [rows, K] x [K, N]: K = D, N = 4D (gelu_bias's shape) but for bias_residual, at the attention
+// projection's N = D; a shape suffix sets them (@fc1 D x 4D, @proj D x D, @fc2 4D x D).
+std::string baseKind(const std::string& kind) { return kind.substr(0, kind.find('@')); }
+std::string shapeOf(const std::string& kind) {
+  if (kind.find('@') != std::string::npos) return kind.substr(kind.find('@') + 1);
+  return kind == "bias_residual" ? "proj" : "fc1";
+}
+int64_t gemmK(const Args& a, const std::string& kind) { return shapeOf(kind) == "fc2" ? 4 * a.hidden : a.hidden; }
+int64_t gemmN(const Args& a, const std::string& kind) { return shapeOf(kind) == "fc1" ? 4 * a.hidden : a.hidden; }
 
 // `copies` GEMMs of one kind: gelu_bias y = gelu(x w + bias) with pre; bias y = x w + bias; bias_residual
 // y = r + (x w + bias); plain y = x w; dgelu g = (dy w) * gelu'(pre) (w: the MLP's second weight, so K = D, N = 4D),
 // with db = g's column sums for dgelu_bgrad. bT: w given as [N, K].
-std::unique_ptr<Graph> mlpGemms(const Args& a, const std::string& kind, bool bT) {
-  const int64_t K = a.hidden, N = gemmN(a, kind);
+std::unique_ptr<Graph> mlpGemms(const Args& a, const std::string& shapedKind, bool bT) {
+  const int64_t K = gemmK(a, shapedKind), N = gemmN(a, shapedKind);
+  const std::string kind = baseKind(shapedKind);
   auto g = std::make_unique<Graph>(kind);
   auto T = [](Shape s) { return TensorType(DType::bf16, std::move(s)); };
   AttrDict tb, rowsAxes;
@@ -204,33 +220,35 @@ int run(int argc, char** argv) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) fail("no CUDA GPU");
   const int64_t K = a.hidden;
-  auto flops = [&](int64_t N) { return 2.0 * static_cast<double>(a.rows) * K * N; };
+  auto flops = [&](int64_t k, int64_t N) { return 2.0 * static_cast<double>(a.rows) * k * N; };
   std::printf("%s (sm_%d%d); [%lld, %lld] x [%lld, %lld], %lld GEMMs a graph, %.1f GFLOP each", prop.name, prop.major,
               prop.minor, static_cast<long long>(a.rows), static_cast<long long>(K), static_cast<long long>(K),
-              static_cast<long long>(4 * K), static_cast<long long>(a.copies), flops(4 * K) * 1e-9);
-  if (std::find(a.kinds.begin(), a.kinds.end(), "bias_residual") != a.kinds.end())  // its own shape
-    std::printf(" (bias_residual: w [%lld, %lld], %.1f GFLOP)", static_cast<long long>(K), static_cast<long long>(K),
-                flops(K) * 1e-9);
+              static_cast<long long>(4 * K), static_cast<long long>(a.copies), flops(K, 4 * K) * 1e-9);
+  for (const std::string& kind : a.kinds)  // the kinds at another shape
+    if (shapeOf(kind) != "fc1")
+      std::printf(" (%s: w [%lld, %lld], %.1f GFLOP)", kind.c_str(), static_cast<long long>(gemmK(a, kind)),
+                  static_cast<long long>(gemmN(a, kind)), flops(gemmK(a, kind), gemmN(a, kind)) * 1e-9);
   std::printf("\n");
-  std::printf("%-13s %-8s %-22s %8s %6s %10s %9s\n", "kind", "b", "engine", "launches", "ours", "ms/GEMM", "TFLOP/s");
+  std::printf("%-18s %-8s %-22s %8s %6s %10s %9s\n", "kind", "b", "engine", "launches", "ours", "ms/GEMM", "TFLOP/s");
   for (const std::string& kind : a.kinds)
     for (bool bT : {false, true}) {
-      const double gemmFlops = flops(gemmN(a, kind));
+      const double gemmFlops = flops(gemmK(a, kind), gemmN(a, kind));
       auto g = mlpGemms(a, kind, bT);
       TensorMap in;
       uint64_t seed = 1;
       for (const Value* v : g->inputs()) {
         char c = v->name()[0];
-        double span = c == 'w' ? 2.0 / std::sqrt(static_cast<double>(K)) : c == 'p' ? 5.0 : 1.0;
+        double span = c == 'w' ? 2.0 / std::sqrt(static_cast<double>(gemmK(a, kind))) : c == 'p' ? 5.0 : 1.0;
         in[v->name()] = uniformBf16(v->shape(), span, seed++);
       }
+      const std::string base = baseKind(kind);
       std::vector<std::pair<std::string, std::string>> engines = {{"cuBLASLt", ""}};
-      if (kind != "plain") engines.push_back({"ours", kind});
-      if (a.multicast && kind != "plain") engines.push_back({"ours,multicast", kind + ",multicast"});
-      if (a.pre1 && kind.rfind("dgelu", 0) == 0) engines.push_back({"ours,pre1", kind + ",pre1"});
+      if (base != "plain") engines.push_back({"ours", base});
+      if (a.multicast && base != "plain") engines.push_back({"ours,multicast", base + ",multicast"});
+      if (a.pre1 && base.rfind("dgelu", 0) == 0) engines.push_back({"ours,pre1", base + ",pre1"});
       for (const auto& [name, own] : engines) {
         Timing t = timeGraph(*g, in, a, own);
-        std::printf("%-13s %-8s %-22s %8lld %6lld %10.4f %9.1f\n", kind.c_str(), bT ? "[N,K]" : "[K,N]", name.c_str(),
+        std::printf("%-18s %-8s %-22s %8lld %6lld %10.4f %9.1f\n", kind.c_str(), bT ? "[N,K]" : "[K,N]", name.c_str(),
                     static_cast<long long>(t.launches), static_cast<long long>(t.ownKernels), t.msPerGemm,
                     gemmFlops / (t.msPerGemm * 1e-3) * 1e-12);
         std::fflush(stdout);
