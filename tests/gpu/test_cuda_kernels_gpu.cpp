@@ -159,6 +159,7 @@ TEST_CASE("cuda kernels: layer_norm_grad's ring of rows gives the register prefe
     auto ring = lowerCase(c, o), regs = lowerCase(c, o, plain);
     REQUIRE(ring.ok());
     REQUIRE(regs.ok());
+    if (ring->kernels[0].source.find("#define STAGES 0\n") != std::string::npos) continue;  // element loads: no ring
     std::vector<HostTensor> a = runGpu(nvrtc, o, *ring, in, 4242, 7), b = runGpu(nvrtc, o, *regs, in, 4242, 7);
     REQUIRE(a.size() == b.size());
     // Where the ring's shared memory leaves fewer blocks a SM, the blocks' partial sums group other rows: then

@@ -238,25 +238,32 @@ inline std::vector<Case> allCases() {
     regs.ctx.layerNormGradRegColumns = regs.ctx.layerNormGradRegSumColumns = 32;
     cs.push_back(std::move(regs));
   }
-  // The block kernel with its rows through a cp.async ring of 2 or 3 rows a warp (LoweringContext::
-  // layerNormGradStages): more rows a warp than stages, a last block short of rows, sums in shared memory and in
-  // registers, f32 rows (two 16-byte copies a piece), element loads (771: no ring, the register prefetch).
-  for (auto [dt, shape, res, sumDx, stages] : std::vector<std::tuple<DType, Shape, bool, bool, int>>{
-           {bf, {2053, 768}, true, true, 3},
-           {bf, {2053, 768}, true, false, 2},
-           {bf, {4201, 256}, false, false, 3},
-           {bf, {1031, 1024}, true, true, 2},
-           {f, {2049, 1024}, false, false, 3},
-           {h, {6151, 40}, true, true, 3},
-           {h, {300, 771}, true, false, 3}}) {
+  // The block kernel with its rows through a cp.async ring of 2-4 rows a warp (LoweringContext::
+  // layerNormGradStages): a last block short of rows; sums in shared memory and in registers; f32 rows (two 16-byte
+  // copies a piece); f16; element loads (771: no ring, the register prefetch). `sms` > 0 lowers for a GPU of that
+  // many SMs, so that each warp runs tens of rows through its ring (the refills' steady state), not one or two.
+  for (auto [dt, shape, res, sumDx, stages, sms] : std::vector<std::tuple<DType, Shape, bool, bool, int, int>>{
+           {bf, {2053, 768}, true, true, 3, 0},
+           {bf, {2053, 768}, true, false, 2, 0},
+           {bf, {600, 768}, true, true, 3, 1},
+           {bf, {601, 768}, true, false, 4, 1},
+           {bf, {4201, 256}, false, false, 3, 0},
+           {bf, {1031, 1024}, true, true, 2, 0},
+           {bf, {517, 1024}, true, false, 3, 1},
+           {f, {2049, 1024}, false, false, 3, 0},
+           {f, {301, 1024}, true, false, 2, 1},
+           {h, {6151, 40}, true, true, 3, 0},
+           {h, {300, 771}, true, false, 3, 0}}) {
     TensorType x = tt(dt, shape), g = tt(f, {shape.back()});
     std::vector<TensorType> types = {x, x, g};
     if (res) types.push_back(x);
     AttrDict a = attrs({{"eps", 1e-5}});
     if (sumDx) a.set("sum_dx", true);
-    cs.push_back(simple(cat("layer_norm_grad ", stages, " stages ", x.str(), res ? " residual" : "", sumDx ? " sum_dx" : ""),
+    cs.push_back(simple(cat("layer_norm_grad ", stages, " stages ", x.str(), res ? " residual" : "", sumDx ? " sum_dx" : "",
+                            sms ? cat(" on ", sms, " SM") : std::string()),
                         OpKind::LayerNormGrad, types, a, {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
     cs.back().ctx.layerNormGradStages = stages;
+    if (sms) cs.back().ctx.numSMs = sms;
     if (sumDx) {
       Case regs = cs.back();
       regs.name += " (sums in registers)";

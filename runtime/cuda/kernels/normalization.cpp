@@ -332,10 +332,13 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, 
   // registers: more bytes in flight a SM, fewer registers. A lane reads back only the pieces it copied, so its
   // own cp.async.wait_group is the only synchronisation.
   const bool res = n.numOperands() == 4;
-  const int64_t stages = w.U == 8 && ctx.layerNormGradStages >= 2 ? ctx.layerNormGradStages : 0;
   auto rawBytes = [](DType t) { return dtypeSize(t) * 8; };  // a lane's piece of U = 8 elements
   const int64_t stageBytes = w.NV * 32 * (rawBytes(n.operand(0)->dtype()) + rawBytes(n.operand(1)->dtype()) +
                                           (res ? rawBytes(n.operand(3)->dtype()) : 0));
+  // As many of the stages asked for as fit a block's shared memory (fewer than 2: the register prefetch).
+  int64_t stages = w.U == 8 && ctx.layerNormGradStages >= 2 ? ctx.layerNormGradStages : 0;
+  while (stages >= 2 && accBytes + gammaBytes + kWarpsPerBlock * stages * stageBytes > ctx.maxSharedBytes) --stages;
+  if (stages < 2) stages = 0;
   const int64_t sharedBytes = accBytes + gammaBytes + kWarpsPerBlock * stages * stageBytes;
   // Three blocks a SM (168 registers a thread) where the sums are in registers, and with sum_dx (its sums in
   // shared memory leave gamma in global memory): at 128 registers that kernel spilled 124 bytes a thread
@@ -361,7 +364,9 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, 
              "\n#define MIN_BLOCKS ", blocksPerSM, "\n#define SUM_DX ", sumDx ? 1 : 0, "\n#define SUM_REG ",
              sumReg ? 1 : 0, "\n#define NACC ", nacc, "\n#define GAMMA_SHARED ", gammaShared ? 1 : 0, "\n#define STAGES ",
              stages, "\n#define RING_AT ", accBytes + gammaBytes, "\n#define STAGE_BYTES ", stageBytes, "\n");
-  if (stages) src += tensorCorePrelude() + R"(
+  // The ring's copies, for the first kernel only (the second reads the partial rows).
+  std::string ring;
+  if (stages) ring = tensorCorePrelude() + R"(
 // Row `row`'s pieces of x, dy (and r) into ring stage st ([x pieces][dy pieces][r pieces], each [NV][32 lanes]).
 __device__ __forceinline__ void tpc_ring_fill(char* st, const x_t* X, const dy_t* DY, const void* Rv, i64 row, int lane) {
   x_raw* xs = reinterpret_cast<x_raw*>(st);
@@ -389,7 +394,7 @@ __device__ __forceinline__ void tpc_ring_fill(char* st, const x_t* X, const dy_t
   {
     KernelSpec k;
     k.entry = "tpc_layer_norm_grad_rows";
-    k.source = src + R"(
+    k.source = src + ring + R"(
 extern "C" __global__ void __launch_bounds__(WPB * 32, MIN_BLOCKS) tpc_layer_norm_grad_rows(const dy_t* DY, const x_t* X, const g_t* G,
 )" + std::string(res ? "    const r_t* R,\n" : "") + R"(    dx_t* DX, float* pg, float* pb)" +
                          (sumDx ? ", float* ps" : "") + R"() {
