@@ -120,8 +120,12 @@ Status checkLayerNormAffine(const Ctx& c, size_t x, size_t gamma, size_t beta) {
   return {};
 }
 Result<Types> inferLayerNorm(const Ctx& c) {
+  if (c.in.size() != 3 && c.in.size() != 4)
+    return c.err("takes (x, gamma, beta) or (x, gamma, beta, residual), got ", c.in.size(), " operands");
   TPC_TRY(checkLayerNormAffine(c, 0, 1, 2));
-  return one(c.in[0]);
+  if (c.in.size() == 3) return one(c.in[0]);
+  TPC_TRY(c.needSame(3, 0, "residual", "x"));
+  return Types{c.in[0], c.in[0]};
 }
 Result<Types> inferLayerNormGrad(const Ctx& c) {
   if (c.in.size() != 3 && c.in.size() != 4)

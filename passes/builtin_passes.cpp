@@ -55,6 +55,10 @@ void registerBuiltinPasses(PassRegistry& r) {
                "one rank's program: add(residual, dx) after a layer_norm_grad whose dx nothing else reads becomes the "
                "layer_norm_grad's residual operand (one kernel writes dx + residual: the backward residual stream)",
                {}, plain<createFoldLayerNormGradResidualPass>});
+  (void)r.add({"fold-layer-norm-residual",
+               "one rank's program: a layer_norm of add(t, r), or of a bias GEMM that adds the residual r as C, takes r "
+               "as its residual operand (one kernel writes t + r and normalizes it; the GEMM no longer reads r)",
+               {}, [](const PassOptions&) -> Result<std::unique_ptr<Pass>> { return createFoldLayerNormResidualPass(); }});
   (void)r.add({"fold-layer-norm-grad-bias-sum",
                "one rank's program: reduce_sum(dx) over the leading dims after a layer_norm_grad becomes its sum_dx "
                "result (the kernel writing dx also sums it: the bias gradients read off the residual stream)",

@@ -215,8 +215,8 @@ Cands normalization(const Node& n, llvm::ArrayRef<AP> in) {
   Cands c;
   int64_t r = n.operand(0)->type().rank();
   switch (n.op()) {
-    case OpKind::LayerNorm:
-      if (in[0].isS() && in[0].dim != r - 1) c.push_back(strat({in[0], R(), R()}, {in[0]}));
+    case OpKind::LayerNorm:  // (with a residual it is built after partition, for one rank's program)
+      if (n.numOperands() == 3 && in[0].isS() && in[0].dim != r - 1) c.push_back(strat({in[0], R(), R()}, {in[0]}));
       break;
     case OpKind::LayerNormGrad: {
       // dx follows x; dgamma, dbeta sum over the split rows: partial. dy must be whole on the row (no P).

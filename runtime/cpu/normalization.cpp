@@ -37,15 +37,30 @@ AxisSplit splitAt(const Shape& s, int64_t axis) {
 
 }  // namespace
 
+// With a residual operand: s = x + residual rounded to x's dtype (a second result, the add's bits), then the
+// layer_norm of s.
 template <class T>
 Status kernelLayerNorm(KernelArgs<T>& a) {
   const Buf<T>&X = a.operand(0), &G = a.operand(1), &Bt = a.operand(2);
+  const Buf<T>* R = a.node.numOperands() == 4 ? &a.operand(3) : nullptr;
+  const DType sType = a.node.operand(0)->dtype();
   double eps = a.node.getFloat("eps");
   int64_t D = X.shape().back(), rows = D ? X.numel() / D : 0;
-  T* y = a.result().f.data();
+  T* y = a.result(0).f.data();
+  T* sum = R ? a.result(1).f.data() : nullptr;
   a.ctx.pool.parallelFor(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(D, 1)), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const T* x = X.f.data() + r * D;
+      if (R) {
+        for (int64_t j = 0; j < D; ++j) {
+          const T v = x[j] + R->f[r * D + j];
+          sum[r * D + j] = sType == DType::bf16 ? static_cast<T>(bf16ToFloat(floatToBf16(static_cast<float>(v))))
+                           : sType == DType::f16 ? static_cast<T>(f16ToFloat(floatToF16(static_cast<float>(v))))
+                           : sType == DType::f32 ? static_cast<T>(static_cast<float>(v))
+                                                 : v;
+        }
+        x = sum + r * D;
+      }
       double m, rs;
       rowStats(x, D, eps, &m, &rs);
       for (int64_t j = 0; j < D; ++j) y[r * D + j] = static_cast<T>((x[j] - m) * rs) * G.f[j] + Bt.f[j];

@@ -294,6 +294,13 @@ class CudaBackend final : public Backend {
     ctx_.embeddingGradSegments = !isOff("embgrad2");
     foldLayerNormGradResidual_ = !isOff("lnres");
     foldLayerNormGradBiasSum_ = !isOff("lnsum");
+    // The forward residual adds in the layer_norm kernel instead of the GEMMs' epilogues (cuBLASLt's C with beta 1):
+    // off until measured on a GPU.
+    if (const char* lr = std::getenv("TPC_LN_RESIDUAL"); lr && *lr) {
+      if (std::string(lr) != "0" && std::string(lr) != "1")
+        return makeError("TPC_LN_RESIDUAL=", lr, ": expected 1 (the forward residual adds in the layer_norm kernel) or 0");
+      foldLayerNormResidual_ = std::string(lr) == "1";
+    }
     ctx_.xentOnePass = !isOff("xent1");
     const char* ownGemmEnv = std::getenv("TPC_OWN_GEMM");
     if (ownGemmEnv && *ownGemmEnv) TPC_TRY(setOwnGemmKinds(ownGemmEnv, "TPC_OWN_GEMM", &ctx_));
@@ -386,7 +393,9 @@ class CudaBackend final : public Backend {
         };
       std::function<bool(const Node&)> canSumDx;  // bias gradients summed by the layer_norm_grad kernel
       if (foldLayerNormGradBiasSum_) canSumDx = [this](const Node& n) { return layerNormGradSumsDx(n, ctx_); };
-      if (Status s = rewriteForCuda(*ranks_[r].graph, canRun, foldLayerNormGradResidual_, canSumDx); !s.ok())
+      std::function<bool(const Node&)> canAddResidual;  // the forward residual adds in the layer_norm kernel
+      if (foldLayerNormResidual_) canAddResidual = [](const Node& n) { return layerNormTakesResidual(n); };
+      if (Status s = rewriteForCuda(*ranks_[r].graph, canRun, foldLayerNormGradResidual_, canSumDx, canAddResidual); !s.ok())
         return makeError(rankPrefix(r), s.error());
       // Collectives as early as they can go: what they pass over overlaps them on the communication stream.
       if (commStream_)
@@ -1931,6 +1940,7 @@ class CudaBackend final : public Backend {
   LoweringContext ctx_;
   bool foldLayerNormGradResidual_ = true;
   bool foldLayerNormGradBiasSum_ = true;
+  bool foldLayerNormResidual_ = false;  // TPC_LN_RESIDUAL=1 (until measured)
   // The AdamW kernels keep the parameters' 16-bit copies (adamw_groups.h; TPC_MEMBW_OFF=adamcopy: not), which
   // hold their casts while copiesFresh_: false until a step has run and after anything else writes the state.
   bool adamwCopies_ = true;

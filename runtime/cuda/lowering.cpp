@@ -45,7 +45,8 @@ NodeExec nodeExec(const Node& n) {
 }
 
 Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue, bool foldLayerNormGradResidual,
-                      const std::function<bool(const Node&)>& canSumLayerNormGradDx) {
+                      const std::function<bool(const Node&)>& canSumLayerNormGradDx,
+                      const std::function<bool(const Node&)>& canAddLayerNormResidual) {
   // Attention on the QKV projection's layout: no copies of q, k, v, out and their gradients. Its pattern lies
   // between the QKV projection and attention (it takes the projection's output as it is), so either order
   // with the epilogue fold fires both on GPT steps (test_rewrite_for_cuda.cpp); first, so that it sees the
@@ -62,6 +63,9 @@ Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEp
   // Bias gradients summed off the residual stream by the layer_norm_grad kernel that writes it (after the
   // residual fold: the sum is of dx + residual, as the reduce_sum read it).
   if (canSumLayerNormGradDx) TPC_TRY(createFoldLayerNormGradBiasSumPass(canSumLayerNormGradDx)->run(g));
+  // The forward residual stream's adds into the layer_norms that read them (after the epilogue fold: a bias GEMM
+  // that took the residual as C gives it back).
+  if (canAddLayerNormResidual) TPC_TRY(createFoldLayerNormResidualPass(canAddLayerNormResidual)->run(g));
   // The norm reads bf16 gradients: their f32 casts fold into the AdamW kernel with the clip (adamw_groups.h).
   TPC_TRY(createGlobalNormSkipCastsPass()->run(g));
   return {};

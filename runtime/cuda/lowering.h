@@ -26,10 +26,12 @@ NodeExec nodeExec(const Node& n);
 // the CPU reference does not run): pack-qkv-attention, fold-batch-matmul-sum, then fold-matmul-epilogues
 // for the candidates `canRunEpilogue` accepts (none when it is empty), fold-layer-norm-grad-residual (unless
 // `foldLayerNormGradResidual` is false), fold-layer-norm-grad-bias-sum for the layer_norm_grads
-// `canSumLayerNormGradDx` accepts (none when it is empty) and global-norm-skip-casts.
+// `canSumLayerNormGradDx` accepts (none when it is empty), fold-layer-norm-residual for the layer_norms
+// `canAddLayerNormResidual` accepts (none when it is empty) and global-norm-skip-casts.
 Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEpilogue = {},
                       bool foldLayerNormGradResidual = true,
-                      const std::function<bool(const Node&)>& canSumLayerNormGradDx = {});
+                      const std::function<bool(const Node&)>& canSumLayerNormGradDx = {},
+                      const std::function<bool(const Node&)>& canAddLayerNormResidual = {});
 // Whether a bias sum of `d` is the residual stream's (d an add, or a layer_norm_grad's dx, through reshapes):
 // with both layer_norm_grad folds on, the layer_norm_grad kernel that writes that stream sums it as it goes
 // (sum_dx), so the CUDA backend leaves it out of bgrad_a.

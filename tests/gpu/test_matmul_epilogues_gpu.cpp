@@ -538,6 +538,47 @@ TEST_CASE("cuda epilogues: a 2-layer GPT trains 10 steps to the same losses with
   }
 }
 
+// TPC_LN_RESIDUAL=1 (fold-layer-norm-residual): the forward residual adds move from the bias GEMMs (cuBLASLt's C
+// with beta 1) into the layer_norm kernel that reads them; the same losses within bf16 rounding (the GEMM's output
+// is rounded before the add, as in the unfolded graph), exactly the same launches a step (a layer_norm with two
+// results is one kernel, as it was), and a bad value is one clear error.
+TEST_CASE("cuda epilogues: the forward residual adds in the layer_norm kernel train a 2-layer GPT to the same losses",
+          "[gpu][epilogue]") {
+  test::requireGpuOrSkip();
+  for (bool bf16 : {false, true}) {
+    auto g = test::fusionGptStep(bf16, true, true);
+    std::vector<double> losses[2];
+    int64_t launches[2] = {0, 0};
+    for (int with : {0, 1}) {
+      setenv("TPC_LN_RESIDUAL", with ? "1" : "0", 1);
+      CudaOptions o;
+      o.seed = 99;
+      o.verbose = false;
+      o.matmulEpilogueKinds = "all";
+      auto backend = createCudaBackend({}, o);
+      test::prepareInitialState(*backend, *g, 1);
+      std::mt19937 rng(7);
+      losses[with] = test::trainLosses(*backend, rng, 10);
+      launches[with] = backend->launchesPerStep();
+    }
+    unsetenv("TPC_LN_RESIDUAL");
+    double worst = 0;
+    for (size_t i = 0; i < losses[0].size(); ++i)
+      worst = std::max(worst, std::abs(losses[1][i] - losses[0][i]) / std::abs(losses[0][i]));
+    WARN((bf16 ? "bf16" : "fp32") << ": losses " << losses[0].front() << " -> " << losses[0].back() << "; launches per step "
+                                  << launches[0] << " with the residual in the GEMMs, " << launches[1]
+                                  << " in the layer_norms; worst relative loss difference " << worst);
+    CHECK(worst <= (bf16 ? 1e-2 : 1e-5));
+    CHECK(launches[1] == launches[0]);
+  }
+  setenv("TPC_LN_RESIDUAL", "yes", 1);
+  auto backend = createCudaBackend({}, CudaOptions{});
+  Status st = backend->prepare(*test::fusionGptStep(false, true, true), {});
+  unsetenv("TPC_LN_RESIDUAL");
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.error().find("TPC_LN_RESIDUAL=yes") != std::string::npos);
+}
+
 // The rank programs fold other epilogues than the unsharded step (test_rewrite_for_cuda.cpp): rank 0's
 // projections take the residual as C, rank 1's do not; the QKV projection stays unfused.
 TEST_CASE("cuda epilogues: megatron-tp 2 on virtual ranks trains 5 steps to the same losses with and without them",

@@ -200,6 +200,13 @@ inline std::vector<Case> allCases() {
     cs.push_back(simple(cat("layer_norm_grad ", x.str(), " gamma ", dtypeName(gt)), OpKind::LayerNormGrad, {x, x, g},
                         attrs({{"eps", 1e-5}}), {{-1, 1}, {-2, 3}, {0.5, 1.5}}));
   }
+  // layer_norm with a residual operand (fold-layer-norm-residual): the warp kernel with 16-byte pieces (768, 1024),
+  // element loads (771), f32 and a row count that leaves a block's warps idle.
+  for (auto [dt, shape] : std::vector<std::pair<DType, Shape>>{{bf, {257, 768}}, {h, {33, 771}}, {f, {6, 96}}, {bf, {3, 5, 1024}}}) {
+    TensorType x = tt(dt, shape), g = tt(f, {shape.back()});
+    cs.push_back(simple(cat("layer_norm residual ", x.str()), OpKind::LayerNorm, {x, g, g, x}, attrs({{"eps", 1e-5}}),
+                        {{-2, 3}, {0.5, 1.5}, {-1, 1}, {-1, 1}}));
+  }
   // With a residual operand (fold-layer-norm-grad-residual): warp kernels with 16-byte pieces and element loads,
   // the block-per-row kernels.
   for (auto [dt, shape] : std::vector<std::pair<DType, Shape>>{{bf, {257, 768}}, {h, {33, 771}}, {f, {6, 2100}}, {bf, {3, 4, 4096}}}) {

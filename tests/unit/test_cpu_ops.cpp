@@ -1,5 +1,6 @@
 // CPU backend: every forward op against an independent naive reference written here, in fp32 and fp64.
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "cpu_test_helpers.h"
@@ -215,6 +216,36 @@ TEST_CASE("cpu: attention matches a materialized softmax(QK^T)V", "[cpu]") {
   std::vector<double> wo, wl;
   naiveAttention(q, k, v, 0.3, 0, 0, 0, &wo, &wl);
   CHECK(maxRelErr(values(out[0]), wo) < 1e-12);
+}
+
+// layer_norm with a residual operand (fold-layer-norm-residual): s has the bits of add(x, residual) and y those of
+// layer_norm(s), in bf16 and f32.
+TEST_CASE("cpu: layer_norm with a residual gives the add's bits and the layer_norm of them", "[cpu]") {
+  std::mt19937 rng(16);
+  for (DType dt : {DType::bf16, DType::f32}) {
+    INFO(dtypeName(dt));
+    auto draw = [&](Shape shape, double lo, double hi) {
+      HostTensor t = randomTensor(f32(std::move(shape)), rng, false, lo, hi);
+      return dt == DType::f32 ? t : t.convertTo(dt);
+    };
+    HostTensor x = draw({3, 5, 24}, -2, 3), r = draw({3, 5, 24}, -1, 1);
+    HostTensor g = randomTensor(f32({24}), rng, false, 0.5, 1.5), b = randomTensor(f32({24}), rng, false);
+    AttrDict ae;
+    ae.set("eps", 1e-5);
+    auto fused = runOp(OpKind::LayerNorm, {x, g, b, r}, ae, false);
+    REQUIRE(fused.size() == 2);
+    auto sum = runOp(OpKind::Add, {x, r}, {}, false);
+    // (The executor hands results back in f32: the sum goes on as x's dtype, as in a graph.)
+    auto ln = runOp(OpKind::LayerNorm, {sum[0].dtype() == dt ? sum[0] : sum[0].convertTo(dt), g, b}, ae, false);
+    auto same = [](const HostTensor& p, const HostTensor& q) {
+      if (p.numel() != q.numel()) return false;
+      for (int64_t i = 0; i < p.numel(); ++i)
+        if (p.getAsDouble(i) != q.getAsDouble(i)) return false;
+      return true;
+    };
+    CHECK(same(fused[1], sum[0]));
+    CHECK(same(fused[0], ln[0]));
+  }
 }
 
 TEST_CASE("cpu: layer_norm, softmax and cross_entropy match direct formulas", "[cpu]") {

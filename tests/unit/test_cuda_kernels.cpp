@@ -215,6 +215,14 @@ TEST_CASE("cuda kernels: lowerings refuse what they cannot run", "[cuda]") {
   auto s = (*cuda::findFamilyLowering(OpKind::Softmax))(*f64.node, sm90());
   REQUIRE_FALSE(s.ok());
   CHECK(s.error().find("f64") != std::string::npos);
+  // layer_norm adds a residual in its warp-row kernel only: rows of at most 2048 (layerNormTakesResidual).
+  OneOp wide = oneOp(OpKind::LayerNorm, {f32({4, 4096}), f32({4096}), f32({4096}), f32({4, 4096})});
+  auto w = (*cuda::findFamilyLowering(OpKind::LayerNorm))(*wide.node, sm90());
+  REQUIRE_FALSE(w.ok());
+  CHECK(w.error().find("at most 2048") != std::string::npos);
+  CHECK_FALSE(cuda::layerNormTakesResidual(*wide.node));
+  OneOp narrow = oneOp(OpKind::LayerNorm, {f32({4, 2048}), f32({2048}), f32({2048}), f32({4, 2048})});
+  CHECK(cuda::layerNormTakesResidual(*narrow.node));
   CHECK(cuda::findFamilyLowering(OpKind::Matmul) == nullptr);
   CHECK(cuda::findFamilyLowering(OpKind::Add) == nullptr);
   for (OpKind op : {OpKind::Attention, OpKind::AttentionGrad, OpKind::LayerNorm, OpKind::CrossEntropy,

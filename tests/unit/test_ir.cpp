@@ -97,6 +97,15 @@ TEST_CASE("Graph::create reports the user's errors naming the op", "[ir][graph]"
   REQUIRE_FALSE(scatter.ok());
   CHECK(scatter.error() == "reduce_scatter: dim 1 of f32[2,3] is not divisible by the tp axis size 2");
 
+  // layer_norm takes a residual of x's type as a fourth operand (fold-layer-norm-residual), nothing else.
+  Value* gamma = g.addInput("gamma", f32({3}));
+  auto lnTwo = g.create(OpKind::LayerNorm, {a, gamma});
+  REQUIRE_FALSE(lnTwo.ok());
+  CHECK(lnTwo.error() == "layer_norm: takes (x, gamma, beta) or (x, gamma, beta, residual), got 2 operands");
+  auto lnWrongResidual = g.create(OpKind::LayerNorm, {a, gamma, gamma, b});
+  REQUIRE_FALSE(lnWrongResidual.ok());
+  CHECK(lnWrongResidual.error().find("residual") != std::string::npos);
+
   // A failed create adds nothing.
   CHECK(g.numNodes() == 1);
 }

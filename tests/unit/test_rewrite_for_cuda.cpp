@@ -280,4 +280,100 @@ TEST_CASE("rewriteForCuda: the layer_norm_grads sum the residual stream's bias g
   }
 }
 
+// fold-layer-norm-residual (the CUDA backend's TPC_LN_RESIDUAL=1: canAddLayerNormResidual accepting every
+// layer_norm): each block's two forward residual adds move into the layer_norm that reads them, ln_2's and the next
+// block's ln_1 (or ln_f). With the epilogues folded first, the bias GEMMs that had taken the residual as C give it
+// back (no "bias+residual" left, as many more plain "bias"). The step is the same on the CPU backend within bf16
+// rounding (the GEMM's output is rounded before the add now, as in the unfolded graph).
+TEST_CASE("rewriteForCuda: the layer_norms add the forward residual stream and the step matches", "[cuda][layer-norm]") {
+  std::function<bool(const Node&)> all = [](const Node&) { return true; };
+  const int layers = static_cast<int>(gpt().layers);
+  for (const std::string& passes : {kTrainPasses, "mixed-precision(dtype=bf16)," + kTrainPasses})
+    for (bool withEpilogues : {false, true}) {
+      INFO(passes << (withEpilogues ? ", epilogues folded" : ", no epilogues"));
+      std::vector<std::unique_ptr<Graph>> none;
+      auto g = fusedStep(passes, &none);
+      auto folded = g->clone(), plain = g->clone();
+      std::function<bool(const Node&)> epi = withEpilogues ? all : std::function<bool(const Node&)>();
+      REQUIRE(cuda::rewriteForCuda(*folded, epi, true, {}, all).ok());
+      REQUIRE(cuda::rewriteForCuda(*plain, epi, true, {}).ok());
+      Status v = verifyGraph(*folded);
+      INFO((v.ok() ? std::string() : v.error()));
+      REQUIRE(v.ok());
+      int withResidual = 0;
+      for (const Node* n : folded->nodes()) {
+        if (n->op() != OpKind::LayerNorm || n->numOperands() != 4) continue;
+        ++withResidual;
+        REQUIRE(n->numResults() == 2);
+        CHECK(n->result(1)->type() == n->operand(0)->type());
+        CHECK(n->operand(3)->type() == n->operand(0)->type());
+      }
+      // Without epilogues the residual adds sit in the fuse pass's groups with the bias adds, which the fold
+      // leaves alone (a lone add is folded: the test below).
+      CHECK(withResidual == (withEpilogues ? 2 * layers : 0));
+      CHECK(count(*folded, OpKind::LayerNorm) == count(*plain, OpKind::LayerNorm));
+      if (withEpilogues) {
+        std::map<std::string, int> before = epilogues(*plain), after = epilogues(*folded);
+        CHECK(before["bias+residual"] == 2 * layers);
+        CHECK(after["bias+residual"] == 0);
+        CHECK(after["bias"] == before["bias"] + 2 * layers);
+      } else {
+        CHECK(count(*folded, OpKind::Add) == count(*plain, OpKind::Add) - withResidual);
+      }
+      // Refused everywhere: nothing changes.
+      auto refused = g->clone();
+      REQUIRE(cuda::rewriteForCuda(*refused, epi, true, {}, [](const Node&) { return false; }).ok());
+      for (const Node* n : refused->nodes()) CHECK(!(n->op() == OpKind::LayerNorm && n->numOperands() == 4));
+      TensorMap a = twoSteps(*g, {}), b = twoSteps(*folded, {});
+      if (passes == kTrainPasses) {
+        checkClose(a, b, kTol);
+        continue;
+      }
+      for (const char* name : {"loss", "grad_norm"}) {  // bf16: as the epilogue test above
+        INFO(name);
+        double x = a.at(name).getAsDouble(0), y = b.at(name).getAsDouble(0);
+        CHECK(std::abs(x - y) <= 1e-2 * std::abs(x));
+      }
+    }
+}
+
+// fold-layer-norm-residual on a lone add: s = add(t, r) read by a layer_norm and by a later add becomes the
+// layer_norm's second result; with a reader of s before the layer_norm, or s a graph output, it stays.
+TEST_CASE("fold-layer-norm-residual: a lone residual add moves into the layer_norm that reads it", "[cuda][layer-norm]") {
+  for (int variant : {0, 1, 2}) {  // 0: folds; 1: an earlier reader; 2: s is an output
+    INFO("variant " << variant);
+    Graph g("ln_residual");
+    const TensorType x(DType::bf16, {4, 8, 64});
+    Value *t = g.addInput("t", x), *r = g.addInput("r", x);
+    Value *gamma = g.addInput("gamma", TensorType(DType::f32, {64})), *beta = g.addInput("beta", TensorType(DType::f32, {64}));
+    auto s = g.create(OpKind::Add, {t, r});
+    REQUIRE(s.ok());
+    if (variant == 1) {
+      auto early = g.create(OpKind::Neg, {(*s)->result()});
+      REQUIRE(early.ok());
+      g.addOutput((*early)->result(), "early");
+    }
+    auto y = g.create(OpKind::LayerNorm, {(*s)->result(), gamma, beta}, attrs({{"eps", 1e-5}}));
+    REQUIRE(y.ok());
+    auto z = g.create(OpKind::Add, {(*s)->result(), (*y)->result()});
+    REQUIRE(z.ok());
+    g.addOutput((*z)->result(), "z");
+    if (variant == 2) g.addOutput((*s)->result(), "s");
+    auto changed = createFoldLayerNormResidualPass()->run(g);
+    REQUIRE(changed.ok());
+    CHECK(*changed == (variant == 0));
+    REQUIRE(verifyGraph(g).ok());
+    int withResidual = 0;
+    for (const Node* n : g.nodes())
+      if (n->op() == OpKind::LayerNorm && n->numOperands() == 4) {
+        ++withResidual;
+        CHECK(n->operand(0) == t);
+        CHECK(n->operand(3) == r);
+        CHECK((*z)->operand(0) == n->result(1));  // the later reader takes the layer_norm's sum
+      }
+    CHECK(withResidual == (variant == 0 ? 1 : 0));
+    CHECK(count(g, OpKind::Add) == (variant == 0 ? 1 : 2));
+  }
+}
+
 #endif  // TPC_HAVE_CUDA

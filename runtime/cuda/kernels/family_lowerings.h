@@ -23,6 +23,8 @@ Result<NodeLowering> lowerLayerNorm(const Node& n, const LoweringContext& ctx); 
 Result<NodeLowering> lowerLayerNormGrad(const Node& n, const LoweringContext& ctx);   // normalization.cpp
 // Whether lowerLayerNormGrad sums dx for layer_norm_grad `n` given sum_dx (fold-layer-norm-grad-bias-sum asks).
 bool layerNormGradSumsDx(const Node& n, const LoweringContext& ctx);  // normalization.cpp
+// Whether layer_norm's kernel can add a residual operand (fold-layer-norm-residual): rows of at most 2048.
+bool layerNormTakesResidual(const Node& n);  // normalization.cpp
 Result<NodeLowering> lowerSoftmax(const Node& n, const LoweringContext& ctx);         // normalization.cpp
 Result<NodeLowering> lowerSoftmaxGrad(const Node& n, const LoweringContext& ctx);     // normalization.cpp
 Result<NodeLowering> lowerCrossEntropy(const Node& n, const LoweringContext& ctx);    // loss.cpp

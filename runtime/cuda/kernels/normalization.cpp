@@ -88,23 +88,51 @@ __device__ __forceinline__ void tpc_row_stats(float (*v)[U], int lane, float& me
 
 }  // namespace
 
-// One block per row: mean, then the biased variance around it (two passes, like the CPU kernel), then
-// y = (x - mean) * rstd * gamma + beta.
+bool layerNormTakesResidual(const Node& n) {
+  const int64_t D = n.operand(0)->shape().empty() ? 0 : n.operand(0)->shape().back();
+  return D > 0 && warpRowsOf(D, n.operand(0)->type().numel() / D).fits();
+}
+
+// Rows of at most 2048 elements: a warp per row held in registers (warpRowHead). With a residual operand
+// (fold-layer-norm-residual) the warp first forms s = x + residual rounded to x's dtype, stores it (the second
+// result) and normalizes s. Longer rows: one block per row: mean, then the biased variance around it (two passes,
+// like the CPU kernel), then y = (x - mean) * rstd * gamma + beta.
 Result<NodeLowering> lowerLayerNorm(const Node& n, const LoweringContext& ctx) {
-  for (unsigned k = 0; k < 3; ++k) TPC_TRY(checkFloatDType(n, n.operand(k)->dtype(), "x, gamma and beta"));
+  for (unsigned k = 0; k < n.numOperands(); ++k) TPC_TRY(checkFloatDType(n, n.operand(k)->dtype(), "x, gamma, beta and residual"));
   const Shape& s = n.operand(0)->shape();
   int64_t D = s.back(), rows = D ? n.operand(0)->type().numel() / D : 0;
   WarpRows w = warpRowsOf(D, rows);
+  const bool res = n.numOperands() == 4;
+  if (res && !w.fits())
+    return makeError("layer_norm: a residual operand is added by the warp-row kernel only (rows of at most 2048 elements, "
+                     "got ", D, "); fold-layer-norm-residual asks layerNormTakesResidual first");
   if (w.fits()) {
+    std::vector<std::pair<std::string, DType>> loads = {
+        {"x", n.operand(0)->dtype()}, {"g", n.operand(1)->dtype()}, {"b", n.operand(2)->dtype()}};
+    std::string resHead = "#define RES 0\n";
+    if (res) {
+      loads.push_back({"r", n.operand(3)->dtype()});
+      resHead = "#define RES 1\n" + accessors("s", n.result(1)->dtype()) + vectorAccessors("s", n.result(1)->dtype()) +
+                R"(__device__ __forceinline__ float s_round(float v) { s_t t; s_st(&t, 0, v); return s_ld(&t, 0); }
+)";
+    }
     KernelSpec k;
     k.entry = "tpc_layer_norm_warp";
     k.source = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("g", n.operand(1)->dtype()) +
                accessors("b", n.operand(2)->dtype()) + accessors("y", n.result(0)->dtype()) +
-               vectorAccessors("y", n.result(0)->dtype()) +
-               warpRowHead(w, {{"x", n.operand(0)->dtype()}, {"g", n.operand(1)->dtype()}, {"b", n.operand(2)->dtype()}},
-                           "y", n.getFloat("eps")) +
+               (res ? accessors("r", n.operand(3)->dtype()) : std::string()) + vectorAccessors("y", n.result(0)->dtype()) +
+               resHead + warpRowHead(w, loads, "y", n.getFloat("eps")) +
+               (res ? R"(__device__ __forceinline__ void s_stu(s_t* p, i64 i, const float* v) {
+#if U == 8
+  s_st8(p, i, v);
+#else
+  s_st(p, i, v[0]);
+#endif
+}
+)" : "") +
                R"(
-extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_warp(const x_t* X, const g_t* G, const b_t* Bt, y_t* Y) {
+extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_warp(const x_t* X, const g_t* G, const b_t* Bt, )" +
+               (res ? "const r_t* R, s_t* S, " : "") + R"(y_t* Y) {
   const int lane = threadIdx.x & 31;
   for (i64 row = (i64)blockIdx.x * WPB + (threadIdx.x >> 5); row < ROWS; row += (i64)gridDim.x * WPB) {
     float v[NV][U];
@@ -114,6 +142,16 @@ extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_warp(const
       for (int k = 0; k < U; ++k) v[i][k] = 0.f;
 #pragma unroll
     FOR_PIECES x_ldu(X + row * D, PIECE, v[i]);
+#if RES
+#pragma unroll
+    FOR_PIECES {
+      float rv[U];
+      r_ldu(R + row * D, PIECE, rv);
+#pragma unroll
+      for (int k = 0; k < U; ++k) v[i][k] = s_round(v[i][k] + rv[k]);  // the add's bits
+      s_stu(S + row * D, PIECE, v[i]);
+    }
+#endif
     float mean, rstd;
     tpc_row_stats(v, lane, mean, rstd);
 #pragma unroll
@@ -131,6 +169,7 @@ extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_warp(const
     k.block.x = static_cast<uint32_t>(32 * kWarpsPerBlock);
     k.grid.x = gridFor(rows, kWarpsPerBlock, 1 << 20);
     k.args = {operandArg(0), operandArg(1), operandArg(2), resultArg(0)};
+    if (res) k.args.insert(k.args.begin() + 3, {operandArg(3), resultArg(1)});
     return single(std::move(k));
   }
   KernelSpec k;
