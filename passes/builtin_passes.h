@@ -29,8 +29,10 @@ Result<std::unique_ptr<Pass>> createRecomputePass(const PassOptions& options);  
 std::unique_ptr<Pass> createFoldBatchMatmulSumPass();  // fold_batch_matmul_sum.cpp
 std::unique_ptr<Pass> createFoldLayerNormGradResidualPass();  // fold_layer_norm_grad_residual.cpp
 // layer_norm(add(t, r)) (or of a bias GEMM with the residual r as C) => layer_norm(t, gamma, beta, r) writing the
-// sum too (one rank's program, after fold-matmul-epilogues). `accept` may refuse a layer_norm; empty: all taken.
-std::unique_ptr<Pass> createFoldLayerNormResidualPass(std::function<bool(const Node&)> accept = {});  // fold_layer_norm_residual.cpp
+// sum too (one rank's program, after fold-matmul-epilogues). `accept` may refuse a layer_norm, `acceptGemm` the bias
+// GEMM without its residual; empty: all taken.
+std::unique_ptr<Pass> createFoldLayerNormResidualPass(std::function<bool(const Node&)> accept = {},
+                                                      std::function<bool(const Node&)> acceptGemm = {});  // fold_layer_norm_residual.cpp
 // reduce_sum(dx) over the leading dims after a layer_norm_grad => its sum_dx result (one rank's program). `canSum`
 // may refuse a layer_norm_grad (the CUDA backend: only its block kernel sums dx); empty: all are taken.
 std::unique_ptr<Pass> createFoldLayerNormGradBiasSumPass(std::function<bool(const Node&)> canSum = {});  // fold_layer_norm_grad_bias_sum.cpp

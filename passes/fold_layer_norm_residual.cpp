@@ -7,8 +7,10 @@
 // The GEMM then writes t without reading r; the layer_norm, which reads s's row anyway, reads t and r and writes
 // s too. Whether that is faster is the CUDA backend's to measure (TPC_LN_RESIDUAL). When: s is the layer_norm's x
 // and no graph output, every other reader of s comes after the layer_norm, the add is in no fusion group and
-// its operands have s's type; `accept(layer_norm)` may refuse (the CUDA kernel: rows of at most 2048). For one
-// rank's program (the CUDA backend runs it in rewriteForCuda, after fold-matmul-epilogues).
+// its operands have s's type; `accept(layer_norm)` may refuse (the CUDA kernel: rows of at most 2048), and
+// `acceptGemm(matmul_epilogue)` the bias GEMM without its residual (the CUDA backend's epilogue list and
+// cuBLASLt's support: then nothing changes). For one rank's program (the CUDA backend runs it in rewriteForCuda,
+// after fold-matmul-epilogues).
 #include "ir/fusion_group.h"
 #include "passes/builtin_passes.h"
 
@@ -17,7 +19,8 @@ namespace {
 
 class FoldLayerNormResidualPass final : public Pass {
  public:
-  explicit FoldLayerNormResidualPass(std::function<bool(const Node&)> accept) : accept_(std::move(accept)) {}
+  FoldLayerNormResidualPass(std::function<bool(const Node&)> accept, std::function<bool(const Node&)> acceptGemm)
+      : accept_(std::move(accept)), acceptGemm_(std::move(acceptGemm)) {}
   std::string_view name() const override { return "fold-layer-norm-residual"; }
 
   Result<bool> run(Graph& g) override {
@@ -49,6 +52,10 @@ class FoldLayerNormResidualPass final : public Pass {
                  def->numResults() == 1 && def->operand(3)->type() == s->type()) {
         TPC_ASSIGN(Node * gemm, g.create(OpKind::MatmulEpilogue, {def->operand(0), def->operand(1), def->operand(2)},
                                          def->attrs(), def));
+        if (acceptGemm_ && !acceptGemm_(*gemm)) {
+          g.erase(gemm);
+          continue;
+        }
         gemm->setLoc(def->loc());
         t = gemm->result();
         r = def->operand(3);
@@ -71,13 +78,14 @@ class FoldLayerNormResidualPass final : public Pass {
   }
 
  private:
-  std::function<bool(const Node&)> accept_;
+  std::function<bool(const Node&)> accept_, acceptGemm_;
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> createFoldLayerNormResidualPass(std::function<bool(const Node&)> accept) {
-  return std::make_unique<FoldLayerNormResidualPass>(std::move(accept));
+std::unique_ptr<Pass> createFoldLayerNormResidualPass(std::function<bool(const Node&)> accept,
+                                                      std::function<bool(const Node&)> acceptGemm) {
+  return std::make_unique<FoldLayerNormResidualPass>(std::move(accept), std::move(acceptGemm));
 }
 
 }  // namespace tpc

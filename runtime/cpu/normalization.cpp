@@ -56,8 +56,7 @@ Status kernelLayerNorm(KernelArgs<T>& a) {
           const T v = x[j] + R->f[r * D + j];
           sum[r * D + j] = sType == DType::bf16 ? static_cast<T>(bf16ToFloat(floatToBf16(static_cast<float>(v))))
                            : sType == DType::f16 ? static_cast<T>(f16ToFloat(floatToF16(static_cast<float>(v))))
-                           : sType == DType::f32 ? static_cast<T>(static_cast<float>(v))
-                                                 : v;
+                                                 : v;  // f32 as the add leaves it (unrounded in fp64 mode)
         }
         x = sum + r * D;
       }

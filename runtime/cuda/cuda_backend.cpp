@@ -219,7 +219,10 @@ class CudaBackend final : public Backend {
       info.clusteredGemmKernels += clustered;
       info.clusteredGemmBlocks += clustered ? l.grid.x : 0;
     }
-    for (const Rank& rk : ranks_) info.keptCopies += static_cast<int64_t>(rk.copies.size());
+    for (const Rank& rk : ranks_) {
+      info.keptCopies += static_cast<int64_t>(rk.copies.size());
+      for (const Node* n : rk.graph->nodes()) info.residualLayerNorms += n->op() == OpKind::LayerNorm && n->numOperands() == 4;
+    }
     if (d.comm) {
       for (int c : d.schedule.collectiveOf) info.commLaunches += c >= 0;
       info.collectives = static_cast<int64_t>(d.schedule.collectives.size());
@@ -296,6 +299,7 @@ class CudaBackend final : public Backend {
     foldLayerNormGradBiasSum_ = !isOff("lnsum");
     // The forward residual adds in the layer_norm kernel instead of the GEMMs' epilogues (cuBLASLt's C with beta 1):
     // off until measured on a GPU.
+    foldLayerNormResidual_ = false;
     if (const char* lr = std::getenv("TPC_LN_RESIDUAL"); lr && *lr) {
       if (std::string(lr) != "0" && std::string(lr) != "1")
         return makeError("TPC_LN_RESIDUAL=", lr, ": expected 1 (the forward residual adds in the layer_norm kernel) or 0");

@@ -96,6 +96,7 @@ struct CudaStepGraphInfo {
   int64_t gemmKernels = 0;  // matmul launches of our own GEMM kernels (gemm_sm90.cpp) instead of cuBLASLt
   int64_t clusteredGemmKernels = 0;  // ... of those, launched in clusters of blocks (multicast), and their blocks
   int64_t clusteredGemmBlocks = 0;
+  int64_t residualLayerNorms = 0;  // layer_norms that add the residual stream (fold-layer-norm-residual), all ranks
 };
 // nullopt for a backend that is not a prepared CUDA backend (or one in TPC_CUDA_DEBUG mode: no graph).
 std::optional<CudaStepGraphInfo> cudaStepGraphInfo(const Backend& backend);

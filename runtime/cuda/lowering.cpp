@@ -65,7 +65,7 @@ Status rewriteForCuda(Graph& g, const std::function<bool(const Node&)>& canRunEp
   if (canSumLayerNormGradDx) TPC_TRY(createFoldLayerNormGradBiasSumPass(canSumLayerNormGradDx)->run(g));
   // The forward residual stream's adds into the layer_norms that read them (after the epilogue fold: a bias GEMM
   // that took the residual as C gives it back).
-  if (canAddLayerNormResidual) TPC_TRY(createFoldLayerNormResidualPass(canAddLayerNormResidual)->run(g));
+  if (canAddLayerNormResidual) TPC_TRY(createFoldLayerNormResidualPass(canAddLayerNormResidual, canRunEpilogue)->run(g));
   // The norm reads bf16 gradients: their f32 casts fold into the AdamW kernel with the clip (adamw_groups.h).
   TPC_TRY(createGlobalNormSkipCastsPass()->run(g));
   return {};

@@ -140,6 +140,34 @@ TEST_CASE("cuda kernels: the old layer_norm_grad and embedding_grad kernels matc
   CHECK(sameBits > 100);
 }
 
+// layer_norm with a residual: its sum s has the bits of the CPU backend's add (an f32 add rounded to s's dtype),
+// exactly, not within the family test's tolerance.
+TEST_CASE("cuda kernels: layer_norm's residual sum has the add's bits", "[gpu]") {
+  requireGpuOrSkip();
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  int compared = 0;
+  for (const Case& c : allCases()) {
+    if (c.op != OpKind::LayerNorm || c.types.size() != 4) continue;
+    INFO(c.name);
+    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
+    std::vector<HostTensor> in = c.make(rng);
+    OneOp o = oneOp(c.op, c.types, c.attrs);
+    auto low = lowerCase(c, o);
+    REQUIRE(low.ok());
+    std::vector<HostTensor> want = runCpu(c, in, 4242, 7), got = runGpu(nvrtc, o, *low, in, 4242, 7);
+    REQUIRE(want.size() == 2);
+    REQUIRE(got.size() == 2);
+    REQUIRE(got[1].numel() == want[1].numel());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < got[1].numel(); ++i) differ += got[1].getAsDouble(i) != want[1].getAsDouble(i);
+    CHECK(differ == 0);
+    ++compared;
+  }
+  CHECK(compared >= 4);
+}
+
 // layer_norm_grad's rows through the cp.async ring (LoweringContext::layerNormGradStages): every result (dx,
 // dgamma, dbeta and dx's sums) the bits of the register prefetch, which sums in the same order.
 TEST_CASE("cuda kernels: layer_norm_grad's ring of rows gives the register prefetch's bits", "[gpu]") {

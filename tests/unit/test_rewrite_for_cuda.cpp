@@ -320,10 +320,21 @@ TEST_CASE("rewriteForCuda: the layer_norms add the forward residual stream and t
       } else {
         CHECK(count(*folded, OpKind::Add) == count(*plain, OpKind::Add) - withResidual);
       }
-      // Refused everywhere: nothing changes.
+      // Refused everywhere: nothing changes. With the epilogues folded, also where the bias GEMM without its
+      // residual is refused (the backend's epilogue list or cuBLASLt): the GEMMs keep their residual.
       auto refused = g->clone();
       REQUIRE(cuda::rewriteForCuda(*refused, epi, true, {}, [](const Node&) { return false; }).ok());
       for (const Node* n : refused->nodes()) CHECK(!(n->op() == OpKind::LayerNorm && n->numOperands() == 4));
+      if (withEpilogues) {
+        auto noPlainBias = g->clone();
+        std::function<bool(const Node&)> residualOnly = [](const Node& n) {
+          return !(n.getStr("epilogue") == "bias" && n.numOperands() == 3);
+        };
+        REQUIRE(cuda::rewriteForCuda(*noPlainBias, residualOnly, true, {}, all).ok());
+        REQUIRE(verifyGraph(*noPlainBias).ok());
+        for (const Node* n : noPlainBias->nodes()) CHECK(!(n->op() == OpKind::LayerNorm && n->numOperands() == 4));
+        CHECK(epilogues(*noPlainBias)["bias+residual"] == 2 * layers);
+      }
       TensorMap a = twoSteps(*g, {}), b = twoSteps(*folded, {});
       if (passes == kTrainPasses) {
         checkClose(a, b, kTol);
@@ -369,7 +380,8 @@ TEST_CASE("fold-layer-norm-residual: a lone residual add moves into the layer_no
         ++withResidual;
         CHECK(n->operand(0) == t);
         CHECK(n->operand(3) == r);
-        CHECK((*z)->operand(0) == n->result(1));  // the later reader takes the layer_norm's sum
+        CHECK((*z)->operand(0) == n->result(1));  // the later reader takes the layer_norm's sum and y
+        CHECK((*z)->operand(1) == n->result(0));
       }
     CHECK(withResidual == (variant == 0 ? 1 : 0));
     CHECK(count(g, OpKind::Add) == (variant == 0 ? 1 : 2));
