@@ -35,6 +35,14 @@ AxisSplit splitAt(const Shape& s, int64_t axis) {
   return r;
 }
 
+// v rounded to a 16-bit dtype t as the executor keeps such values (roundToDType); f32 and f64 as computed.
+template <class T>
+T roundedTo(DType t, T v) {
+  if (t == DType::bf16) return static_cast<T>(bf16ToFloat(floatToBf16(static_cast<float>(v))));
+  if (t == DType::f16) return static_cast<T>(f16ToFloat(floatToF16(static_cast<float>(v))));
+  return v;
+}
+
 }  // namespace
 
 // With a residual operand: s = x + residual rounded to x's dtype (a second result, the add's bits), then the
@@ -52,12 +60,7 @@ Status kernelLayerNorm(KernelArgs<T>& a) {
     for (int64_t r = b; r < e; ++r) {
       const T* x = X.f.data() + r * D;
       if (R) {
-        for (int64_t j = 0; j < D; ++j) {
-          const T v = x[j] + R->f[r * D + j];
-          sum[r * D + j] = sType == DType::bf16 ? static_cast<T>(bf16ToFloat(floatToBf16(static_cast<float>(v))))
-                           : sType == DType::f16 ? static_cast<T>(f16ToFloat(floatToF16(static_cast<float>(v))))
-                                                 : v;  // f32 as the add leaves it (unrounded in fp64 mode)
-        }
+        for (int64_t j = 0; j < D; ++j) sum[r * D + j] = roundedTo<T>(sType, x[j] + R->f[r * D + j]);
         x = sum + r * D;
       }
       double m, rs;
@@ -76,11 +79,7 @@ Status kernelLayerNormGrad(KernelArgs<T>& a) {
   const Buf<T>&DY = a.operand(0), &X = a.operand(1), &G = a.operand(2);
   const Buf<T>* R = a.node.numOperands() == 4 ? &a.operand(3) : nullptr;
   const DType dxType = a.node.result(0)->dtype();
-  auto rounded = [dxType](double v) -> double {
-    if (dxType == DType::bf16) return bf16ToFloat(floatToBf16(static_cast<float>(v)));
-    if (dxType == DType::f16) return f16ToFloat(floatToF16(static_cast<float>(v)));
-    return static_cast<T>(v);
-  };
+  auto rounded = [dxType](double v) { return static_cast<double>(roundedTo<T>(dxType, static_cast<T>(v))); };
   double eps = a.node.getFloat("eps");
   int64_t D = X.shape().back(), rows = D ? X.numel() / D : 0;
   T* dx = a.result(0).f.data();

@@ -301,9 +301,10 @@ class CudaBackend final : public Backend {
     // off until measured on a GPU.
     foldLayerNormResidual_ = false;
     if (const char* lr = std::getenv("TPC_LN_RESIDUAL"); lr && *lr) {
-      if (std::string(lr) != "0" && std::string(lr) != "1")
-        return makeError("TPC_LN_RESIDUAL=", lr, ": expected 1 (the forward residual adds in the layer_norm kernel) or 0");
-      foldLayerNormResidual_ = std::string(lr) == "1";
+      const std::string v = lr;
+      if (v != "0" && v != "1")
+        return makeError("TPC_LN_RESIDUAL=", v, ": expected 1 (the forward residual adds in the layer_norm kernel) or 0");
+      foldLayerNormResidual_ = v == "1";
     }
     ctx_.xentOnePass = !isOff("xent1");
     const char* ownGemmEnv = std::getenv("TPC_OWN_GEMM");
@@ -398,7 +399,7 @@ class CudaBackend final : public Backend {
       std::function<bool(const Node&)> canSumDx;  // bias gradients summed by the layer_norm_grad kernel
       if (foldLayerNormGradBiasSum_) canSumDx = [this](const Node& n) { return layerNormGradSumsDx(n, ctx_); };
       std::function<bool(const Node&)> canAddResidual;  // the forward residual adds in the layer_norm kernel
-      if (foldLayerNormResidual_) canAddResidual = [](const Node& n) { return layerNormTakesResidual(n); };
+      if (foldLayerNormResidual_) canAddResidual = layerNormTakesResidual;
       if (Status s = rewriteForCuda(*ranks_[r].graph, canRun, foldLayerNormGradResidual_, canSumDx, canAddResidual); !s.ok())
         return makeError(rankPrefix(r), s.error());
       // Collectives as early as they can go: what they pass over overlaps them on the communication stream.

@@ -1,14 +1,17 @@
 // For GPU tests: skip (exit 77, CTest's "skipped") when this machine has no usable GPU; CUDA_OK, a CUDA
-// runtime call that fails the test with its error.
+// runtime call that fails the test with its error; two runs' losses compared.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "runtime/cuda/device_info.h"
 
@@ -26,6 +29,14 @@ inline void requireGpuOrSkip() {
   std::printf("SKIPPED: no GPU (%s); this test runs on the GPU machine (scripts/gpu_check.sh)\n", why.c_str());
   std::fflush(stdout);
   std::_Exit(77);
+}
+
+// The largest |got[i] - want[i]| / |want[i]| over two runs' losses of the same steps.
+inline double worstRelativeDifference(const std::vector<double>& want, const std::vector<double>& got) {
+  double worst = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i)
+    worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+  return worst;
 }
 
 }  // namespace tpc::test

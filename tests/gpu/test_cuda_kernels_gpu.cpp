@@ -182,22 +182,9 @@ TEST_CASE("cuda kernels: layer_norm_grad's ring of rows gives the register prefe
     std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
     std::vector<HostTensor> in = c.make(rng);
     OneOp o = oneOp(c.op, c.types, c.attrs);
-    LoweringContext plain = c.ctx;
-    plain.layerNormGradStages = 0;
-    auto ring = lowerCase(c, o), regs = lowerCase(c, o, plain);
-    REQUIRE(ring.ok());
-    REQUIRE(regs.ok());
-    if (ring->kernels[0].source.find("#define STAGES 0\n") != std::string::npos) continue;  // element loads: no ring
-    std::vector<HostTensor> a = runGpu(nvrtc, o, *ring, in, 4242, 7), b = runGpu(nvrtc, o, *regs, in, 4242, 7);
-    REQUIRE(a.size() == b.size());
-    // Where the ring's shared memory leaves fewer blocks a SM, the blocks' partial sums group other rows: then
-    // only dx has the same bits.
-    const bool sameGrid = ring->kernels[0].grid.x == regs->kernels[0].grid.x;
-    allResults += sameGrid;
-    for (size_t r = 0; r < (sameGrid ? a.size() : 1); ++r) {
-      INFO("result " << r);
-      CHECK(std::memcmp(a[r].raw(), b[r].raw(), a[r].bytes()) == 0);
-    }
+    auto l = ringAndRegisterLowerings(c, o);
+    if (!l) continue;  // element loads: no ring
+    allResults += checkRingBits(*l, runGpu(nvrtc, o, l->ring, in, 4242, 7), runGpu(nvrtc, o, l->regs, in, 4242, 7));
     ++compared;
   }
   CHECK(compared >= 8);

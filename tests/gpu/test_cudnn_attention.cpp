@@ -199,9 +199,7 @@ TEST_CASE("cudnn attention: a bf16 GPT trains 10 steps to our kernels' losses, b
     losses[k] = trainLosses(*backend, rng, 10, batches);
     launches[k] = backend->launchesPerStep();
   }
-  double worst = 0;
-  for (size_t i = 0; i < losses[0].size(); ++i)
-    worst = std::max(worst, std::abs(losses[1][i] - losses[0][i]) / std::abs(losses[0][i]));
+  const double worst = worstRelativeDifference(losses[0], losses[1]);
   INFO("losses " << losses[0].front() << " -> " << losses[0].back() << "; launches per step " << launches[0]
                  << " with our kernels, " << launches[1] << " with cuDNN; worst relative loss difference " << worst);
   CHECK(worst < 1e-2);

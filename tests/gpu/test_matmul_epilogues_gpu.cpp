@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 
 #include "fusion_test_support.h"
@@ -509,6 +510,31 @@ TEST_CASE("cuda epilogues: each cuBLASLt epilogue matches the unfused ops (fp32 
     }
 }
 
+namespace {
+
+// Ten training steps of g on one GPU with `o` (seed 99, every epilogue kind, batches from rng 7): the losses,
+// launches a step and the step graph's counts (none in TPC_CUDA_DEBUG mode).
+struct TenSteps {
+  std::vector<double> losses;
+  int64_t launches = 0;
+  std::optional<CudaStepGraphInfo> info;
+};
+TenSteps trainTenSteps(const Graph& g, CudaOptions o) {
+  o.seed = 99;
+  o.verbose = false;
+  o.matmulEpilogueKinds = "all";
+  auto backend = createCudaBackend({}, o);
+  test::prepareInitialState(*backend, g, 1);
+  std::mt19937 rng(7);
+  TenSteps run;
+  run.losses = test::trainLosses(*backend, rng, 10);
+  run.launches = backend->launchesPerStep();
+  run.info = cudaStepGraphInfo(*backend);
+  return run;
+}
+
+}  // namespace
+
 TEST_CASE("cuda epilogues: a 2-layer GPT trains 10 steps to the same losses with and without them", "[gpu][epilogue]") {
   test::requireGpuOrSkip();
   for (bool bf16 : {false, true}) {
@@ -517,19 +543,12 @@ TEST_CASE("cuda epilogues: a 2-layer GPT trains 10 steps to the same losses with
     int64_t launches[2] = {0, 0};
     for (int with : {0, 1}) {
       CudaOptions o;
-      o.seed = 99;
-      o.verbose = false;
       o.matmulEpilogues = with == 1;
-      o.matmulEpilogueKinds = "all";
-      auto backend = createCudaBackend({}, o);
-      test::prepareInitialState(*backend, *g, 1);
-      std::mt19937 rng(7);
-      losses[with] = test::trainLosses(*backend, rng, 10);
-      launches[with] = backend->launchesPerStep();
+      TenSteps run = trainTenSteps(*g, o);
+      losses[with] = run.losses;
+      launches[with] = run.launches;
     }
-    double worst = 0;
-    for (size_t i = 0; i < losses[0].size(); ++i)
-      worst = std::max(worst, std::abs(losses[1][i] - losses[0][i]) / std::abs(losses[0][i]));
+    const double worst = test::worstRelativeDifference(losses[0], losses[1]);
     WARN((bf16 ? "bf16" : "fp32") << ": losses " << losses[0].front() << " -> " << losses[0].back() << "; launches per step "
                                   << launches[0] << " without epilogues, " << launches[1] << " with; worst relative loss difference "
                                   << worst);
@@ -552,25 +571,16 @@ TEST_CASE("cuda epilogues: the forward residual adds in the layer_norm kernel tr
     int64_t launches[2] = {0, 0}, residualLayerNorms[2] = {0, 0};
     for (int with : {0, 1}) {
       setenv("TPC_LN_RESIDUAL", with ? "1" : "0", 1);
-      CudaOptions o;
-      o.seed = 99;
-      o.verbose = false;
-      o.matmulEpilogueKinds = "all";
-      auto backend = createCudaBackend({}, o);
-      test::prepareInitialState(*backend, *g, 1);
-      std::mt19937 rng(7);
-      losses[with] = test::trainLosses(*backend, rng, 10);
-      launches[with] = backend->launchesPerStep();
-      auto info = cudaStepGraphInfo(*backend);
-      REQUIRE(info);
-      residualLayerNorms[with] = info->residualLayerNorms;
+      TenSteps run = trainTenSteps(*g, CudaOptions{});
+      losses[with] = run.losses;
+      launches[with] = run.launches;
+      REQUIRE(run.info);
+      residualLayerNorms[with] = run.info->residualLayerNorms;
     }
     unsetenv("TPC_LN_RESIDUAL");
     CHECK(residualLayerNorms[0] == 0);
     CHECK(residualLayerNorms[1] == 4);  // 2 layers: ln_2 and the next ln_1 or ln_f
-    double worst = 0;
-    for (size_t i = 0; i < losses[0].size(); ++i)
-      worst = std::max(worst, std::abs(losses[1][i] - losses[0][i]) / std::abs(losses[0][i]));
+    const double worst = test::worstRelativeDifference(losses[0], losses[1]);
     WARN((bf16 ? "bf16" : "fp32") << ": losses " << losses[0].front() << " -> " << losses[0].back() << "; launches per step "
                                   << launches[0] << " with the residual in the GEMMs, " << launches[1]
                                   << " in the layer_norms; worst relative loss difference " << worst);
@@ -612,9 +622,7 @@ TEST_CASE("cuda epilogues: megatron-tp 2 on virtual ranks trains 5 steps to the 
     losses[with] = test::trainLosses(*backend, rng, 5);
     launches[with] = backend->launchesPerStep();
   }
-  double worst = 0;
-  for (size_t i = 0; i < losses[0].size(); ++i)
-    worst = std::max(worst, std::abs(losses[1][i] - losses[0][i]) / std::abs(losses[0][i]));
+  const double worst = test::worstRelativeDifference(losses[0], losses[1]);
   WARN("tp 2: losses " << losses[0].front() << " -> " << losses[0].back() << "; launches per step " << launches[0]
                        << " without epilogues, " << launches[1] << " with; worst relative loss difference " << worst);
   CHECK(worst <= 1e-5);

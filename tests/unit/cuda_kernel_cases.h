@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <random>
 #include <string>
@@ -498,6 +499,34 @@ inline bool oldBitsExpected(const Node& n, size_t r, const std::vector<HostTenso
   ok->assign(static_cast<size_t>(V), false);
   for (int64_t v = 0; v < V; ++v) (*ok)[static_cast<size_t>(v)] = count[static_cast<size_t>(v)] <= 32;
   return true;
+}
+
+// A layer_norm_grad case with stages (LoweringContext::layerNormGradStages) lowered with its ring and with the
+// register prefetch (stages 0); nullopt where the ring does not apply (element loads: STAGES 0 either way).
+struct RingLowerings {
+  NodeLowering ring, regs;
+};
+inline std::optional<RingLowerings> ringAndRegisterLowerings(const Case& c, OneOp& o) {
+  LoweringContext plain = c.ctx;
+  plain.layerNormGradStages = 0;
+  auto ring = lowerCase(c, o), regs = lowerCase(c, o, plain);
+  REQUIRE(ring.ok());
+  REQUIRE(regs.ok());
+  if (ring->kernels[0].source.find("#define STAGES 0\n") != std::string::npos) return std::nullopt;
+  return RingLowerings{std::move(ring).value(), std::move(regs).value()};
+}
+
+// The ring's results a against the register prefetch's b: every result bit for bit where both grids are the
+// same, else dx alone (with fewer blocks a SM, the blocks' partial sums group other rows). Returns whether every
+// result was compared.
+inline bool checkRingBits(const RingLowerings& l, const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
+  REQUIRE(a.size() == b.size());
+  const bool sameGrid = l.ring.kernels[0].grid.x == l.regs.kernels[0].grid.x;
+  for (size_t r = 0; r < (sameGrid ? a.size() : 1); ++r) {
+    INFO("result " << r);
+    CHECK(std::memcmp(a[r].raw(), b[r].raw(), a[r].bytes()) == 0);
+  }
+  return sameGrid;
 }
 
 // Checks that the new kernels' results gotNew equal the old kernels' gotOld bit for bit where oldBitsExpected

@@ -49,10 +49,10 @@ WarpRows warpRowsOf(int64_t D, int64_t rows) {
 }
 constexpr int64_t kWarpsPerBlock = 4;
 
-// Row helpers for the warp-per-row kernels: tpc_rowld(name) loads a piece, rowst stores one; the
-// statistics of a row held as v[NV][U] (zeros past D).
+// Row helpers for the warp-per-row kernels: name_ldu loads a piece of each of `loads`, name_stu stores one of
+// each of `stores`; the statistics of a row held as v[NV][U] (zeros past D).
 std::string warpRowHead(const WarpRows& w, const std::vector<std::pair<std::string, DType>>& loads,
-                        const std::string& storeName, double eps) {
+                        const std::vector<std::string>& stores, double eps) {
   std::string s = cat("#define D ", i64Lit(w.D), "\n#define ROWS ", i64Lit(w.rows), "\n#define U ", w.U, "\n#define NV ",
                       w.NV, "\n#define WPB ", kWarpsPerBlock, "\n#define EPS ", floatLit(eps), "\n");
   auto fn = [&](const std::string& name, bool store) {
@@ -63,7 +63,8 @@ std::string warpRowHead(const WarpRows& w, const std::vector<std::pair<std::stri
                name, "_ld8(p, i, v);\n#else\n  v[0] = ", name, "_ld(p, i);\n#endif\n}\n");
   };
   for (auto& [name, t] : loads) s += vectorAccessors(name, t) + fn(name, false);
-  return s + fn(storeName, true) + R"(
+  for (const std::string& name : stores) s += fn(name, true);
+  return s + R"(
 #define FOR_PIECES for (int i = 0; i < NV; ++i) if ((i64)(lane + 32 * i) * U < D)
 #define PIECE ((i64)(lane + 32 * i) * U)
 // Mean and 1/sqrt(biased variance + eps) of a row held by a warp (two passes over the registers).
@@ -121,15 +122,8 @@ Result<NodeLowering> lowerLayerNorm(const Node& n, const LoweringContext& ctx) {
     k.source = devicePrelude() + accessors("x", n.operand(0)->dtype()) + accessors("g", n.operand(1)->dtype()) +
                accessors("b", n.operand(2)->dtype()) + accessors("y", n.result(0)->dtype()) +
                (res ? accessors("r", n.operand(3)->dtype()) : std::string()) + vectorAccessors("y", n.result(0)->dtype()) +
-               resHead + warpRowHead(w, loads, "y", n.getFloat("eps")) +
-               (res ? R"(__device__ __forceinline__ void s_stu(s_t* p, i64 i, const float* v) {
-#if U == 8
-  s_st8(p, i, v);
-#else
-  s_st(p, i, v[0]);
-#endif
-}
-)" : "") +
+               resHead + warpRowHead(w, loads, res ? std::vector<std::string>{"y", "s"} : std::vector<std::string>{"y"},
+                                     n.getFloat("eps")) +
                R"(
 extern "C" __global__ void __launch_bounds__(WPB * 32) tpc_layer_norm_warp(const x_t* X, const g_t* G, const b_t* Bt, )" +
                (res ? "const r_t* R, s_t* S, " : "") + R"(y_t* Y) {
@@ -250,7 +244,7 @@ Result<NodeLowering> lowerLayerNormGradWarps(const Node& n, const WarpRows& w) {
                     accessors("dg", n.result(1)->dtype()) + accessors("db", n.result(2)->dtype()) +
                     vectorAccessors("dx", n.result(0)->dtype()) + residualHead(n) +
                     warpRowHead(w, {{"dy", n.operand(0)->dtype()}, {"x", n.operand(1)->dtype()}, {"g", n.operand(2)->dtype()}},
-                                "dx", n.getFloat("eps")) +
+                                {"dx"}, n.getFloat("eps")) +
                     (n.numOperands() == 4 ? residualLoad() : std::string()) +
                     cat("#define RPW ", i64Lit(rpw), "\n#define NW ", i64Lit(nw), "\n");
   NodeLowering out;
@@ -395,7 +389,7 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, 
                     vectorAccessors("dx", n.result(0)->dtype()) + residualHead(n) +
                     (sumDx ? accessors("ds", n.result(3)->dtype()) + (res ? "" : kDxRound) : std::string());
   src += warpRowHead(w, {{"dy", n.operand(0)->dtype()}, {"x", n.operand(1)->dtype()}, {"g", n.operand(2)->dtype()}},
-                     "dx", n.getFloat("eps")) +
+                     {"dx"}, n.getFloat("eps")) +
          (res ? residualLoad() : std::string());
   src += rawPieces("x", n.operand(1)->dtype(), w.U) + rawPieces("dy", n.operand(0)->dtype(), w.U) +
          (res ? rawPieces("r", n.operand(3)->dtype(), w.U) : std::string()) +
@@ -406,24 +400,23 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, 
   // The ring's copies, for the first kernel only (the second reads the partial rows).
   std::string ring;
   if (stages) ring = tensorCorePrelude() + R"(
+// One lane's piece (Raw: 16 or 32 bytes) global -> shared, 16 bytes a cp.async.
+template <class Raw>
+__device__ __forceinline__ void tpc_ring_piece(Raw* dst, const void* src) {
+#pragma unroll
+  for (int c = 0; c < (int)sizeof(Raw) / 16; ++c)
+    tpc_cp_async16(reinterpret_cast<char*>(dst) + 16 * c, reinterpret_cast<const char*>(src) + 16 * c, true);
+}
 // Row `row`'s pieces of x, dy (and r) into ring stage st ([x pieces][dy pieces][r pieces], each [NV][32 lanes]).
 __device__ __forceinline__ void tpc_ring_fill(char* st, const x_t* X, const dy_t* DY, const void* Rv, i64 row, int lane) {
   x_raw* xs = reinterpret_cast<x_raw*>(st);
   dy_raw* es = reinterpret_cast<dy_raw*>(xs + NV * 32);
 #pragma unroll
   FOR_PIECES {
-#pragma unroll
-    for (int c = 0; c < (int)sizeof(x_raw) / 16; ++c)
-      tpc_cp_async16(reinterpret_cast<char*>(xs + i * 32 + lane) + 16 * c, reinterpret_cast<const char*>(X + row * D + PIECE) + 16 * c, true);
-#pragma unroll
-    for (int c = 0; c < (int)sizeof(dy_raw) / 16; ++c)
-      tpc_cp_async16(reinterpret_cast<char*>(es + i * 32 + lane) + 16 * c, reinterpret_cast<const char*>(DY + row * D + PIECE) + 16 * c, true);
+    tpc_ring_piece(xs + i * 32 + lane, X + row * D + PIECE);
+    tpc_ring_piece(es + i * 32 + lane, DY + row * D + PIECE);
 #if RES
-    r_raw* rs = reinterpret_cast<r_raw*>(es + NV * 32);
-    const r_t* R = reinterpret_cast<const r_t*>(Rv);
-#pragma unroll
-    for (int c = 0; c < (int)sizeof(r_raw) / 16; ++c)
-      tpc_cp_async16(reinterpret_cast<char*>(rs + i * 32 + lane) + 16 * c, reinterpret_cast<const char*>(R + row * D + PIECE) + 16 * c, true);
+    tpc_ring_piece(reinterpret_cast<r_raw*>(es + NV * 32) + i * 32 + lane, reinterpret_cast<const r_t*>(Rv) + row * D + PIECE);
 #endif
   }
 }
