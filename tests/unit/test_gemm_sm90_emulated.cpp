@@ -17,6 +17,7 @@
 #include "runtime/cuda/kernels/family_lowerings.h"
 #include "runtime/cuda/lowering.h"
 #include "runtime/host_tensor.h"
+#include "cuda_emulator.h"
 #include "sm90_emulator.h"
 #include "test_support.h"
 
@@ -308,6 +309,72 @@ TEST_CASE("gemm sm90 emulated: a kernel with a wait or fence taken out is caught
     UNSCOPED_INFO(mu.what << ": " << bad << " wrong elements; the emulator says '" << complaint << "'");
     if (mu.says) CHECK(complaint.find(mu.says) != std::string::npos);
     else CHECK(bad > 0);
+  }
+}
+
+// The column kernel after dgelu_bgrad's and bgrad_a's GEMM: db[c] = the [M / 16, cols] f32 partials' column sums in
+// tpc_column_sum's order (row group y = p mod 32 summed in p order, then the groups in y order, in double), rounded
+// once. Its launch (8 columns a block since the twenty-seventh session) must not change that order: bit for bit.
+TEST_CASE("gemm sm90 emulated: the column kernels sum the 16-row partials in their fixed order", "[cuda][emulator]") {
+  test::TempDir dir;
+  int serial = 0;
+  // M 16640: 1040 partial rows, so the 512-row strides of the sum end in a partial one; cols 768 and 200 (a tail).
+  for (const Case& c : {Case{"bgrad_a", 16640, 256, 768, true, ""}, Case{"dgelu_bgrad", 16640, 768, 256, true, ""},
+                        Case{"bgrad_a", 2048, 256, 200, true, ""}}) {
+    INFO(c.kind << " M " << c.M << " N " << c.N << " K " << c.K);
+    EpilogueNode e = epilogueNode(c.kind, {c.M, c.K}, Shape{c.N, c.K}, true, DType::bf16);
+    LoweringContext ctx;
+    ctx.numSMs = 132;
+    REQUIRE(setOwnGemmKinds(c.kind, "test", &ctx).ok());
+    auto l = lowerGemm(*e.n, ctx);
+    if (c.K == 200) {  // K 200 is off the kernel's tile: no column kernel to run
+      CHECK_FALSE(l.ok());
+      continue;
+    }
+    REQUIRE(l.ok());
+    REQUIRE(l->kernels.size() == 2);
+    const KernelSpec& k = l->kernels[1];
+    const int64_t P = c.M / 16, cols = c.kind == "bgrad_a" ? c.K : c.N;
+    CHECK(k.grid.x * k.block.x >= cols);
+    std::vector<float> part(static_cast<size_t>(P * cols));
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (float& v : part) v = nd(rng) * 100.f;
+    // A +2^80 and a -2^80 in each column: the double sum swallows whichever small terms meet them first, so
+    // another order gives other bits (checked below: a plain p-order sum differs in most columns).
+    for (int64_t col = 0; col < cols; ++col) {
+      part[static_cast<size_t>((col % P) * cols + col)] = 0x1p80f;
+      part[static_cast<size_t>(((col * 7 + 3) % P) * cols + col)] = -0x1p80f;
+    }
+    const DType dbType = e.n->result(1)->dtype();
+    REQUIRE((dbType == DType::bf16 || dbType == DType::f32));
+    std::vector<uint16_t> db16(static_cast<size_t>(cols), 0xFFFF);
+    std::vector<float> db32(static_cast<size_t>(cols), -1.f);
+    void* partPtr = part.data();
+    void* dbPtr = dbType == DType::bf16 ? static_cast<void*>(db16.data()) : static_cast<void*>(db32.data());
+    void* args[] = {&partPtr, &dbPtr};
+    auto fn = test::compileEmulated(k.source, k.entry, dir.path.string(), serial++);
+    INFO((fn.ok() ? std::string() : fn.error()));
+    REQUIRE(fn.ok());
+    (*fn)(args, k.grid.x, k.grid.y, k.grid.z, k.block.x, k.block.y, k.block.z, k.sharedBytes);
+    int wrongBits = 0, otherOrderDiffers = 0;
+    for (int64_t col = 0; col < cols; ++col) {
+      double plain = 0;
+      for (int64_t p = 0; p < P; ++p) plain += part[static_cast<size_t>(p * cols + col)];
+      double total = 0;
+      for (int64_t y = 0; y < 32; ++y) {
+        double acc = 0;
+        for (int64_t p = y; p < P; p += 32) acc += part[static_cast<size_t>(p * cols + col)];
+        total = y == 0 ? acc : total + acc;
+      }
+      const float want = static_cast<float>(total);
+      otherOrderDiffers += static_cast<float>(plain) != want ? 1 : 0;
+      const bool same = dbType == DType::bf16 ? db16[static_cast<size_t>(col)] == floatToBf16(want)
+                                             : std::memcmp(&db32[static_cast<size_t>(col)], &want, 4) == 0;
+      wrongBits += same ? 0 : 1;
+    }
+    CHECK(wrongBits == 0);
+    CHECK(otherOrderDiffers > cols / 2);
   }
 }
 
