@@ -32,6 +32,8 @@ export TPC_CACHE_DIR="${TPC_CACHE_DIR:-/tmp/own_gemm_ab_kcache}"
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/own_gemm_ab.XXXXXX")"   # the power samples and profile CSVs
 settings=(${SETTINGS:-0 gelu_bias 1})
 rows=()
+# A row of the table, also printed as it comes (stderr), so a run cut off by a time limit still shows its rows.
+row() { rows+=("$1"); echo "$1" >&2; }
 # The environment of a setting: TPC_OWN_GEMM=<setting>, or the setting's own assignments (see part 2).
 setting_env() {
   if [[ "$1" == *=* ]]; then printf '%s\n' ${1//+/ }; else printf 'TPC_OWN_GEMM=%s\n' "$1"; fi
@@ -87,7 +89,7 @@ for line in open(sys.argv[1]):
 print("%.0f W %.0f MHz (%d samples)" % (statistics.median(w), statistics.median(c), len(w)) if w else "n/a")
 PY
 )"
-      rows+=("$(printf '%-34s %10s ms  %-28s %s' "$tag" "${ms:-FAIL}" "${power:-n/a}" "$loss")")
+      row "$(printf '%-34s %10s ms  %-28s %s' "$tag" "${ms:-FAIL}" "${power:-n/a}" "$loss")"
     done
   done
 done
@@ -117,10 +119,12 @@ sums = [r for r in rows if r["op"].startswith("reduce_sum") or "tpc_dgelu_bgrad_
 parts.append("bias sums %d x, %.3f ms" % (len(sums), sum(float(r["ms"]) for r in sums)))
 lng = [r for r in rows if r["op"].startswith("layer_norm_grad")]
 parts.append("layer_norm_grad %d x, %.3f ms" % (len(lng), sum(float(r["ms"]) for r in lng)))
+ln = [r for r in rows if r["op"] == "layer_norm"]
+parts.append("layer_norm %d x, %.3f ms" % (len(ln), sum(float(r["ms"]) for r in ln)))
 print("; ".join(parts) + "; all launches %.2f ms" % total)
 PY
 )"
-    rows+=("$(printf '%-34s %s' "$tag" "${summary:-FAIL (see $out/profiles.log)}")")
+    row "$(printf '%-34s %s' "$tag" "${summary:-FAIL (see $out/profiles.log)}")"
   done
 done
 
