@@ -302,8 +302,8 @@ TEST_CASE("gemm sm90: bgrad_a takes our kernel when switched on, as (a, b) -> (y
   checkMap(k, 2, false, 0, 16384, 1024, 8);
   const KernelSpec& cols = l->kernels[1];
   CHECK(cols.entry == "tpc_bgrad_a_columns");
-  CHECK(cols.grid.x == 3072 / 8);  // one column of db a thread row, 8 a block: K of them
-  CHECK((cols.block.x == 8 && cols.block.y == 32));
+  CHECK(cols.grid.x == 3072 / 32);  // one column of db a thread: K of them
+  CHECK((cols.block.x == 32 && cols.block.y == 32));
   REQUIRE(cols.args.size() == 2);
   CHECK((cols.args[0].kind == ArgKind::Workspace && cols.args[0].index == 0));
   CHECK((cols.args[1].kind == ArgKind::Result && cols.args[1].index == 1));
@@ -494,8 +494,8 @@ TEST_CASE("gemm sm90: dgelu_bgrad runs our kernel, then the column sums of its p
   CHECK((k.args[4].kind == ArgKind::Workspace && k.args[4].index == 0));
   const KernelSpec& cols = l->kernels[1];
   CHECK(cols.entry == "tpc_dgelu_bgrad_columns");
-  CHECK(cols.grid.x == 3072 / 8);
-  CHECK((cols.block.x == 8 && cols.block.y == 32));
+  CHECK(cols.grid.x == 3072 / 32);
+  CHECK((cols.block.x == 32 && cols.block.y == 32));
   REQUIRE(cols.args.size() == 2);
   CHECK((cols.args[0].kind == ArgKind::Workspace && cols.args[0].index == 0));
   CHECK((cols.args[1].kind == ArgKind::Result && cols.args[1].index == 1));

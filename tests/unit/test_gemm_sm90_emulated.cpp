@@ -314,7 +314,7 @@ TEST_CASE("gemm sm90 emulated: a kernel with a wait or fence taken out is caught
 
 // The column kernel after dgelu_bgrad's and bgrad_a's GEMM: db[c] = the [M / 16, cols] f32 partials' column sums in
 // tpc_column_sum's order (row group y = p mod 32 summed in p order, then the groups in y order, in double), rounded
-// once. Its launch (8 columns a block since the twenty-seventh session) must not change that order: bit for bit.
+// once. Its launch (the columns a block) must not change that order: bit for bit.
 TEST_CASE("gemm sm90 emulated: the column kernels sum the 16-row partials in their fixed order", "[cuda][emulator]") {
   test::TempDir dir;
   int serial = 0;
