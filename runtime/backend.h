@@ -100,6 +100,8 @@ class Backend {
   // The GPUs the whole run computes on (every process of an mpirun job; virtual ranks share one): what MFU
   // divides the peak by. 0 for a backend without GPUs.
   virtual int64_t gpusInRun() const { return 0; }
+  // The GPU's name as its driver reports it (cudaDeviceProp::name), for the MFU's peak; "" without one.
+  virtual std::string gpuName() const { return ""; }
 
  private:
   std::optional<Result<TensorMap>> pending_;  // the default startStep()'s outputs, for finishStep()

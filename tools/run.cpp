@@ -29,6 +29,7 @@
 #include "runtime/backend_select.h"
 #include "runtime/checkpoint.h"
 #include "runtime/evaluator.h"
+#include "runtime/gpu_peaks.h"
 #include "runtime/metrics_server.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
@@ -514,16 +515,14 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   settings.logJsonl = speaks ? flags.get("log-jsonl") : "";
   if (*backendKind == BackendKind::Cuda) {
     // Model FLOPs per token: 6 per parameter (forward + backward) plus attention's 12 * layers * hidden * seq
-    // (PaLM's estimate). The peak is the H200's for the precision the matmuls run in (dense, no sparsity).
+    // (PaLM's estimate). The peak is this GPU's for the precision the matmuls run in (dense, no sparsity).
     double attention = model->gpt ? 12.0 * static_cast<double>(model->gpt->layers * model->gpt->hidden * config.seqLength) : 0;
     settings.flopsPerToken = 6.0 * static_cast<double>(numParams) + attention;
     // A run on N GPUs (NCCL, in one process or a process each) divides by N peaks; virtual ranks share one.
     const int64_t gpus = std::max<int64_t>(backend->gpusInRun(), 1);
-    settings.peakFlops = static_cast<double>(gpus) * (precision == "fp32" ? 67e12 : 989e12);
-    settings.peakName = (gpus > 1 ? cat(gpus, " x ") : std::string()) +
-                        (precision == "fp32"   ? "H200 fp32 67 TFLOP/s"
-                         : precision == "fp16" ? "H200 dense fp16 989 TFLOP/s"
-                                               : "H200 dense bf16 989 TFLOP/s");
+    const PeakFlops peak = peakFlopsFor(backend->gpuName(), precision);
+    settings.peakFlops = static_cast<double>(gpus) * peak.flops;
+    settings.peakName = (gpus > 1 ? cat(gpus, " x ") : std::string()) + peak.label;
   }
   if (checkpoint) {
     settings.firstIter = checkpoint->state.iteration + 1;

@@ -189,6 +189,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override { release(); }
 
+  std::string gpuName() const override { return deviceName_; }
   std::string name() const override {
     if (processMode())
       return cat("cuda (", deviceName_, ", rank ", options_.processRank, " of ", meshRanks(), " on GPU ", options_.device,
