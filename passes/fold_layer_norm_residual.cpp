@@ -5,9 +5,9 @@
 //   %s = matmul_epilogue {bias} (%a, %w, %bias, %r); %y = layer_norm(%s, %g, %b)
 //     => %t = matmul_epilogue {bias} (%a, %w, %bias); %y, %s = layer_norm(%t, %g, %b, %r)
 // The GEMM then writes t without reading r; the layer_norm, which reads s's row anyway, reads t and r and writes
-// s too. Whether that is faster is the CUDA backend's to measure (TPC_LN_RESIDUAL). When: s is the layer_norm's x
-// and no graph output, every other reader of s comes after the layer_norm, the add is in no fusion group and
-// its operands have s's type; `accept(layer_norm)` may refuse (the CUDA kernel: rows of at most 2048), and
+// s too. On an H100 that was slower (docs/performance.md), so the CUDA backend runs it only with
+// TPC_LN_RESIDUAL=1. When: s is the layer_norm's x and no graph output, every other reader of s comes after the
+// layer_norm, the add is in no fusion group and its operands have s's type; `accept(layer_norm)` may refuse (the CUDA kernel: rows of at most 2048), and
 // `acceptGemm(matmul_epilogue)` the bias GEMM without its residual (the CUDA backend's epilogue list and
 // cuBLASLt's support: then nothing changes). For one rank's program (the CUDA backend runs it in rewriteForCuda,
 // after fold-matmul-epilogues).

@@ -85,18 +85,28 @@ std::vector<HostTensor> runGpu(cuda::NvrtcCompiler& nvrtc, OneOp& o, const NodeL
   return out;
 }
 
-}  // namespace
-
-TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5 and bf16 or f16 1e-2 or 4e-2 for 16-bit-P attention)", "[gpu]") {
+// GPU 0's compute capability as NVRTC takes it (90 for sm_90); the test is skipped without a GPU.
+int gpuArch() {
   requireGpuOrSkip();
   cudaDeviceProp prop{};
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  return prop.major * 10 + prop.minor;
+}
+
+// A case's inputs, drawn by a generator seeded with its name: the same inputs in every test.
+std::vector<HostTensor> caseInputs(const Case& c) {
+  std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
+  return c.make(rng);
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5 and bf16 or f16 1e-2 or 4e-2 for 16-bit-P attention)", "[gpu]") {
+  cuda::NvrtcCompiler nvrtc(gpuArch());
   int compared = 0;
   for (const Case& c : allCases()) {
     INFO(c.name);
-    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
-    std::vector<HostTensor> in = c.make(rng);
+    std::vector<HostTensor> in = caseInputs(c);
     OneOp o = oneOp(c.op, c.types, c.attrs);
     auto low = lowerCase(c, o);
     REQUIRE(low.ok());
@@ -116,16 +126,12 @@ TEST_CASE("cuda kernels: every family kernel matches the CPU backend (f32 1e-5 a
 // oldMembwKernels) still match the CPU backend, and the new ones give their bits where they should
 // (oldBitsExpected: dx; the table rows of at most 32 positions).
 TEST_CASE("cuda kernels: the old layer_norm_grad and embedding_grad kernels match the CPU and the new ones give their bits", "[gpu]") {
-  requireGpuOrSkip();
-  cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  cuda::NvrtcCompiler nvrtc(gpuArch());
   int compared = 0, sameBits = 0;
   for (const Case& c : allCases()) {
     if (!hasOldVariant(c)) continue;
     INFO(c.name);
-    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
-    std::vector<HostTensor> in = c.make(rng);
+    std::vector<HostTensor> in = caseInputs(c);
     OneOp o = oneOp(c.op, c.types, c.attrs);
     auto low = lowerCase(c, o), old = lowerCase(c, o, oldMembwKernels());
     REQUIRE(low.ok());
@@ -143,16 +149,12 @@ TEST_CASE("cuda kernels: the old layer_norm_grad and embedding_grad kernels matc
 // layer_norm with a residual: its sum s has the bits of the CPU backend's add (an f32 add rounded to s's dtype),
 // exactly, not within the family test's tolerance.
 TEST_CASE("cuda kernels: layer_norm's residual sum has the add's bits", "[gpu]") {
-  requireGpuOrSkip();
-  cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  cuda::NvrtcCompiler nvrtc(gpuArch());
   int compared = 0;
   for (const Case& c : allCases()) {
     if (c.op != OpKind::LayerNorm || c.types.size() != 4) continue;
     INFO(c.name);
-    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
-    std::vector<HostTensor> in = c.make(rng);
+    std::vector<HostTensor> in = caseInputs(c);
     OneOp o = oneOp(c.op, c.types, c.attrs);
     auto low = lowerCase(c, o);
     REQUIRE(low.ok());
@@ -171,16 +173,12 @@ TEST_CASE("cuda kernels: layer_norm's residual sum has the add's bits", "[gpu]")
 // layer_norm_grad's rows through the cp.async ring (LoweringContext::layerNormGradStages): every result (dx,
 // dgamma, dbeta and dx's sums) the bits of the register prefetch, which sums in the same order.
 TEST_CASE("cuda kernels: layer_norm_grad's ring of rows gives the register prefetch's bits", "[gpu]") {
-  requireGpuOrSkip();
-  cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  cuda::NvrtcCompiler nvrtc(gpuArch());
   int compared = 0, allResults = 0;
   for (const Case& c : allCases()) {
     if (c.ctx.layerNormGradStages == 0) continue;
     INFO(c.name);
-    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
-    std::vector<HostTensor> in = c.make(rng);
+    std::vector<HostTensor> in = caseInputs(c);
     OneOp o = oneOp(c.op, c.types, c.attrs);
     auto l = ringAndRegisterLowerings(c, o);
     if (!l) continue;  // element loads: no ring
@@ -194,16 +192,12 @@ TEST_CASE("cuda kernels: layer_norm_grad's ring of rows gives the register prefe
 // The kernels that may write a result over an operand (OpInfo::inPlaceResult: dlogits over the logits), doing
 // so as the memory plan lets them when the operand is dead: the same bits as into a buffer of their own.
 TEST_CASE("cuda kernels: in-place kernels give the same bits written over their operand", "[gpu]") {
-  requireGpuOrSkip();
-  cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  cuda::NvrtcCompiler nvrtc(gpuArch());
   int compared = 0;
   for (const Case& c : allCases()) {
     if (opInfo(c.op).inPlaceResult < 0) continue;
     INFO(c.name);
-    std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
-    std::vector<HostTensor> in = c.make(rng);
+    std::vector<HostTensor> in = caseInputs(c);
     OneOp o = oneOp(c.op, c.types, c.attrs);
     auto low = lowerCase(c, o);
     REQUIRE(low.ok());
@@ -221,17 +215,13 @@ TEST_CASE("cuda kernels: in-place kernels give the same bits written over their 
 // on every "tc" case of cuda_kernel_cases.h (plain and packed layouts, causal and full, dropout, T 77,
 // head_dim 64 and 128), against the CPU backend like the shipped kernels above, and deterministic.
 TEST_CASE("cuda kernels: every tensor-core attention variant matches the CPU backend", "[gpu]") {
-  requireGpuOrSkip();
-  cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  cuda::NvrtcCompiler nvrtc(gpuArch());
   int compared = 0;
   for (const TcVariant& v : tcAttentionVariants())
     for (const Case& c : allCases()) {
       if (!isTcAttentionCase(c)) continue;
       INFO(v.name << ": " << c.name);
-      std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffff);
-      std::vector<HostTensor> in = c.make(rng);
+      std::vector<HostTensor> in = caseInputs(c);
       OneOp o = oneOp(c.op, c.types, c.attrs);
       auto low = lowerTcVariant(o, v.opt);
       REQUIRE(low.ok());
@@ -275,10 +265,7 @@ void checkClose(const HostTensor& got, const HostTensor& want, double tol) {
 // attention_qkv runs attention's kernels with the packed layout's strides: on the GPU it gives what attention
 // gives on q, k, v sliced out of the same tensor (out, lse and the gradients), dropout mask included.
 TEST_CASE("cuda kernels: attention_qkv and its gradient equal attention on the unpacked q, k, v", "[gpu]") {
-  requireGpuOrSkip();
-  cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  cuda::NvrtcCompiler nvrtc(prop.major * 10 + prop.minor);
+  cuda::NvrtcCompiler nvrtc(gpuArch());
   struct P {
     const char* name;
     DType dt;

@@ -12,6 +12,7 @@
 
 #include "fusion_test_support.h"
 #include "gpu_test_support.h"
+#include "gpu_train_steps.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/param_init.h"
@@ -512,25 +513,10 @@ TEST_CASE("cuda epilogues: each cuBLASLt epilogue matches the unfused ops (fp32 
 
 namespace {
 
-// Ten training steps of g on one GPU with `o` (seed 99, every epilogue kind, batches from rng 7): the losses,
-// launches a step and the step graph's counts (none in TPC_CUDA_DEBUG mode).
-struct TenSteps {
-  std::vector<double> losses;
-  int64_t launches = 0;
-  std::optional<CudaStepGraphInfo> info;
-};
-TenSteps trainTenSteps(const Graph& g, CudaOptions o) {
-  o.seed = 99;
-  o.verbose = false;
+// Ten training steps of g on one GPU with `o` and every epilogue kind (gpu_train_steps.h).
+test::TenSteps trainTenSteps(const Graph& g, CudaOptions o) {
   o.matmulEpilogueKinds = "all";
-  auto backend = createCudaBackend({}, o);
-  test::prepareInitialState(*backend, g, 1);
-  std::mt19937 rng(7);
-  TenSteps run;
-  run.losses = test::trainLosses(*backend, rng, 10);
-  run.launches = backend->launchesPerStep();
-  run.info = cudaStepGraphInfo(*backend);
-  return run;
+  return test::trainTenSteps(g, o);
 }
 
 }  // namespace
@@ -544,7 +530,7 @@ TEST_CASE("cuda epilogues: a 2-layer GPT trains 10 steps to the same losses with
     for (int with : {0, 1}) {
       CudaOptions o;
       o.matmulEpilogues = with == 1;
-      TenSteps run = trainTenSteps(*g, o);
+      test::TenSteps run = trainTenSteps(*g, o);
       losses[with] = run.losses;
       launches[with] = run.launches;
     }
@@ -571,7 +557,7 @@ TEST_CASE("cuda epilogues: the forward residual adds in the layer_norm kernel tr
     int64_t launches[2] = {0, 0}, residualLayerNorms[2] = {0, 0};
     for (int with : {0, 1}) {
       setenv("TPC_LN_RESIDUAL", with ? "1" : "0", 1);
-      TenSteps run = trainTenSteps(*g, CudaOptions{});
+      test::TenSteps run = trainTenSteps(*g, CudaOptions{});
       losses[with] = run.losses;
       launches[with] = run.launches;
       REQUIRE(run.info);
