@@ -295,6 +295,24 @@ class CudaBackend final : public Backend {
                          "in a shared-memory ring)");
       ctx_.layerNormGradStages = static_cast<int>(v);
     }
+    // TPC_LN_GRAD_REGS=N[,M]: a lane's dgamma/dbeta sums in registers up to N columns, its dx sums up to M (N if
+    // left out), for measuring (LoweringContext::layerNormGradRegColumns / RegSumColumns).
+    if (const char* rg = std::getenv("TPC_LN_GRAD_REGS"); rg && *rg) {
+      char* endp = nullptr;
+      const long a = std::strtol(rg, &endp, 10);
+      long b = a;
+      bool parsed = endp != rg;
+      if (parsed && *endp == ',') {
+        const char* second = endp + 1;
+        b = std::strtol(second, &endp, 10);
+        parsed = endp != second;
+      }
+      if (!parsed || *endp || a < 0 || b < 0 || a > 64 || b > 64)
+        return makeError("TPC_LN_GRAD_REGS=", rg, ": expected N or N,M (0-64): a lane's columns whose dgamma/dbeta ",
+                         "sums (N) and dx sums (M) stay in registers");
+      ctx_.layerNormGradRegColumns = static_cast<int>(a);
+      ctx_.layerNormGradRegSumColumns = static_cast<int>(b);
+    }
     ctx_.embeddingGradSegments = !isOff("embgrad2");
     foldLayerNormGradResidual_ = !isOff("lnres");
     foldLayerNormGradBiasSum_ = !isOff("lnsum");

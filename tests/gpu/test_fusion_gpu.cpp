@@ -27,4 +27,36 @@ TEST_CASE("cuda fusion: a 2-layer GPT trains 10 steps to the same losses with fe
   }
 }
 
+// The layer_norm_grad switches for measuring (cuda_backend.cpp): its sums all in shared memory (TPC_LN_GRAD_REGS=0)
+// or all in registers (64), rows by the register prefetch or a ring of 3 (TPC_LN_GRAD_STAGES): dx keeps its bits,
+// dgamma/dbeta are summed in another order only where the grid differs, so the losses agree to rounding; a bad
+// value is one clear error that names it.
+TEST_CASE("cuda fusion: the layer_norm_grad switches train a 2-layer GPT to the same losses and reject bad values",
+          "[gpu]") {
+  test::requireGpuOrSkip();
+  auto g = test::fusionGptStep(true, false, true);
+  std::vector<double> base;
+  for (const char* regs : {"0", "64", "24,0"})
+    for (const char* stages : {"0", "3"}) {
+      setenv("TPC_LN_GRAD_REGS", regs, 1);
+      setenv("TPC_LN_GRAD_STAGES", stages, 1);
+      test::TenSteps run = test::trainTenSteps(*g, CudaOptions{});
+      if (base.empty()) base = run.losses;
+      const double worst = test::worstRelativeDifference(base, run.losses);
+      INFO("TPC_LN_GRAD_REGS=" << regs << " TPC_LN_GRAD_STAGES=" << stages << ": worst relative loss difference "
+                               << worst);
+      CHECK(worst <= 1e-3);
+    }
+  unsetenv("TPC_LN_GRAD_STAGES");
+  for (const char* bad : {"x", "32,", "65", "-1", "8,x"}) {
+    setenv("TPC_LN_GRAD_REGS", bad, 1);
+    auto backend = createCudaBackend({}, CudaOptions{});
+    Status st = backend->prepare(*g, {});
+    INFO("TPC_LN_GRAD_REGS=" << bad);
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.error().find(std::string("TPC_LN_GRAD_REGS=") + bad) != std::string::npos);
+  }
+  unsetenv("TPC_LN_GRAD_REGS");
+}
+
 }  // namespace tpc
