@@ -522,6 +522,7 @@ class CudaBackend final : public Backend {
                          "); use a smaller --micro-batch-size (or recompute) to lower the activations");
     }
 
+    TPC_TRY(compileKernels(lowerings));
     for (size_t r = 0; r < ranks_.size(); ++r) TPC_TRY(allocateRank(r, state, plans[r]));
     TPC_TRY(pinnedLayout());
     if (nccl_) TPC_TRY(createCommunicators());
@@ -1341,6 +1342,17 @@ class CudaBackend final : public Backend {
     if (e != CUDA_SUCCESS)
       return makeError("cuda: ", what, ": cannot make the TMA descriptor of a [", m.rows, ", ", m.cols, "] tensor: ", driverError(e));
     return map;
+  }
+
+  // Every kernel of the ranks' lowerings compiled before the launches load them, on NvrtcCompiler::compileAll's
+  // threads (TPC_COMPILE_THREADS): a cold start costs about the slowest kernel's compile, not the sum.
+  Status compileKernels(const std::vector<std::vector<NodeLowering>>& lowerings) {
+    TPC_ASSIGN(int threads, compileThreadsFromEnv());
+    std::vector<KernelSource> kernels;
+    for (const auto& rankLowerings : lowerings)
+      for (const NodeLowering& nl : rankLowerings)
+        for (const KernelSpec& k : nl.kernels) kernels.push_back({&k.source, k.entry, k.archSpecific});
+    return compiler_->compileAll(kernels, threads);
   }
 
   // The kernel loaded on d's GPU (its context must be current).

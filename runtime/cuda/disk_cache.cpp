@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include <cuda_runtime_api.h>
 
@@ -48,7 +50,8 @@ bool readCacheFile(const std::string& path, std::vector<char>& out) {
 }
 
 bool writeCacheFileAtomically(const std::string& path, const char* data, size_t n) {
-  std::string tmp = path + ".tmp" + std::to_string(getpid());
+  // Unique to this process and thread (NvrtcCompiler::compileAll writes from several threads).
+  std::string tmp = cat(path, ".tmp", getpid(), "_", std::hash<std::thread::id>{}(std::this_thread::get_id()));
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) return false;

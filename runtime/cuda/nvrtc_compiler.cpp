@@ -1,9 +1,13 @@
 // NvrtcCompiler: cache lookup, NVRTC compile, atomic cache write (temp file + rename).
 #include "runtime/cuda/nvrtc_compiler.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <thread>
 
 #include "runtime/cuda/cuda_libraries.h"
 #include "runtime/cuda/disk_cache.h"
@@ -38,28 +42,10 @@ std::string programLog(const Nvrtc* lib, nvrtcProgram prog) {
   return log;
 }
 
-}  // namespace
-
-NvrtcCompiler::NvrtcCompiler(int arch, std::string cacheDir)
-    : arch_(arch), cacheDir_(cacheDir.empty() ? defaultKernelCacheDir() : std::move(cacheDir)) {}
-
-Result<std::vector<char>> NvrtcCompiler::compile(const std::string& source, const std::string& what, bool archSpecific) {
-  TPC_ASSIGN(const Nvrtc* lib, nvrtc());
-  auto t0 = std::chrono::steady_clock::now();
-  int major = 0, minor = 0;
-  lib->version(&major, &minor);
-  char key[64];
-  std::string arch = cat(arch_, archSpecific ? "a" : "");
-  std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(
-                                                fnv1a(source, fnv1a(cat("sm_", arch, " nvrtc ", major, ".", minor, "\n")))));
-  std::string base = cat(cacheDir_, "/", key, "_sm", arch);
-  std::vector<char> cubin;
-  if (readCacheFile(base + ".cubin", cubin)) {
-    ++stats_.cacheHits;
-    return cubin;
-  }
-  TPC_TRY(makeDirs(cacheDir_));
-
+// The cubin of `source` from NVRTC, written to the cache as base.cubin; a failure keeps the source as
+// base.failed.cu and names it. Safe on several threads at once (distinct programs).
+Result<std::vector<char>> compileToCache(const Nvrtc* lib, const std::string& source, const std::string& what,
+                                         const std::string& arch, const std::string& base) {
   TPC_ASSIGN(nvrtcProgram prog, createProgram(lib, source, what));
   if (Status st = compileProgram(lib, prog, arch); !st.ok()) {
     std::string log = programLog(lib, prog);
@@ -71,13 +57,91 @@ Result<std::vector<char>> NvrtcCompiler::compile(const std::string& source, cons
   }
   size_t n = 0;
   lib->getCUBINSize(prog, &n);
-  cubin.resize(n);
+  std::vector<char> cubin(n);
   lib->getCUBIN(prog, cubin.data());
   lib->destroyProgram(&prog);
   writeCacheFileAtomically(base + ".cubin", cubin.data(), cubin.size());  // a failed cache write only costs a recompile
+  return cubin;
+}
+
+}  // namespace
+
+Result<int> compileThreadsFromEnv() {
+  const char* e = std::getenv("TPC_COMPILE_THREADS");
+  if (!e || !*e) return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  if (end == e || *end || v < 1 || v > 64)
+    return makeError("TPC_COMPILE_THREADS=", e, ": expected how many kernels NVRTC compiles at once, 1-64 ",
+                     "(unset: the machine's cores, at most 16)");
+  return static_cast<int>(v);
+}
+
+NvrtcCompiler::NvrtcCompiler(int arch, std::string cacheDir)
+    : arch_(arch), cacheDir_(cacheDir.empty() ? defaultKernelCacheDir() : std::move(cacheDir)) {}
+
+std::pair<std::string, std::string> NvrtcCompiler::cachePath(const std::string& source, bool archSpecific) const {
+  int major = 0, minor = 0;
+  if (auto lib = nvrtc(); lib.ok()) (*lib)->version(&major, &minor);
+  char key[64];
+  std::string arch = cat(arch_, archSpecific ? "a" : "");
+  std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(
+                                                fnv1a(source, fnv1a(cat("sm_", arch, " nvrtc ", major, ".", minor, "\n")))));
+  return {cat(cacheDir_, "/", key, "_sm", arch), arch};
+}
+
+Result<std::vector<char>> NvrtcCompiler::compile(const std::string& source, const std::string& what, bool archSpecific) {
+  TPC_ASSIGN(const Nvrtc* lib, nvrtc());
+  auto t0 = std::chrono::steady_clock::now();
+  auto [base, arch] = cachePath(source, archSpecific);
+  if (auto it = compiled_.find(base); it != compiled_.end()) return it->second;  // counted by compileAll
+  std::vector<char> cubin;
+  if (readCacheFile(base + ".cubin", cubin)) {
+    ++stats_.cacheHits;
+    return cubin;
+  }
+  TPC_TRY(makeDirs(cacheDir_));
+  TPC_ASSIGN(cubin, compileToCache(lib, source, what, arch, base));
   ++stats_.compiled;
   stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return cubin;
+}
+
+Status NvrtcCompiler::compileAll(const std::vector<KernelSource>& kernels, int threads) {
+  TPC_ASSIGN(const Nvrtc* lib, nvrtc());
+  auto t0 = std::chrono::steady_clock::now();
+  struct Job {
+    const KernelSource* k;
+    std::string base, arch;
+    std::optional<Result<std::vector<char>>> cubin;
+  };
+  std::vector<Job> jobs;
+  for (const KernelSource& k : kernels) {
+    auto [base, arch] = cachePath(*k.source, k.archSpecific);
+    if (compiled_.contains(base) || std::any_of(jobs.begin(), jobs.end(), [&](const Job& j) { return j.base == base; }))
+      continue;
+    if (std::vector<char> cached; readCacheFile(base + ".cubin", cached)) continue;  // compile() reads it again
+    jobs.push_back({&k, std::move(base), std::move(arch), std::nullopt});
+  }
+  if (jobs.empty()) return {};
+  TPC_TRY(makeDirs(cacheDir_));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < jobs.size();)
+      jobs[i].cubin = compileToCache(lib, *jobs[i].k->source, jobs[i].k->what, jobs[i].arch, jobs[i].base);
+  };
+  std::vector<std::thread> pool;
+  const size_t n = std::min<size_t>(jobs.size(), static_cast<size_t>(std::max(threads, 1)));
+  for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (Job& j : jobs) {
+    if (!j.cubin->ok()) return Error{j.cubin->error()};
+    compiled_[j.base] = std::move(*j.cubin).value();
+    ++stats_.compiled;
+  }
+  return {};
 }
 
 Result<std::string> NvrtcCompiler::ptxasReport(const std::string& source, const std::string& what, bool archSpecific) {
