@@ -277,7 +277,7 @@ class CudaBackend final : public Backend {
     ctx_.maxSharedBytes = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
     ctx_.numSMs = prop.multiProcessorCount;
     ctx_.sharedPerSM = static_cast<int64_t>(prop.sharedMemPerMultiprocessor);
-    // TPC_MEMBW_OFF=colreduce,colwave,vecew,lnres,lnsum,lngrad2,lnregs,lngamma,embgrad2,xent1,adamcopy (or all) switches the memory-bound kernel variants off, for measuring.
+    // TPC_MEMBW_OFF=colreduce,colwave,vecew,lnres,lnsum,lngrad2,lnregs,lngamma,lnwide,embgrad2,xent1,adamcopy (or all) switches the memory-bound kernel variants off, for measuring.
     const char* off = std::getenv("TPC_MEMBW_OFF");
     std::string membwOff = cat(",", off ? off : "", ",");
     auto isOff = [&](const char* what) { return membwOff == ",all," || membwOff.find(cat(",", what, ",")) != std::string::npos; };
@@ -285,8 +285,12 @@ class CudaBackend final : public Backend {
     ctx_.columnReduceWave = !isOff("colwave");
     ctx_.vectorElementwise = !isOff("vecew");
     ctx_.layerNormGradBlocks = !isOff("lngrad2");
-    if (isOff("lnregs")) ctx_.layerNormGradRegColumns = ctx_.layerNormGradRegSumColumns = 0;  // its sums in shared memory
+    if (isOff("lnregs")) {  // its sums in shared memory
+      ctx_.layerNormGradRegColumns = ctx_.layerNormGradRegSumColumns = 0;
+      ctx_.layerNormGradWide = false;
+    }
     if (isOff("lngamma")) ctx_.layerNormGradGammaShared = false;  // its gamma from global memory
+    if (isOff("lnwide")) ctx_.layerNormGradWide = false;  // 1024-wide rows as the settings below say
     if (const char* st = std::getenv("TPC_LN_GRAD_STAGES"); st && *st) {
       char* endp = nullptr;
       const long v = std::strtol(st, &endp, 10);
@@ -294,6 +298,7 @@ class CudaBackend final : public Backend {
         return makeError("TPC_LN_GRAD_STAGES=", st, ": expected 0 (rows prefetched into registers) or 2-8 (rows a warp ",
                          "in a shared-memory ring)");
       ctx_.layerNormGradStages = static_cast<int>(v);
+      ctx_.layerNormGradWide = false;  // the stages asked for, at every width
     }
     // TPC_LN_GRAD_REGS=N[,M]: a lane's dgamma/dbeta sums in registers up to N columns, its dx sums up to M (N if
     // left out), for measuring (LoweringContext::layerNormGradRegColumns / RegSumColumns).
@@ -312,6 +317,7 @@ class CudaBackend final : public Backend {
                          "sums (N) and dx sums (M) stay in registers");
       ctx_.layerNormGradRegColumns = static_cast<int>(a);
       ctx_.layerNormGradRegSumColumns = static_cast<int>(b);
+      ctx_.layerNormGradWide = false;
     }
     ctx_.embeddingGradSegments = !isOff("embgrad2");
     foldLayerNormGradResidual_ = !isOff("lnres");

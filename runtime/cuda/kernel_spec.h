@@ -94,6 +94,9 @@ struct LoweringContext {
   // ... rows of 16-byte pieces: x, dy (and the residual) copied by cp.async into a ring of this many rows a warp in
   // shared memory (0: the next row's x and dy prefetched into registers; TPC_LN_GRAD_STAGES sets it).
   int layerNormGradStages = 0;
+  // ... at 32 columns a lane of 16-bit rows (1024 wide): a ring of 2 rows and every sum in registers, whatever the
+  // three settings above say (TPC_MEMBW_OFF=lnwide, or setting TPC_LN_GRAD_STAGES or TPC_LN_GRAD_REGS, turns it off).
+  bool layerNormGradWide = true;
   bool embeddingGradSegments = true;  // embedding_grad: ranks within an id's segment, a warp per table row (gather.cpp)
   // matmul_epilogue gelu_bias, bias (without a residual), bias_residual (bias with one) and dgelu on sm_90 through
   // our GEMM kernel (gemm_sm90.cpp) where it applies, else cuBLASLt's GELU_AUX_BIAS, BIAS (beta 1 on the residual)

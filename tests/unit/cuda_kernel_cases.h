@@ -271,6 +271,7 @@ inline std::vector<Case> allCases() {
                             sms ? cat(" on ", sms, " SM") : std::string()),
                         OpKind::LayerNormGrad, types, a, {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
     cs.back().ctx.layerNormGradStages = stages;
+    cs.back().ctx.layerNormGradWide = false;  // the stages asked for at 1024 too
     if (sms) cs.back().ctx.numSMs = sms;
     if (sumDx) {
       Case regs = cs.back();
@@ -278,6 +279,19 @@ inline std::vector<Case> allCases() {
       regs.ctx.layerNormGradRegColumns = regs.ctx.layerNormGradRegSumColumns = 32;
       cs.push_back(std::move(regs));
     }
+  }
+  // The default at 1024-wide 16-bit rows (LoweringContext::layerNormGradWide): a ring of 2, every sum in registers.
+  for (auto [shape, res, sumDx, sms] : std::vector<std::tuple<Shape, bool, bool, int>>{
+           {{1031, 1024}, true, true, 0}, {{517, 1024}, true, false, 1}, {{2049, 1024}, false, false, 0}}) {
+    TensorType x = tt(bf, shape), g = tt(f, {shape.back()});
+    std::vector<TensorType> types = {x, x, g};
+    if (res) types.push_back(x);
+    AttrDict a = attrs({{"eps", 1e-5}});
+    if (sumDx) a.set("sum_dx", true);
+    cs.push_back(simple(cat("layer_norm_grad wide ", x.str(), res ? " residual" : "", sumDx ? " sum_dx" : "",
+                            sms ? cat(" on ", sms, " SM") : std::string()),
+                        OpKind::LayerNormGrad, types, a, {{-1, 1}, {-2, 3}, {0.5, 1.5}, {-1, 1}}));
+    if (sms) cs.back().ctx.numSMs = sms;
   }
   for (auto [dt, shape, axis] : std::vector<std::tuple<DType, Shape, int64_t>>{
            {f, {5, 300}, -1}, {f, {3, 7, 5}, 1}, {bf, {4, 2000}, -1}, {f, {6, 4}, 0}}) {
@@ -509,6 +523,7 @@ struct RingLowerings {
 inline std::optional<RingLowerings> ringAndRegisterLowerings(const Case& c, OneOp& o) {
   LoweringContext plain = c.ctx;
   plain.layerNormGradStages = 0;
+  plain.layerNormGradWide = false;
   auto ring = lowerCase(c, o), regs = lowerCase(c, o, plain);
   REQUIRE(ring.ok());
   REQUIRE(regs.ok());

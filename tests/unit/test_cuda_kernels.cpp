@@ -166,6 +166,7 @@ TEST_CASE("cuda kernels: layer_norm_grad's ring of rows: geometry, and no spills
         OneOp ln = oneOp(OpKind::LayerNormGrad, {x, x, g, x}, a);
         LoweringContext ctx = sm90();
         ctx.layerNormGradStages = stages;
+        ctx.layerNormGradWide = false;  // the stages asked for at 1024 too
         auto l = (*cuda::findFamilyLowering(OpKind::LayerNormGrad))(*ln.node, ctx);
         REQUIRE(l.ok());
         const KernelSpec& k = l->kernels[0];
@@ -184,6 +185,39 @@ TEST_CASE("cuda kernels: layer_norm_grad's ring of rows: geometry, and no spills
         REQUIRE(report.ok());
         CHECK(report->find(" 0 bytes spill stores, 0 bytes spill loads") != std::string::npos);
       }
+  // The defaults (LoweringContext::layerNormGradWide): 1024-wide 16-bit rows through a ring of 2 with every sum in
+  // registers, two blocks a SM (84-100 KiB of shared memory each), no spills; 768 keeps the register prefetch; f32 rows of 1024 (64 registers' worth
+  // a lane) and the switch off keep the settings.
+  for (bool sumDx : {false, true}) {
+    INFO((sumDx ? "sum_dx" : "no sum_dx"));
+    AttrDict a = attrs({{"eps", 1e-5}});
+    if (sumDx) a.set("sum_dx", true);
+    auto lower = [&](DType dt, int64_t D, bool wideOn) {
+      TensorType x(dt, {16, 1024, D}), g(DType::f32, {D});
+      OneOp ln = oneOp(OpKind::LayerNormGrad, {x, x, g, x}, a);
+      LoweringContext ctx = sm90();
+      ctx.layerNormGradWide = wideOn;
+      auto l = (*cuda::findFamilyLowering(OpKind::LayerNormGrad))(*ln.node, ctx);
+      REQUIRE(l.ok());
+      return l->kernels[0];
+    };
+    const KernelSpec k = lower(DType::bf16, 1024, true);
+    CHECK(k.source.find("#define STAGES 2\n") != std::string::npos);
+    CHECK(k.source.find("#define REG_ACC 1\n") != std::string::npos);
+    CHECK(k.source.find(cat("#define SUM_REG ", sumDx ? 1 : 0, "\n")) != std::string::npos);
+    CHECK(k.source.find("#define MIN_BLOCKS 2\n") != std::string::npos);
+    const int64_t ring = 4 * 2 * 3 * 1024 * 2, sums = 4 * (sumDx ? 3 : 2) * 1024 * 4 + 1024 * 4;  // and gamma
+    CHECK(int64_t(k.sharedBytes) == ring + sums);
+    auto report = nvrtc.ptxasReport(k.source, k.entry);
+    INFO((report.ok() ? *report : report.error()));
+    REQUIRE(report.ok());
+    CHECK(report->find(" 0 bytes spill stores, 0 bytes spill loads") != std::string::npos);
+    CHECK(lower(DType::bf16, 768, true).source.find("#define STAGES 0\n") != std::string::npos);
+    CHECK(lower(DType::f32, 1024, true).source.find("#define REG_ACC 0\n") != std::string::npos);
+    const KernelSpec off = lower(DType::bf16, 1024, false);
+    CHECK(off.source.find("#define STAGES 0\n") != std::string::npos);
+    CHECK(off.source.find("#define REG_ACC 0\n") != std::string::npos);
+  }
   // Stages that would not fit a block's shared memory are dropped to those that do: 2048 columns with the residual
   // and sum_dx, 8 asked for (96 KiB of the warps' sums, 48 KiB a stage for 4 warps) -> 2.
   {
@@ -524,11 +558,13 @@ TEST_CASE("cuda kernels: layer_norm_grad's ring of rows gives the register prefe
   std::map<std::string, EmuLaunch> built;
   int compared = 0, allResults = 0;
   for (const Case& c : allCases()) {
-    if (c.ctx.layerNormGradStages == 0 || (filter && !matchesAny(c.name, filter))) continue;
+    if (c.op != OpKind::LayerNormGrad || (c.ctx.layerNormGradStages == 0 && !c.ctx.layerNormGradWide) ||
+        (filter && !matchesAny(c.name, filter)))
+      continue;
     INFO(c.name);
     OneOp o = oneOp(c.op, c.types, c.attrs);
     auto l = ringAndRegisterLowerings(c, o);
-    if (!l) continue;  // element loads: no ring
+    if (!l) continue;  // element loads or a width without the ring: no ring
     std::vector<HostTensor> a, b;
     compared += runEmulatedCase(c, o, l->ring, dir.path.string(), built, false, {}, &a);
     runEmulatedCase(c, o, l->regs, dir.path.string(), built, false, {}, &b);

@@ -349,9 +349,14 @@ std::string rawPieces(const std::string& name, DType t, int64_t U) {
 Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, const LoweringContext& ctx) {
   const bool wide = n.operand(0)->dtype() == DType::f32 || n.operand(1)->dtype() == DType::f32;
   const int64_t cols = w.NV * w.U * (wide ? 2 : 1);  // a lane's columns, counted in 16-bit rows' registers
-  const bool regAcc = cols <= ctx.layerNormGradRegColumns;
+  // At 32 columns a lane of 16-bit rows (gpt2-medium's 1024): a ring of 2 rows and every sum in registers
+  // (LoweringContext::layerNormGradWide). H200, [16384, 1024] with the residual: 0.0512 -> 0.0468 ms, with sum_dx
+  // 0.0562 -> 0.0491; the ring's fewer registers leave room for the sums. At 768 the same is slower (0.0392 -> 0.0404).
+  const bool wideRing = ctx.layerNormGradWide && !wide && w.U == 8 && cols == 32;
+  const bool regAcc = wideRing || cols <= ctx.layerNormGradRegColumns;
   // sum_dx: dx's column sums as a third set, in registers or shared memory likewise.
-  const bool sumDx = n.getBool("sum_dx"), sumReg = sumDx && regAcc && cols <= ctx.layerNormGradRegSumColumns;
+  const bool sumDx = n.getBool("sum_dx");
+  const bool sumReg = sumDx && (wideRing || (regAcc && cols <= ctx.layerNormGradRegSumColumns));
   const int64_t nacc = sumDx ? 3 : 2;
   const int64_t accBytes = kWarpsPerBlock * nacc * w.NV * w.U * 32 * 4;
   // gamma, read twice a row: from shared memory, where the block loads it once, unless the sums are in shared
@@ -369,7 +374,7 @@ Result<NodeLowering> lowerLayerNormGradBlocks(const Node& n, const WarpRows& w, 
   const int64_t stageBytes = w.NV * 32 * (rawBytes(n.operand(0)->dtype()) + rawBytes(n.operand(1)->dtype()) +
                                           (res ? rawBytes(n.operand(3)->dtype()) : 0));
   // As many of the stages asked for as fit a block's shared memory (fewer than 2: the register prefetch).
-  int64_t stages = w.U == 8 && ctx.layerNormGradStages >= 2 ? ctx.layerNormGradStages : 0;
+  int64_t stages = wideRing ? 2 : w.U == 8 && ctx.layerNormGradStages >= 2 ? ctx.layerNormGradStages : 0;
   while (stages >= 2 && accBytes + gammaBytes + kWarpsPerBlock * stages * stageBytes > ctx.maxSharedBytes) --stages;
   if (stages < 2) stages = 0;
   const int64_t sharedBytes = accBytes + gammaBytes + kWarpsPerBlock * stages * stageBytes;
