@@ -1,6 +1,8 @@
 // NvrtcCompiler::compileAll: a model's kernels compiled on several threads at once (a fresh H200 host took 20 s
 // for gpt2's 35 one at a time), each once, into the cache folder, with compile() then returning the cubins a
 // one-at-a-time compile gives; a failing kernel is the error, named as compile() names it.
+#ifdef TPC_HAVE_CUDA
+
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -105,3 +107,5 @@ TEST_CASE("nvrtc: TPC_COMPILE_THREADS sets compileAll's threads and names a bad 
 }
 
 }  // namespace tpc
+
+#endif  // TPC_HAVE_CUDA
