@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "runtime/cuda/cuda_libraries.h"
@@ -116,11 +118,12 @@ Status NvrtcCompiler::compileAll(const std::vector<KernelSource>& kernels, int t
     std::optional<Result<std::vector<char>>> cubin;
   };
   std::vector<Job> jobs;
+  std::set<std::string> seen;
   for (const KernelSource& k : kernels) {
     auto [base, arch] = cachePath(*k.source, k.archSpecific);
-    if (compiled_.contains(base) || std::any_of(jobs.begin(), jobs.end(), [&](const Job& j) { return j.base == base; }))
-      continue;
-    if (std::vector<char> cached; readCacheFile(base + ".cubin", cached)) continue;  // compile() reads it again
+    if (compiled_.contains(base) || !seen.insert(base).second) continue;
+    std::error_code ec;  // cached: compile() reads it (readCacheFile: a non-empty file)
+    if (std::filesystem::file_size(base + ".cubin", ec) > 0 && !ec) continue;
     jobs.push_back({&k, std::move(base), std::move(arch), std::nullopt});
   }
   if (jobs.empty()) return {};
