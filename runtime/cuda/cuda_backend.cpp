@@ -21,6 +21,7 @@
 #include "ir/printer.h"
 #include "passes/builtin_passes.h"
 #include "runtime/cuda/adamw_groups.h"
+#include "runtime/cuda/candidate_timing.h"
 #include "runtime/cuda/cast_groups.h"
 #include "runtime/cuda/comm_stream_schedule.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
@@ -375,6 +376,8 @@ class CudaBackend final : public Backend {
         if (*end || n < 0 || n > 64) return makeError("TPC_MATMUL_AUTOTUNE must be 0, 1 or a number of candidates up to 64, got '", tune, "'");
         candidates = n == 0 ? 1 : n == 1 ? 8 : static_cast<int>(n);
       }
+      TPC_ASSIGN(CandidateTiming timing, candidateTimingFromEnv());
+      setCandidateTiming(timing);
       TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20, candidates));
       CU_TRY(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "stream");
       if (commStream_) CU_TRY(cudaStreamCreateWithFlags(&d.comm, cudaStreamNonBlocking), "communication stream");

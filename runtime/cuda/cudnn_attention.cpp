@@ -409,7 +409,7 @@ Result<int> CudnnAttention::plan(const Node& n) {
   std::string fullKey, remembered;
   bool known = false;
   if (autotune_) {
-    fullKey = cat(currentGpuKey(), " ", version(), deterministic_ ? " deterministic | " : " | ", key);
+    fullKey = cat(currentGpuKey(), " ", version(), deterministic_ ? " deterministic | " : " | ", key, candidateTimingKey());
     known = readRememberedChoice(fullKey, "cudnn-engine", &remembered);
   }
   auto built = build(a, bwd, known ? &remembered : nullptr);

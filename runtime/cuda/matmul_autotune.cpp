@@ -37,7 +37,7 @@ Result<cublasLtMatmulAlgo_t> chooseMatmulAlgo(const CublasLt& lt, const GemmProb
   };
   std::string fullKey, bytes;
   if (candidates > 1) {
-    fullKey = cat(currentGpuKey(), " cublasLt ", lt.getVersion(), " | ", key, " | ", candidates, " candidates");
+    fullKey = cat(currentGpuKey(), " cublasLt ", lt.getVersion(), " | ", key, " | ", candidates, " candidates", candidateTimingKey());
     if (readRememberedChoice(fullKey, "lt-algo", &bytes) && bytes.size() == sizeof(cublasLtMatmulAlgo_t)) return asAlgo(bytes);
   }
   cublasLtMatmulPreference_t pref;

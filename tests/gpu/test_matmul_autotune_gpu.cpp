@@ -1,7 +1,7 @@
 // cuBLASLt autotuning (CudaOptions::matmulAutotune, matmul_autotune.h) on the GPU: a GEMM of a shape no other
 // test uses is timed once, its choice written to the cache folder, and a second backend gives the same bits;
 // with autotuning off (the heuristic's first choice) the product agrees within bf16 rounding, and both agree
-// with the CPU backend.
+// with the CPU backend. Sustained timing (TPC_AUTOTUNE_SUSTAINED=1) keeps its choice under its own key.
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
@@ -105,6 +105,67 @@ TEST_CASE("cuda matmul autotune: the timed choice is remembered on disk, gives t
   CHECK(worstHeuristic <= 1e-2 * scale);
   if (old) setenv("TPC_CACHE_DIR", saved.c_str(), 1);
   else unsetenv("TPC_CACHE_DIR");
+}
+
+// Sets an environment variable for one scope and puts the old value back.
+struct ScopedEnv {
+  std::string name, saved;
+  bool had;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    const char* old = std::getenv(n);
+    had = old != nullptr;
+    if (had) saved = old;
+    if (value) setenv(n, value, 1);
+    else unsetenv(n);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name.c_str(), saved.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
+TEST_CASE("cuda matmul autotune: sustained timing keeps its choice under its own key, agrees with the CPU, and a bad "
+          "TPC_AUTOTUNE_SUSTAINED is one clear error", "[gpu][autotune]") {
+  test::requireGpuOrSkip();
+  char tmpl[] = "/tmp/tpc-autotune-sustained-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  ScopedEnv cache("TPC_CACHE_DIR", tmpl), tune("TPC_MATMUL_AUTOTUNE", nullptr);
+  auto g = oddMatmul();
+  TensorMap in = randomInputs(*g);
+  {
+    ScopedEnv sustained("TPC_AUTOTUNE_SUSTAINED", "1");
+    HostTensor tuned = runCuda(*g, in, true);
+    std::vector<std::string> files = algoFiles(tmpl);
+    REQUIRE(files.size() == 1);
+    std::ifstream f(files[0], std::ios::binary);
+    std::string key;
+    std::getline(f, key);
+    INFO(key);
+    CHECK(key.find("| sustained") != std::string::npos);
+    auto cpu = createCpuBackend({});
+    REQUIRE(cpu->prepare(*g, {}).ok());
+    auto want = cpu->step(in, 1);
+    REQUIRE(want.ok());
+    const HostTensor& ref = want->at("y");
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      scale = std::max(scale, std::abs(ref.getAsDouble(i)));
+      worst = std::max(worst, std::abs(tuned.getAsDouble(i) - ref.getAsDouble(i)));
+    }
+    CHECK(worst <= 1e-2 * scale);
+  }
+  // The quick timing's choice is a second file: the two rankings do not share a key.
+  runCuda(*g, in, true);
+  CHECK(algoFiles(tmpl).size() == 2);
+  {
+    ScopedEnv bad("TPC_AUTOTUNE_SUSTAINED", "yes");
+    CudaOptions o;
+    o.verbose = false;
+    auto b = createCudaBackend({}, o);
+    Status st = b->prepare(*g, {});
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.error().find("TPC_AUTOTUNE_SUSTAINED must be 0 or 1, got 'yes'") != std::string::npos);
+  }
 }
 
 }  // namespace
