@@ -13,10 +13,12 @@ namespace {
 
 // Quick: runs per candidate, one to warm up (and to see it runs at all), then the timed ones.
 constexpr int kTimedRuns = 5;
-// Sustained: the GPU heated this long before the rounds, each candidate run this long a round, in this many
-// rounds (a power cap's clock settles within a few ms of a change in the draw).
-constexpr float kHeatMs = 300, kRoundMs = 40;
+// Sustained: the GPU heated this long before the rounds; each candidate settled (untimed) this long, then timed
+// this long, in this many rounds (a power cap's clock settles within a few ms of a change in the draw).
+constexpr float kHeatMs = 300, kSettleMs = 5, kRoundMs = 40;
 constexpr int kRounds = 3;
+// Sustained scratch: the pattern uploaded once a buffer, then repeated on the device.
+constexpr size_t kPatternBytes = size_t{1} << 20;
 
 std::atomic<CandidateTiming> gTiming{CandidateTiming::Quick};
 
@@ -31,35 +33,38 @@ float timeRuns(size_t i, int runs, const std::function<bool(size_t)>& run, cudaE
   return ms;
 }
 
+// Runs that last about `ms` at `perRunMs` a run, at least `least`.
+int runsFor(float ms, float perRunMs, int least) {
+  float n = ms / std::max(perRunMs, 1e-4f);
+  return static_cast<int>(std::clamp(n, static_cast<float>(least), 1e5f));
+}
+
 // The sustained ranking (candidate_timing.h): per-run ms per candidate, the median of kRounds rounds; negative
 // for candidates that cannot run.
 std::vector<float> sustainedTimes(size_t count, const std::function<bool(size_t)>& run, cudaEvent_t start, cudaEvent_t stop) {
-  std::vector<float> perRun(count, -1);
-  std::vector<int> runs(count, 0);
+  std::vector<float> estimate(count, -1);
   size_t first = count;
   for (size_t i = 0; i < count; ++i) {
     if (!run(i)) continue;
     float ms = timeRuns(i, 3, run, start, stop);
-    if (ms <= 0) continue;
-    runs[i] = std::clamp(static_cast<int>(kRoundMs / (ms / 3)), 3, 100000);
+    if (ms < 0) continue;
+    estimate[i] = ms / 3;
     if (first == count) first = i;
   }
+  std::vector<float> perRun(count, -1);
   if (first == count) return perRun;
-  timeRuns(first, std::max(1, static_cast<int>(runs[first] * kHeatMs / kRoundMs)), run, start, stop);
+  timeRuns(first, runsFor(kHeatMs, estimate[first], 1), run, start, stop);
   std::vector<std::vector<float>> rounds(count);
   for (int r = 0; r < kRounds; ++r)
-    for (size_t j = 0; j < count; ++j) {
-      size_t i = (j + static_cast<size_t>(r)) % count;  // rotated: no candidate always follows the same one
-      if (runs[i] == 0) continue;
-      float ms = timeRuns(i, runs[i], run, start, stop);
-      if (ms > 0) rounds[i].push_back(ms / static_cast<float>(runs[i]));
+    for (size_t i : candidateOrder(count, r)) {
+      if (estimate[i] < 0) continue;
+      timeRuns(i, runsFor(kSettleMs, estimate[i], 1), run, start, stop);
+      const int runs = runsFor(kRoundMs, estimate[i], 3);
+      float ms = timeRuns(i, runs, run, start, stop);
+      if (ms >= 0) rounds[i].push_back(ms / static_cast<float>(runs));
     }
-  for (size_t i = 0; i < count; ++i) {
-    std::vector<float>& v = rounds[i];
-    if (v.size() != kRounds) continue;
-    std::sort(v.begin(), v.end());
-    perRun[i] = v[kRounds / 2];
-  }
+  for (size_t i = 0; i < count; ++i)
+    if (rounds[i].size() == kRounds) perRun[i] = medianTime(rounds[i]);
   return perRun;
 }
 
@@ -74,7 +79,28 @@ Result<CandidateTiming> candidateTimingFromEnv() {
 
 void setCandidateTiming(CandidateTiming t) { gTiming = t; }
 CandidateTiming candidateTiming() { return gTiming; }
-std::string candidateTimingKey() { return gTiming == CandidateTiming::Sustained ? " | sustained" : ""; }
+std::string candidateTimingKey(CandidateTiming t) { return t == CandidateTiming::Sustained ? " | sustained" : ""; }
+
+std::vector<size_t> candidateOrder(size_t count, int round) {
+  std::vector<size_t> order;
+  for (size_t j = 0; j < count; ++j) order.push_back(j);
+  if (round % 3 == 1) std::reverse(order.begin(), order.end());
+  if (round % 3 == 2) std::stable_partition(order.begin(), order.end(), [](size_t i) { return i % 2 == 0; });
+  return order;
+}
+
+float medianTime(std::vector<float> times) {
+  if (times.empty()) return -1;
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+size_t fastestIndex(const std::vector<float>& times) {
+  size_t best = 0;
+  for (size_t i = 0; i < times.size(); ++i)
+    if (times[i] >= 0 && (times[best] < 0 || times[i] < times[best])) best = i;
+  return best;
+}
 
 DeviceScratch::~DeviceScratch() {
   for (void* p : ptrs_) cudaFree(p);
@@ -89,21 +115,33 @@ void* DeviceScratch::get(size_t bytes) {
     return nullptr;
   }
   ptrs_.push_back(p);
-  if (gTiming == CandidateTiming::Quick) {
+  if (timing_ == CandidateTiming::Quick) {
     cudaMemset(p, 0x3c, bytes);
     return p;
   }
-  std::vector<uint16_t> words((bytes + 1) / 2);
-  uint32_t x = 0x9e3779b9u;
+  std::vector<uint16_t> words((std::min(bytes, kPatternBytes) + 1) / 2);
+  uint32_t x = 0x9e3779b9u ^ static_cast<uint32_t>(ptrs_.size() * 0x85ebca6bu);  // another pattern each buffer
   for (uint16_t& w : words) {
     x ^= x << 13, x ^= x >> 17, x ^= x << 5;  // xorshift32
-    w = static_cast<uint16_t>(0x3c00u | (x & 0xffu) | (x >> 16 & 0x8000u));
+    w = static_cast<uint16_t>(0x3c00u | (x & 0xffu) | ((x >> 16) & 0x8000u));
   }
-  cudaMemcpy(p, words.data(), bytes, cudaMemcpyHostToDevice);
+  auto* bp = static_cast<char*>(p);
+  size_t filled = std::min(bytes, kPatternBytes);
+  bool ok = cudaMemcpy(bp, words.data(), filled, cudaMemcpyHostToDevice) == cudaSuccess;
+  while (ok && filled < bytes) {  // doubling copies of what is filled
+    const size_t n = std::min(filled, bytes - filled);
+    ok = cudaMemcpy(bp + filled, bp, n, cudaMemcpyDeviceToDevice) == cudaSuccess;
+    filled += n;
+  }
+  if (!ok) {
+    cudaGetLastError();
+    ok_ = false;
+    return nullptr;
+  }
   return p;
 }
 
-size_t fastestCandidate(size_t count, const std::function<bool(size_t)>& run) {
+size_t fastestCandidate(size_t count, const std::function<bool(size_t)>& run, CandidateTiming timing) {
   cudaEvent_t start, stop;
   if (cudaEventCreate(&start) != cudaSuccess) return 0;
   if (cudaEventCreate(&stop) != cudaSuccess) {
@@ -111,19 +149,16 @@ size_t fastestCandidate(size_t count, const std::function<bool(size_t)>& run) {
     return 0;
   }
   std::vector<float> perRun(count, -1);
-  if (gTiming == CandidateTiming::Sustained) {
+  if (timing == CandidateTiming::Sustained) {
     perRun = sustainedTimes(count, run, start, stop);
   } else {
     for (size_t i = 0; i < count; ++i)
       if (run(i)) perRun[i] = timeRuns(i, kTimedRuns, run, start, stop);
   }
-  size_t best = 0;
-  for (size_t i = 0; i < count; ++i)
-    if (perRun[i] >= 0 && (perRun[best] < 0 || perRun[i] < perRun[best])) best = i;
   cudaDeviceSynchronize();
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  return best;
+  return fastestIndex(perRun);
 }
 
 }  // namespace tpc::cuda

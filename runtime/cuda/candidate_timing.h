@@ -14,39 +14,52 @@ namespace tpc::cuda {
 // How candidates are timed. Quick (the default): 5 runs each after one to warm up, on scratch of one repeated
 // value, in a few ms, while the GPU is still cool and at its highest clock. Sustained (TPC_AUTOTUNE_SUSTAINED=1,
 // for measuring): scratch of varied bits (tensor cores draw more power on varied data), the GPU heated first,
-// then each candidate run back to back for about 40 ms, three rounds in rotated order, the median kept: under
-// a power cap the clock falls to what a kernel draws, so this ranks by the rate in a sustained step.
+// then each candidate settled for a few ms and run back to back for about 40 ms, in three rounds of different
+// orders (candidateOrder), the median kept: under a power cap the clock falls to what a kernel draws, so this
+// ranks by the rate in a sustained step.
 enum class CandidateTiming { Quick, Sustained };
 // TPC_AUTOTUNE_SUSTAINED: unset, empty or 0: Quick; 1: Sustained; anything else: an error naming the value.
 Result<CandidateTiming> candidateTimingFromEnv();
-// Set once per process by the backend (default Quick); read by fastestCandidate and the keys below.
+// Set by each CUDA backend's prepare from the environment (the last one wins; default Quick). Each choice
+// reads it once and passes it on, so its key, its scratch and its ranking agree.
 void setCandidateTiming(CandidateTiming t);
 CandidateTiming candidateTiming();
-// What a remembered choice's key adds for the current timing: "" for Quick, " | sustained" for Sustained
-// (the two rankings are kept apart in the cache).
-std::string candidateTimingKey();
+// What a remembered choice's key adds: "" for Quick, " | sustained" for Sustained (the two rankings are kept
+// apart in the cache).
+std::string candidateTimingKey(CandidateTiming t);
+
+// The sustained ranking's pure parts. The order of round r (0, 1, 2) over `count` candidates: forward, reversed,
+// then the even indices before the odd ones, so that no candidate follows the same one in every round (a
+// neighbour that drew more power leaves a lower clock behind).
+std::vector<size_t> candidateOrder(size_t count, int round);
+// The median of an odd count of times (the upper middle one of an even count); -1 for none.
+float medianTime(std::vector<float> times);
+// The index of the least non-negative time, the first of equal ones; 0 when every time is negative (none ran).
+size_t fastestIndex(const std::vector<float>& times);
 
 // Device memory freed on scope exit.
 class DeviceScratch {
  public:
-  DeviceScratch() = default;
+  explicit DeviceScratch(CandidateTiming timing = CandidateTiming::Quick) : timing_(timing) {}
   DeviceScratch(const DeviceScratch&) = delete;
   DeviceScratch& operator=(const DeviceScratch&) = delete;
   ~DeviceScratch();
-  // `bytes` of device memory of small finite values (0x3c bytes: 0.0115 in bf16 and f32, 1.06 in f16; all-zero
-  // inputs would flatter the tensor cores' power draw; under Sustained timing each 16-bit word is 0x3cXX with
-  // a varied low byte and sign, finite in bf16, f16 and f32 alike); null for 0 bytes, and null with ok() false
-  // where cudaMalloc failed.
+  // `bytes` of device memory of small finite values. Quick: 0x3c bytes, 0.0115 in bf16 and f32, 1.06 in f16
+  // (all-zero inputs would flatter the tensor cores' power draw). Sustained: 16-bit words 0x3cXX or 0xbcXX, a
+  // varied low byte and sign, finite in bf16, f16 and f32 alike, from a 1 MiB pattern seeded per buffer and
+  // repeated on the device. Null for 0 bytes; null with ok() false where cudaMalloc or the fill failed.
   void* get(size_t bytes);
   bool ok() const { return ok_; }
 
  private:
+  CandidateTiming timing_;
   std::vector<void*> ptrs_;
   bool ok_ = true;
 };
 
 // The index of the candidate whose run(i) (enqueued on the default stream; false: it cannot run) is fastest
-// under candidateTiming(); 0 when none could be timed.
-size_t fastestCandidate(size_t count, const std::function<bool(size_t)>& run);
+// under `timing`; 0 when none could be timed.
+size_t fastestCandidate(size_t count, const std::function<bool(size_t)>& run,
+                        CandidateTiming timing = CandidateTiming::Quick);
 
 }  // namespace tpc::cuda

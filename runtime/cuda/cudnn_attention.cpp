@@ -348,10 +348,10 @@ Status makePack(const Cudnn* lib_, const Plan& p, const std::vector<void*>& oper
 
 }  // namespace
 
-Result<size_t> CudnnAttention::fastestCandidate(const Node& n, Plan& p) const {
+Result<size_t> CudnnAttention::fastestCandidate(const Node& n, Plan& p, CandidateTiming timing) const {
   TPC_ASSIGN(const Cudnn* lib_, cudnn());
   // Scratch for the node's operands and results and the workspace (at least 256 bytes each: no null address).
-  DeviceScratch scratch;
+  DeviceScratch scratch(timing);
   auto get = [&](int64_t bytes) { return scratch.get(static_cast<size_t>(std::max<int64_t>(bytes, 256))); };
   std::vector<void*> operands, results;
   for (const Value* v : n.operands()) operands.push_back(get(v->type().bytes()));
@@ -362,9 +362,10 @@ Result<size_t> CudnnAttention::fastestCandidate(const Node& n, Plan& p) const {
   TPC_TRY(makePack(lib_, p, operands, results, ws, b));
   auto h = static_cast<cudnnHandle_t>(handle_);
   CUDNN_TRY(lib_->setStream(h, nullptr), "setting the stream");
-  return cuda::fastestCandidate(p.candidates.size(), [&](size_t i) {
-    return lib_->execute(h, p.candidates[i].plan.get(), b.pack.get()) == CUDNN_STATUS_SUCCESS;
-  });
+  return cuda::fastestCandidate(
+      p.candidates.size(),
+      [&](size_t i) { return lib_->execute(h, p.candidates[i].plan.get(), b.pack.get()) == CUDNN_STATUS_SUCCESS; },
+      timing);
 }
 
 Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create(bool deterministic, bool autotune) {
@@ -406,10 +407,11 @@ Result<int> CudnnAttention::plan(const Node& n) {
   if (auto it = planOf_.find(key); it != planOf_.end()) return it->second;
   if (auto it = failed_.find(key); it != failed_.end()) return makeError(it->second);
   // The engine config timed fastest for this key on this GPU and cuDNN, in this process or an earlier one.
+  const CandidateTiming timing = candidateTiming();  // read once: the key, the scratch and the ranking agree
   std::string fullKey, remembered;
   bool known = false;
   if (autotune_) {
-    fullKey = cat(currentGpuKey(), " ", version(), deterministic_ ? " deterministic | " : " | ", key, candidateTimingKey());
+    fullKey = cat(currentGpuKey(), " ", version(), deterministic_ ? " deterministic | " : " | ", key, candidateTimingKey(timing));
     known = readRememberedChoice(fullKey, "cudnn-engine", &remembered);
   }
   auto built = build(a, bwd, known ? &remembered : nullptr);
@@ -420,7 +422,7 @@ Result<int> CudnnAttention::plan(const Node& n) {
   Plan& p = **built;
   size_t chosen = 0;
   if (p.candidates.size() > 1) {
-    auto fastest = fastestCandidate(n, p);  // timing that cannot run leaves the heuristics' first
+    auto fastest = fastestCandidate(n, p, timing);  // timing that cannot run leaves the heuristics' first
     chosen = fastest.ok() ? *fastest : 0;
     timed_ += static_cast<int>(p.candidates.size());
   }

@@ -18,6 +18,7 @@
 
 #include "ir/graph.h"
 #include "ir/status.h"
+#include "runtime/cuda/candidate_timing.h"
 #include "runtime/cuda/kernels/attention.h"
 
 namespace tpc::cuda {
@@ -68,7 +69,7 @@ class CudnnAttention {
   // The plan with its candidate configs: the remembered one when given and it still finalizes, else the
   // first that finalizes, or (autotune_) each distinct one up to kMaxCandidates.
   Result<std::unique_ptr<Plan>> build(const AttnShape& a, bool backward, const std::string* remembered) const;
-  Result<size_t> fastestCandidate(const Node& n, Plan& p) const;  // the index of the fastest of p's candidates
+  Result<size_t> fastestCandidate(const Node& n, Plan& p, CandidateTiming timing) const;  // the index of the fastest of p's candidates
   void* handle_ = nullptr;
   bool deterministic_ = true;
   bool autotune_ = true;

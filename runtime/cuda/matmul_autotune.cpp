@@ -11,18 +11,25 @@ namespace tpc::cuda {
 namespace {
 
 // The index of the fastest candidate, or 0 when timing cannot run.
-size_t fastest(const CublasLt& lt, const GemmProblem& g, const std::vector<cublasLtMatmulHeuristicResult_t>& c) {
-  DeviceScratch s;
-  void *a = s.get(g.bytesA), *b = s.get(g.bytesB), *d = s.get(g.bytesC), *bias = s.get(g.biasBytes),
-       *aux = s.get(g.auxBytes), *ws = s.get(g.workspaceBytes);
+size_t fastest(const CublasLt& lt, const GemmProblem& g, const std::vector<cublasLtMatmulHeuristicResult_t>& c,
+               CandidateTiming timing) {
+  DeviceScratch s(timing);
+  // Sustained: a residual's C (beta 1) in a buffer of its own, as thousands of runs into D in place would pile up
+  // there. Quick times 6 runs in place, as the step runs it.
+  const bool ownC = g.beta != 0 && timing == CandidateTiming::Sustained;
+  void *a = s.get(g.bytesA), *b = s.get(g.bytesB), *d = s.get(g.bytesC), *cin = ownC ? s.get(g.bytesC) : d,
+       *bias = s.get(g.biasBytes), *aux = s.get(g.auxBytes), *ws = s.get(g.workspaceBytes);
   if (!s.ok()) return 0;
   if (bias) lt.matmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
   if (aux) lt.matmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
   const float alpha = 1.f;
-  return fastestCandidate(c.size(), [&](size_t i) {
-    return lt.matmul(g.handle, g.desc, &alpha, b, g.la, a, g.lb, &g.beta, d, g.lc, d, g.lc, &c[i].algo, ws,
-                     g.workspaceBytes, nullptr) == CUBLAS_STATUS_SUCCESS;
-  });
+  return fastestCandidate(
+      c.size(),
+      [&](size_t i) {
+        return lt.matmul(g.handle, g.desc, &alpha, b, g.la, a, g.lb, &g.beta, cin, g.lc, d, g.lc, &c[i].algo, ws,
+                         g.workspaceBytes, nullptr) == CUBLAS_STATUS_SUCCESS;
+      },
+      timing);
 }
 
 }  // namespace
@@ -35,9 +42,10 @@ Result<cublasLtMatmulAlgo_t> chooseMatmulAlgo(const CublasLt& lt, const GemmProb
     std::memcpy(&algo, bytes.data(), sizeof algo);
     return algo;
   };
+  const CandidateTiming timing = candidateTiming();  // read once: the key, the scratch and the ranking agree
   std::string fullKey, bytes;
   if (candidates > 1) {
-    fullKey = cat(currentGpuKey(), " cublasLt ", lt.getVersion(), " | ", key, " | ", candidates, " candidates", candidateTimingKey());
+    fullKey = cat(currentGpuKey(), " cublasLt ", lt.getVersion(), " | ", key, " | ", candidates, " candidates", candidateTimingKey(timing));
     if (readRememberedChoice(fullKey, "lt-algo", &bytes) && bytes.size() == sizeof(cublasLtMatmulAlgo_t)) return asAlgo(bytes);
   }
   cublasLtMatmulPreference_t pref;
@@ -53,7 +61,7 @@ Result<cublasLtMatmulAlgo_t> chooseMatmulAlgo(const CublasLt& lt, const GemmProb
     return makeError("cuBLASLt: no algorithm for ", g.what, " (status ", int(st), ")");
   results.resize(static_cast<size_t>(found));
   if (candidates <= 1) return results[0].algo;
-  const cublasLtMatmulAlgo_t& algo = results[found > 1 ? fastest(lt, g, results) : 0].algo;
+  const cublasLtMatmulAlgo_t& algo = results[found > 1 ? fastest(lt, g, results, timing) : 0].algo;
   // Another thread may have timed it meanwhile: the first choice stays.
   const std::string kept = rememberChoice(fullKey, "lt-algo", std::string(reinterpret_cast<const char*>(&algo), sizeof algo));
   return kept.size() == sizeof algo ? asAlgo(kept) : algo;
