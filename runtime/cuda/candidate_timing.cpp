@@ -4,7 +4,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 
@@ -19,8 +18,6 @@ constexpr float kHeatMs = 300, kSettleMs = 5, kRoundMs = 40;
 constexpr int kRounds = 3;
 // Sustained scratch: the pattern uploaded once a buffer, then repeated on the device.
 constexpr size_t kPatternBytes = size_t{1} << 20;
-
-std::atomic<CandidateTiming> gTiming{CandidateTiming::Quick};
 
 // Milliseconds between two events recorded around `runs` calls of run(i); negative when a run fails.
 float timeRuns(size_t i, int runs, const std::function<bool(size_t)>& run, cudaEvent_t start, cudaEvent_t stop) {
@@ -77,8 +74,6 @@ Result<CandidateTiming> candidateTimingFromEnv() {
   return makeError("TPC_AUTOTUNE_SUSTAINED must be 0 or 1, got '", e, "'");
 }
 
-void setCandidateTiming(CandidateTiming t) { gTiming = t; }
-CandidateTiming candidateTiming() { return gTiming; }
 std::string candidateTimingKey(CandidateTiming t) { return t == CandidateTiming::Sustained ? " | sustained" : ""; }
 
 std::vector<size_t> candidateOrder(size_t count, int round) {

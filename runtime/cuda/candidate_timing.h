@@ -19,11 +19,8 @@ namespace tpc::cuda {
 // ranks by the rate in a sustained step.
 enum class CandidateTiming { Quick, Sustained };
 // TPC_AUTOTUNE_SUSTAINED: unset, empty or 0: Quick; 1: Sustained; anything else: an error naming the value.
+// The CUDA backend reads it at prepare and gives it to its CublasLtMatmul and CudnnAttention.
 Result<CandidateTiming> candidateTimingFromEnv();
-// Set by each CUDA backend's prepare from the environment (the last one wins; default Quick). Each choice
-// reads it once and passes it on, so its key, its scratch and its ranking agree.
-void setCandidateTiming(CandidateTiming t);
-CandidateTiming candidateTiming();
 // What a remembered choice's key adds: "" for Quick, " | sustained" for Sustained (the two rankings are kept
 // apart in the cache).
 std::string candidateTimingKey(CandidateTiming t);

@@ -56,7 +56,8 @@ Result<cudaDataType_t> dataType(DType t, const Node& n) {
 
 }  // namespace
 
-Result<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::create(size_t workspaceBytes, int candidates) {
+Result<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::create(size_t workspaceBytes, int candidates,
+                                                               CandidateTiming timing) {
   TPC_ASSIGN(const CublasLt* lt, cublasLt());
   std::unique_ptr<CublasLtMatmul> m(new CublasLtMatmul());
   cublasLtHandle_t h;
@@ -64,6 +65,7 @@ Result<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::create(size_t workspaceB
   m->handle_ = h;
   m->workspace_ = workspaceBytes;
   m->candidates_ = candidates;
+  m->timing_ = timing;
   return m;
 }
 
@@ -213,7 +215,7 @@ Result<std::unique_ptr<CublasLtMatmul::Plan>> CublasLtMatmul::build(const Node& 
     }
     g.workspaceBytes = workspace_;
     g.what = p->what;
-    TPC_ASSIGN(p->algo, chooseMatmulAlgo(*lt, g, key, candidates_));
+    TPC_ASSIGN(p->algo, chooseMatmulAlgo(*lt, g, key, candidates_, timing_));
     algos_[key] = p->algo;
   }
   p->flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(batch);

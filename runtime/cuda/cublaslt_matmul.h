@@ -16,6 +16,7 @@
 
 #include "ir/graph.h"
 #include "ir/status.h"
+#include "runtime/cuda/candidate_timing.h"
 
 namespace tpc::cuda {
 
@@ -31,8 +32,9 @@ std::array<const Value*, 3> epilogueValues(const Node& n);
 
 class CublasLtMatmul {
  public:
-  // candidates > 1: time that many of the heuristic's algorithms per GEMM and keep the fastest.
-  static Result<std::unique_ptr<CublasLtMatmul>> create(size_t workspaceBytes, int candidates = 1);
+  // candidates > 1: time that many of the heuristic's algorithms per GEMM, as `timing` says, and keep the fastest.
+  static Result<std::unique_ptr<CublasLtMatmul>> create(size_t workspaceBytes, int candidates = 1,
+                                                        CandidateTiming timing = CandidateTiming::Quick);
   ~CublasLtMatmul();
   // Plans node `n` (a matmul). Batch dims that broadcast other than "b is 2-D" (e.g. [4,1] x [3]) become
   // one strided-batched call per index of the outer batch dims: `calls` gets their element offsets into
@@ -57,6 +59,7 @@ class CublasLtMatmul {
   void* handle_ = nullptr;
   size_t workspace_ = 0;
   int candidates_ = 1;
+  CandidateTiming timing_ = CandidateTiming::Quick;
   std::vector<std::unique_ptr<Plan>> plans_;
   std::map<std::string, cublasLtMatmulAlgo_t> algos_;  // shape and epilogue key -> its algorithm
 };

@@ -376,9 +376,8 @@ class CudaBackend final : public Backend {
         if (*end || n < 0 || n > 64) return makeError("TPC_MATMUL_AUTOTUNE must be 0, 1 or a number of candidates up to 64, got '", tune, "'");
         candidates = n == 0 ? 1 : n == 1 ? 8 : static_cast<int>(n);
       }
-      TPC_ASSIGN(CandidateTiming timing, candidateTimingFromEnv());
-      setCandidateTiming(timing);
-      TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20, candidates));
+      TPC_ASSIGN(CandidateTiming timing, candidateTimingFromEnv());  // TPC_AUTOTUNE_SUSTAINED
+      TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20, candidates, timing));
       CU_TRY(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "stream");
       if (commStream_) CU_TRY(cudaStreamCreateWithFlags(&d.comm, cudaStreamNonBlocking), "communication stream");
       CU_TRY(cudaMalloc(&d.stepWord, sizeof(int64_t)), "step word");
@@ -394,7 +393,7 @@ class CudaBackend final : public Backend {
         // differ in their last bits from run to run).
         const char* det = std::getenv("TPC_CUDNN_DETERMINISTIC");
         // Its engine configs are timed as cuBLASLt's algorithms are, under the same switch.
-        auto a = CudnnAttention::create(!(det && std::string(det) == "0"), candidates > 1);
+        auto a = CudnnAttention::create(!(det && std::string(det) == "0"), candidates > 1, timing);
         if (a.ok()) d.attention = std::move(a).value();
         else if (attentionMode_ == "cudnn") return makeError("TPC_ATTENTION=cudnn: ", a.error());
         else if (options_.verbose && i == 0) std::printf("cuda: attention through tpc's kernels (%s)\n", a.error().c_str());

@@ -348,10 +348,10 @@ Status makePack(const Cudnn* lib_, const Plan& p, const std::vector<void*>& oper
 
 }  // namespace
 
-Result<size_t> CudnnAttention::fastestCandidate(const Node& n, Plan& p, CandidateTiming timing) const {
+Result<size_t> CudnnAttention::fastestCandidate(const Node& n, Plan& p) const {
   TPC_ASSIGN(const Cudnn* lib_, cudnn());
   // Scratch for the node's operands and results and the workspace (at least 256 bytes each: no null address).
-  DeviceScratch scratch(timing);
+  DeviceScratch scratch(timing_);
   auto get = [&](int64_t bytes) { return scratch.get(static_cast<size_t>(std::max<int64_t>(bytes, 256))); };
   std::vector<void*> operands, results;
   for (const Value* v : n.operands()) operands.push_back(get(v->type().bytes()));
@@ -365,14 +365,15 @@ Result<size_t> CudnnAttention::fastestCandidate(const Node& n, Plan& p, Candidat
   return cuda::fastestCandidate(
       p.candidates.size(),
       [&](size_t i) { return lib_->execute(h, p.candidates[i].plan.get(), b.pack.get()) == CUDNN_STATUS_SUCCESS; },
-      timing);
+      timing_);
 }
 
-Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create(bool deterministic, bool autotune) {
+Result<std::unique_ptr<CudnnAttention>> CudnnAttention::create(bool deterministic, bool autotune, CandidateTiming timing) {
   TPC_ASSIGN(const Cudnn* lib, cudnn());
   std::unique_ptr<CudnnAttention> c(new CudnnAttention());
   c->deterministic_ = deterministic;
   c->autotune_ = autotune;
+  c->timing_ = timing;
   cudnnHandle_t h = nullptr;
   if (cudnnStatus_t s = lib->create(&h); s != CUDNN_STATUS_SUCCESS)
     return makeError("cuDNN: creating a handle: ", cudnnError(*lib, s));
@@ -407,11 +408,10 @@ Result<int> CudnnAttention::plan(const Node& n) {
   if (auto it = planOf_.find(key); it != planOf_.end()) return it->second;
   if (auto it = failed_.find(key); it != failed_.end()) return makeError(it->second);
   // The engine config timed fastest for this key on this GPU and cuDNN, in this process or an earlier one.
-  const CandidateTiming timing = candidateTiming();  // read once: the key, the scratch and the ranking agree
   std::string fullKey, remembered;
   bool known = false;
   if (autotune_) {
-    fullKey = cat(currentGpuKey(), " ", version(), deterministic_ ? " deterministic | " : " | ", key, candidateTimingKey(timing));
+    fullKey = cat(currentGpuKey(), " ", version(), deterministic_ ? " deterministic | " : " | ", key, candidateTimingKey(timing_));
     known = readRememberedChoice(fullKey, "cudnn-engine", &remembered);
   }
   auto built = build(a, bwd, known ? &remembered : nullptr);
@@ -422,7 +422,7 @@ Result<int> CudnnAttention::plan(const Node& n) {
   Plan& p = **built;
   size_t chosen = 0;
   if (p.candidates.size() > 1) {
-    auto fastest = fastestCandidate(n, p, timing);  // timing that cannot run leaves the heuristics' first
+    auto fastest = fastestCandidate(n, p);  // timing that cannot run leaves the heuristics' first
     chosen = fastest.ok() ? *fastest : 0;
     timed_ += static_cast<int>(p.candidates.size());
   }

@@ -36,7 +36,8 @@ class CudnnAttention {
   // autotune: per distinct plan, time each distinct engine config of cuDNN's heuristics (up to 8) on scratch
   // buffers and keep the fastest, remembered by this process and in the cache folder (disk_cache.h) under
   // the GPU, cuDNN's version and the plan; false: the heuristics' first config that finalizes.
-  static Result<std::unique_ptr<CudnnAttention>> create(bool deterministic = true, bool autotune = true);
+  static Result<std::unique_ptr<CudnnAttention>> create(bool deterministic = true, bool autotune = true,
+                                                        CandidateTiming timing = CandidateTiming::Quick);
   ~CudnnAttention();
   // The execution plan of `n`'s shape (built once per distinct op, shape, layout and scale): an error where cuDNN has no engine
   // for it (remembered: the same shape is not tried again). Its id for workspaceBytes, bind and what.
@@ -69,10 +70,11 @@ class CudnnAttention {
   // The plan with its candidate configs: the remembered one when given and it still finalizes, else the
   // first that finalizes, or (autotune_) each distinct one up to kMaxCandidates.
   Result<std::unique_ptr<Plan>> build(const AttnShape& a, bool backward, const std::string* remembered) const;
-  Result<size_t> fastestCandidate(const Node& n, Plan& p, CandidateTiming timing) const;  // the index of the fastest of p's candidates
+  Result<size_t> fastestCandidate(const Node& n, Plan& p) const;  // the index of the fastest of p's candidates
   void* handle_ = nullptr;
   bool deterministic_ = true;
   bool autotune_ = true;
+  CandidateTiming timing_ = CandidateTiming::Quick;  // how autotune_ times the candidates
   int timed_ = 0;
   std::vector<std::unique_ptr<Plan>> plans_;
   std::map<std::string, int> planOf_;  // the plan of each distinct op, shape, layout and scale

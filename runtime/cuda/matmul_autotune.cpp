@@ -35,14 +35,13 @@ size_t fastest(const CublasLt& lt, const GemmProblem& g, const std::vector<cubla
 }  // namespace
 
 Result<cublasLtMatmulAlgo_t> chooseMatmulAlgo(const CublasLt& lt, const GemmProblem& g, const std::string& key,
-                                              int candidates) {
+                                              int candidates, CandidateTiming timing) {
   // cuBLASLt documents cublasLtMatmulAlgo_t as trivially serializable for the same library version.
   auto asAlgo = [](const std::string& bytes) {
     cublasLtMatmulAlgo_t algo;
     std::memcpy(&algo, bytes.data(), sizeof algo);
     return algo;
   };
-  const CandidateTiming timing = candidateTiming();  // read once: the key, the scratch and the ranking agree
   std::string fullKey, bytes;
   if (candidates > 1) {
     fullKey = cat(currentGpuKey(), " cublasLt ", lt.getVersion(), " | ", key, " | ", candidates, " candidates", candidateTimingKey(timing));

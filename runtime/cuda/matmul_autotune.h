@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ir/status.h"
+#include "runtime/cuda/candidate_timing.h"
 #include "runtime/cuda/cuda_libraries.h"
 
 namespace tpc::cuda {
@@ -25,10 +26,11 @@ struct GemmProblem {
 };
 
 // The algorithm for the GEMM `key`: remembered (this process, then the cache folder), else the fastest of up
-// to `candidates` heuristic results timed on the GPU (the first result when only one comes back or the scratch
+// to `candidates` heuristic results timed on the GPU as `timing` says, remembered under a key of that timing
+// (the first result when only one comes back or the scratch
 // memory cannot be had; candidates 1: the heuristic's choice, untimed and not remembered). Errors: cuBLASLt
 // has no algorithm for it.
 Result<cublasLtMatmulAlgo_t> chooseMatmulAlgo(const CublasLt& lt, const GemmProblem& g, const std::string& key,
-                                              int candidates);
+                                              int candidates, CandidateTiming timing = CandidateTiming::Quick);
 
 }  // namespace tpc::cuda

@@ -56,6 +56,26 @@ HostTensor runCuda(const Graph& g, const TensorMap& in, bool autotune) {
   return r->at("y");
 }
 
+HostTensor runCpu(const Graph& g, const TensorMap& in) {
+  auto cpu = createCpuBackend({});
+  REQUIRE(cpu->prepare(g, {}).ok());
+  auto want = cpu->step(in, 1);
+  REQUIRE(want.ok());
+  return want->at("y");
+}
+
+double worstDifference(const HostTensor& got, const HostTensor& want) {
+  double worst = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) worst = std::max(worst, std::abs(got.getAsDouble(i) - want.getAsDouble(i)));
+  return worst;
+}
+
+double largestMagnitude(const HostTensor& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.getAsDouble(i)));
+  return m;
+}
+
 std::vector<std::string> algoFiles(const std::string& dir) {
   std::vector<std::string> files;
   if (DIR* d = opendir(dir.c_str())) {
@@ -91,17 +111,9 @@ TEST_CASE("cuda matmul autotune: the timed choice is remembered on disk, gives t
   HostTensor again = runCuda(*g, in, true);
   CHECK(std::memcmp(first.raw(), again.raw(), first.bytes()) == 0);
   HostTensor heuristic = runCuda(*g, in, false);
-  auto cpu = createCpuBackend({});
-  REQUIRE(cpu->prepare(*g, {}).ok());
-  auto want = cpu->step(in, 1);
-  REQUIRE(want.ok());
-  const HostTensor& ref = want->at("y");
-  double worstTuned = 0, worstHeuristic = 0, scale = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    scale = std::max(scale, std::abs(ref.getAsDouble(i)));
-    worstTuned = std::max(worstTuned, std::abs(first.getAsDouble(i) - ref.getAsDouble(i)));
-    worstHeuristic = std::max(worstHeuristic, std::abs(heuristic.getAsDouble(i) - ref.getAsDouble(i)));
-  }
+  const HostTensor ref = runCpu(*g, in);
+  const double worstTuned = worstDifference(first, ref), worstHeuristic = worstDifference(heuristic, ref),
+               scale = largestMagnitude(ref);
   WARN("autotuned: worst difference to the CPU " << worstTuned << ", heuristic " << worstHeuristic << " of " << scale);
   CHECK(worstTuned <= 1e-2 * scale);
   CHECK(worstHeuristic <= 1e-2 * scale);
@@ -144,17 +156,8 @@ TEST_CASE("cuda matmul autotune: sustained timing keeps its choice under its own
     std::getline(f, key);
     INFO(key);
     CHECK(key.find("| sustained") != std::string::npos);
-    auto cpu = createCpuBackend({});
-    REQUIRE(cpu->prepare(*g, {}).ok());
-    auto want = cpu->step(in, 1);
-    REQUIRE(want.ok());
-    const HostTensor& ref = want->at("y");
-    double worst = 0, scale = 0;
-    for (int64_t i = 0; i < ref.numel(); ++i) {
-      scale = std::max(scale, std::abs(ref.getAsDouble(i)));
-      worst = std::max(worst, std::abs(tuned.getAsDouble(i) - ref.getAsDouble(i)));
-    }
-    CHECK(worst <= 1e-2 * scale);
+    const HostTensor ref = runCpu(*g, in);
+    CHECK(worstDifference(tuned, ref) <= 1e-2 * largestMagnitude(ref));
   }
   // The quick timing's choice is a second file: the two rankings do not share a key.
   runCuda(*g, in, true);
