@@ -96,6 +96,18 @@ TEST_CASE("cudnn attention: every attention case cuDNN takes matches the CPU bac
   }
 }
 
+// The remembered engine choices in a cache folder.
+static std::vector<std::string> engineFiles(const std::string& dir) {
+  std::vector<std::string> files;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string name = e->d_name; name.size() > 13 && name.substr(name.size() - 13) == ".cudnn-engine")
+        files.push_back(dir + "/" + name);
+    closedir(d);
+  }
+  return files;
+}
+
 // Autotune (the default): the heuristics' distinct engine configs timed once per plan, the fastest remembered
 // in the cache folder under the GPU, cuDNN's version and the shape, and a second planner in the process takes
 // it without timing; the tuned and the untuned plans both match the CPU backend. The packed causal forward at
@@ -140,13 +152,7 @@ TEST_CASE("cudnn attention: the fastest engine config is timed once, remembered,
   std::vector<HostTensor> got = runCudnn(**tuned, *p1, o, in);
   CHECK(compareResults(o, got, want, tcAttentionTol(c, cuda::TcAttnOptions{})) == 2);
 
-  std::vector<std::string> files;
-  if (DIR* d = opendir(tmpl)) {
-    while (dirent* e = readdir(d))
-      if (std::string name = e->d_name; name.size() > 13 && name.substr(name.size() - 13) == ".cudnn-engine")
-        files.push_back(std::string(tmpl) + "/" + name);
-    closedir(d);
-  }
+  std::vector<std::string> files = engineFiles(tmpl);
   REQUIRE(files.size() == 1);
   std::ifstream f(files[0], std::ios::binary);
   std::string key, engine;
@@ -173,6 +179,22 @@ TEST_CASE("cudnn attention: the fastest engine config is timed once, remembered,
   CHECK((*first)->timedConfigs() == 0);
   WARN("cuDNN's first config " << (*first)->engine(*p3) << ", timed fastest " << (*tuned)->engine(*p1));
   CHECK(compareResults(o, runCudnn(**first, *p3, o, in), want, tcAttentionTol(c, cuda::TcAttnOptions{})) == 2);
+
+  // The sustained ranking (TPC_AUTOTUNE_SUSTAINED=1) does not take the quick one's choice: it times the configs
+  // again and keeps its own under a second key.
+  auto sustained = cuda::CudnnAttention::create(true, true, cuda::CandidateTiming::Sustained);
+  REQUIRE(sustained.ok());
+  auto p4 = (*sustained)->plan(*o.node);
+  if (!p4.ok()) FAIL(p4.error());
+  CHECK((*sustained)->timedConfigs() >= 2);
+  CHECK(compareResults(o, runCudnn(**sustained, *p4, o, in), want, tcAttentionTol(c, cuda::TcAttnOptions{})) == 2);
+  std::vector<std::string> keys;
+  for (const std::string& file : engineFiles(tmpl)) {
+    std::ifstream kf(file, std::ios::binary);
+    std::getline(kf, keys.emplace_back());
+  }
+  REQUIRE(keys.size() == 2);
+  CHECK((keys[0].find("| sustained") != std::string::npos) != (keys[1].find("| sustained") != std::string::npos));
 }
 
 // Whole bf16 training steps of a 2-layer GPT at T 128 (so that cuDNN takes the backward too), attention through
@@ -207,14 +229,19 @@ TEST_CASE("cudnn attention: a bf16 GPT trains 10 steps to our kernels' losses, b
   CHECK(losses[1] == losses[2]);
 }
 
-// gpt2's and gpt2-medium's attention ([16, 1024, 3, H, 64] packed, bf16; H 12 and 16) through cuDNN, causal and
-// not: the forward, then the backward as built deterministic (the default) and with dQ accumulated by atomics,
+// gpt2's and gpt2-medium's attention ([16, 1024, 3, H, 64] packed, bf16; H 12 and 16), and head dim 128 (H 16, as
+// in a 2048-wide model with 128-wide heads), through cuDNN, causal and not: the forward, then the backward as built deterministic (the default) and with dQ accumulated by atomics,
 // each timed over 20 runs and run three times more to see whether its gradients keep their bits. The causal rows
 // count half the FLOPs of the full ones: their rate against the full rows' is what the masked half costs.
 TEST_CASE("bench: cuDNN attention at gpt2's shape with a deterministic backward or not", "[gpu][.bench]") {
   requireGpuOrSkip();
-  for (auto [H, causal] : std::vector<std::pair<int64_t, bool>>{{12, true}, {12, false}, {16, true}, {16, false}}) {
-    const int64_t B = 16, T = 1024, D = 64;
+  struct AttnShape {
+    int64_t H, D;
+    bool causal;
+  };
+  for (auto [H, D, causal] : std::vector<AttnShape>{{12, 64, true}, {12, 64, false}, {16, 64, true}, {16, 64, false},
+                                                  {16, 128, true}, {16, 128, false}}) {
+    const int64_t B = 16, T = 1024;
     const std::vector<int64_t> perm{2, 0, 3, 1, 4};
     AttrDict a = attrs({{"causal", causal}});
     a.set("perm", perm);
@@ -271,9 +298,9 @@ TEST_CASE("bench: cuDNN attention at gpt2's shape with a deterministic backward 
         CUDA_OK(cudaMemcpy(bits.back().data(), dGrad, bits.back().size(), cudaMemcpyDeviceToHost));
       }
       const bool same = bits[0] == bits[1] && bits[1] == bits[2];
-      std::printf("H %d, %s: %s\n  forward (%s) %.3f ms (%.1f TFLOP/s), backward (%s) %.3f ms (%.1f TFLOP/s), workspace %.1f MiB; "
+      std::printf("H %d, D %d, %s: %s\n  forward (%s) %.3f ms (%.1f TFLOP/s), backward (%s) %.3f ms (%.1f TFLOP/s), workspace %.1f MiB; "
                   "gradients of 3 runs %s\n",
-                  (int)H, causal ? "causal" : "full", (*att)->what(*pb).c_str(), (*att)->engine(*pf).c_str(), fms, (*att)->flops(*pf) / fms / 1e9, (*att)->engine(*pb).c_str(), bms, (*att)->flops(*pb) / bms / 1e9,
+                  (int)H, (int)D, causal ? "causal" : "full", (*att)->what(*pb).c_str(), (*att)->engine(*pf).c_str(), fms, (*att)->flops(*pf) / fms / 1e9, (*att)->engine(*pb).c_str(), bms, (*att)->flops(*pb) / bms / 1e9,
                   (*att)->workspaceBytes(*pb) / 1048576.0, same ? "bit-identical" : "DIFFER");
       if (deterministic) CHECK(same);
       cudaFree(ws);
