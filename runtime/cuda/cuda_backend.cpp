@@ -361,22 +361,26 @@ class CudaBackend final : public Backend {
     }
     commStream_ = options_.collectiveStream && meshRanks() > 1;
     devs_.resize(nccl_ ? R : 1);
+    // Timing cuBLASLt's first 8 candidates per GEMM (CudaOptions::matmulAutotune; TPC_MATMUL_AUTOTUNE=0|1, or
+    // N >= 2 to time the first N), and how (TPC_AUTOTUNE_SUSTAINED): read once for every device.
+    const char* tune = std::getenv("TPC_MATMUL_AUTOTUNE");
+    int candidates = options_.matmulAutotune ? 8 : 1;
+    if (tune && *tune) {
+      char* end = nullptr;
+      long n = std::strtol(tune, &end, 10);
+      if (*end || n < 0 || n > 64) return makeError("TPC_MATMUL_AUTOTUNE must be 0, 1 or a number of candidates up to 64, got '", tune, "'");
+      candidates = n == 0 ? 1 : n == 1 ? 8 : static_cast<int>(n);
+    }
+    TPC_ASSIGN(CandidateTiming timing, candidateTimingFromEnv());
+    // TPC_CUDNN_DETERMINISTIC=0: cuDNN's attention backward with dQ accumulated by atomics (measuring only: steps
+    // then differ in their last bits from run to run).
+    const char* det = std::getenv("TPC_CUDNN_DETERMINISTIC");
+    const bool cudnnDeterministic = !(det && std::string(det) == "0");
     for (size_t i = 0; i < devs_.size(); ++i) {
       DeviceCtx& d = devs_[i];
       d.device = nccl_ && !processMode() ? static_cast<int>(i) : options_.device;
       CU_TRY(cudaSetDevice(d.device), "cannot use GPU ", d.device);
       CU_TRY(cudaFree(nullptr), "cannot initialize GPU ", d.device);
-      // Timing cuBLASLt's first 8 candidates per GEMM (CudaOptions::matmulAutotune; TPC_MATMUL_AUTOTUNE=0|1,
-      // or N >= 2 to time the first N).
-      const char* tune = std::getenv("TPC_MATMUL_AUTOTUNE");
-      int candidates = options_.matmulAutotune ? 8 : 1;
-      if (tune && *tune) {
-        char* end = nullptr;
-        long n = std::strtol(tune, &end, 10);
-        if (*end || n < 0 || n > 64) return makeError("TPC_MATMUL_AUTOTUNE must be 0, 1 or a number of candidates up to 64, got '", tune, "'");
-        candidates = n == 0 ? 1 : n == 1 ? 8 : static_cast<int>(n);
-      }
-      TPC_ASSIGN(CandidateTiming timing, candidateTimingFromEnv());  // TPC_AUTOTUNE_SUSTAINED
       TPC_ASSIGN(d.matmul, CublasLtMatmul::create(32 << 20, candidates, timing));
       CU_TRY(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "stream");
       if (commStream_) CU_TRY(cudaStreamCreateWithFlags(&d.comm, cudaStreamNonBlocking), "communication stream");
@@ -389,11 +393,8 @@ class CudaBackend final : public Backend {
       CU_TRY(cudaEventCreate(&d.replayEnd), "event");
       CU_TRY(cudaMalloc(&d.matmulWorkspace, d.matmul->workspaceBytes()), "cuBLASLt workspace");
       if (attentionMode_ != "tpc") {
-        // TPC_CUDNN_DETERMINISTIC=0: the backward with dQ accumulated by atomics (measuring only: steps then
-        // differ in their last bits from run to run).
-        const char* det = std::getenv("TPC_CUDNN_DETERMINISTIC");
-        // Its engine configs are timed as cuBLASLt's algorithms are, under the same switch.
-        auto a = CudnnAttention::create(!(det && std::string(det) == "0"), candidates > 1, timing);
+        // Its engine configs are timed as cuBLASLt's algorithms are, under the same switches.
+        auto a = CudnnAttention::create(cudnnDeterministic, candidates > 1, timing);
         if (a.ok()) d.attention = std::move(a).value();
         else if (attentionMode_ == "cudnn") return makeError("TPC_ATTENTION=cudnn: ", a.error());
         else if (options_.verbose && i == 0) std::printf("cuda: attention through tpc's kernels (%s)\n", a.error().c_str());

@@ -27,9 +27,8 @@ struct GemmProblem {
 
 // The algorithm for the GEMM `key`: remembered (this process, then the cache folder), else the fastest of up
 // to `candidates` heuristic results timed on the GPU as `timing` says, remembered under a key of that timing
-// (the first result when only one comes back or the scratch
-// memory cannot be had; candidates 1: the heuristic's choice, untimed and not remembered). Errors: cuBLASLt
-// has no algorithm for it.
+// (the first result when only one comes back or the scratch memory cannot be had; candidates 1: the heuristic's
+// choice, untimed and not remembered). Errors: cuBLASLt has no algorithm for it.
 Result<cublasLtMatmulAlgo_t> chooseMatmulAlgo(const CublasLt& lt, const GemmProblem& g, const std::string& key,
                                               int candidates, CandidateTiming timing = CandidateTiming::Quick);
 
