@@ -166,7 +166,7 @@ Status IndexedDataset::checkTokenRange(int64_t vocabSize) const {
       int64_t id = doc[i];
       if (id < 0 || id >= vocabSize)
         return makeError(prefix_, ".bin: document ", d, " holds token id ", id, ", outside the vocabulary [0, ",
-                         vocabSize, ") (was it prepared with another tokenizer?)");
+                         vocabSize, ")");
     }
   }
   return Status::success();

@@ -71,7 +71,7 @@ class IndexedDataset {
   TokenSpan document(size_t i) const;
   uint64_t documentLength(size_t i) const { return document(i).size(); }
   // Checks that every token id is in [0, vocabSize) (reads the whole .bin once); the error names the
-  // file, the document and the id.
+  // file, the document and the id (the caller adds what to do: it knows the model's tokenizer).
   Status checkTokenRange(int64_t vocabSize) const;
 
  private:

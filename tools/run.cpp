@@ -43,6 +43,7 @@
 #include "runtime/trainer.h"
 #include "tools/cli.h"
 #include "tools/compile_pipeline.h"
+#include "tools/output_paths.h"
 #include "tools/pipeline_flags.h"
 #include "tools/train_flags.h"
 
@@ -52,6 +53,26 @@ namespace {
 bool fileExists(const std::string& p) {
   struct stat st{};
   return stat(p.c_str(), &st) == 0;
+}
+
+namespace fs = std::filesystem;
+
+// Whether checkpoints can be written into `dir`: its folders are made and a file is written there, then whatever
+// this made is removed again (the first save makes them for good), so a run that fails before it leaves nothing.
+Status checkCheckpointFolder(const std::string& dir) {
+  std::error_code ec;
+  fs::path firstMade;  // the outermost folder of `dir` that does not exist yet
+  for (fs::path p = fs::absolute(dir, ec); !ec && p.has_relative_path() && !fs::exists(p, ec); p = p.parent_path())
+    firstMade = p;
+  fs::create_directories(dir, ec);
+  const fs::path probe = fs::path(dir) / cat(".tpc-write-test.", getpid());
+  std::error_code removed;
+  const bool ok = !ec && std::ofstream(probe) && fs::remove(probe, removed);
+  if (!firstMade.empty()) fs::remove_all(firstMade, removed);
+  if (!ok)
+    return makeError("--save ", dir, ": error: cannot write checkpoints into this folder",
+                     ec ? cat(" (", ec.message(), ")") : std::string(), "; pick a writable folder");
+  return {};
 }
 
 // The dataset prefix as given, or (for the shipped default "data/...") inside tpc's data folder.
@@ -75,18 +96,18 @@ class DatasetBatches final : public BatchSource {
  public:
   DatasetBatches(IndexedDataset data, DocRange train, uint32_t seq, uint64_t seed)
       : data_(std::move(data)), windows_(data_, train, seq, seed), buf_(seq + 1) {}
-  Status dumpTo(const std::string& path) {
-    dumpPath_ = path;
-    dump_.open(path, std::ios::binary | std::ios::trunc);
-    if (!dump_) return makeError("--dump-batches ", path, ": cannot write the file (does its folder exist and is it writable?)");
-    return {};
-  }
+  // The file is made at the first window read, so that a run failing before its first step leaves none.
+  void dumpTo(const std::string& path) { dumpPath_ = path; }
   Status status() const { return windows_.status(); }
   uint64_t windowsPerEpoch() const { return windows_.windowsPerEpoch(); }
   uint64_t position() const { return windows_.position(); }
   void seek(uint64_t position) { windows_.seek(position); }
 
   Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
+    if (!dumpPath_.empty() && !dump_.is_open()) {
+      dump_.open(dumpPath_, std::ios::binary | std::ios::trunc);
+      if (!dump_) return makeError("--dump-batches ", dumpPath_, ": cannot write the file (does its folder exist and is it writable?)");
+    }
     for (int64_t r = 0; r < rows; ++r) {
       TPC_TRY(windows_.next(buf_.data()));
       if (dump_.is_open() && !dump_.write(reinterpret_cast<const char*>(buf_.data()),
@@ -265,18 +286,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (*profileStep > config.trainIters)
     return cli::fail("run", cat("--profile-step ", *profileStep, " is after the run's last step (--train-iters ",
                                 config.trainIters, "): pick a step from 1 to ", config.trainIters));
-  if (flags.has("profile-csv") && !flags.get("profile-csv").empty() && (!job || job->world.rank == 0)) {  // rank 0 writes it
-    // A file that cannot be written is found now, not after the steps before the profiled one.
-    std::filesystem::path csv = flags.get("profile-csv"), dir = csv.parent_path().empty() ? "." : csv.parent_path();
-    std::error_code ec;
-    const bool folder = std::filesystem::is_directory(csv, ec), dirExists = std::filesystem::is_directory(dir, ec);
-    if (folder || !dirExists || access(dir.c_str(), W_OK) != 0)
-      return cli::fail("run", cat("--profile-csv ", csv.string(), ": error: cannot write this file (",
-                                  folder      ? "it is a folder"
-                                  : dirExists ? "its folder is not writable"
-                                              : "its folder does not exist or cannot be read",
-                                  "); pick a file in a writable folder"));
-  }
+  if (flags.has("profile-csv") && !flags.get("profile-csv").empty() && (!job || job->world.rank == 0))  // rank 0 writes it
+    if (Status s = cli::checkOutputFile("--profile-csv", flags.get("profile-csv")); !s.ok()) return cli::fail("run", s.error());
   if (*profileStep > 0 && *backendKind != BackendKind::Cuda)
     return cli::fail("run", "--profile-step times CUDA kernels: it needs the CUDA backend (--backend cuda on a machine with a GPU)");
   if (flags.has("profile-csv") && *profileStep == 0)
@@ -364,7 +375,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (!dataset) return cli::fail("run", dataset.error());
   if (model->gpt)
     if (Status s = dataset->checkTokenRange(model->gpt->vocab); !s.ok())
-      return cli::fail("run", s.error() + " (was the dataset made with the model's tokenizer, '" + config.tokenizer + "'?)");
+      return cli::fail("run", cat(s.error(), ": the model's tokenizer is '", config.tokenizer, "' (vocabulary ",
+                                  model->gpt->vocab, "); make the dataset with it (tpc prepare --tokenizer ",
+                                  config.tokenizer, ") or give --data-path of one that was"));
   auto splits = splitDocuments(config.split, dataset->numDocuments());
   if (!splits) return cli::fail("run", "--split: " + splits.error());
   size_t numDocs = dataset->numDocuments();
@@ -385,18 +398,42 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   DatasetBatches batches(std::move(dataset).value(), splits->train, static_cast<uint32_t>(config.seqLength), config.seed);
   if (Status s = batches.status(); !s.ok()) return cli::fail("run", s.error());
   const bool speaks = !job || job->world.rank == 0;  // under mpirun, rank 0 alone logs and writes files
-  if (flags.has("save") && speaks) {
-    // A folder that cannot hold checkpoints is found now, not after the training that was to fill it.
-    std::error_code ec;
-    const std::filesystem::path dir = flags.get("save");
-    std::filesystem::create_directories(dir, ec);
-    const std::filesystem::path probe = dir / cat(".tpc-write-test.", getpid());
-    if (ec || !std::ofstream(probe) || !std::filesystem::remove(probe, ec))
-      return cli::fail("run", cat("--save ", dir.string(), ": error: cannot write checkpoints into this folder",
-                                  ec ? cat(" (", ec.message(), ")") : std::string(), "; pick a writable folder"));
+  if (speaks) {
+    // Files this run writes, checked before any work: writable, none of them an input, no two the same file
+    // (the dataset is read through a memory map: truncating it under the run would crash it).
+    std::vector<std::pair<std::string, std::string>> outputs;  // flag, file
+    for (const char* f : {"log-jsonl", "dump-batches", "profile-csv"})
+      if (flags.has(f)) outputs.push_back({f, flags.get(f)});
+    const std::vector<std::pair<std::string, std::string>> inputs = {
+        {"the model file", path}, {"the dataset", *dataPath + ".bin"}, {"the dataset", *dataPath + ".idx"}};
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const auto& [flag, file] = outputs[i];
+      if (Status s = cli::checkOutputFile("--" + flag, file); !s.ok()) return cli::fail("run", s.error());
+      for (const auto& [what, in] : inputs)
+        if (cli::sameFile(file, in))
+          return cli::fail("run", cat("--", flag, " ", file, " is ", what, " (", in, "): writing it would destroy it; "
+                                      "pick another file"));
+      if (checkpoint && cli::insideFolder(file, checkpoint->path))
+        return cli::fail("run", cat("--", flag, " ", file, " is inside the checkpoint --load reads (", checkpoint->path,
+                                    "): pick a file outside it"));
+      for (size_t j = 0; j < i; ++j)
+        if (cli::sameFile(file, outputs[j].second))
+          return cli::fail("run", cat("--", flag, " and --", outputs[j].first, " name one file (", file,
+                                      "): give each its own"));
+    }
+    if (flags.has("save"))
+      if (Status s = checkCheckpointFolder(flags.get("save")); !s.ok()) return cli::fail("run", s.error());
+    if (flags.has("dump-batches")) batches.dumpTo(flags.get("dump-batches"));
   }
-  if (flags.has("dump-batches") && speaks)
-    if (Status s = batches.dumpTo(flags.get("dump-batches")); !s.ok()) return cli::fail("run", s.error());
+  // The metrics server before the backend's compile: a port that is taken is found now.
+  std::unique_ptr<MetricsServer> metrics;
+  if (flags.has("metrics-port") && speaks) {
+    auto port = flags.getInt("metrics-port", 1, 65535);
+    if (!port) return cli::fail("run", port.error());
+    auto m = MetricsServer::start(static_cast<int>(*port));
+    if (!m) return cli::fail("run", m.error());
+    metrics = std::move(*m);
+  }
 
   // Backend and initial state.
   CpuOptions cpu;
@@ -533,13 +570,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     }
   }
   settings.lossScaling = lossScaling;
-  std::unique_ptr<MetricsServer> metrics;
-  if (flags.has("metrics-port") && speaks) {
-    auto port = flags.getInt("metrics-port", 1, 65535);
-    if (!port) return cli::fail("run", port.error());
-    auto m = MetricsServer::start(static_cast<int>(*port));
-    if (!m) return cli::fail("run", m.error());
-    metrics = std::move(*m);
+  if (metrics) {
     settings.publish = [&](const std::map<std::string, double>& f) { metrics->publish(f); };
     std::cout << "metrics: http://127.0.0.1:" << metrics->port() << "/metrics" << std::endl;
   }

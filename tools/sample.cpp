@@ -21,6 +21,7 @@
 #endif
 #include "runtime/safetensors.h"
 #include "tools/cli.h"
+#include "tools/output_paths.h"
 
 namespace tpc {
 namespace {
@@ -87,6 +88,13 @@ int runSample(std::vector<std::string> args) {
 
   auto ck = loadCheckpoint(flags.get("load"));
   if (!ck) return cli::fail("sample", ck.error());
+  if (flags.has("dump-logits")) {  // before the work, and never into the checkpoint being read
+    const std::string out = flags.get("dump-logits");
+    if (Status s = cli::checkOutputFile("--dump-logits", out); !s.ok()) return cli::fail("sample", s.error());
+    if (cli::insideFolder(out, flags.get("load")) || cli::insideFolder(out, ck->path))
+      return cli::fail("sample", cat("--dump-logits ", out, " is inside the checkpoint --load reads (", ck->path,
+                                     "): pick a file outside it"));
+  }
   auto model = loadModelFile(ck->path + "/model.fb");
   if (!model) return cli::fail("sample", model.error());
   if (!model->gpt) return cli::fail("sample", ck->path + "/model.fb: error: not a GPT model; tpc samples GPT models");

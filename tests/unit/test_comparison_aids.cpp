@@ -77,8 +77,8 @@ TEST_CASE("tpc run: --dump-batches and --save-initial misuse is one error line, 
       {"--save-initial --save " + dir / "a" + " --load " + dir / "a",
        "tpc run: error: --save-initial writes the initial state of a fresh run; drop it when resuming with --load\n"},
       {"--dump-batches /nonexistent/folder/b.i32",
-       "tpc run: error: --dump-batches /nonexistent/folder/b.i32: cannot write the file (does its folder exist and is "
-       "it writable?)\n"},
+       "--dump-batches /nonexistent/folder/b.i32: error: the folder /nonexistent/folder does not exist; create it "
+       "first\n"},
   };
   for (const Case& c : cases) {
     auto r = test::runTiny("--train-iters 1 " + c.args);

@@ -1,8 +1,10 @@
 // `tpc run` on bad input: one clear error line, exit 1; and a short real run with its JSONL log.
 #include <algorithm>
+#include <filesystem>
 
 #include <catch2/catch.hpp>
 
+#include "frontend/data_dir.h"
 #include "test_support.h"
 
 namespace tpc {
@@ -56,6 +58,65 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
   auto seq = test::runCommand(test::tpcBinary() + " run " + tiny() + " --seq-length 65");
   CHECK(seq.err.find("65") != std::string::npos);
   CHECK(seq.err.find("positions") != std::string::npos);
+}
+
+// The audit of the thirty-first session: an output path naming the memory-mapped dataset crashed the run (SIGBUS)
+// and left the dataset empty; --log-jsonl could overwrite the model file, and --save was made before the other
+// flags were checked.
+TEST_CASE("tpc run/sample: an output that is an input, inside the checkpoint read, or another output is one error",
+          "[run][cli]") {
+  test::TempDir dir;
+  const std::string d = dir.path.string(), data = d + "/corpus", model = d + "/m.fb";
+  for (const char* ext : {".bin", ".idx"})
+    std::filesystem::copy_file(dataDir() + "/brown/brown_byte" + ext, data + ext);
+  std::filesystem::copy_file(tiny(), model);
+  const std::string bin = test::readFile(data + ".bin"), idx = test::readFile(data + ".idx"), fb = test::readFile(model);
+  const std::string run = test::tpcBinary() + " run " + model + " --train-iters 2 --data-path " + data + " ";
+  struct Case {
+    std::string args, expected;
+  };
+  const Case cases[] = {
+      {"--dump-batches " + data + ".bin", "is the dataset (" + data + ".bin): writing it would destroy it"},
+      {"--log-jsonl " + d + "/../" + dir.path.filename().string() + "/corpus.idx", "is the dataset"},
+      {"--log-jsonl " + model, "is the model file (" + model + ")"},
+      {"--dump-batches " + d + "/x --log-jsonl " + d + "/./x", "--dump-batches and --log-jsonl name one file"},
+      {"--log-jsonl " + d, "is a directory; name a file to write, not a folder"},
+      {"--save " + d + "/new/ck --metrics-port 0", "--metrics-port=0 is out of range"},
+      {"--save " + d + "/new/ck --dump-batches " + d + "/b.bin --log-jsonl " + model + "/x.jsonl",
+       "m.fb is a file, not a folder"},
+  };
+  for (const Case& c : cases) {
+    auto r = test::runCommand(run + c.args);
+    INFO(c.args << "\nstderr: " << r.err);
+    CHECK(r.exitCode == 1);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.err.find(c.expected) != std::string::npos);
+    CHECK(r.out.find("step ") == std::string::npos);
+  }
+  // Nothing written: the inputs as they were, no --save folder, no batches file.
+  CHECK(test::readFile(data + ".bin") == bin);
+  CHECK(test::readFile(data + ".idx") == idx);
+  CHECK(test::readFile(model) == fb);
+  CHECK_FALSE(std::filesystem::exists(d + "/new"));
+  CHECK_FALSE(std::filesystem::exists(d + "/b.bin"));
+  CHECK_FALSE(std::filesystem::exists(d + "/x"));
+
+  // A checkpoint, then outputs inside it while it is read.
+  REQUIRE(test::runCommand(run + "--save " + d + "/ck").exitCode == 0);
+  const std::string tensors = d + "/ck/iter_0000002/model.safetensors", saved = test::readFile(tensors);
+  auto resumed = test::runCommand(test::tpcBinary() + " run " + model + " --train-iters 3 --data-path " + data +
+                                  " --load " + d + "/ck --log-jsonl " + tensors);
+  CHECK(resumed.exitCode == 1);
+  CHECK(resumed.err.find("is inside the checkpoint --load reads") != std::string::npos);
+  for (const std::string& out : {tensors, d + "/ck/logits.safetensors"}) {
+    auto s = test::runCommand(test::tpcBinary() + " sample --load " + d + "/ck --max-tokens 2 --dump-logits " + out);
+    INFO(s.err);
+    CHECK(s.exitCode == 1);
+    CHECK(s.err == "tpc sample: error: --dump-logits " + out + " is inside the checkpoint --load reads (" + d +
+                       "/ck/iter_0000002): pick a file outside it\n");
+  }
+  CHECK(test::readFile(tensors) == saved);
+  CHECK_FALSE(std::filesystem::exists(d + "/ck/logits.safetensors"));
 }
 
 TEST_CASE("tpc run: a short run logs JSONL and lowers the loss", "[run][cli]") {

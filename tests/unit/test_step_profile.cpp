@@ -92,10 +92,10 @@ TEST_CASE("step profile: --profile-csv without --profile-step, or where it canno
   auto missing = test::runCommand(run + " --profile-step 2 --profile-csv " + (dir.path / "no" / "p.csv").string());
   CHECK(missing.exitCode == 1);
   CHECK(missing.err.find("--profile-csv " + (dir.path / "no" / "p.csv").string()) != std::string::npos);
-  CHECK(missing.err.find("its folder does not exist") != std::string::npos);
+  CHECK(missing.err.find("does not exist; create it first") != std::string::npos);
   auto folder = test::runCommand(run + " --profile-step 2 --profile-csv " + dir.path.string());
   CHECK(folder.exitCode == 1);
-  CHECK(folder.err.find("it is a folder") != std::string::npos);
+  CHECK(folder.err.find("is a directory; name a file to write, not a folder") != std::string::npos);
   auto empty = test::runCommand(run + " --profile-step 2 --profile-csv ''");
   CHECK(empty.exitCode == 1);
   auto late = test::runCommand(run + " --profile-step 3");
