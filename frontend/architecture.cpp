@@ -8,13 +8,13 @@
 namespace tpc {
 
 Status validateGpt(const GptConfig& g, const TrainConfig& config) {
-  // Upper bounds keep every tensor size far from int64 overflow; they are far above any real model.
   struct Size {
     const char* field;
     int64_t value, max;
   };
-  for (const Size& s : {Size{"layers", g.layers, 4096}, Size{"hidden", g.hidden, 1 << 20}, Size{"heads", g.heads, 1 << 16},
-                        Size{"vocab", g.vocab, int64_t(1) << 30}, Size{"positions", g.positions, 1 << 24}}) {
+  for (const Size& s : {Size{"layers", g.layers, kMaxGptLayers}, Size{"hidden", g.hidden, kMaxGptHidden},
+                        Size{"heads", g.heads, kMaxGptHeads}, Size{"vocab", g.vocab, kMaxGptVocab},
+                        Size{"positions", g.positions, kMaxGptPositions}}) {
     if (s.value <= 0) return makeError("arch.", s.field, " must be > 0, got ", s.value);
     if (s.value > s.max) return makeError("arch.", s.field, "=", s.value, " is larger than the supported ", s.max);
   }

@@ -26,6 +26,11 @@ struct GptConfig {
   bool operator==(const GptConfig&) const = default;
 };
 
+// The largest sizes validateGpt accepts: far above any real model, and they keep every tensor size far from
+// int64 overflow.
+inline constexpr int64_t kMaxGptLayers = 4096, kMaxGptHidden = 1 << 20, kMaxGptHeads = 1 << 16,
+                         kMaxGptVocab = int64_t(1) << 30, kMaxGptPositions = 1 << 24;
+
 // Checks the hyperparameters against each other and against the batch shape; errors name the
 // model-file field ("arch.heads=5 must divide arch.hidden=128").
 Status validateGpt(const GptConfig& gpt, const TrainConfig& config);

@@ -15,22 +15,29 @@ bool oneOf(const std::string& v, std::initializer_list<const char*> allowed) {
 }
 
 // "949,50,1": three non-negative integers, not all zero.
-bool validSplit(const std::string& s) {
+Status checkSplit(const std::string& s) {
+  constexpr long long kMaxPart = 999999999;  // 9 digits: the sum stays far from overflow
   int parts = 0;
   long long total = 0;
   size_t i = 0;
   while (true) {
     size_t start = i;
     long long v = 0;
-    while (i < s.size() && s[i] >= '0' && s[i] <= '9' && i - start < 9) v = v * 10 + (s[i++] - '0');
-    if (i == start) return false;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+      if (v <= kMaxPart) v = v * 10 + (s[i] - '0');
+      ++i;
+    }
+    if (i == start) break;
+    if (v > kMaxPart)
+      return makeError("config.split part ", s.substr(start, i - start), " is out of range [0, ", kMaxPart, "] (in '", s, "')");
     total += v;
     ++parts;
-    if (i == s.size()) break;
-    if (s[i] != ',') return false;
+    if (i == s.size() || s[i] != ',') break;
     ++i;
   }
-  return parts == 3 && total > 0;
+  if (i != s.size() || parts != 3 || total == 0)
+    return makeError("config.split must be three integers like 949,50,1, at least one of them > 0, got '", s, "'");
+  return {};
 }
 
 }  // namespace
@@ -77,8 +84,7 @@ Status validateTrainConfig(const TrainConfig& c) {
   if (c.globalBatch % (c.microBatch * c.dp) != 0)
     return makeError("config.global_batch_size=", c.globalBatch, " must be a multiple of micro_batch_size x data_parallel_size = ",
                      c.microBatch * c.dp);
-  if (!validSplit(c.split))
-    return makeError("config.split must be three integers like 949,50,1, at least one of them > 0, got '", c.split, "'");
+  TPC_TRY(checkSplit(c.split));
   if (!oneOf(c.tokenizer, {"gpt2", "byte"})) return makeError("config.tokenizer_type must be gpt2 or byte, got '", c.tokenizer, "'");
   TPC_TRY(nonNegative("log_interval", c.logInterval));
   TPC_TRY(nonNegative("eval_interval", c.evalInterval));

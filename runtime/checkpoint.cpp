@@ -56,8 +56,9 @@ Result<CheckpointState> parseCheckpointState(const std::string& text, const std:
   auto it = o->getInteger("iteration");
   auto pos = o->getInteger("data_position");
   auto seed = o->getString("seed");
-  if (!it || *it < 0 || !pos || *pos < 0 || !seed)
-    return makeError(path, ": error: iteration, data_position and seed are required");
+  if (!it || !pos || !seed) return makeError(path, ": error: iteration, data_position and seed are required");
+  for (auto [key, v] : {std::pair{"iteration", *it}, std::pair{"data_position", *pos}})
+    if (v < 0) return makeError(path, ": error: ", key, " must be >= 0, got ", v);
   s.iteration = *it;
   s.dataPosition = static_cast<uint64_t>(*pos);
   // Digits only: stoull alone would take "-1" (wrapping to 2^64 - 1) or "12abc".

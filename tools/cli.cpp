@@ -12,6 +12,8 @@ std::map<std::string, Subcommand>& registry() {
   static std::map<std::string, Subcommand> r;
   return r;
 }
+// "-o" for one-letter flags, "--name" otherwise: the flag as the user types it.
+std::string dashed(const std::string& name) { return (name.size() == 1 ? "-" : "--") + name; }
 }  // namespace
 
 void registerSubcommand(Subcommand s) { registry()[s.name] = std::move(s); }
@@ -51,7 +53,7 @@ const Flags::Spec* Flags::find(const std::string& name) const {
 std::string Flags::help() const {
   std::string s = "usage: " + usage_ + "\n\noptions:\n";
   for (const auto& [name, spec] : specs_) {
-    std::string left = "  " + std::string(name.size() == 1 ? "-" : "--") + name + (spec.takesValue ? " VALUE" : "");
+    std::string left = "  " + dashed(name) + (spec.takesValue ? " VALUE" : "");
     if (left.size() < 30) left += std::string(30 - left.size(), ' ');
     else left += "\n" + std::string(30, ' ');
     s += left + spec.help;
@@ -92,7 +94,7 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
     }
     if (!spec->takesValue) {
       if (hasEq) {
-        exitCode = fail(command_, "option --" + name + " takes no value");
+        exitCode = fail(command_, "option " + dashed(name) + " takes no value");
         return false;
       }
       values_[name].push_back("true");
@@ -100,13 +102,13 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
     }
     if (!hasEq) {
       if (i + 1 >= args.size()) {
-        exitCode = fail(command_, "option --" + name + " needs a value");
+        exitCode = fail(command_, "option " + dashed(name) + " needs a value");
         return false;
       }
       val = args[++i];
     }
     if (!spec->repeated && values_.count(name)) {
-      exitCode = fail(command_, "option --" + name + " is given twice");
+      exitCode = fail(command_, "option " + dashed(name) + " is given twice");
       return false;
     }
     values_[name].push_back(val);
@@ -134,8 +136,8 @@ Result<long long> Flags::getInt(const std::string& name, long long lo, long long
   char* end = nullptr;
   errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno == ERANGE) return makeError("--", name, "=", v, " is not an integer");
-  if (x < lo || x > hi) return makeError("--", name, "=", v, " is out of range [", lo, ", ", hi, "]");
+  if (v.empty() || *end != '\0') return makeError(dashed(name), "=", v, " is not an integer");
+  if (errno == ERANGE || x < lo || x > hi) return makeError(dashed(name), "=", v, " is out of range [", lo, ", ", hi, "]");
   return x;
 }
 
@@ -143,7 +145,7 @@ Result<double> Flags::getDouble(const std::string& name) const {
   std::string v = get(name);
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0') return makeError("--", name, "=", v, " is not a number");
+  if (v.empty() || *end != '\0') return makeError(dashed(name), "=", v, " is not a number");
   return x;
 }
 

@@ -21,6 +21,8 @@ int runExport(std::vector<std::string> args) {
   if (!flags.parse(args, rc)) return rc;
   if (!flags.has("hf")) return cli::fail("export", "--hf OUT is required (the only export format so far)");
   if (flags.positional().size() != 1) return cli::fail("export", "expected one checkpoint directory");
+  auto out = hfOutputDir(flags.get("hf"));
+  if (!out) return cli::fail("export", out.error());
   auto ck = loadCheckpoint(flags.positional()[0]);
   if (!ck) return cli::fail("export", ck.error());
   auto model = loadModelFile(ck->path + "/model.fb");
@@ -35,9 +37,8 @@ int runExport(std::vector<std::string> args) {
     count += t->numel();
     params[p->name()] = std::move(*t);
   }
-  const std::string out = flags.get("hf");
-  if (Status s = writeHfGpt2(out, *model->gpt, params); !s.ok()) return cli::fail("export", s.error());
-  std::cout << "wrote " << out << "/config.json and " << out << "/model.safetensors: " << params.size() << " tensors, "
+  if (Status s = writeHfGpt2(*out, *model->gpt, params); !s.ok()) return cli::fail("export", s.error());
+  std::cout << "wrote " << *out << "/config.json and " << *out << "/model.safetensors: " << params.size() << " tensors, "
             << count << " parameters from " << ck->path << " (iteration " << ck->state.iteration << ")\n";
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "tools/hf_gpt2.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -66,17 +67,21 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
   if (auto tie = o->getBoolean("tie_word_embeddings"); tie && !*tie)
     return makeError(path, ": error: tie_word_embeddings is false; tpc's GPT ties the LM head to wte");
   GptConfig g;
-  auto need = [&](const char* key, int64_t& field) -> Status {
+  // `max`: validateGpt's bound for the field. A number past int64 reads as a double (or a clamped integer).
+  auto need = [&](const char* key, int64_t& field, int64_t max) -> Status {
     auto x = o->getInteger(key);
+    auto d = o->getNumber(key);
+    if (x ? *x > max : d && *d > double(max) && std::floor(*d) == *d)
+      return makeError(path, ": error: ", key, " is out of range [1, ", max, "]");
     if (!x || *x <= 0) return makeError(path, ": error: ", key, " must be a positive integer");
     field = *x;
     return {};
   };
-  TPC_TRY(need("n_layer", g.layers));
-  TPC_TRY(need("n_embd", g.hidden));
-  TPC_TRY(need("n_head", g.heads));
-  TPC_TRY(need("vocab_size", g.vocab));
-  TPC_TRY(need("n_positions", g.positions));
+  TPC_TRY(need("n_layer", g.layers, kMaxGptLayers));
+  TPC_TRY(need("n_embd", g.hidden, kMaxGptHidden));
+  TPC_TRY(need("n_head", g.heads, kMaxGptHeads));
+  TPC_TRY(need("vocab_size", g.vocab, kMaxGptVocab));
+  TPC_TRY(need("n_positions", g.positions, kMaxGptPositions));
   if (const llvm::json::Value* inner = o->get("n_inner"); inner && inner->kind() != llvm::json::Value::Null)
     if (inner->getAsInteger() != 4 * g.hidden)
       return makeError(path, ": error: n_inner must be null or 4 x n_embd = ", 4 * g.hidden, " (tpc's GPT MLP)");
@@ -87,31 +92,48 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
   return g;
 }
 
-Status writeHfGpt2(const std::string& dir, const GptConfig& gpt, const std::map<std::string, HostTensor>& params) {
-  const std::string tmp = dir + ".tmp";
+Result<std::string> hfOutputDir(const std::string& path) {
+  // "out/" is the folder out: without the slash the temp folder is out.tmp, beside it, not inside.
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir.empty()) return makeError("--hf is empty; name the Hugging Face model directory to write");
+  const std::string base = fs::path(dir).filename().string();
+  if (dir == "/" || base == "." || base == "..")
+    return makeError("--hf ", path, ": error: name the model directory itself (e.g. --hf hf_model), not '.', '..' or '/'");
   std::error_code ec;
+  if (fs::exists(dir, ec) && (!fs::is_directory(dir, ec) || (!fs::exists(fs::path(dir) / "config.json", ec) && !fs::is_empty(dir, ec))))
+    return makeError(dir, ": error: exists and is not a Hugging Face model directory; not overwriting it (name another)");
+  return dir;
+}
+
+Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::map<std::string, HostTensor>& params) {
+  TPC_ASSIGN(const std::string dir, hfOutputDir(path));
+  std::error_code ec;
+  const std::string tmp = dir + ".tmp";
   fs::remove_all(tmp, ec);
+  // The outermost folder this creates (tmp or a missing parent): removed on any failure, leaving nothing behind.
+  fs::path created = fs::absolute(tmp, ec);
+  while (created.has_parent_path() && created.parent_path() != created && !fs::exists(created.parent_path(), ec))
+    created = created.parent_path();
+  struct RemoveOnError {
+    const fs::path& p;
+    bool done = false;
+    ~RemoveOnError() {
+      std::error_code e;
+      if (!done) fs::remove_all(p, e);
+    }
+  } cleanup{created};
   fs::create_directories(tmp, ec);
   if (ec) return makeError(tmp, ": error: cannot create: ", ec.message());
   SafetensorsFile file;
   file.metadata["format"] = "pt";  // what transformers expects of a PyTorch checkpoint
   for (const auto& [name, t] : params) file.tensors.push_back({hfNameOf(name), t.convertTo(DType::f32)});
-  // A write that fails (a full disk) leaves no half-written folder behind.
-  Status written = writeSafetensors(tmp + "/model.safetensors", file);
-  if (written.ok()) written = writeFileAtomically(tmp + "/config.json", hfConfigJson(gpt));
-  if (!written.ok()) {
-    fs::remove_all(tmp, ec);
-    return written;
-  }
-  if (fs::exists(dir, ec)) {
-    if (!fs::exists(fs::path(dir) / "config.json", ec) && !fs::is_empty(dir, ec)) {
-      fs::remove_all(tmp, ec);
-      return makeError(dir, ": error: exists and is not a Hugging Face model directory; not overwriting it");
-    }
-    fs::remove_all(dir, ec);
-  }
+  TPC_TRY(writeSafetensors(tmp + "/model.safetensors", file));
+  TPC_TRY(writeFileAtomically(tmp + "/config.json", hfConfigJson(gpt)));
+  fs::remove_all(dir, ec);
   fs::rename(tmp, dir, ec);
   if (ec) return makeError(dir, ": error: cannot move into place: ", ec.message());
+  cleanup.done = true;
   return {};
 }
 

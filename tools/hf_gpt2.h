@@ -23,8 +23,12 @@ std::string hfConfigJson(const GptConfig& gpt);
 // Parses DIR/config.json (`path` for messages): a GPT-2 or an error naming the field.
 Result<GptConfig> parseHfConfig(const std::string& path, const std::string& json);
 
+// The directory writeHfGpt2 would write for `path` (trailing slashes dropped), or an error when it cannot:
+// empty, '.', or an existing file or folder that is not a Hugging Face model directory.
+Result<std::string> hfOutputDir(const std::string& path);
 // Writes DIR/config.json and DIR/model.safetensors from tensors named as tpc names them (unsharded; the
-// embedding with its real vocab rows). Written into DIR.tmp, then renamed: nothing half-written.
+// embedding with its real vocab rows). Written into DIR.tmp, then renamed: nothing half-written, and no
+// folder it created left behind on failure.
 Status writeHfGpt2(const std::string& dir, const GptConfig& gpt, const std::map<std::string, HostTensor>& params);
 // Reads a Hugging Face GPT-2 directory: its config and every tensor, by tpc name, as f32.
 Result<std::pair<GptConfig, std::map<std::string, HostTensor>>> readHfGpt2(const std::string& dir);

@@ -2,6 +2,8 @@
 // plus its weights as a checkpoint (gpt.fb.weights), to fine-tune with `tpc run gpt.fb --load gpt.fb.weights
 // --finetune`.
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "frontend/model_file.h"
@@ -9,6 +11,7 @@
 #include "runtime/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/hf_gpt2.h"
+#include "tools/output_paths.h"
 #include "tools/train_flags.h"
 
 namespace tpc {
@@ -28,6 +31,20 @@ int runImport(std::vector<std::string> args) {
   if (!flags.parse(args, rc)) return rc;
   if (!flags.has("hf") || !flags.has("o")) return cli::fail("import", "--hf DIR and -o MODEL.fb are required");
   if (!flags.positional().empty()) return cli::fail("import", "unexpected argument '" + flags.positional()[0] + "'");
+  const std::string out = flags.get("o"), weights = out + ".weights";
+  // The model file and its weights folder, checked before anything is written.
+  if (Status s = cli::checkOutputFile("-o", out); !s.ok()) return cli::fail("import", s.error());
+  std::error_code ec;
+  const bool weightsExisted = std::filesystem::exists(weights, ec);
+  if (weightsExisted && !std::filesystem::is_directory(weights, ec))
+    return cli::fail("import", cat(weights, ": error: exists and is not a folder; the weights of -o ", out,
+                                   " go there: remove it or name another -o"));
+  // An earlier import's weights (iteration 0) are replaced; a run's checkpoints are not touched.
+  std::string latest;
+  if (std::ifstream f(weights + "/latest_checkpointed_iteration.txt"); f) std::getline(f, latest);
+  if (weightsExisted && !std::filesystem::is_empty(weights, ec) && latest != "0")
+    return cli::fail("import", cat(weights, ": error: holds other checkpoints than an imported one; the weights of -o ",
+                                   out, " go there: remove it or name another -o"));
   auto hf = readHfGpt2(flags.get("hf"));
   if (!hf) return cli::fail("import", hf.error());
   auto& [gpt, tensors] = *hf;
@@ -37,7 +54,6 @@ int runImport(std::vector<std::string> args) {
   config.tokenizer = flags.has("tokenizer") ? flags.get("tokenizer") : gpt.vocab == 257 ? "byte" : "gpt2";
   if (config.tokenizer == "byte") config.dataPath = "data/brown/brown_byte";
   if (Status s = cli::applyTrainingFlags(flags, config); !s.ok()) return cli::fail("import", s.error());
-  const std::string out = flags.get("o");
   // What `tpc run` would refuse of the written model, refused before anything is written.
   if (!(out.size() > 3 && out.compare(out.size() - 3, 3, ".fb") == 0) && !(out.size() > 5 && out.compare(out.size() - 5, 5, ".json") == 0))
     return cli::fail("import", cat("-o ", out, ": error: unknown model file extension (expected .fb or .json)"));
@@ -72,8 +88,11 @@ int runImport(std::vector<std::string> args) {
   Status s = saveCheckpoint(out + ".weights", st, layout,
                             [&](const std::string& n) -> Result<HostTensor> { return tensors.at(n); }, 0,
                             {{"model.fb", *bytes}});
-  if (!s.ok()) return cli::fail("import", s.error());
-  if (Status w = saveModelFile(*model, out); !w.ok()) return cli::fail("import", w.error());
+  if (s.ok()) s = saveModelFile(*model, out);
+  if (!s.ok()) {
+    if (!weightsExisted) std::filesystem::remove_all(weights, ec);  // no weights without their model file
+    return cli::fail("import", s.error());
+  }
   std::cout << "wrote " << out << " (GPT-2: " << gpt.layers << " layers, hidden " << gpt.hidden << ", " << gpt.heads
             << " heads, vocab " << gpt.vocab << "; " << count << " parameters) and its weights " << out
             << ".weights\nfine-tune with: tpc run " << out << " --load " << out << ".weights --finetune\n";

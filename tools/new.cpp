@@ -1,12 +1,16 @@
 // `tpc new gpt`: writes a model file (.fb or .json) from a preset, with hyperparameters overridden by flags.
 #include <iostream>
 
+#include "frontend/byte_tokenizer.h"
 #include "frontend/model_file.h"
 #include "models/gpt.h"
 #include "tools/cli.h"
+#include "tools/output_paths.h"
 
 namespace tpc {
 namespace {
+
+constexpr int64_t kGpt2Tokens = 50257;  // GPT-2's BPE vocabulary
 
 int runNew(std::vector<std::string> args) {
   std::string presets;
@@ -34,6 +38,7 @@ int runNew(std::vector<std::string> args) {
   if (flags.positional().size() != 1 || flags.positional()[0] != "gpt")
     return cli::fail("new", "expected the architecture 'gpt' (tpc new gpt --preset tiny -o gpt.fb)");
   if (!flags.has("o")) return cli::fail("new", "-o MODEL.fb or -o MODEL.json is required");
+  if (Status s = cli::checkOutputFile("-o", flags.get("o")); !s.ok()) return cli::fail("new", s.error());
 
   auto preset = gptPreset(flags.get("preset"));
   if (!preset) return cli::fail("new", "--preset: " + preset.error());
@@ -53,6 +58,15 @@ int runNew(std::vector<std::string> args) {
     auto v = flags.getInt(f.name, f.lo, int64_t(1) << 40);
     if (!v) return cli::fail("new", v.error());
     *f.field = *v;
+  }
+  if (flags.has("vocab")) {
+    // A new vocabulary gets its own padding: the preset's padded vocab is for the preset's vocab.
+    if (!flags.has("padded-vocab")) gpt.paddedVocab = 0;
+    // Every id of the preset's tokenizer needs an embedding row (byte: 256 bytes + end of document).
+    const int64_t tokens = config.tokenizer == "byte" ? ByteTokenizer::kEod + 1 : kGpt2Tokens;
+    if (gpt.vocab < tokens)
+      return cli::fail("new", cat("--vocab ", gpt.vocab, " is smaller than the ", config.tokenizer, " tokenizer's ", tokens,
+                                  " tokens (preset ", flags.get("preset"), "); give --vocab ", tokens, " or more"));
   }
   // A micro batch given alone keeps one micro batch per step.
   if (flags.has("micro-batch-size") && !flags.has("global-batch-size")) config.globalBatch = config.microBatch;

@@ -11,6 +11,7 @@
 #include "ir/file_io.h"
 #include "llvm/Support/JSON.h"
 #include "tools/cli.h"
+#include "tools/output_paths.h"
 
 namespace tpc {
 namespace {
@@ -87,6 +88,7 @@ int runPlot(std::vector<std::string> args) {
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
   if (!flags.has("o")) return cli::fail("plot", "-o CURVES.svg is required");
+  if (Status s = cli::checkOutputFile("-o", flags.get("o")); !s.ok()) return cli::fail("plot", s.error());
   if (flags.positional().empty()) return cli::fail("plot", "expected one or more JSONL logs (tpc run --log-jsonl)");
   for (const std::string& path : flags.positional()) {
     std::error_code ec;

@@ -190,6 +190,10 @@ TEST_CASE("checkpoint: the state's seed must be a decimal unsigned number", "[ch
   INFO((ok.ok() ? std::string() : ok.error()));
   REQUIRE(ok.ok());
   CHECK(ok->seed == 18446744073709551615ull);
+  auto negative = parseCheckpointState(R"({"format": "tpc-checkpoint-1", "iteration": -7, "data_position": 0, "seed": "1"})",
+                                       "s.json");
+  REQUIRE_FALSE(negative.ok());
+  CHECK(negative.error() == "s.json: error: iteration must be >= 0, got -7");
   for (const char* bad : {"-1", "12abc", "", " 7", "99999999999999999999"}) {
     INFO(bad);
     auto r = state(bad);

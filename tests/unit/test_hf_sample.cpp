@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "runtime/safetensors.h"
 #include "test_support.h"
@@ -14,6 +15,13 @@ namespace {
 
 test::CommandResult tpc(const std::string& args) {
   auto r = test::runCommand(test::tpcBinary() + " " + args);
+  INFO("tpc " << args << "\n" << r.out << r.err);
+  return r;
+}
+
+// tpc run from inside `dir`, for relative paths.
+test::CommandResult tpcIn(const test::TempDir& dir, const std::string& args) {
+  auto r = test::runCommand("cd " + dir.path.string() + " && " + test::tpcBinary() + " " + args);
   INFO("tpc " << args << "\n" << r.out << r.err);
   return r;
 }
@@ -82,11 +90,16 @@ TEST_CASE("hf: foreign or broken Hugging Face directories are refused by name", 
   wide.replace(wide.find("\"n_embd\": 128"), 13, "\"n_embd\": 256");
   test::writeFile(dir / "hf/config.json", wide);
   fail("model.safetensors: error: tensor transformer.wte.weight is f32[257,128], config.json implies f32[257,256]");
+  std::string huge = good;
+  huge.replace(huge.find("\"n_embd\": 128"), 13, "\"n_embd\": 99999999999999999999");
+  test::writeFile(dir / "hf/config.json", huge);
+  fail("config.json: error: n_embd is out of range [1, 1048576]");
   test::writeFile(dir / "hf/config.json", good);
   // What `tpc run` would refuse of the written model is refused before anything is written.
   for (auto [flags, expected] : std::vector<std::pair<std::string, std::string>>{
            {" --tp 3", "--tp 3 does not divide the model's 4 attention heads"},
-           {" --tokenizer gpt2", "--tokenizer gpt2 needs a vocabulary of at least 50257 tokens; this model has 257"}}) {
+           {" --tokenizer gpt2", "--tokenizer gpt2 needs a vocabulary of at least 50257 tokens; this model has 257"},
+           {" --tp 99999999999999999999", "tpc import: error: --tp=99999999999999999999 is out of range [1, 1099511627776]"}}) {
     auto r = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb") + flags);
     CHECK(r.exitCode == 1);
     CHECK(r.err.find(expected) != std::string::npos);
@@ -106,6 +119,51 @@ TEST_CASE("hf: foreign or broken Hugging Face directories are refused by name", 
   auto noCk = tpc("export --hf " + (dir / "out") + " " + (dir / "nothing"));
   CHECK(noCk.exitCode == 1);
   CHECK(noCk.err.find("no such checkpoint directory") != std::string::npos);
+}
+
+TEST_CASE("hf: bad output paths give one error and leave nothing behind", "[hf][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  auto entries = [&] {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path))
+      if (std::string rel = e.path().lexically_relative(dir.path).string(); rel.rfind("ck", 0) != 0) names.insert(rel);
+    return names;
+  };
+  auto fails = [&](const std::string& args, const std::string& expected) {
+    auto before = entries();
+    auto r = tpcIn(dir, args);
+    CHECK(r.exitCode == 1);
+    CHECK(r.err == expected + "\n");
+    CHECK(entries() == before);  // nothing written, no temp folder
+  };
+  fails("export --hf '' ck", "tpc export: error: --hf is empty; name the Hugging Face model directory to write");
+  fails("export --hf . ck", "--hf .: error: name the model directory itself (e.g. --hf hf_model), not '.', '..' or '/'");
+  std::filesystem::create_directory(dir / "other");
+  test::writeFile(dir / "other/notes.txt", "mine");
+  fails("export --hf other/ ck", "other: error: exists and is not a Hugging Face model directory; not overwriting it (name another)");
+  // A trailing slash names the folder itself.
+  auto fresh = tpcIn(dir, "export --hf fresh1/ ck");
+  CHECK(fresh.exitCode == 0);
+  CHECK(fresh.out.rfind("wrote fresh1/config.json and fresh1/model.safetensors", 0) == 0);
+  CHECK(std::filesystem::exists(dir / "fresh1/model.safetensors"));
+  CHECK(!std::filesystem::exists(dir / "fresh1.tmp"));
+
+  // import checks -o and its weights folder before it writes anything.
+  std::filesystem::create_directory(dir / "dd.fb");
+  fails("import --hf fresh1 -o dd.fb", "-o dd.fb: error: is a directory; name a file to write, not a folder");
+  fails("import --hf fresh1 -o nowhere/x.fb", "-o nowhere/x.fb: error: the folder nowhere does not exist; create it first");
+  fails("import --hf fresh1 -o ''", "tpc import: error: -o is empty; name the file to write");
+  test::writeFile(dir / "f.fb.weights", "");
+  fails("import --hf fresh1 -o f.fb",
+        "f.fb.weights: error: exists and is not a folder; the weights of -o f.fb go there: remove it or name another -o");
+  std::filesystem::create_directory(dir / "run.fb.weights");
+  test::writeFile(dir / "run.fb.weights/latest_checkpointed_iteration.txt", "2\n");
+  fails("import --hf fresh1 -o run.fb",
+        "run.fb.weights: error: holds other checkpoints than an imported one; the weights of -o run.fb go there: remove it or name another -o");
+  // An earlier import is replaced.
+  for (int i = 0; i < 2; ++i)
+    CHECK(tpcIn(dir, "import --hf fresh1 -o ok.fb").exitCode == 0);
 }
 
 TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped logits", "[sample][cli]") {

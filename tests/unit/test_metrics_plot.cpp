@@ -79,6 +79,16 @@ TEST_CASE("plot: loss, validation loss and tokens/s of one or more logs as SVG",
   auto folder = test::runCommand(test::tpcBinary() + " plot " + dir.path.string() + " -o " + (dir / "e.svg"));
   CHECK(folder.exitCode == 1);
   CHECK(folder.err.find("is a directory, not a JSONL log") != std::string::npos);
+  // -o must name a file.
+  auto noValue = test::runCommand(test::tpcBinary() + " plot " + (dir / "a.jsonl") + " -o");
+  CHECK(noValue.exitCode == 1);
+  CHECK(noValue.err == "tpc plot: error: option -o needs a value\n");
+  auto empty = test::runCommand("cd " + dir.path.string() + " && " + test::tpcBinary() + " plot a.jsonl -o ''");
+  CHECK(empty.exitCode == 1);
+  CHECK(empty.err == "tpc plot: error: -o is empty; name the file to write\n");
+  auto toFolder = test::runCommand(test::tpcBinary() + " plot " + (dir / "a.jsonl") + " -o " + dir.path.string());
+  CHECK(toFolder.exitCode == 1);
+  CHECK(toFolder.err == "-o " + dir.path.string() + ": error: is a directory; name a file to write, not a folder\n");
 }
 
 }  // namespace tpc

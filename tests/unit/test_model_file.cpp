@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -156,6 +157,8 @@ TEST_CASE("model file: bad files give one line naming file and field", "[model_f
   SECTION("bad config strings") {
     expectError(replaceOnce(json, "\"tokenizer_type\": \"byte\"", "\"tokenizer_type\": \"bpe\""), "gpt.json", {"config.tokenizer_type"});
     expectError(replaceOnce(json, "\"split\": \"949,50,1\"", "\"split\": \"949,50\""), "gpt.json", {"config.split"});
+    expectError(replaceOnce(json, "\"split\": \"949,50,1\"", "\"split\": \"99999999999,1,1\""), "gpt.json",
+                {"config.split part 99999999999 is out of range [0, 999999999]"});
   }
 }
 
@@ -239,6 +242,31 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
   auto badPreset = test::runCommand(tpc + " new gpt --preset huge -o " + dir + "/cli_bad.fb");
   CHECK(badPreset.exitCode == 1);
   CHECK(badPreset.err.find("unknown preset 'huge' (known: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-6.7b)") != std::string::npos);
+
+  // One line naming the flag, and no file written.
+  for (auto [args, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"--vocab 1", "tpc new: error: --vocab 1 is smaller than the byte tokenizer's 257 tokens (preset tiny); give --vocab 257 or more\n"},
+           {"--preset gpt2 --vocab 50000",
+            "tpc new: error: --vocab 50000 is smaller than the gpt2 tokenizer's 50257 tokens (preset gpt2); give --vocab 50257 or more\n"},
+           {"--layers 99999999999999999999", "tpc new: error: --layers=99999999999999999999 is out of range [1, 1099511627776]\n"},
+           {"--layers 2x", "tpc new: error: --layers=2x is not an integer\n"}}) {
+    auto r = test::runCommand(tpc + " new gpt " + args + " -o " + dir + "/cli_bad.fb");
+    CHECK(r.exitCode == 1);
+    CHECK(r.err == expected);
+    CHECK(!std::filesystem::exists(dir + "/cli_bad.fb"));
+  }
+  auto noValue = test::runCommand(tpc + " new gpt -o");
+  CHECK(noValue.exitCode == 1);
+  CHECK(noValue.err == "tpc new: error: option -o needs a value\n");
+  auto toFolder = test::runCommand(tpc + " new gpt -o " + dir);
+  CHECK(toFolder.exitCode == 1);
+  CHECK(toFolder.err == "-o " + dir + ": error: is a directory; name a file to write, not a folder\n");
+  // --vocab alone pads the new vocabulary (to 50304 rows), not the preset's 257 (384 rows).
+  auto vocab = test::runCommand(tpc + " new gpt --vocab 50257 -o " + dir + "/cli_vocab.json");
+  CHECK(vocab.exitCode == 0);
+  CHECK(vocab.err.empty());
+  auto vocabDump = test::runCommand(tpc + " dump " + dir + "/cli_vocab.json");
+  CHECK(vocabDump.out.find("f32[50304,128]") != std::string::npos);
 
   auto after = test::runCommand(tpc + " dump " + dir + "/cli_tiny.json --after=autodiff");
   CHECK(after.exitCode == 0);
