@@ -6,24 +6,76 @@
 #include <map>
 #include <numeric>
 
+#include "ir/assert.h"
+
 namespace tpc {
+
+namespace {
+
+// The placed buffers, found by the lifetimes they overlap without a scan of them all: a step unrolled over many
+// micro-batches has tens of thousands of buffers, each overlapping a few hundred. A lifetime [s, e] overlaps
+// [a, b] when it holds a (a segment tree over time keeps each buffer at the O(log T) nodes covering its
+// lifetime; the walk to leaf a meets exactly those holding a) or when it starts in (a, b] (ordered by start).
+class PlacedLifetimes {
+ public:
+  PlacedLifetimes(int lo, int hi) : lo_(lo), n_(hi - lo + 1), tree_(4 * static_cast<size_t>(n_)) {}
+  void add(int first, int last, size_t id) {
+    insert(1, 0, n_ - 1, first - lo_, last - lo_, id);
+    byStart_.emplace(first, id);
+  }
+  template <typename F>
+  void forEachOverlapping(int a, int b, F&& f) const {
+    for (int node = 1, l = 0, r = n_ - 1, x = a - lo_;;) {
+      for (size_t id : tree_[node]) f(id);
+      if (l == r) break;
+      const int m = l + (r - l) / 2;
+      if (x <= m) node = 2 * node, r = m;
+      else node = 2 * node + 1, l = m + 1;
+    }
+    for (auto it = byStart_.upper_bound(a); it != byStart_.end() && it->first <= b; ++it) f(it->second);
+  }
+
+ private:
+  void insert(int node, int l, int r, int s, int e, size_t id) {
+    if (e < l || r < s) return;
+    if (s <= l && r <= e) {
+      tree_[node].push_back(id);
+      return;
+    }
+    const int m = l + (r - l) / 2;
+    insert(2 * node, l, m, s, e, id);
+    insert(2 * node + 1, m + 1, r, s, e, id);
+  }
+  int lo_, n_;
+  std::vector<std::vector<size_t>> tree_;
+  std::multimap<int, size_t> byStart_;
+};
+
+}  // namespace
 
 int64_t planMemory(std::vector<PlannedBuffer>& buffers, int64_t alignment) {
   std::vector<size_t> order(buffers.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return buffers[a].bytes > buffers[b].bytes; });
   auto align = [&](int64_t v) { return (v + alignment - 1) / alignment * alignment; };
-  std::vector<size_t> placed;
+  if (buffers.empty()) return 0;
+  int lo = buffers[0].first, hi = buffers[0].last;
+  for (const PlannedBuffer& b : buffers) {
+    TPC_ASSERT(b.first <= b.last, "planMemory: a buffer's lifetime ends before it starts");
+    lo = std::min(lo, b.first);
+    hi = std::max(hi, b.last);
+  }
+  PlacedLifetimes placed(lo, hi);
   int64_t peak = 0;
   std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of overlapping placed buffers
   for (size_t i : order) {
     PlannedBuffer& b = buffers[i];
     int64_t size = align(std::max<int64_t>(b.bytes, 1));
     busy.clear();
-    for (size_t j : placed) {
+    placed.forEachOverlapping(b.first, b.last, [&](size_t j) {
       const PlannedBuffer& o = buffers[j];
-      if (o.first <= b.last && b.first <= o.last) busy.push_back({o.offset, o.offset + align(std::max<int64_t>(o.bytes, 1))});
-    }
+      busy.push_back({o.offset, o.offset + align(std::max<int64_t>(o.bytes, 1))});
+    });
     std::sort(busy.begin(), busy.end());
     int64_t at = 0;
     for (auto [s, e] : busy) {
@@ -32,7 +84,7 @@ int64_t planMemory(std::vector<PlannedBuffer>& buffers, int64_t alignment) {
     }
     b.offset = at;
     peak = std::max(peak, at + size);
-    placed.push_back(i);
+    placed.add(b.first, b.last, i);
   }
   return peak;
 }

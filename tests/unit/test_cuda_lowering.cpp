@@ -4,7 +4,10 @@
 #ifdef TPC_HAVE_CUDA
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
+#include <numeric>
+#include <random>
 #include <set>
 
 #include "graph_text_support.h"
@@ -222,6 +225,53 @@ TEST_CASE("cuda memory plan: overlapping lifetimes never share bytes, disjoint o
   // The live sets peak at 1000+500 (t=1..2), 500+1000 (t=3), 1000+300 (t=4), 2000 (t=6): 2048 with alignment.
   CHECK(peak == 2048);
   CHECK(peak < 1000 + 500 + 1000 + 300 + 2000);
+}
+
+// planMemory finds the overlapping buffers through an index over time; the plain scan of every placed buffer
+// below (the planner before the thirty-first session) must give the same offsets.
+TEST_CASE("cuda memory plan: the indexed planner places random buffers as a scan of all placed ones does", "[cuda]") {
+  auto scanPlan = [](std::vector<PlannedBuffer>& buffers, int64_t alignment) {
+    std::vector<size_t> order(buffers.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return buffers[a].bytes > buffers[b].bytes; });
+    auto align = [&](int64_t v) { return (v + alignment - 1) / alignment * alignment; };
+    std::vector<size_t> placed;
+    int64_t peak = 0;
+    for (size_t i : order) {
+      PlannedBuffer& b = buffers[i];
+      std::vector<std::pair<int64_t, int64_t>> busy;
+      for (size_t j : placed) {
+        const PlannedBuffer& o = buffers[j];
+        if (o.first <= b.last && b.first <= o.last) busy.push_back({o.offset, o.offset + align(std::max<int64_t>(o.bytes, 1))});
+      }
+      std::sort(busy.begin(), busy.end());
+      int64_t at = 0, size = align(std::max<int64_t>(b.bytes, 1));
+      for (auto [s, e] : busy) {
+        if (at + size <= s) break;
+        at = std::max(at, e);
+      }
+      b.offset = at;
+      peak = std::max(peak, at + size);
+      placed.push_back(i);
+    }
+    return peak;
+  };
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int steps = 1 + static_cast<int>(rng() % 300), count = static_cast<int>(rng() % 400);
+    const int64_t alignment = trial % 2 ? 256 : 1;
+    std::vector<PlannedBuffer> a;
+    for (int k = 0; k < count; ++k) {
+      const int first = static_cast<int>(rng() % steps) - (trial % 3 == 0 ? 5 : 0);  // lifetimes may start below 0
+      const int len = rng() % 4 == 0 ? static_cast<int>(rng() % steps) : static_cast<int>(rng() % 6);
+      const int64_t bytes = rng() % 8 == 0 ? 0 : static_cast<int64_t>(rng() % 5000);  // ties and empty buffers
+      a.push_back({bytes, first, first + len});
+    }
+    std::vector<PlannedBuffer> b = a;
+    INFO("trial " << trial << ": " << count << " buffers over " << steps << " steps");
+    REQUIRE(planMemory(a, alignment) == scanPlan(b, alignment));
+    for (size_t k = 0; k < a.size(); ++k) REQUIRE(a[k].offset == b[k].offset);
+  }
 }
 
 }  // namespace tpc
