@@ -127,6 +127,17 @@ void Graph::replaceAllUsesWith(Value* from, Value* to) {
   for (auto& n : nodes_)
     for (auto& op : n->operands_)
       if (op == from) op = to;
+  replaceOutputUses(from, to);
+}
+
+void Graph::replaceAllUsesWith(Value* from, Value* to, llvm::ArrayRef<Node*> readers) {
+  for (Node* n : readers)
+    for (auto& op : n->operands_)
+      if (op == from) op = to;
+  replaceOutputUses(from, to);
+}
+
+void Graph::replaceOutputUses(Value* from, Value* to) {
   for (auto& o : outputs_)
     if (o.value == from) {
       // Keep the output's name stable when the value it reads changes.

@@ -161,6 +161,9 @@ class Graph {
 
   // Every use of `from` (operands and outputs) now reads `to`.
   void replaceAllUsesWith(Value* from, Value* to);
+  // The same where the caller knows every node that reads `from` (computeUsers()): no scan of all the nodes, for
+  // passes that rewrite once per micro-batch of an unrolled step.
+  void replaceAllUsesWith(Value* from, Value* to, llvm::ArrayRef<Node*> readers);
 
   // Nodes in program order. Iterating while erasing: iterate over a copy from nodeVector().
   class NodeIterator {
@@ -200,6 +203,7 @@ class Graph {
  private:
   Value* newValue(Value::Kind kind, std::string name, TensorType type);
   Node* insertNode(std::unique_ptr<Node> n, Node* before);
+  void replaceOutputUses(Value* from, Value* to);
 
   std::string name_;
   std::string sourceName_;

@@ -23,10 +23,9 @@ AttrDict oneAttr(const char* k, Attr v) {
 }
 
 // The nodes `root` depends on, and `root`'s own chain of values, as a set of values.
-llvm::DenseSet<const Value*> ancestorsOf(const Graph& g, Value* root) {
+llvm::DenseSet<const Value*> ancestorsOf(llvm::ArrayRef<Node*> nodes, Value* root) {
   llvm::DenseSet<const Value*> live;
   live.insert(root);
-  std::vector<Node*> nodes = g.nodeVector();
   for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
     Node* n = *it;
     bool any = std::any_of(n->results().begin(), n->results().end(), [&](Value* r) { return live.count(r) != 0; });
@@ -38,7 +37,8 @@ llvm::DenseSet<const Value*> ancestorsOf(const Graph& g, Value* root) {
 
 }  // namespace
 
-Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRef<Value*> wrt, Value* seed) {
+Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRef<Value*> wrt, Value* seed,
+                                            llvm::ArrayRef<Node*> scope) {
   if (!isFloat(loss->dtype()) || loss->type().rank() != 0)
     return makeError("autodiff: the loss must be a float scalar, got ", loss->type().str());
   for (Value* w : wrt)
@@ -47,8 +47,10 @@ Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRe
                        " (only float values have gradients)");
 
   // A value varies when it is a float value computed from one of `wrt`; only those get cotangents.
-  std::vector<Node*> nodes = g.nodeVector();
-  llvm::DenseSet<const Value*> live = ancestorsOf(g, loss);
+  std::vector<Node*> all;
+  if (scope.empty()) all = g.nodeVector();
+  llvm::ArrayRef<Node*> nodes = scope.empty() ? llvm::ArrayRef<Node*>(all) : scope;
+  llvm::DenseSet<const Value*> live = ancestorsOf(nodes, loss);
   llvm::DenseSet<const Value*> varies(wrt.begin(), wrt.end());
   std::vector<Node*> active;  // forward nodes on a path from wrt to loss, in program order
   for (Node* n : nodes) {
@@ -158,6 +160,14 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
         return makeError("autodiff: the forward graph already has an input named 'loss_scale'; the training step "
                          "adds %loss_scale itself (rename it)");
   std::vector<Node*> forward = g.nodeVector();
+  // The step holds a copy of the forward, and its backward, per micro-batch: bound what that builds (about a
+  // minute on two cores at the bound) instead of running out of time or memory.
+  const int64_t maxMicroBatches = std::max<int64_t>(1, kMaxUnrolledForwardNodes / std::max<int64_t>(1, forward.size()));
+  if (o.accumSteps > maxMicroBatches)
+    return makeError("autodiff: accum=", o.accumSteps, " micro-batches a step is more than this model's ",
+                     maxMicroBatches, " (the step holds each micro-batch's forward of ", forward.size(),
+                     " ops, at most ", kMaxUnrolledForwardNodes, " in all): raise --micro-batch-size or lower "
+                     "--global-batch-size (global = micro x accumulation x dp)");
   g.clearOutputs();
   // Dynamic loss scaling (fp16): the backward starts from d(loss) = %loss_scale instead of 1, so small
   // fp16 gradients do not flush to zero; the summed gradients are unscaled before the norm and AdamW. The
@@ -188,9 +198,10 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
       s.insert(s.begin(), o.accumSteps);
       v->setType(TensorType(v->dtype(), s));
     }
-    llvm::DenseSet<const Value*> live = ancestorsOf(g, loss);
+    llvm::DenseSet<const Value*> live = ancestorsOf(forward, loss);
     for (int64_t i = 0; i < o.accumSteps; ++i) {
       llvm::DenseMap<const Value*, Value*> map;
+      std::vector<Node*> micro;  // the nodes of micro-batch i's forward: all its loss depends on
       for (size_t k = 0; k < inputs.size(); ++k) {
         AttrDict sl;
         sl.set("axis", int64_t(0));
@@ -201,6 +212,7 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
                                    oneAttr("shape", std::vector<int64_t>(microShapes[k].begin(), microShapes[k].end()))));
         if (inputs[k]->hasName()) r->setName(inputs[k]->name() + ".mb" + std::to_string(i));
         map[inputs[k]] = r;
+        micro.insert(micro.end(), {s->def(), r->def()});
       }
       for (Node* n : forward) {
         bool needed = std::any_of(n->results().begin(), n->results().end(), [&](Value* r) { return live.count(r) != 0; });
@@ -208,6 +220,7 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
         llvm::SmallVector<Value*, 4> ops;
         for (Value* v : n->operands()) ops.push_back(map.count(v) ? map[v] : v);
         TPC_ASSIGN(Node * c, g.create(n->op(), ops, n->attrs()));
+        micro.push_back(c);
         for (unsigned r = 0; r < n->numResults(); ++r) {
           map[n->result(r)] = c->result(r);
           c->result(r)->setPlacement(n->result(r)->placement());  // a sharding policy's hints, per micro-batch
@@ -217,7 +230,7 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
       Value* microLoss = map.lookup(loss);
       TPC_ASSERT_GRAPH(g, microLoss != nullptr, "autodiff: micro-batch loss missing");
       TPC_TRY(addInto(lossSum, microLoss));
-      TPC_ASSIGN(std::vector<Value*> grads, appendGradients(g, microLoss, params, lossScale));
+      TPC_ASSIGN(std::vector<Value*> grads, appendGradients(g, microLoss, params, lossScale, micro));
       for (size_t k = 0; k < params.size(); ++k) TPC_TRY(addInto(gradSum[k], grads[k]));
     }
     // The original forward read the micro-batch shapes; its copies replaced it.

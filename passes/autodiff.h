@@ -21,10 +21,15 @@ struct TrainingStepOptions {
   bool dynamicLossScale = false;    // fp16: the backward is seeded with input %loss_scale, grads unscaled
 };
 
+// The most forward ops an unrolled step holds (micro-batches x the forward's ops): `accum` above it is an error.
+inline constexpr int64_t kMaxUnrolledForwardNodes = 1 << 19;
+
 // Appends to `g` the backward of scalar `loss` and returns d(loss)/d(v) for each of `wrt` (a zero-filled
 // value for one that `loss` does not depend on). `seed`, when given, is the loss's cotangent (a scalar;
-// the loss scale): the results are then seed * d(loss)/d(v).
-Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRef<Value*> wrt, Value* seed = nullptr);
+// the loss scale): the results are then seed * d(loss)/d(v). `scope`, when given, holds (in program order) every
+// node `loss` depends on: only those are visited (a micro-batch of an unrolled step, not the whole step so far).
+Result<std::vector<Value*>> appendGradients(Graph& g, Value* loss, llvm::ArrayRef<Value*> wrt, Value* seed = nullptr,
+                                            llvm::ArrayRef<Node*> scope = {});
 
 // Rewrites forward graph `g` into the training step:
 //   inputs:  each forward input with a leading [accumSteps] dim when accumSteps > 1, [%loss_scale f32[]

@@ -38,7 +38,7 @@ Result<bool> foldPaddedVocabSlices(Graph& g) {
     AttrDict a = n->attrs();
     a.set("num_classes", classes);
     TPC_ASSIGN(Node * ng, g.create(OpKind::CrossEntropyGrad, {n->operand(0), L, n->operand(2)}, std::move(a), cat));
-    g.replaceAllUsesWith(cat->result(), ng->result());
+    g.replaceAllUsesWith(cat->result(), ng->result(), users.lookup(cat->result()));  // a fold per micro-batch
     folded = true;
   }
   // Drop what the folds left dead.

@@ -7,6 +7,7 @@
 // the VJP seed of the mean (full, reshape, broadcast_to, scale; a loss-scale mul under fp16); the nodes it
 // needs that come after the loss, all constants, movement or elementwise and not in a fusion group, move up
 // to just before it. Runs on one rank's program (after partition: vocab-parallel losses are other ops).
+#include <algorithm>
 #include <optional>
 
 #include "ir/fusion_group.h"
@@ -26,32 +27,51 @@ class FuseClassifierPass final : public Pass {
 
   Result<bool> run(Graph& g) override {
     bool changed = false;
+    // A step unrolled over micro-batches has a match per micro-batch: the readers and the program order are
+    // computed once and kept up to date, not recomputed per match. Moved and created nodes get positions
+    // between their neighbours'.
     auto users = g.computeUsers();
-    llvm::DenseSet<const Node*> before;  // the nodes up to `grad`: its cross_entropy must be one of them
-    for (Node* grad : g.nodeVector()) {
-      before.insert(grad);
+    llvm::DenseMap<const Node*, double> pos;
+    const std::vector<Node*> nodes = g.nodeVector();
+    for (size_t k = 0; k < nodes.size(); ++k) pos[nodes[k]] = static_cast<double>(k);
+    for (Node* grad : nodes) {
       if (grad->op() != OpKind::CrossEntropyGrad) continue;
       Value *dloss = grad->operand(0), *x = grad->operand(1), *t = grad->operand(2);
       const auto& readers = users.lookup(x);
       if (g.isOutput(x) || readers.size() != 2) continue;
       Node* fwd = readers[0] == grad ? readers[1] : readers[0];
-      if (fwd->op() != OpKind::CrossEntropy || !before.count(fwd) || fwd->operand(0) != x || fwd->operand(1) != t ||
-          !sameLoss(*fwd, *grad))
+      // Its cross_entropy must come before it.
+      if (fwd->op() != OpKind::CrossEntropy || !(pos.lookup(fwd) < pos.lookup(grad)) || fwd->operand(0) != x ||
+          fwd->operand(1) != t || !sameLoss(*fwd, *grad))
         continue;
-      auto moved = nodesToHoist(g, fwd, dloss);
+      auto moved = nodesToHoist(pos, fwd, dloss);
       if (!moved) continue;
-      for (Node* n : *moved) g.move(n, fwd);
+      const double at = pos.lookup(fwd), slots = static_cast<double>(moved->size() + 2);
+      for (size_t k = 0; k < moved->size(); ++k) {
+        g.move((*moved)[k], fwd);
+        pos[(*moved)[k]] = at - 1 + static_cast<double>(k + 1) / slots;
+      }
       TPC_ASSIGN(Node * fused, g.create(OpKind::CrossEntropyWithGrad, {dloss, x, t}, grad->attrs(), fwd));
+      pos[fused] = at - 1 + static_cast<double>(moved->size() + 1) / slots;
       for (auto [from, to] : {std::pair{fwd->result(), fused->result(0)}, std::pair{grad->result(), fused->result(1)}}) {
-        g.replaceAllUsesWith(from, to);
+        auto fromReaders = users.lookup(from);
+        g.replaceAllUsesWith(from, to, fromReaders);
         to->setPlacement(from->placement());
+        users.erase(from);
+        users[to] = std::move(fromReaders);
+      }
+      for (Value* v : {dloss, x, t}) {  // fused reads them now, instead of fwd and grad
+        auto& r = users[v];
+        r.erase(std::remove_if(r.begin(), r.end(), [&](Node* n) { return n == fwd || n == grad; }), r.end());
+        r.push_back(fused);
       }
       std::string lossName = fwd->result()->name(), gradName = grad->result()->name();
+      pos.erase(grad);
+      pos.erase(fwd);
       g.erase(grad);
       g.erase(fwd);
       fused->result(0)->setName(lossName);
       fused->result(1)->setName(gradName);
-      users = g.computeUsers();
       changed = true;
     }
     return changed;
@@ -60,27 +80,23 @@ class FuseClassifierPass final : public Pass {
  private:
   // The nodes dloss needs that come after `fwd`, in program order; none when one of them is fwd itself (dloss
   // depends on the loss) or is not a cheap constant-like node that may move.
-  static std::optional<std::vector<Node*>> nodesToHoist(const Graph& g, const Node* fwd, Value* dloss) {
-    llvm::DenseSet<const Node*> after;
-    bool seen = false;
-    for (Node* n : g.nodes()) {
-      if (seen) after.insert(n);
-      seen = seen || n == fwd;
-    }
+  static std::optional<std::vector<Node*>> nodesToHoist(const llvm::DenseMap<const Node*, double>& pos,
+                                                        const Node* fwd, Value* dloss) {
+    const double at = pos.lookup(fwd);
     llvm::DenseSet<const Node*> need;
+    std::vector<Node*> out;
     std::vector<const Value*> work = {dloss};
     while (!work.empty()) {
-      const Node* d = work.back()->def();
+      Node* d = work.back()->def();
       work.pop_back();
-      if (!d || (!after.count(d) && d != fwd) || !need.insert(d).second) continue;
+      if (!d || (d != fwd && !(pos.lookup(d) > at)) || !need.insert(d).second) continue;
       if (d == fwd || fusionGroupOf(*d) >= 0 ||
           !(d->has(traits::Constant) || d->has(traits::Movement) || d->has(traits::Elementwise)))
         return std::nullopt;
+      out.push_back(d);
       for (const Value* v : d->operands()) work.push_back(v);
     }
-    std::vector<Node*> out;
-    for (Node* n : g.nodes())
-      if (need.count(n)) out.push_back(n);
+    std::sort(out.begin(), out.end(), [&](const Node* a, const Node* b) { return pos.lookup(a) < pos.lookup(b); });
     return out;
   }
 };

@@ -843,6 +843,24 @@ TEST_CASE("training step: micro-batches are sliced from a leading [accum] dim, f
   CHECK(back.ok());
 }
 
+TEST_CASE("training step: more micro-batches than the unrolled bound is one error, nothing built", "[autodiff]") {
+  auto g = parse(kSmall);
+  const int64_t ops = g->numNodes(), most = kMaxUnrolledForwardNodes / ops;
+  TrainingStepOptions o;
+  o.accumSteps = most + 1;
+  Status s = buildTrainingStep(*g, o);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.error() == cat("autodiff: accum=", most + 1, " micro-batches a step is more than this model's ", most,
+                         " (the step holds each micro-batch's forward of ", ops, " ops, at most ",
+                         kMaxUnrolledForwardNodes, " in all): raise --micro-batch-size or lower --global-batch-size "
+                         "(global = micro x accumulation x dp)"));
+  CHECK(countOps(*g, OpKind::Slice) == 0);
+  // Below the bound it builds.
+  auto h = parse(kSmall);
+  o.accumSteps = 8;
+  CHECK(buildTrainingStep(*h, o).ok());
+}
+
 TEST_CASE("training step: accum=2 on half batches equals accum=1 on the whole batch (fp64)", "[autodiff]") {
   const char* text = R"(graph @m(%x: f64[B,3], %t: i32[B]) params(%w: f64[3,5], %b: f64[5]) {
     %h0 = matmul(%x, %w) : f64[B,5]
