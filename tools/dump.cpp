@@ -170,7 +170,8 @@ int runDump(std::vector<std::string> args) {
   }
   PassManager pm;
   if (Status s = pm.addEntries(prefix); !s.ok()) return cli::fail("dump", s.error());
-  if (Status s = pm.run(*model->forward); !s.ok()) return cli::fail("dump", s.error());
+  if (Status s = pm.run(*model->forward); !s.ok())
+    return cli::fail("dump", cat(flags.positional()[0], ": ", s.error()));  // as tpc run names it
   if (flags.on("memory")) {
     MemoryEstimate m = estimateMemory(*model->forward);
     std::cout << "memory of one rank's step after " << after << " (values live from their node to their last reader):\n"

@@ -25,6 +25,8 @@ void printUsage() {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  // `tpc help run` is `tpc run --help`.
+  if (args.size() == 2 && args[0] == "help" && tpc::cli::subcommands().count(args[1])) args = {args[1], "--help"};
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     printUsage();
     return args.empty() ? 1 : 0;

@@ -190,7 +190,13 @@ TEST_CASE("tpc dump --tp without --after: the rank's program, and a tp that does
   auto bad = test::runCommand(test::tpcBinary() + " dump " + gpt2 + " --tp 5");
   CHECK(bad.exitCode == 1);
   CHECK(bad.out.empty());
-  CHECK_THAT(bad.err, Catch::Contains("tp=5 does not divide the 12 attention heads"));
+  CHECK_THAT(bad.err, Catch::StartsWith(gpt2 + ": error: pass 'megatron-tp': ") &&
+                         Catch::Contains("tp=5 does not divide the 12 attention heads"));
+  CHECK(std::count(bad.err.begin(), bad.err.end(), '\n') == 1);
+  auto help = test::runCommand(test::tpcBinary() + " help dump");
+  CHECK(help.exitCode == 0);
+  CHECK(help.out == test::runCommand(test::tpcBinary() + " dump --help").out);
+  CHECK_THAT(help.out, Catch::StartsWith("usage: tpc dump"));
   auto rank = test::runCommand(test::tpcBinary() + " dump " + tiny() + " --tp 2 --micro-batch-size 4");
   INFO(rank.err);
   CHECK(rank.exitCode == 0);
