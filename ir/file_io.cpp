@@ -27,4 +27,13 @@ Status writeFileAtomically(const std::string& path, std::string_view contents) {
   return {};
 }
 
+std::filesystem::path firstMissingFolder(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::filesystem::path missing;
+  for (std::filesystem::path p = std::filesystem::absolute(path, ec);
+       !ec && p.has_relative_path() && !std::filesystem::exists(p, ec); p = p.parent_path())
+    missing = p;
+  return missing;
+}
+
 }  // namespace tpc

@@ -132,14 +132,7 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
   fs::create_directories(tmp, ec);
   if (ec) return makeError(tmp.string(), ": error: cannot create: ", ec.message());
   // A save that fails (a full disk, a tensor that does not fit its layout) leaves nothing behind.
-  struct RemoveOnError {
-    const fs::path& p;
-    bool done = false;
-    ~RemoveOnError() {
-      std::error_code e;
-      if (!done) fs::remove_all(p, e);
-    }
-  } cleanup{tmp};
+  RemoveOnError cleanup(tmp);
   SafetensorsFile file;
   for (const CheckpointTensor& t : tensors) {
     TPC_ASSIGN(HostTensor v, read(t.name));
@@ -161,7 +154,7 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
   TPC_TRY(writeFileAtomically((tmp / "state.json").string(), stateJson(state)));
   fs::remove_all(final, ec);
   fs::rename(tmp, final, ec);
-  cleanup.done = true;  // from here on tmp may be the only complete copy
+  cleanup.keep();  // from here on tmp may be the only complete copy
   if (ec)
     return makeError(final.string(), ": error: cannot move the checkpoint into place (it is complete in ", tmp.string(),
                      "): ", ec.message());

@@ -112,17 +112,7 @@ Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::map
   const std::string tmp = dir + ".tmp";
   fs::remove_all(tmp, ec);
   // The outermost folder this creates (tmp or a missing parent): removed on any failure, leaving nothing behind.
-  fs::path created = fs::absolute(tmp, ec);
-  while (created.has_parent_path() && created.parent_path() != created && !fs::exists(created.parent_path(), ec))
-    created = created.parent_path();
-  struct RemoveOnError {
-    const fs::path& p;
-    bool done = false;
-    ~RemoveOnError() {
-      std::error_code e;
-      if (!done) fs::remove_all(p, e);
-    }
-  } cleanup{created};
+  RemoveOnError cleanup(firstMissingFolder(tmp));
   fs::create_directories(tmp, ec);
   if (ec) return makeError(tmp, ": error: cannot create: ", ec.message());
   SafetensorsFile file;
@@ -133,7 +123,7 @@ Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::map
   fs::remove_all(dir, ec);
   fs::rename(tmp, dir, ec);
   if (ec) return makeError(dir, ": error: cannot move into place: ", ec.message());
-  cleanup.done = true;
+  cleanup.keep();
   return {};
 }
 

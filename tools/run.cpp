@@ -22,6 +22,7 @@
 #include "frontend/indexed_dataset.h"
 #include "frontend/model_file.h"
 #include "frontend/token_windows.h"
+#include "ir/file_io.h"
 #include "models/gpt.h"
 #include "passes/builtin_passes.h"
 #include "passes/pipeline.h"
@@ -61,14 +62,11 @@ namespace fs = std::filesystem;
 // this made is removed again (the first save makes them for good), so a run that fails before it leaves nothing.
 Status checkCheckpointFolder(const std::string& dir) {
   std::error_code ec;
-  fs::path firstMade;  // the outermost folder of `dir` that does not exist yet
-  for (fs::path p = fs::absolute(dir, ec); !ec && p.has_relative_path() && !fs::exists(p, ec); p = p.parent_path())
-    firstMade = p;
+  RemoveOnError cleanup(firstMissingFolder(dir));  // never kept: the first save makes them for good
   fs::create_directories(dir, ec);
   const fs::path probe = fs::path(dir) / cat(".tpc-write-test.", getpid());
   std::error_code removed;
   const bool ok = !ec && std::ofstream(probe) && fs::remove(probe, removed);
-  if (!firstMade.empty()) fs::remove_all(firstMade, removed);
   if (!ok)
     return makeError("--save ", dir, ": error: cannot write checkpoints into this folder",
                      ec ? cat(" (", ec.message(), ")") : std::string(), "; pick a writable folder");
