@@ -333,8 +333,70 @@ Result<ModelFile> modelFromFb(const fb::Model* m) {
 
 // ---- JSON: parsed by flatbuffers' own parser against the embedded schema -------------------------
 
-// flatbuffers reports "LINE: COL: error: what" (possibly after warnings); we say "FILE:LINE:COL: error: what".
-std::string parserError(const std::string& raw, const std::string& file) {
+size_t editDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// What flatbuffers' message leaves out, from the schema: the values of the enum a field takes, or the field
+// name closest to an unknown one. `key` is the JSON key before the error's position ("" if none).
+std::string schemaHint(const std::string& what, const std::string& key, const flatbuffers::Parser& schema) {
+  const std::string badEnum = "unknown enum value: ", badField = "unknown field: ";
+  if (what.rfind(badEnum, 0) == 0 && !key.empty()) {
+    for (const flatbuffers::StructDef* sd : schema.structs_.vec)
+      for (const flatbuffers::FieldDef* f : sd->fields.vec) {
+        const flatbuffers::EnumDef* e = f->value.type.enum_def;
+        if (f->name != key || !e || e->is_union) continue;
+        std::string values;
+        for (const flatbuffers::EnumVal* v : e->Vals()) values += (values.empty() ? "" : ", ") + v->name;
+        return " (" + key + " is one of: " + values + ")";
+      }
+  }
+  if (what.rfind(badField, 0) == 0) {
+    const std::string name = what.substr(badField.size());
+    std::string best;
+    size_t bestDistance = std::max<size_t>(1, name.size() / 3) + 1;
+    for (const flatbuffers::StructDef* sd : schema.structs_.vec)
+      for (const flatbuffers::FieldDef* f : sd->fields.vec)
+        if (size_t d = editDistance(name, f->name); d < bestDistance) bestDistance = d, best = f->name;
+    if (!best.empty()) return " (did you mean \"" + best + "\"?)";
+  }
+  return "";
+}
+
+// The JSON key whose value holds 1-based (line, col) of `text`: the last `"key":` at or before it.
+std::string keyBefore(const std::string& text, long line, long col) {
+  size_t at = 0;
+  for (long l = 1; l < line; ++l) {
+    at = text.find('\n', at);
+    if (at == std::string::npos) return "";
+    ++at;
+  }
+  at = std::min(text.size(), at + static_cast<size_t>(std::max(0L, col)));
+  for (size_t colon = text.rfind(':', at); colon != std::string::npos && colon > 0; colon = text.rfind(':', colon - 1)) {
+    size_t q = text.find_last_not_of(" \t\r\n", colon - 1);
+    if (q == std::string::npos || text[q] != '"') continue;
+    size_t open = text.rfind('"', q - 1);
+    if (open == std::string::npos) return "";
+    return text.substr(open + 1, q - open - 1);
+  }
+  return "";
+}
+
+// flatbuffers reports "LINE: COL: error: what" (possibly after warnings); we say "FILE:LINE:COL: error: what",
+// with a hint from the schema where it has one.
+std::string parserError(const flatbuffers::Parser& parser, const std::string& text, const std::string& file) {
+  const std::string& raw = parser.error_;
   std::string last = raw;
   size_t e = raw.rfind("error: ");
   if (e != std::string::npos) {
@@ -349,7 +411,10 @@ std::string parserError(const std::string& raw, const std::string& file) {
   for (char c : where)
     if (c != ' ') pos += c;
   if (!pos.empty() && pos.back() == ':') pos.pop_back();
-  return file + (pos.empty() ? "" : ":" + pos) + ": error: " + what;
+  long line = 0, col = 0;
+  std::sscanf(pos.c_str(), "%ld:%ld", &line, &col);
+  // The parser still holds the schema after a failed parse of the JSON.
+  return file + (pos.empty() ? "" : ":" + pos) + ": error: " + what + schemaHint(what, keyBefore(text, line, col), parser);
 }
 
 std::unique_ptr<flatbuffers::Parser> schemaParser() {
@@ -366,7 +431,7 @@ Result<std::vector<uint8_t>> jsonToBuffer(std::string_view json, const std::stri
   auto parser = schemaParser();
   if (rootType) TPC_ASSERT(parser->SetRootType(rootType), rootType);
   std::string text(json);
-  if (!parser->Parse(text.c_str())) return Error{parserError(parser->error_, file)};
+  if (!parser->Parse(text.c_str())) return Error{parserError(*parser, text, file)};
   const uint8_t* p = parser->builder_.GetBufferPointer();
   return std::vector<uint8_t>(p, p + parser->builder_.GetSize());
 }

@@ -121,6 +121,15 @@ TEST_CASE("model file: bad files give one line naming file and field", "[model_f
     expectError(replaceOnce(json, "\"producer\"", "\"bogus\": 1, \"producer\""), "gpt.json", {"unknown field", "bogus"});
     expectError(replaceOnce(json, "\"micro_batch_size\"", "\"micro_batch\": 4, \"micro_batch_size\""), "gpt.json",
                 {"micro_batch"});
+    // The schema's closest field name, where one is close.
+    expectError(replaceOnce(json, "\"seq_length\"", "\"seq_lenght\""), "gpt.json",
+                {"unknown field: seq_lenght (did you mean \"seq_length\"?)"});
+  }
+  SECTION("unknown enum value: the values the field takes") {
+    expectError(replaceOnce(json, "\"kind\": \"input\"", "\"kind\": \"inputs\""), "gpt.json",
+                {"unknown enum value: inputs (kind is one of: value, input, param)"});
+    expectError(replaceOnce(json, "\"dtype\": \"f32\"", "\"dtype\": \"fp32\""), "gpt.json",
+                {"unknown enum value: fp32 (dtype is one of: f32, f64, f16, bf16, i32, i64, boolean)"});
   }
   SECTION("unknown op") { expectError(replaceOnce(json, "\"op\": \"gelu\"", "\"op\": \"gelux\""), "gpt.json", {"graph.nodes[", "unknown op 'gelux'"}); }
   SECTION("unsupported version") {
