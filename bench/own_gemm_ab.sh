@@ -71,7 +71,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$scratch/$tag.power.csv" 2>/dev/null &
       smi=$!
       env $(setting_env "$kinds") "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
-        --global-batch-size 16 --train-iters "$iters" --log-interval "$iters" > "$scratch/$tag.log" 2>&1
+        --global-batch-size 16 --eval-interval 0 --train-iters "$iters" --log-interval "$iters" > "$scratch/$tag.log" 2>&1
       kill "$smi" 2>/dev/null
       wait "$smi" 2>/dev/null
       { echo "==== $tag: $(setting_env "$kinds" | tr '\n' ' ')$model"; cat "$scratch/$tag.log"; } >> "$out/steps.log"
@@ -100,7 +100,7 @@ for spec in "${runs[@]}"; do
   for kinds in "${settings[@]}"; do
     tag="${name}_${kinds//,/-}_profile"
     env $(setting_env "$kinds") "$build/bin/tpc" run "$model" --backend cuda --precision bf16 --micro-batch-size 16 \
-      --global-batch-size 16 --train-iters 4 --log-interval 4 --profile-step 3 --profile-csv "$scratch/$tag.csv" > "$scratch/$tag.log" 2>&1
+      --global-batch-size 16 --eval-interval 0 --train-iters 4 --log-interval 4 --profile-step 3 --profile-csv "$scratch/$tag.csv" > "$scratch/$tag.log" 2>&1
     { echo "==== $tag: $(setting_env "$kinds" | tr '\n' ' ')$model"; cat "$scratch/$tag.log"; } >> "$out/profiles.log"
     summary="$(python3 - "$scratch/$tag.csv" <<'PY' 2>/dev/null
 import csv, sys

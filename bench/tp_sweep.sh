@@ -31,7 +31,7 @@ for c in $configs; do
   fi
   # shellcheck disable=SC2086
   "${launch[@]}" "$tpc" run "$model" --backend "${BACKEND:-cuda}" --precision "${PRECISION:-bf16}" --train-iters "${ITERS:-30}" \
-    --log-interval 1 --seed 1 --tp "$tp" --dp "$dp" --micro-batch-size "$micro" --global-batch-size "$global" \
+    --log-interval 1 --eval-interval 0 --seed 1 --tp "$tp" --dp "$dp" --micro-batch-size "$micro" --global-batch-size "$global" \
     --log-jsonl "$out/tp${tp}_dp${dp}.jsonl" ${EXTRA:-} > "$out/tp${tp}_dp${dp}.log" 2>&1
   echo "tp $tp x dp $dp: exit $? ($out/tp${tp}_dp${dp}.log)"
 done

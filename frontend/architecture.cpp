@@ -7,7 +7,7 @@
 
 namespace tpc {
 
-Status validateGpt(const GptConfig& g, const TrainConfig& config) {
+Status validateGpt(const GptConfig& g, const TrainConfig& config, const ConfigFieldName& name) {
   struct Size {
     const char* field;
     int64_t value, max;
@@ -30,11 +30,11 @@ Status validateGpt(const GptConfig& g, const TrainConfig& config) {
     return makeError("arch.layer_norm_eps must be > 0, got ", formatFloat(g.layerNormEps));
   if (!(g.initStd >= 0) || !std::isfinite(g.initStd)) return makeError("arch.init_std must be >= 0, got ", formatFloat(g.initStd));
   if (config.seqLength > g.positions)
-    return makeError("config.seq_length=", config.seqLength, " is longer than the position table arch.positions=", g.positions);
+    return makeError(name("seq_length"), "=", config.seqLength, " is longer than the position table arch.positions=", g.positions);
   // The largest activation is the logits [micro, seq, padded vocab]; keep element counts below 2^50.
   double logits = double(config.microBatch) * double(config.seqLength) * double(std::max(g.resolvedPaddedVocab(), 4 * g.hidden));
   if (logits > std::ldexp(1.0, 50))
-    return makeError("config.micro_batch_size x seq_length x arch.padded_vocab is too large (", logits, " elements)");
+    return makeError(name("micro_batch_size"), " x ", name("seq_length"), " x arch.padded_vocab is too large (", logits, " elements)");
   if (double(g.hidden) * double(4 * g.hidden) > std::ldexp(1.0, 50)) return makeError("arch.hidden=", g.hidden, " is too large");
   return {};
 }

@@ -33,6 +33,6 @@ inline constexpr int64_t kMaxGptLayers = 4096, kMaxGptHidden = 1 << 20, kMaxGptH
 
 // Checks the hyperparameters against each other and against the batch shape; errors name the
 // model-file field ("arch.heads=5 must divide arch.hidden=128").
-Status validateGpt(const GptConfig& gpt, const TrainConfig& config);
+Status validateGpt(const GptConfig& gpt, const TrainConfig& config, const ConfigFieldName& name = modelFileFieldName);
 
 }  // namespace tpc

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "ir/status.h"
@@ -39,7 +40,12 @@ struct TrainConfig {
   bool operator==(const TrainConfig&) const = default;
 };
 
-// Checks every field; errors name the model-file field (`config.micro_batch_size must be > 0, got 0`).
-Status validateTrainConfig(const TrainConfig& c);
+// How a validation error names a field of the config: the model file's `config.micro_batch_size` by default;
+// the CLI names the flag that set it instead (`--micro-batch-size`, cli::validateTrainingFlags).
+using ConfigFieldName = std::function<std::string(const std::string& field)>;
+std::string modelFileFieldName(const std::string& field);  // "config." + field
+
+// Checks every field; errors name each field through `name` (`config.micro_batch_size must be > 0, got 0`).
+Status validateTrainConfig(const TrainConfig& c, const ConfigFieldName& name = modelFileFieldName);
 
 }  // namespace tpc

@@ -113,7 +113,12 @@ Status PassManager::run(Graph& g) {
   for (auto& p : passes_) {
     std::string name(p->name());
     auto changed = p->run(g);
-    if (!changed) return makeError("error: pass '", name, "': ", changed.error());
+    if (!changed) {
+      // Passes name themselves in their errors ("megatron-tp: tp=3 ..."): say it once.
+      std::string_view why = changed.error();
+      if (why.substr(0, name.size() + 2) == name + ": ") why.remove_prefix(name.size() + 2);
+      return makeError("error: pass '", name, "': ", why);
+    }
     if (config_.verifyEach) {
       if (Status s = verifyGraph(g); !s.ok())
         return makeError("error: pass '", name, "' produced an invalid graph: ", s.error());

@@ -99,8 +99,8 @@ common=(--train-iters 10 --log-interval 1 --seed 1 --precision fp32)
 cmp_losses() {  # worst relative loss difference between two JSONL logs
   python3 - "$1" "$2" <<'PY' 2>/dev/null || echo "n/a"
 import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+a = [r["loss"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+b = [r["loss"] for r in map(json.loads, open(sys.argv[2])) if "loss" in r]
 if not a or len(a) != len(b): print("n/a (%d vs %d steps)" % (len(a), len(b))); sys.exit()
 print("%.2e over %d steps (%.4f -> %.4f)" % (max(abs(x - y) / abs(y) for x, y in zip(a, b)), len(a), a[0], a[-1]))
 PY

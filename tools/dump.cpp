@@ -121,14 +121,20 @@ int runDump(std::vector<std::string> args) {
   auto model = loadModelFile(flags.positional()[0]);
   if (!model) return cli::fail("dump", model.error());
   if (Status s = cli::applyTrainingFlags(flags, model->config); !s.ok()) return cli::fail("dump", s.error());
-  if (Status s = validateTrainConfig(model->config); !s.ok()) return cli::fail("dump", s.error());
-  auto tpPolicy = cli::applyPipelineFlags(flags, model->config, PassRegistry::global());
+  const GptConfig* gpt = model->gpt ? &*model->gpt : nullptr;
+  if (Status s = cli::validateTrainingFlags(flags, model->config, gpt); !s.ok()) return cli::fail("dump", s.error());
+  auto tpPolicy = cli::applyPipelineFlags(flags, model->config, PassRegistry::global(), gpt);
   if (!tpPolicy) return cli::fail("dump", tpPolicy.error());
   if (Status s = matchBatchShape(*model, flags.positional()[0]); !s.ok()) return cli::fail("dump", s.error());
   auto accum = accumulationSteps(model->config);
   if (!accum) return cli::fail("dump", accum.error());
   auto rank = flags.getInt("rank", 0, 1 << 20);
   if (!rank) return cli::fail("dump", rank.error());
+  const TrainConfig& c = model->config;
+  if (*rank > 0 && c.tp == 1 && c.dp == 1 && !c.sp)
+    return cli::fail("dump", cat("--rank ", *rank, ": the step is not sharded, so it has rank 0 alone; give --tp/--dp to "
+                                 "shard it, or drop --rank"));
+  cli::warnIneffectiveFlags("dump", flags, c);
   std::string format = flags.get("format");
   if (format != "text" && format != "dot") return cli::fail("dump", "--format=" + format + ": expected text or dot");
   // The standard pipeline ends with fuse-classifier and fuse, as `tpc run` compiles it for the CUDA backend.

@@ -92,7 +92,8 @@ int runOpt(std::vector<std::string> args) {
       continue;
     }
     if (Status s = pm.run(**g); !s.ok()) {
-      cli::fail("opt", s.error());
+      // The file (and, of a split input, which graph) the pass failed on, as a parse error names it.
+      cli::fail("opt", cat(fileName, chunks.size() > 1 ? cat(" (graph ", i + 1, " of ", chunks.size(), ")") : "", ": ", s.error()));
       exitCode = 1;
       continue;
     }

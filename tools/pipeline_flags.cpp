@@ -2,6 +2,7 @@
 #include "tools/pipeline_flags.h"
 
 #include "passes/plugin.h"
+#include "tools/train_flags.h"
 
 namespace tpc::cli {
 
@@ -11,7 +12,19 @@ void declarePipelineFlags(Flags& flags) {
              "megatron-tp");
 }
 
-Result<std::string> applyPipelineFlags(const Flags& flags, const TrainConfig& config, PassRegistry& registry) {
+namespace {
+
+std::string divisorsOf(int64_t n) {
+  std::string out;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) out += cat(out.empty() ? "" : ", ", d);
+  return out;
+}
+
+}  // namespace
+
+Result<std::string> applyPipelineFlags(const Flags& flags, const TrainConfig& config, PassRegistry& registry,
+                                       const GptConfig* gpt) {
   for (const std::string& plugin : flags.getList("pass-plugin")) TPC_TRY(loadPassPlugin(plugin, registry));
   std::string policy = flags.get("sharding-policy");
   const PassInfo* info = registry.find(policy);
@@ -25,6 +38,16 @@ Result<std::string> applyPipelineFlags(const Flags& flags, const TrainConfig& co
                      "(a policy takes tp=N: see examples/sharding-plugin)");
   if (flags.has("sharding-policy") && config.tp <= 1 && !config.sp)
     return makeError("--sharding-policy=", policy, " needs --tp N with N > 1 (the policy places tensors on mesh axis tp)");
+  if (gpt) {
+    const ConfigFieldName name = flagOrFieldName(flags);
+    const std::string tp = cat(name("tensor_model_parallel_size"), "=", config.tp);
+    if (policy == "megatron-tp" && config.tp > 1 && gpt->heads % config.tp != 0)
+      return makeError(tp, " does not divide the model's ", gpt->heads, " attention heads (arch.heads), which megatron-tp "
+                       "splits over the tp ranks; use a tp of ", divisorsOf(gpt->heads));
+    if (config.sp && config.tp > 1 && config.seqLength % config.tp != 0)
+      return makeError("--sp splits the sequence over the tp ranks: ", name("seq_length"), "=", config.seqLength,
+                       " is not a multiple of ", tp, "; give a --seq-length that is");
+  }
   return policy;
 }
 

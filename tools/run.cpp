@@ -181,12 +181,15 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                           "       mpirun -np N tpc run MODEL.fb --tp/--dp/--sp ... (a process per mesh rank, N = tp x dp x "
                           "sp; with --backend cuda each drives the GPU of its local rank, NCCL between them)");
   flags.value("save", "checkpoint directory to write (as Megatron-LM's --save)")
-      .value("save-interval", "steps between checkpoints; 0: only after the last step", "0")
+      .value("save-interval", "steps between checkpoints; 0: only after the last step (default: the model file's "
+                              "save_interval)")
       .value("keep", "keep K checkpoints in --save: the one just written and the newest before it; 0: all", "0")
       .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp")
       .value("metrics-port", "serve the run's figures for Prometheus at http://127.0.0.1:PORT/metrics")
-      .value("eval-interval", "steps between evaluations on the validation split; 0: none", "0")
-      .value("eval-iters", "batches per evaluation (validation, and test after the last step)", "10")
+      .value("eval-interval", "steps between evaluations on the validation split, and one after the last step; 0: none "
+                              "(default: the model file's eval_interval)")
+      .value("eval-iters", "batches per evaluation (validation, and test after the last step) (default: the model "
+                           "file's eval_iters)")
       .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)")
       .toggle("save-initial", "with --save: also write the initial state, before step 1, as iteration 0 (a comparison "
                               "aid: another trainer can start from tpc's initial weights)")
@@ -225,28 +228,44 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (!model) return cli::fail("run", model.error());
   TrainConfig& config = model->config;
   if (Status s = cli::applyTrainingFlags(flags, config); !s.ok()) return cli::fail("run", s.error());
-  if (Status s = validateTrainConfig(config); !s.ok()) return cli::fail("run", s.error());
-  auto tpPolicy = cli::applyPipelineFlags(flags, config, PassRegistry::global());
+  if (Status s = cli::validateTrainingFlags(flags, config, model->gpt ? &*model->gpt : nullptr); !s.ok())
+    return cli::fail("run", s.error());
+  auto tpPolicy = cli::applyPipelineFlags(flags, config, PassRegistry::global(), model->gpt ? &*model->gpt : nullptr);
   if (!tpPolicy) return cli::fail("run", tpPolicy.error());
   auto accum = accumulationSteps(config);
   if (!accum) return cli::fail("run", accum.error());
   if (Status s = matchBatchShape(*model, path); !s.ok()) return cli::fail("run", s.error());
-  auto saveInterval = flags.getInt("save-interval", 0, int64_t(1) << 40);
+  // --save-interval, --eval-interval and --eval-iters default to the model file's save_interval, eval_interval
+  // and eval_iters (as its log_interval is --log-interval's default).
+  auto flagOrFile = [&](const char* flag, int64_t fileValue, long long lo) -> Result<int64_t> {
+    if (!flags.has(flag)) return fileValue;
+    TPC_ASSIGN(long long v, flags.getInt(flag, lo, int64_t(1) << 40));
+    return v;
+  };
+  auto saveInterval = flagOrFile("save-interval", config.saveInterval, 0);
   if (!saveInterval) return cli::fail("run", saveInterval.error());
   auto keep = flags.getInt("keep", 0, int64_t(1) << 40);
   if (!keep) return cli::fail("run", keep.error());
-  auto evalInterval = flags.getInt("eval-interval", 0, int64_t(1) << 40);
+  auto evalInterval = flagOrFile("eval-interval", config.evalInterval, 0);
   if (!evalInterval) return cli::fail("run", evalInterval.error());
-  auto evalIters = flags.getInt("eval-iters", 1, int64_t(1) << 40);
+  auto evalIters = flagOrFile("eval-iters", config.evalIters, 1);
   if (!evalIters) return cli::fail("run", evalIters.error());
+  if (*evalInterval > 0 && *evalIters == 0)
+    return cli::fail("run", cat(path, ": error: config.eval_iters=0 leaves the evaluations of ",
+                                flags.has("eval-interval") ? "--eval-interval " : "config.eval_interval=", *evalInterval,
+                                " no batches; give --eval-iters N, or --eval-interval 0 for none"));
   auto profileStep = flags.getInt("profile-step", 0, int64_t(1) << 40);
   if (!profileStep) return cli::fail("run", profileStep.error());
   if (flags.on("save-initial") && !flags.has("save"))
     return cli::fail("run", "--save-initial writes iteration 0 into the --save folder; add --save DIR");
   if (flags.on("save-initial") && flags.has("load"))
     return cli::fail("run", "--save-initial writes the initial state of a fresh run; drop it when resuming with --load");
-  if (!flags.has("save") && (*saveInterval > 0 || *keep > 0))
-    return cli::fail("run", cat(*saveInterval > 0 ? "--save-interval" : "--keep",
+  // The model file's save_interval applies when the run saves; the flags are refused without --save.
+  if (flags.on("finetune") && !flags.has("load"))
+    return cli::fail("run", "--finetune takes the parameters of the checkpoint that --load names; add --load DIR");
+  if (!job || job->world.rank == 0) cli::warnIneffectiveFlags("run", flags, config);
+  if (!flags.has("save") && (flags.has("save-interval") || *keep > 0))
+    return cli::fail("run", cat(flags.has("save-interval") ? "--save-interval" : "--keep",
                                 " applies to the checkpoints of --save; add --save DIR"));
   std::optional<LoadedCheckpoint> checkpoint;
   if (flags.has("load")) {
@@ -281,6 +300,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
 
   auto backendKind = selectBackend(flags.get("backend"));
   if (!backendKind) return cli::fail("run", backendKind.error());
+  if (*backendKind != BackendKind::Cuda && flags.get("collectives") != "auto")
+    return cli::fail("run", cat("--collectives ", flags.get("collectives"), " chooses how CUDA ranks talk; this run is on the ",
+                                "CPU backend (drop the flag, or give --backend cuda on a machine with a GPU)"));
   if (*profileStep > config.trainIters)
     return cli::fail("run", cat("--profile-step ", *profileStep, " is after the run's last step (--train-iters ",
                                 config.trainIters, "): pick a step from 1 to ", config.trainIters));
@@ -381,10 +403,17 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   size_t numDocs = dataset->numDocuments();
   // Evaluation reads its own copy of the dataset (the windows of the valid and test splits).
   std::optional<DatasetBatches> validBatches, testBatches;
-  if (*evalInterval > 0) {
-    if (splits->valid.size() == 0)
+  if (*evalInterval > 0 && splits->valid.size() == 0) {
+    if (flags.has("eval-interval"))
       return cli::fail("run", cat("--eval-interval: the validation split is empty (--split ", config.split,
                                   " over ", dataset->numDocuments(), " documents); give it a share, e.g. 949,50,1"));
+    // The model file's eval_interval, as Megatron-LM's: no validation data, no evaluation.
+    if (!job || job->world.rank == 0)
+      std::cout << "no evaluation: the validation split of --split " << config.split << " is empty (the model file's "
+                << "eval_interval " << *evalInterval << " is not applied)" << std::endl;
+    *evalInterval = 0;
+  }
+  if (*evalInterval > 0) {
     for (auto [range, target] : {std::pair{splits->valid, &validBatches}, std::pair{splits->test, &testBatches}}) {
       if (range.size() == 0) continue;
       auto copy = IndexedDataset::open(*dataPath);

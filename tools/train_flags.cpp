@@ -1,6 +1,8 @@
 // Megatron-style training flags.
 #include "tools/train_flags.h"
 
+#include <algorithm>
+#include <iostream>
 #include <limits>
 
 namespace tpc::cli {
@@ -96,6 +98,36 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
                      " must be less than --lr-decay-iters ", config.decayIters);
   if (flags.on("bf16")) config.precision = "bf16";
   if (flags.on("fp16")) config.precision = "fp16";
+  return {};
+}
+
+ConfigFieldName flagOrFieldName(const Flags& flags) {
+  return [&flags](const std::string& field) {
+    std::string flag = field == "tensor_model_parallel_size" ? "tp" : field == "data_parallel_size" ? "dp" : field;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    bool declared = false;
+    for (const IntFlag& f : kIntFlags) declared |= flag == f.name;
+    for (const FloatFlag& f : kFloatFlags) declared |= flag == f.name;
+    for (const StringFlag& f : kStringFlags) declared |= flag == f.name;
+    if (declared && flags.has(flag)) return "--" + flag;
+    if (flag == "precision" && (flags.on("bf16") || flags.on("fp16"))) return std::string(flags.on("bf16") ? "--bf16" : "--fp16");
+    return modelFileFieldName(field);
+  };
+}
+
+void warnIneffectiveFlags(const std::string& command, const Flags& flags, const TrainConfig& config) {
+  if (flags.on("sp") && config.tp == 1)
+    std::cerr << "tpc " << command << ": warning: --sp does nothing with tp 1 (it splits the sequence over the tp ranks); "
+              << "add --tp N\n";
+  if (flags.on("use-distributed-optimizer") && config.dp == 1)
+    std::cerr << "tpc " << command << ": warning: --use-distributed-optimizer does nothing with dp 1 (it shards the AdamW "
+              << "state over the dp ranks); add --dp N\n";
+}
+
+Status validateTrainingFlags(const Flags& flags, const TrainConfig& config, const GptConfig* gpt) {
+  const ConfigFieldName name = flagOrFieldName(flags);
+  TPC_TRY(validateTrainConfig(config, name));
+  if (gpt) TPC_TRY(validateGpt(*gpt, config, name));
   return {};
 }
 

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "ir/parser.h"
@@ -38,6 +39,54 @@ TEST_CASE("eval: validation loss and perplexity every N steps, test loss at the 
                                 " --train-iters 2 --eval-interval 1 --split 100,0,0");
   CHECK(empty.exitCode == 1);
   CHECK(empty.err.find("the validation split is empty") != std::string::npos);
+}
+
+TEST_CASE("eval: the model file's eval_interval, eval_iters and save_interval are the flags' defaults", "[eval][cli]") {
+  test::TempDir dir;
+  const std::string model = dir / "m.json", noIters = dir / "no_iters.json";
+  REQUIRE(test::runCommand(test::tpcBinary() + " new gpt --preset tiny -o " + model).exitCode == 0);
+  std::string json = test::readFile(model);
+  auto set = [](std::string text, const std::string& from, const std::string& to) {
+    size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    return text.replace(at, from.size(), to);
+  };
+  json = set(set(set(json, "\"eval_interval\": 50", "\"eval_interval\": 2"), "\"eval_iters\": 10", "\"eval_iters\": 1"),
+             "\"save_interval\": 0", "\"save_interval\": 2");
+  test::writeFile(model, json);
+  test::writeFile(noIters, set(json, "\"eval_iters\": 1", "\"eval_iters\": 0"));
+  const std::string run = test::tpcBinary() + " run ";
+
+  auto r = test::runCommand(run + model + " --train-iters 4 --split 90,5,5 --save " + (dir / "ck"));
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  CHECK(r.out.find("  eval: every 2 steps, 1 batches of the validation split") != std::string::npos);
+  CHECK(r.out.find("eval at step 2 | valid loss ") != std::string::npos);
+  CHECK(r.out.find("eval at step 4 | valid loss ") != std::string::npos);
+  CHECK(r.out.find("(1 batches of the test split)") != std::string::npos);
+  CHECK(std::filesystem::exists(dir / "ck/iter_0000002"));  // save_interval 2
+  CHECK(std::filesystem::exists(dir / "ck/iter_0000004"));
+
+  // The flags win; without --save the file's save_interval is not an error.
+  auto off = test::runCommand(run + model + " --train-iters 4 --split 90,5,5 --eval-interval 0");
+  CHECK(off.exitCode == 0);
+  CHECK(off.out.find("eval") == std::string::npos);
+  auto flags = test::runCommand(run + model + " --train-iters 3 --split 90,5,5 --eval-interval 3 --eval-iters 2");
+  CHECK(flags.exitCode == 0);
+  CHECK(flags.out.find("  eval: every 3 steps, 2 batches") != std::string::npos);
+  CHECK(flags.out.find("eval at step 2 ") == std::string::npos);
+
+  // No validation split: the file's eval_interval is not applied (a note); --eval-interval is an error (above).
+  auto empty = test::runCommand(run + model + " --train-iters 2 --split 100,0,0");
+  CHECK(empty.exitCode == 0);
+  CHECK(empty.out.find("no evaluation: the validation split of --split 100,0,0 is empty (the model file's eval_interval 2 "
+                       "is not applied)") != std::string::npos);
+
+  auto none = test::runCommand(run + noIters + " --train-iters 2");
+  CHECK(none.exitCode == 1);
+  CHECK(none.err == noIters + ": error: config.eval_iters=0 leaves the evaluations of config.eval_interval=2 no batches; "
+                              "give --eval-iters N, or --eval-interval 0 for none\n");
+  CHECK(test::runCommand(run + noIters + " --train-iters 2 --eval-iters 1").exitCode == 0);
 }
 
 TEST_CASE("inference pass: dropout becomes the identity, attention drops nothing", "[eval][passes]") {

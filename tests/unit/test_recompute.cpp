@@ -78,7 +78,7 @@ TEST_CASE("recompute: tpc dump --memory prints the planned peak per config", "[r
   CHECK(peak("full") < peak("none"));
   auto bad = test::runCommand(test::tpcBinary() + " dump " + test::binaryPath("models/tiny.fb") + " --memory --recompute some");
   CHECK(bad.exitCode == 1);
-  CHECK(bad.err.find("config.recompute must be none, selective or full, got 'some'") != std::string::npos);
+  CHECK(bad.err.find("--recompute must be none, selective or full, got 'some'") != std::string::npos);
 }
 
 }  // namespace tpc

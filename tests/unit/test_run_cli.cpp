@@ -28,8 +28,21 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
       {tiny() + " --data-path /nonexistent/corpus",
        "tpc run: error: --data-path /nonexistent/corpus: /nonexistent/corpus.idx not found (run scripts/fetch_data.sh "
        "build/bin/tpc for the Brown corpus, or make a dataset with 'tpc prepare')\n"},
+      // Errors about the config name the flags that set it, and the model file's fields where no flag did.
       {tiny() + " --micro-batch-size 3 --global-batch-size 8",
-       "tpc run: error: config.global_batch_size=8 must be a multiple of micro_batch_size x data_parallel_size = 3\n"},
+       "tpc run: error: --global-batch-size=8 must be a multiple of --micro-batch-size=3 (a step is whole micro batches "
+       "on every data-parallel rank), e.g. 6 or 9\n"},
+      {tiny() + " --dp 3",
+       "tpc run: error: config.global_batch_size=8 must be a multiple of config.micro_batch_size x --dp = 8 x 3 = 24 (a "
+       "step is whole micro batches on every data-parallel rank), e.g. 24\n"},
+      {tiny() + " --min-lr 2", "tpc run: error: --min-lr=2.0 must be <= config.lr=0.001\n"},
+      {tiny() + " --lr-decay-style cos", "tpc run: error: --lr-decay-style must be cosine, linear or constant, got 'cos'\n"},
+      {tiny() + " --tp 3",
+       "tpc run: error: --tp=3 does not divide the model's 4 attention heads (arch.heads), which megatron-tp splits over "
+       "the tp ranks; use a tp of 1, 2, 4\n"},
+      {tiny() + " --tp 2 --sp --seq-length 63",
+       "tpc run: error: --sp splits the sequence over the tp ranks: --seq-length=63 is not a multiple of --tp=2; give a "
+       "--seq-length that is\n"},
       {tiny() + " --seq-length 65", ""},  // checked below: longer than the position table
       {tiny() + " --lr abc", "tpc run: error: --lr=abc is not a number\n"},
       {tiny() + " --train-iters 0", "tpc run: error: --train-iters=0 is out of range [1, 1099511627776]\n"},
@@ -42,6 +55,10 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
       {tiny() + " --lr-warmup-iters 5 --lr-decay-iters 1",
        "tpc run: error: --lr-warmup-iters 5 must be less than --lr-decay-iters 1\n"},
       {tiny() + " --save-interval 5", "tpc run: error: --save-interval applies to the checkpoints of --save; add --save DIR\n"},
+      {tiny() + " --finetune", "tpc run: error: --finetune takes the parameters of the checkpoint that --load names; add --load DIR\n"},
+      {tiny() + " --backend cpu --collectives nccl --tp 2",
+       "tpc run: error: --collectives nccl chooses how CUDA ranks talk; this run is on the CPU backend (drop the flag, or "
+       "give --backend cuda on a machine with a GPU)\n"},
       // An unusable checkpoint folder before any training, not after it.
       {tiny() + " --save /proc/tpc-ck", ""},
   };
@@ -128,8 +145,11 @@ TEST_CASE("tpc run: a short run logs JSONL and lowers the loss", "[run][cli]") {
   CHECK(r.out.find("step      4/12 | loss ") != std::string::npos);
   CHECK(r.out.find("ETA") != std::string::npos);
   std::string jsonl = test::readFile(log);
-  // Logged steps: the first, every 4th, the last.
-  CHECK(std::count(jsonl.begin(), jsonl.end(), '\n') == 4);
+  // Logged steps: the first, every 4th, the last; and the evaluation after the last step, which the model
+  // file's eval_interval (50 in tiny.fb) asks for when no --eval-interval is given.
+  CHECK(std::count(jsonl.begin(), jsonl.end(), '\n') == 5);
+  CHECK(jsonl.find("{\"step\": 12, \"valid_loss\": ") != std::string::npos);
+  CHECK(r.out.find("eval at step 12 | valid loss ") != std::string::npos);
   // Where the time of the steps after the first two went.
   CHECK(r.out.find("time per step (steps 3-12): ") != std::string::npos);
   for (const char* key : {"\"step\": ", "\"loss\": ", "\"lr\": ", "\"grad_norm\": ", "\"tokens_per_s\": ", "\"elapsed_s\": "})
@@ -190,8 +210,13 @@ TEST_CASE("tpc dump --tp without --after: the rank's program, and a tp that does
   auto bad = test::runCommand(test::tpcBinary() + " dump " + gpt2 + " --tp 5");
   CHECK(bad.exitCode == 1);
   CHECK(bad.out.empty());
-  CHECK_THAT(bad.err, Catch::StartsWith(gpt2 + ": error: pass 'megatron-tp': ") &&
-                         Catch::Contains("tp=5 does not divide the 12 attention heads"));
+  CHECK(bad.err == "tpc dump: error: --tp=5 does not divide the model's 12 attention heads (arch.heads), which "
+                   "megatron-tp splits over the tp ranks; use a tp of 1, 2, 3, 4, 6, 12\n");
+  // A pass's own error names the model file, and the pass once.
+  auto pass = test::runCommand(test::tpcBinary() + " dump " + gpt2 + " --passes 'data-parallel(dp=3)'");
+  CHECK(pass.exitCode == 1);
+  CHECK(pass.err == gpt2 + ": error: pass 'data-parallel': dp=3 does not divide the batch (dim 0 = 16) of input tokens "
+                           "i32[16,1024] on mesh axis dp\n");
   CHECK(std::count(bad.err.begin(), bad.err.end(), '\n') == 1);
   auto help = test::runCommand(test::tpcBinary() + " help dump");
   CHECK(help.exitCode == 0);
@@ -204,6 +229,24 @@ TEST_CASE("tpc dump --tp without --after: the rank's program, and a tp that does
   auto plain = test::runCommand(test::tpcBinary() + " dump " + tiny() + " --micro-batch-size 4 --format dot");
   CHECK(plain.exitCode == 0);
   CHECK_THAT(plain.out, Catch::StartsWith("digraph"));  // --format applies to the forward graph too
+}
+
+TEST_CASE("tpc run/dump: a flag that does nothing in this config is one warning, not silence", "[run][dump][cli]") {
+  auto sp = test::runCommand(test::tpcBinary() + " run " + tiny() + " --sp --train-iters 1 --eval-interval 0");
+  CHECK(sp.exitCode == 0);
+  CHECK(sp.err == "tpc run: warning: --sp does nothing with tp 1 (it splits the sequence over the tp ranks); add --tp N\n");
+  auto zero = test::runCommand(test::tpcBinary() + " dump " + tiny() + " --use-distributed-optimizer --summary");
+  CHECK(zero.exitCode == 0);
+  CHECK(zero.err == "tpc dump: warning: --use-distributed-optimizer does nothing with dp 1 (it shards the AdamW state over "
+                    "the dp ranks); add --dp N\n");
+  auto quiet = test::runCommand(test::tpcBinary() + " dump " + tiny() + " --sp --tp 2 --use-distributed-optimizer --dp 2 --micro-batch-size 4 --summary");
+  CHECK(quiet.exitCode == 0);
+  CHECK(quiet.err.empty());
+  auto rank = test::runCommand(test::tpcBinary() + " dump " + tiny() + " --rank 1");
+  CHECK(rank.exitCode == 1);
+  CHECK(rank.out.empty());
+  CHECK(rank.err == "tpc dump: error: --rank 1: the step is not sharded, so it has rank 0 alone; give --tp/--dp to shard "
+                    "it, or drop --rank\n");
 }
 
 TEST_CASE("tpc run/dump --use-distributed-optimizer: ZeRO-1 over dp trains like one rank", "[run][cli][zero1]") {
