@@ -348,9 +348,58 @@ size_t editDistance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-// What flatbuffers' message leaves out, from the schema: the values of the enum a field takes, or the field
-// name closest to an unknown one. `key` is the JSON key before the error's position ("" if none).
-std::string schemaHint(const std::string& what, const std::string& key, const flatbuffers::Parser& schema) {
+// The offset of 1-based (line, col) in `text`, clamped to its size.
+size_t offsetOf(const std::string& text, long line, long col) {
+  size_t at = 0;
+  for (long l = 1; l < line; ++l) {
+    at = text.find('\n', at);
+    if (at == std::string::npos) return text.size();
+    ++at;
+  }
+  return std::min(text.size(), at + static_cast<size_t>(std::max(0L, col)));
+}
+
+// The JSON key of the `"key":` at or before offset `at`, and where its quote opens ("" and npos if none).
+std::pair<std::string, size_t> keyBefore(const std::string& text, size_t at) {
+  for (size_t colon = text.rfind(':', at); colon != std::string::npos && colon > 0; colon = text.rfind(':', colon - 1)) {
+    size_t q = text.find_last_not_of(" \t\r\n", colon - 1);
+    if (q == std::string::npos || q == 0 || text[q] != '"') continue;
+    size_t open = text.rfind('"', q - 1);
+    if (open == std::string::npos) break;
+    return {text.substr(open + 1, q - open - 1), open};
+  }
+  return {"", std::string::npos};
+}
+
+// The key that holds the object around offset `at` ("config" for a field of "config": {...}; "tensors" inside
+// "tensors": [{...}]); "" at the top level. Brackets inside strings are skipped.
+std::string enclosingKey(const std::string& text, size_t at) {
+  int depth = 0;
+  bool inString = false;
+  for (size_t i = std::min(at, text.size()); i-- > 0;) {
+    char c = text[i];
+    if (c == '"') {
+      size_t slashes = 0;
+      while (i > slashes && text[i - 1 - slashes] == '\\') ++slashes;
+      if (slashes % 2 == 0) inString = !inString;
+      continue;
+    }
+    if (inString) continue;
+    if (c == '}' || c == ']') ++depth;
+    if ((c == '{' || c == '[') && depth-- == 0) {
+      size_t before = i == 0 ? std::string::npos : text.find_last_not_of(" \t\r\n", i - 1);
+      if (before == std::string::npos) return "";
+      if (text[before] == ':') return keyBefore(text, before).first;
+      depth = 0;  // an element of an array: go on to the array's own '['
+    }
+  }
+  return "";
+}
+
+// What flatbuffers' message leaves out, from the schema: the values of the enum the field `key` takes, or the
+// field of the enclosing table (`table`: the key holding it, "" for the root) closest to an unknown one.
+std::string schemaHint(const std::string& what, const std::string& key, const std::string& table,
+                       const flatbuffers::Parser& schema) {
   const std::string badEnum = "unknown enum value: ", badField = "unknown field: ";
   if (what.rfind(badEnum, 0) == 0 && !key.empty()) {
     for (const flatbuffers::StructDef* sd : schema.structs_.vec)
@@ -363,32 +412,24 @@ std::string schemaHint(const std::string& what, const std::string& key, const fl
       }
   }
   if (what.rfind(badField, 0) == 0) {
+    // The tables it may be: the root, or the type of the field named `table` (each member of a union's).
+    std::vector<const flatbuffers::StructDef*> in;
+    if (table.empty()) in.push_back(schema.root_struct_def_);
+    for (const flatbuffers::StructDef* sd : schema.structs_.vec)
+      for (const flatbuffers::FieldDef* f : sd->fields.vec) {
+        if (f->name != table || !in.empty()) continue;
+        if (f->value.type.struct_def) in.push_back(f->value.type.struct_def);
+        if (const flatbuffers::EnumDef* e = f->value.type.enum_def; e && e->is_union)
+          for (const flatbuffers::EnumVal* v : e->Vals())
+            if (v->union_type.struct_def) in.push_back(v->union_type.struct_def);
+      }
     const std::string name = what.substr(badField.size());
     std::string best;
     size_t bestDistance = std::max<size_t>(1, name.size() / 3) + 1;
-    for (const flatbuffers::StructDef* sd : schema.structs_.vec)
+    for (const flatbuffers::StructDef* sd : in)
       for (const flatbuffers::FieldDef* f : sd->fields.vec)
         if (size_t d = editDistance(name, f->name); d < bestDistance) bestDistance = d, best = f->name;
     if (!best.empty()) return " (did you mean \"" + best + "\"?)";
-  }
-  return "";
-}
-
-// The JSON key whose value holds 1-based (line, col) of `text`: the last `"key":` at or before it.
-std::string keyBefore(const std::string& text, long line, long col) {
-  size_t at = 0;
-  for (long l = 1; l < line; ++l) {
-    at = text.find('\n', at);
-    if (at == std::string::npos) return "";
-    ++at;
-  }
-  at = std::min(text.size(), at + static_cast<size_t>(std::max(0L, col)));
-  for (size_t colon = text.rfind(':', at); colon != std::string::npos && colon > 0; colon = text.rfind(':', colon - 1)) {
-    size_t q = text.find_last_not_of(" \t\r\n", colon - 1);
-    if (q == std::string::npos || text[q] != '"') continue;
-    size_t open = text.rfind('"', q - 1);
-    if (open == std::string::npos) return "";
-    return text.substr(open + 1, q - open - 1);
   }
   return "";
 }
@@ -414,7 +455,10 @@ std::string parserError(const flatbuffers::Parser& parser, const std::string& te
   long line = 0, col = 0;
   std::sscanf(pos.c_str(), "%ld:%ld", &line, &col);
   // The parser still holds the schema after a failed parse of the JSON.
-  return file + (pos.empty() ? "" : ":" + pos) + ": error: " + what + schemaHint(what, keyBefore(text, line, col), parser);
+  const size_t at = offsetOf(text, line, col);
+  auto [key, keyAt] = keyBefore(text, at);
+  const std::string table = enclosingKey(text, keyAt == std::string::npos ? at : keyAt);
+  return file + (pos.empty() ? "" : ":" + pos) + ": error: " + what + schemaHint(what, key, table, parser);
 }
 
 std::unique_ptr<flatbuffers::Parser> schemaParser() {

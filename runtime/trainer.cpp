@@ -254,6 +254,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       TPC_ASSIGN(double valid, settings.evaluate());
       if (settings.publish) settings.publish({{"valid_loss", valid}, {"valid_ppl", std::exp(valid)}});
       lastLog += Clock::now() - evalStart;  // tokens/s counts training time only
+      report.evalSeconds += std::chrono::duration<double>(Clock::now() - evalStart).count();
       stepAsideMs += msSince(evalStart);
       if (settings.console) {
         char line[160];
@@ -343,7 +344,8 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
                      "(lower --lr, raise --lr-warmup-iters, or --on-nan stop to find the first non-finite value)");
   report.end = currentProgress();
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  report.tokensPerSecond = report.seconds > 0 ? static_cast<double>(total * tokensPerStep) / report.seconds : 0;
+  const double trainSeconds = report.seconds - report.evalSeconds;
+  report.tokensPerSecond = trainSeconds > 0 ? static_cast<double>(total * tokensPerStep) / trainSeconds : 0;
   return report;
 }
 

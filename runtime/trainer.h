@@ -75,7 +75,8 @@ struct TrainReport {
   std::vector<int64_t> skippedSteps;   // steps dropped as non-finite (OnNonFinite::Skip, or loss-scale overflows)
   OptimizerProgress end;
   double seconds = 0;
-  double tokensPerSecond = 0;
+  double evalSeconds = 0;       // the part of `seconds` spent in evaluations
+  double tokensPerSecond = 0;   // training tokens over the training's share of `seconds`
 };
 
 // Runs settings.trainIters steps of `step` (a training-step graph from buildTrainingStep) on `backend`,

@@ -161,7 +161,7 @@ fi
 # 3. gpt2 (124M) on the default corpus.
 for prec in fp32 bf16; do
   "$tpc" run "$gpt2" --backend cuda --precision $prec --train-iters "${GPT2_ITERS:-30}" --log-interval 5 --micro-batch-size 8 \
-    --global-batch-size 8 --log-jsonl "$out/gpt2_$prec.jsonl" > "$out/gpt2_$prec.log" 2>&1
+    --global-batch-size 8 --eval-interval 0 --log-jsonl "$out/gpt2_$prec.jsonl" > "$out/gpt2_$prec.log" 2>&1
   rc=$?
   g="$(grep -E '^done:' "$out/gpt2_$prec.log" | tail -1)"
   mem="$(grep -oE 'GPU mem [0-9.]+ GiB' "$out/gpt2_$prec.log" | tail -1)"
@@ -174,7 +174,7 @@ done
 # 3b. Where a gpt2 bf16 step goes at micro batch 16 (tpc run --profile-step: GPU time per op), and with
 #     BENCH=1 tpc against PyTorch eager and torch.compile on the same GPT-2 (bench/vs_pytorch.py).
 "$tpc" run "$gpt2" --backend cuda --precision bf16 --train-iters 4 --log-interval 1 --micro-batch-size 16 \
-  --global-batch-size 16 --profile-step 3 --profile-csv "$out/gpt2_profile.csv" > "$out/gpt2_profile.log" 2>&1
+  --global-batch-size 16 --eval-interval 0 --profile-step 3 --profile-csv "$out/gpt2_profile.csv" > "$out/gpt2_profile.log" 2>&1
 rc=$?
 top="$(grep -A4 -E '^  op +launches' "$out/gpt2_profile.log" | tail -3 | awk '{printf "%s %s ms, ", $1, $3}')"
 # The CSV (--profile-csv) holds every launch the table counted.
@@ -211,7 +211,7 @@ done
 
 # 5. Hugging Face: gpt2 trained above (bf16, saved), exported, loaded by transformers; its logits vs tpc's
 #    forward (CPU, fp32) on the same prompt.
-"$tpc" run "$gpt2" --backend cuda --train-iters 3 --micro-batch-size 8 --global-batch-size 8 --quiet   --save "$scratch/gpt2" > "$out/hf_train.log" 2>&1
+"$tpc" run "$gpt2" --backend cuda --train-iters 3 --micro-batch-size 8 --global-batch-size 8 --eval-interval 0 --quiet --save "$scratch/gpt2" > "$out/hf_train.log" 2>&1
 "$tpc" export --hf "$scratch/hf" "$scratch/gpt2" > "$out/hf_export.log" 2>&1
 "$tpc" sample --load "$scratch/gpt2" --prompt "The jury said the election was" --max-tokens 8 --temperature 0 \
   --dump-logits "$out/gpt2_prompt_logits.safetensors" > "$out/hf_sample.log" 2>&1

@@ -7,8 +7,9 @@ tpc="$1" model="$2" work="$3"
 mkdir -p "$work"
 log="$work/tiny_run.jsonl"
 "$tpc" run "$model" --log-jsonl "$log" --log-interval 10 | tee "$work/tiny_run.txt"
-first=$(head -n1 "$log" | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
-last=$(tail -n1 "$log" | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
+# The first and last step's loss (the log also holds valid_loss/test_loss lines of the model file's evaluations).
+first=$(grep '"loss": ' "$log" | head -n1 | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
+last=$(grep '"loss": ' "$log" | tail -n1 | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
 for key in step loss lr grad_norm tokens_per_s elapsed_s; do
   grep -q "\"$key\": " "$log" || { echo "FAIL: the JSONL log has no key $key"; exit 1; }
 done

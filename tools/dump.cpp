@@ -121,7 +121,8 @@ int runDump(std::vector<std::string> args) {
   auto model = loadModelFile(flags.positional()[0]);
   if (!model) return cli::fail("dump", model.error());
   if (Status s = cli::applyTrainingFlags(flags, model->config); !s.ok()) return cli::fail("dump", s.error());
-  const GptConfig* gpt = model->gpt ? &*model->gpt : nullptr;
+  // The early checks against the model's heads and sequence are for the standard pipeline, not --passes.
+  const GptConfig* gpt = model->gpt && !flags.has("passes") ? &*model->gpt : nullptr;
   if (Status s = cli::validateTrainingFlags(flags, model->config, gpt); !s.ok()) return cli::fail("dump", s.error());
   auto tpPolicy = cli::applyPipelineFlags(flags, model->config, PassRegistry::global(), gpt);
   if (!tpPolicy) return cli::fail("dump", tpPolicy.error());
@@ -131,7 +132,7 @@ int runDump(std::vector<std::string> args) {
   auto rank = flags.getInt("rank", 0, 1 << 20);
   if (!rank) return cli::fail("dump", rank.error());
   const TrainConfig& c = model->config;
-  if (*rank > 0 && c.tp == 1 && c.dp == 1 && !c.sp)
+  if (*rank > 0 && c.tp == 1 && c.dp == 1 && !flags.has("passes"))
     return cli::fail("dump", cat("--rank ", *rank, ": the step is not sharded, so it has rank 0 alone; give --tp/--dp to "
                                  "shard it, or drop --rank"));
   cli::warnIneffectiveFlags("dump", flags, c);

@@ -250,10 +250,16 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (!evalInterval) return cli::fail("run", evalInterval.error());
   auto evalIters = flagOrFile("eval-iters", config.evalIters, 1);
   if (!evalIters) return cli::fail("run", evalIters.error());
-  if (*evalInterval > 0 && *evalIters == 0)
-    return cli::fail("run", cat(path, ": error: config.eval_iters=0 leaves the evaluations of ",
-                                flags.has("eval-interval") ? "--eval-interval " : "config.eval_interval=", *evalInterval,
-                                " no batches; give --eval-iters N, or --eval-interval 0 for none"));
+  if (*evalInterval > 0 && *evalIters == 0) {
+    if (flags.has("eval-interval"))
+      return cli::fail("run", cat(path, ": error: config.eval_iters=0 leaves the evaluations of --eval-interval ", *evalInterval,
+                                  " no batches; give --eval-iters N"));
+    // As in Megatron-LM, eval_iters 0 means no evaluation.
+    if (!job || job->world.rank == 0)
+      std::cout << "no evaluation: the model file's eval_iters is 0 (its eval_interval " << *evalInterval
+                << " is not applied)" << std::endl;
+    *evalInterval = 0;
+  }
   auto profileStep = flags.getInt("profile-step", 0, int64_t(1) << 40);
   if (!profileStep) return cli::fail("run", profileStep.error());
   if (flags.on("save-initial") && !flags.has("save"))
@@ -264,8 +270,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (flags.on("finetune") && !flags.has("load"))
     return cli::fail("run", "--finetune takes the parameters of the checkpoint that --load names; add --load DIR");
   if (!job || job->world.rank == 0) cli::warnIneffectiveFlags("run", flags, config);
-  if (!flags.has("save") && (flags.has("save-interval") || *keep > 0))
-    return cli::fail("run", cat(flags.has("save-interval") ? "--save-interval" : "--keep",
+  if (!flags.has("save") && ((flags.has("save-interval") && *saveInterval > 0) || *keep > 0))
+    return cli::fail("run", cat(flags.has("save-interval") && *saveInterval > 0 ? "--save-interval" : "--keep",
                                 " applies to the checkpoints of --save; add --save DIR"));
   std::optional<LoadedCheckpoint> checkpoint;
   if (flags.has("load")) {
@@ -399,17 +405,18 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                                   model->gpt->vocab, "); make the dataset with it (tpc prepare --tokenizer ",
                                   config.tokenizer, ") or give --data-path of one that was"));
   auto splits = splitDocuments(config.split, dataset->numDocuments());
-  if (!splits) return cli::fail("run", "--split: " + splits.error());
+  if (!splits) return cli::fail("run", cli::flagOrFieldName(flags)("split") + ": " + splits.error());
   size_t numDocs = dataset->numDocuments();
   // Evaluation reads its own copy of the dataset (the windows of the valid and test splits).
   std::optional<DatasetBatches> validBatches, testBatches;
+  const std::string splitSetting = cat(cli::flagOrFieldName(flags)("split"), "=", config.split);
   if (*evalInterval > 0 && splits->valid.size() == 0) {
     if (flags.has("eval-interval"))
-      return cli::fail("run", cat("--eval-interval: the validation split is empty (--split ", config.split,
+      return cli::fail("run", cat("--eval-interval: the validation split is empty (", splitSetting,
                                   " over ", dataset->numDocuments(), " documents); give it a share, e.g. 949,50,1"));
     // The model file's eval_interval, as Megatron-LM's: no validation data, no evaluation.
     if (!job || job->world.rank == 0)
-      std::cout << "no evaluation: the validation split of --split " << config.split << " is empty (the model file's "
+      std::cout << "no evaluation: the validation split of " << splitSetting << " is empty (the model file's "
                 << "eval_interval " << *evalInterval << " is not applied)" << std::endl;
     *evalInterval = 0;
   }
@@ -680,7 +687,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
   if (evaluator && !testBatches)
-    std::printf("no test evaluation: the test split of --split %s is empty\n", config.split.c_str());
+    std::printf("no test evaluation: the test split of %s is empty\n", splitSetting.c_str());
   if (evaluator && testBatches) {
     auto test = evaluator->meanLoss(*backend, *testBatches, *evalIters);
     if (!test) return cli::fail("run", test.error());
@@ -691,8 +698,10 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                                                       << ", \"test_ppl\": " << std::exp(*test) << "}\n";
   }
   const auto& losses = report->losses;
-  std::printf("done: %zu steps in %s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)", losses.size(),
-              formatDuration(report->seconds).c_str(), report->tokensPerSecond, losses.front(), losses.back(),
+  std::printf("done: %zu steps in %s%s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)", losses.size(),
+              formatDuration(report->seconds).c_str(),
+              report->evalSeconds > 0 ? cat(" (", formatDuration(report->evalSeconds), " of it evaluating)").c_str() : "",
+              report->tokensPerSecond, losses.front(), losses.back(),
               100.0 * (1.0 - losses.back() / losses.front()));
   if (!report->skippedSteps.empty()) std::printf("; %zu non-finite steps skipped", report->skippedSteps.size());
   std::printf("\n");

@@ -121,9 +121,17 @@ TEST_CASE("model file: bad files give one line naming file and field", "[model_f
     expectError(replaceOnce(json, "\"producer\"", "\"bogus\": 1, \"producer\""), "gpt.json", {"unknown field", "bogus"});
     expectError(replaceOnce(json, "\"micro_batch_size\"", "\"micro_batch\": 4, \"micro_batch_size\""), "gpt.json",
                 {"micro_batch"});
-    // The schema's closest field name, where one is close.
+    // The closest field name of the table being parsed, where one is close (arch is a union: its GptArch).
     expectError(replaceOnce(json, "\"seq_length\"", "\"seq_lenght\""), "gpt.json",
                 {"unknown field: seq_lenght (did you mean \"seq_length\"?)"});
+    expectError(replaceOnce(json, "\"heads\": 4", "\"head\": 4"), "gpt.json", {"unknown field: head (did you mean \"heads\"?)"});
+    // Not a field of another table: "heads" is arch's, not config's; and no hint where nothing is close.
+    for (const char* bad : {"\"head\": 4, \"seq_length\"", "\"zzzzzzzz\": 4, \"seq_length\""}) {
+      auto r = loadModelFromBytes(replaceOnce(json, "\"seq_length\"", bad), "gpt.json");
+      REQUIRE_FALSE(r.ok());
+      CHECK(r.error().find("did you mean") == std::string::npos);
+      CHECK(r.error().substr(r.error().size() - 6) != ")");
+    }
   }
   SECTION("unknown enum value: the values the field takes") {
     expectError(replaceOnce(json, "\"kind\": \"input\"", "\"kind\": \"inputs\""), "gpt.json",
