@@ -27,8 +27,9 @@ class Evaluator {
   static Result<std::unique_ptr<Evaluator>> create(const Graph& forward, const std::string& lossOutput,
                                                    CpuOptions options);
   // On `device`, a backend not yet prepared. `passes` (a pipeline, e.g. "mixed-precision(dtype=bf16)"; may
-  // be empty) runs after the inference pass, so evaluation computes in the training's precision. The
-  // parameters start as `training`'s current ones.
+  // be empty) runs after the inference pass, so evaluation computes in the training's precision. It is
+  // prepared with zero parameters: each meanLoss copies them from the training backend it is given (device to
+  // device where both are on one GPU), so none are read here. `training` is that backend.
   static Result<std::unique_ptr<Evaluator>> create(const Graph& forward, const std::string& lossOutput,
                                                    std::unique_ptr<Backend> device, const std::string& passes,
                                                    const Backend& training);
