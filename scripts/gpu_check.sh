@@ -11,6 +11,7 @@
 # The whole GPU suite takes longer than one 600 s device call (twenty-fifth session): GPU_TESTS_SHARD=i/n runs
 # every n-th of the cases listed, from the i-th, so n calls run each case once:
 #   ONLY_TESTS=1 GPU_TESTS_SHARD=1/2 scripts/gpu_check.sh OUT1; ONLY_TESTS=1 GPU_TESTS_SHARD=2/2 scripts/gpu_check.sh OUT2
+# Exit status: 1 when a row is FAIL or NOT RUN, else 0.
 set -uo pipefail
 
 out="${1:?usage: scripts/gpu_check.sh OUTDIR}"
@@ -25,7 +26,8 @@ gpt2="$(pick "$build/models/gpt2.fb" "$build/gpt2.fb")"
 nccl_dir="$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0] + '/lib')" 2>/dev/null || true)"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${nccl_dir:+:$nccl_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 rows=()
-row() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); }
+failed=0
+row() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); case "$2" in FAIL|"NOT RUN") failed=1;; esac; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1 || true
 
@@ -86,7 +88,7 @@ if [ "${ONLY_TESTS:-0}" = 1 ]; then
   echo
   echo "== tpc GPU tests ($(head -1 "$out/gpu.txt" 2>/dev/null)); logs in $out"
   printf '%s\n' "${rows[@]}"
-  exit 0
+  exit "$failed"
 fi
 
 # 2. Equivalence: tiny.fb, same seed and data, CPU vs GPU (fp32), and tp 2 on virtual ranks vs tp 1 (GPU).
@@ -225,3 +227,6 @@ echo
 echo "== tpc GPU check ($(cat "$out/gpu.txt" 2>/dev/null | head -1)); logs in $out"
 for r in "${rows[@]}"; do echo "$r"; done
 [ -s "$out/bench.log" ] && { echo; grep -vE '^(\+|step|cuda:)' "$out/bench.log" | tail -40; }
+# Exit 1 when a row failed (or a test did not run), 0 otherwise.
+exit "$failed"
+
