@@ -249,7 +249,70 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     report.losses.push_back(loss);
     if (settings.publish) settings.publish({{"step", double(it)}, {"loss", loss}, {"lr", lr}, {"grad_norm", gradNorm}});
     if (settings.publish && scaler) settings.publish({{"loss_scale", scaler->scale()}});
+    ++stepsSinceLog;
+    bool logNow = settings.logInterval > 0 && (it % settings.logInterval == 0 || it == settings.firstIter ||
+                                               it == settings.trainIters);
+    if (logNow) {
+      auto now = Clock::now();
+      double elapsed = std::chrono::duration<double>(now - start).count();
+      double window = std::chrono::duration<double>(now - lastLog).count();
+      double tps = window > 0 ? static_cast<double>(stepsSinceLog * tokensPerStep) / window : 0;
+      int64_t done = it - settings.firstIter + 1;
+      double eta = elapsed / static_cast<double>(done) * static_cast<double>(total - done);
+      lastLog = now;
+      stepsSinceLog = 0;
+      const std::optional<Backend::StepTiming> timing = backend.lastStepTiming();
+      // Written after the next step has started (flushLog): the device does not wait for the console, the JSONL
+      // log, the metrics and the memory query. Nothing else prints in between, so the order stays.
+      pendingLog = [&, it, loss, lr, gradNorm, tps, elapsed, eta, timing]() -> Status {
+        if (settings.publish) settings.publish({{"tokens_per_s", tps}, {"elapsed_s", elapsed}});
+        // On the GPU: MFU (of the named peak) and device memory, in the console, the JSONL log and the metrics.
+        const double mfu = settings.flopsPerToken > 0 && settings.peakFlops > 0
+                               ? tps * settings.flopsPerToken / settings.peakFlops : -1;
+        const int64_t deviceMemory = backend.deviceMemoryInUse();
+        if (settings.publish && mfu >= 0) settings.publish({{"mfu", mfu}});
+        if (settings.publish && deviceMemory >= 0) settings.publish({{"gpu_memory_bytes", double(deviceMemory)}});
+        if (settings.console && settings.stepLines) {
+          char line[256];
+          std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | elapsed %s | ETA %s",
+                        static_cast<long long>(it), static_cast<long long>(settings.trainIters), loss, lr, gradNorm,
+                        formatRate(tps).c_str(), formatDuration(elapsed).c_str(), formatDuration(eta).c_str());
+          std::string extra;
+          if (mfu >= 0) {
+            char m[160];
+            std::snprintf(m, sizeof m, " | MFU %.1f%% of %s", 100.0 * mfu, settings.peakName.c_str());
+            extra += m;
+          }
+          if (scaler) {
+            char m[64];
+            std::snprintf(m, sizeof m, " | loss scale %g", scaler->scale());
+            extra += m;
+          }
+          if (deviceMemory >= 0) {
+            char m[64];
+            std::snprintf(m, sizeof m, " | GPU mem %.2f GiB", static_cast<double>(deviceMemory) / (1ull << 30));
+            extra += m;
+          }
+          console << line << extra << std::endl;
+        }
+        if (jsonl.is_open()) {
+          std::ostringstream j;
+          j << std::setprecision(9) << "{\"step\": " << it << ", \"loss\": " << loss << ", \"lr\": " << lr
+            << ", \"grad_norm\": " << (std::isfinite(gradNorm) ? gradNorm : -1.0) << ", \"tokens_per_s\": " << tps
+            << ", \"elapsed_s\": " << elapsed;
+          if (scaler) j << ", \"loss_scale\": " << scaler->scale();
+          if (mfu >= 0) j << ", \"mfu\": " << mfu;
+          if (deviceMemory >= 0) j << ", \"gpu_memory_bytes\": " << deviceMemory;
+          // The logged step's own time on the device (the CUDA backend's graph replay), to plot against the wall.
+          if (timing && timing->deviceMs >= 0) j << ", \"device_ms\": " << timing->deviceMs;
+          j << "}";
+          TPC_TRY(jsonlLine(j.str()));
+        }
+        return {};
+      };
+    }
     if (settings.evaluate && settings.evalInterval > 0 && (it % settings.evalInterval == 0 || it == settings.trainIters)) {
+      TPC_TRY(flushLog());  // this step's line before its evaluation
       auto evalStart = Clock::now();
       TPC_ASSIGN(double valid, settings.evaluate());
       if (settings.publish) settings.publish({{"valid_loss", valid}, {"valid_ppl", std::exp(valid)}});
@@ -274,67 +337,6 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       TPC_TRY(settings.afterStep(it, currentProgress(), it < settings.trainIters ? rows : 0));
       stepAsideMs += msSince(asideStart);
     }
-    ++stepsSinceLog;
-    bool logNow = settings.logInterval > 0 && (it % settings.logInterval == 0 || it == settings.firstIter ||
-                                               it == settings.trainIters);
-    if (!logNow) continue;
-    auto now = Clock::now();
-    double elapsed = std::chrono::duration<double>(now - start).count();
-    double window = std::chrono::duration<double>(now - lastLog).count();
-    double tps = window > 0 ? static_cast<double>(stepsSinceLog * tokensPerStep) / window : 0;
-    int64_t done = it - settings.firstIter + 1;
-    double eta = elapsed / static_cast<double>(done) * static_cast<double>(total - done);
-    lastLog = now;
-    stepsSinceLog = 0;
-    const std::optional<Backend::StepTiming> timing = backend.lastStepTiming();
-    // Written after the next step has started (flushLog): the device does not wait for the console, the JSONL
-    // log, the metrics and the memory query. Nothing else prints in between, so the order stays.
-    pendingLog = [&, it, loss, lr, gradNorm, tps, elapsed, eta, timing]() -> Status {
-      if (settings.publish) settings.publish({{"tokens_per_s", tps}, {"elapsed_s", elapsed}});
-      // On the GPU: MFU (of the named peak) and device memory, in the console, the JSONL log and the metrics.
-      const double mfu = settings.flopsPerToken > 0 && settings.peakFlops > 0
-                             ? tps * settings.flopsPerToken / settings.peakFlops : -1;
-      const int64_t deviceMemory = backend.deviceMemoryInUse();
-      if (settings.publish && mfu >= 0) settings.publish({{"mfu", mfu}});
-      if (settings.publish && deviceMemory >= 0) settings.publish({{"gpu_memory_bytes", double(deviceMemory)}});
-      if (settings.console && settings.stepLines) {
-        char line[256];
-        std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | elapsed %s | ETA %s",
-                      static_cast<long long>(it), static_cast<long long>(settings.trainIters), loss, lr, gradNorm,
-                      formatRate(tps).c_str(), formatDuration(elapsed).c_str(), formatDuration(eta).c_str());
-        std::string extra;
-        if (mfu >= 0) {
-          char m[160];
-          std::snprintf(m, sizeof m, " | MFU %.1f%% of %s", 100.0 * mfu, settings.peakName.c_str());
-          extra += m;
-        }
-        if (scaler) {
-          char m[64];
-          std::snprintf(m, sizeof m, " | loss scale %g", scaler->scale());
-          extra += m;
-        }
-        if (deviceMemory >= 0) {
-          char m[64];
-          std::snprintf(m, sizeof m, " | GPU mem %.2f GiB", static_cast<double>(deviceMemory) / (1ull << 30));
-          extra += m;
-        }
-        console << line << extra << std::endl;
-      }
-      if (jsonl.is_open()) {
-        std::ostringstream j;
-        j << std::setprecision(9) << "{\"step\": " << it << ", \"loss\": " << loss << ", \"lr\": " << lr
-          << ", \"grad_norm\": " << (std::isfinite(gradNorm) ? gradNorm : -1.0) << ", \"tokens_per_s\": " << tps
-          << ", \"elapsed_s\": " << elapsed;
-        if (scaler) j << ", \"loss_scale\": " << scaler->scale();
-        if (mfu >= 0) j << ", \"mfu\": " << mfu;
-        if (deviceMemory >= 0) j << ", \"gpu_memory_bytes\": " << deviceMemory;
-        // The logged step's own time on the device (the CUDA backend's graph replay), to plot against the wall.
-        if (timing && timing->deviceMs >= 0) j << ", \"device_ms\": " << timing->deviceMs;
-        j << "}";
-        TPC_TRY(jsonlLine(j.str()));
-      }
-      return {};
-    };
   }
   TPC_TRY(flushLog());
   if (total > 0) closeStep(settings.trainIters);

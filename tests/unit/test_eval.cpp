@@ -63,6 +63,8 @@ TEST_CASE("eval: the model file's eval_interval, eval_iters and save_interval ar
   CHECK(r.out.find("  eval: every 2 steps, 1 batches of the validation split") != std::string::npos);
   CHECK(r.out.find("eval at step 2 | valid loss ") != std::string::npos);
   CHECK(r.out.find("eval at step 4 | valid loss ") != std::string::npos);
+  // As in Megatron-LM: a step's line, then its evaluation.
+  CHECK(r.out.find("step      4/4 | loss ") < r.out.find("eval at step 4 | valid loss "));
   CHECK(r.out.find("(1 batches of the test split)") != std::string::npos);
   CHECK(std::filesystem::exists(dir / "ck/iter_0000002"));  // save_interval 2
   CHECK(std::filesystem::exists(dir / "ck/iter_0000004"));
