@@ -637,7 +637,13 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     }
 #endif
     if (*backendKind != BackendKind::Cuda) e = Evaluator::create(*model->forward, model->lossOutput, cpu);
-    if (!e) return cli::fail("run", e.error());
+    // Evaluation is on by default where the model file asks for it: say how to turn it off (it holds a
+    // parameter copy and forward activations of its own on the GPU, which a run at its memory's edge may lack).
+    if (!e)
+      return cli::fail("run", cat("evaluation: ", e.error(),
+                                  flags.has("eval-interval") ? std::string()
+                                                             : cat(" (the model file's eval_interval ", *evalInterval,
+                                                                   " asks for it; --eval-interval 0 turns it off)")));
     evaluator = std::move(*e);
     std::cout << "  eval: every " << *evalInterval << " steps, " << *evalIters << " batches of the validation split, on "
               << evaluator->where() << std::endl;
