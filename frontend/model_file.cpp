@@ -396,13 +396,30 @@ std::string enclosingKey(const std::string& text, size_t at) {
   return "";
 }
 
-// What flatbuffers' message leaves out, from the schema: the values of the enum the field `key` takes, or the
-// field of the enclosing table (`table`: the key holding it, "" for the root) closest to an unknown one.
+// The tables a JSON object may be: the root (`table` empty), or the type of the field named `table` (each member
+// of a union's).
+std::vector<const flatbuffers::StructDef*> tablesOf(const std::string& table, const flatbuffers::Parser& schema) {
+  if (table.empty()) return {schema.root_struct_def_};
+  std::vector<const flatbuffers::StructDef*> in;
+  for (const flatbuffers::StructDef* sd : schema.structs_.vec)
+    for (const flatbuffers::FieldDef* f : sd->fields.vec) {
+      if (f->name != table || !in.empty()) continue;
+      if (f->value.type.struct_def) in.push_back(f->value.type.struct_def);
+      if (const flatbuffers::EnumDef* e = f->value.type.enum_def; e && e->is_union)
+        for (const flatbuffers::EnumVal* v : e->Vals())
+          if (v->union_type.struct_def) in.push_back(v->union_type.struct_def);
+    }
+  return in;
+}
+
+// What flatbuffers' message leaves out, from the schema's tables for the enclosing object (`table`: the key
+// holding it, "" for the root): the values of the enum the field `key` takes, or the field closest to an unknown one.
 std::string schemaHint(const std::string& what, const std::string& key, const std::string& table,
                        const flatbuffers::Parser& schema) {
   const std::string badEnum = "unknown enum value: ", badField = "unknown field: ";
+  const std::vector<const flatbuffers::StructDef*> in = tablesOf(table, schema);
   if (what.rfind(badEnum, 0) == 0 && !key.empty()) {
-    for (const flatbuffers::StructDef* sd : schema.structs_.vec)
+    for (const flatbuffers::StructDef* sd : in)
       for (const flatbuffers::FieldDef* f : sd->fields.vec) {
         const flatbuffers::EnumDef* e = f->value.type.enum_def;
         if (f->name != key || !e || e->is_union) continue;
@@ -412,17 +429,6 @@ std::string schemaHint(const std::string& what, const std::string& key, const st
       }
   }
   if (what.rfind(badField, 0) == 0) {
-    // The tables it may be: the root, or the type of the field named `table` (each member of a union's).
-    std::vector<const flatbuffers::StructDef*> in;
-    if (table.empty()) in.push_back(schema.root_struct_def_);
-    for (const flatbuffers::StructDef* sd : schema.structs_.vec)
-      for (const flatbuffers::FieldDef* f : sd->fields.vec) {
-        if (f->name != table || !in.empty()) continue;
-        if (f->value.type.struct_def) in.push_back(f->value.type.struct_def);
-        if (const flatbuffers::EnumDef* e = f->value.type.enum_def; e && e->is_union)
-          for (const flatbuffers::EnumVal* v : e->Vals())
-            if (v->union_type.struct_def) in.push_back(v->union_type.struct_def);
-      }
     const std::string name = what.substr(badField.size());
     std::string best;
     size_t bestDistance = std::max<size_t>(1, name.size() / 3) + 1;

@@ -316,9 +316,10 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       auto evalStart = Clock::now();
       TPC_ASSIGN(double valid, settings.evaluate());
       if (settings.publish) settings.publish({{"valid_loss", valid}, {"valid_ppl", std::exp(valid)}});
-      lastLog += Clock::now() - evalStart;  // tokens/s counts training time only
-      report.evalSeconds += std::chrono::duration<double>(Clock::now() - evalStart).count();
-      stepAsideMs += msSince(evalStart);
+      const auto evalTime = Clock::now() - evalStart;
+      lastLog += evalTime;  // tokens/s counts training time only
+      report.evalSeconds += std::chrono::duration<double>(evalTime).count();
+      stepAsideMs += std::chrono::duration<double, std::milli>(evalTime).count();
       if (settings.console) {
         char line[160];
         std::snprintf(line, sizeof line, "eval at step %lld | valid loss %.4f | valid ppl %.3f",

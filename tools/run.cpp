@@ -228,9 +228,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (!model) return cli::fail("run", model.error());
   TrainConfig& config = model->config;
   if (Status s = cli::applyTrainingFlags(flags, config); !s.ok()) return cli::fail("run", s.error());
-  if (Status s = cli::validateTrainingFlags(flags, config, model->gpt ? &*model->gpt : nullptr); !s.ok())
-    return cli::fail("run", s.error());
-  auto tpPolicy = cli::applyPipelineFlags(flags, config, PassRegistry::global(), model->gpt ? &*model->gpt : nullptr);
+  const GptConfig* gpt = model->gpt ? &*model->gpt : nullptr;
+  if (Status s = cli::validateTrainingFlags(flags, config, gpt); !s.ok()) return cli::fail("run", s.error());
+  auto tpPolicy = cli::applyPipelineFlags(flags, config, PassRegistry::global(), gpt);
   if (!tpPolicy) return cli::fail("run", tpPolicy.error());
   auto accum = accumulationSteps(config);
   if (!accum) return cli::fail("run", accum.error());
@@ -266,13 +266,13 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     return cli::fail("run", "--save-initial writes iteration 0 into the --save folder; add --save DIR");
   if (flags.on("save-initial") && flags.has("load"))
     return cli::fail("run", "--save-initial writes the initial state of a fresh run; drop it when resuming with --load");
-  // The model file's save_interval applies when the run saves; the flags are refused without --save.
   if (flags.on("finetune") && !flags.has("load"))
     return cli::fail("run", "--finetune takes the parameters of the checkpoint that --load names; add --load DIR");
   if (!job || job->world.rank == 0) cli::warnIneffectiveFlags("run", flags, config);
-  if (!flags.has("save") && ((flags.has("save-interval") && *saveInterval > 0) || *keep > 0))
-    return cli::fail("run", cat(flags.has("save-interval") && *saveInterval > 0 ? "--save-interval" : "--keep",
-                                " applies to the checkpoints of --save; add --save DIR"));
+  // The model file's save_interval applies when the run saves; the flags are refused without --save.
+  const bool intervalGiven = flags.has("save-interval") && *saveInterval > 0;
+  if (!flags.has("save") && (intervalGiven || *keep > 0))
+    return cli::fail("run", cat(intervalGiven ? "--save-interval" : "--keep", " applies to the checkpoints of --save; add --save DIR"));
   std::optional<LoadedCheckpoint> checkpoint;
   if (flags.has("load")) {
     auto c = loadCheckpoint(flags.get("load"));
@@ -404,12 +404,12 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       return cli::fail("run", cat(s.error(), ": the model's tokenizer is '", config.tokenizer, "' (vocabulary ",
                                   model->gpt->vocab, "); make the dataset with it (tpc prepare --tokenizer ",
                                   config.tokenizer, ") or give --data-path of one that was"));
+  const std::string splitName = cli::flagOrFieldName(flags)("split"), splitSetting = cat(splitName, "=", config.split);
   auto splits = splitDocuments(config.split, dataset->numDocuments());
-  if (!splits) return cli::fail("run", cli::flagOrFieldName(flags)("split") + ": " + splits.error());
+  if (!splits) return cli::fail("run", splitName + ": " + splits.error());
   size_t numDocs = dataset->numDocuments();
   // Evaluation reads its own copy of the dataset (the windows of the valid and test splits).
   std::optional<DatasetBatches> validBatches, testBatches;
-  const std::string splitSetting = cat(cli::flagOrFieldName(flags)("split"), "=", config.split);
   if (*evalInterval > 0 && splits->valid.size() == 0) {
     if (flags.has("eval-interval"))
       return cli::fail("run", cat("--eval-interval: the validation split is empty (", splitSetting,
