@@ -334,6 +334,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       }
     }
     if (settings.afterStep) {
+      if (settings.afterStepPrintsAt && settings.afterStepPrintsAt(it)) TPC_TRY(flushLog());
       const auto asideStart = Clock::now();
       TPC_TRY(settings.afterStep(it, currentProgress(), it < settings.trainIters ? rows : 0));
       stepAsideMs += msSince(asideStart);

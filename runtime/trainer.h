@@ -63,6 +63,9 @@ struct TrainerSettings {
   // the backend runs this one; 0 after the last step), which a checkpoint's data position leaves out
   // (checkpoints hang here).
   std::function<Status(int64_t iteration, const OptimizerProgress&, int64_t rowsReadAhead)> afterStep;
+  // The iterations at which afterStep prints (a checkpoint's "saved checkpoint" line): the step's own line is
+  // written before it there, not after the next step has started, so that the console reads in order.
+  std::function<bool(int64_t iteration)> afterStepPrintsAt;
   OnNonFinite onNonFinite = OnNonFinite::Stop;
   // Dynamic loss scaling (fp16), for a step graph with input %loss_scale: a non-finite step is an overflow,
   // skipped whatever onNonFinite says, and halves the scale; the run fails when it would go below the minimum.

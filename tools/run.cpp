@@ -678,11 +678,13 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (settings.logInterval > 0 && settings.stepLines) std::cout << "saved checkpoint " << saveDir << " iteration " << it << std::endl;
     return {};
   };
-  if (!saveDir.empty())
+  auto savesAt = [&](int64_t it) { return it == config.trainIters || (*saveInterval > 0 && it % *saveInterval == 0); };
+  if (!saveDir.empty()) {
     settings.afterStep = [&](int64_t it, const OptimizerProgress& progress, int64_t rowsReadAhead) -> Status {
-      if (it != config.trainIters && (*saveInterval == 0 || it % *saveInterval != 0)) return {};
-      return saveAt(it, progress, rowsReadAhead);
+      return savesAt(it) ? saveAt(it, progress, rowsReadAhead) : Status{};
     };
+    settings.afterStepPrintsAt = savesAt;
+  }
   if (flags.on("save-initial")) {
     OptimizerProgress initial;
     if (lossScaling) initial.lossScale = lossScaling->initial;

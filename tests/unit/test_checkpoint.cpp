@@ -79,6 +79,15 @@ TEST_CASE("checkpoint: a run resumed from a mid-run save is bit-identical to an 
   const std::string d = dir.path.string();
   auto full = test::runTiny("--train-iters 6 --save-interval 2 --save " + d + "/ck --log-jsonl " + d + "/full.jsonl");
   REQUIRE(full.exitCode == 0);
+  // The console in order: each step's line, then its save (the line used to wait for the next step).
+  for (const char* it : {"2", "4", "6"}) {
+    INFO(full.out);
+    size_t line = full.out.find(std::string("step      ") + it + "/6 |");
+    size_t saved = full.out.find("saved checkpoint " + d + "/ck iteration " + it + "\n");
+    REQUIRE(line != std::string::npos);
+    REQUIRE(saved != std::string::npos);
+    CHECK(line < saved);
+  }
   auto resumed = test::runTiny("--train-iters 6 --load " + d + "/ck/iter_0000002 --log-jsonl " + d + "/part.jsonl");
   REQUIRE(resumed.exitCode == 0);
   auto a = test::jsonlField(test::readFile(d + "/full.jsonl"), "loss");
