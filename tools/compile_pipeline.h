@@ -25,8 +25,8 @@ std::string standardPipeline(const ModelFile& model, int64_t accum, std::optiona
 // The passes that make evaluation's graph (the forward graph after the inference pass) compute as the
 // training step does: the tp policy and sequence parallelism, bf16 under `precision` "bf16" (fp16 and fp32
 // runs evaluate in fp32), and data-parallel, so that with --tp/--dp/--sp it is sharded over the training's
-// mesh with the same placement of every parameter (the evaluator then copies each rank's parameter blocks
-// from the training backend device to device). Empty for an unsharded fp32 run.
+// mesh with the same placement of every parameter (the evaluator then reads or copies each rank's parameter
+// blocks in the training backend's memory), and fold-vocab-padding, as the training step has.
 std::string evaluationPipeline(const ModelFile& model, const std::string& precision,
                                const std::string& tpPolicy = "megatron-tp");
 

@@ -79,6 +79,33 @@ TEST_CASE("eval on a backend: equal to the CPU executor's, parameters copied at 
   CHECK(*low != *full);  // it did compute in bf16
   CHECK(std::abs(*low - *full) <= 2e-2 * *full);
 
+  // With fold-vocab-padding, as tpc run's evaluation pipeline always has it: the loss reads the padded logits
+  // in place, without the slice of them to the vocabulary that the graph has otherwise; the same loss.
+  auto evaluatorAfter = [&](const std::string& passes, bool& slicesLogits) {
+    auto e = Evaluator::create(
+        *m.forward, m.lossOutput,
+        [&](Graph& evaluated) -> Result<std::unique_ptr<Backend>> {
+          slicesLogits = false;
+          for (const Node* n : evaluated.nodeVector())
+            slicesLogits |= n->op() == OpKind::Slice && n->operand(0)->shape().back() == g.paddedVocab;
+          return createCpuBackend(co);
+        },
+        passes, *training);
+    INFO(passes << ": " << (e.ok() ? std::string() : e.error()));
+    REQUIRE(e.ok());
+    return std::move(*e);
+  };
+  bool slicedBefore = false, slicedAfter = true;
+  evaluatorAfter("dce", slicedBefore);
+  auto folded = evaluatorAfter("dce,fold-vocab-padding", slicedAfter);
+  CHECK(slicedBefore);
+  CHECK_FALSE(slicedAfter);
+  FixedBatches c, d;
+  auto unfolded = (*onExec)->meanLoss(*training, c, 2), inPlace = folded->meanLoss(*training, d, 2);
+  REQUIRE(unfolded.ok());
+  REQUIRE(inPlace.ok());
+  CHECK(std::abs(*inPlace - *unfolded) <= 1e-6 * *unfolded);
+
   // A state write names the tensor and what does not fit.
   auto other = createCpuBackend(co);
   REQUIRE(other->prepare(*step, state).ok());
