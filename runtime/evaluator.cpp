@@ -59,9 +59,9 @@ Result<std::unique_ptr<Evaluator>> Evaluator::create(const Graph& forward, const
   TPC_ASSIGN(auto e, inferenceGraph(forward, lossOutput, passes));
   TPC_ASSIGN(std::unique_ptr<Backend> device, makeBackend(*e->graph_));
   if (!device) return makeError("evaluation: no backend to run on");
-  // Zeros, not the training's values: every evaluation copies the parameters from `training` first
-  // (deviceMeanLoss), and reading them here cost a device-to-host and a host-to-device copy of the whole
-  // model (6.7 s of a warm gpt2-xl start on an H100).
+  // Zeros, not the training's values: every evaluation takes the parameters from `training` first
+  // (deviceMeanLoss; nothing to take where the backend reads the training's buffers), and reading them here
+  // cost a device-to-host and a host-to-device copy of the whole model (6.7 s of a warm gpt2-xl start on an H100).
   TensorMap state;
   for (const Value* p : e->graph_->params()) state[p->name()] = HostTensor(p->type());
   TPC_TRY(device->prepare(*e->graph_, state));

@@ -6,7 +6,8 @@
 // - on a backend of the training's own kind (the CUDA backend on a GPU), prepared once with the forward
 //   graph (sharded as the training step is where `tpc run` shards it, on the same ranks), its parameters
 //   replaced before each evaluation with Backend::copyStateFrom (device to device, rank by rank, where the
-//   training backend holds the same blocks).
+//   training backend holds the same blocks; nothing at all where the device backend reads the training's
+//   own buffers, CudaOptions::stateSource).
 #pragma once
 
 #include <functional>
@@ -28,8 +29,9 @@ class Evaluator {
                                                    CpuOptions options);
   // On `device`, a backend not yet prepared. `passes` (a pipeline, e.g. "mixed-precision(dtype=bf16)"; may
   // be empty) runs after the inference pass, so evaluation computes in the training's precision. It is
-  // prepared with zero parameters: each meanLoss copies them from the training backend it is given (device to
-  // device where both are on one GPU), so none are read here. `training` is that backend.
+  // prepared with zero parameters: each meanLoss takes them from the training backend it is given (nothing to
+  // do where `device` reads the training's own buffers, a copy device to device where both are on one GPU), so
+  // none are read here. `training` is that backend.
   static Result<std::unique_ptr<Evaluator>> create(const Graph& forward, const std::string& lossOutput,
                                                    std::unique_ptr<Backend> device, const std::string& passes,
                                                    const Backend& training);

@@ -614,9 +614,11 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
 #ifdef TPC_HAVE_CUDA
     // On the GPU the evaluation runs there too, on the training's ranks and GPUs: the forward graph in the
     // training's precision, sharded as the training step is (the same mesh, policy and placements), each
-    // rank's parameter blocks copied device to device from the training backend before each evaluation.
+    // rank reading its parameter blocks in the training backend's memory (CudaOptions::stateSource), or
+    // copying them device to device before each evaluation where the blocks differ.
     if (*backendKind == BackendKind::Cuda) {
       CudaOptions cuda;
+      cuda.stateSource = backend.get();
       cuda.seed = config.seed;
       cuda.verbose = false;
       cuda.collectives = flags.get("collectives");
@@ -637,8 +639,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     }
 #endif
     if (*backendKind != BackendKind::Cuda) e = Evaluator::create(*model->forward, model->lossOutput, cpu);
-    // Evaluation is on by default where the model file asks for it: say how to turn it off (it holds a
-    // parameter copy and forward activations of its own on the GPU, which a run at its memory's edge may lack).
+    // Evaluation is on by default where the model file asks for it: say how to turn it off (it holds forward
+    // activations of its own on the GPU, which a run at its memory's edge may lack).
     if (!e)
       return cli::fail("run", cat("evaluation: ", e.error(),
                                   flags.has("eval-interval") ? std::string()

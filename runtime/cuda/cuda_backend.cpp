@@ -169,6 +169,8 @@ struct Rank {
   // The casts of parameters whose 16-bit copies the AdamW kernels keep (adamw_groups.h): their results live
   // in the state block, after the parameters, from one step to the next.
   llvm::SetVector<const Value*> copies;
+  // Parameters read from CudaOptions::stateSource's buffers: not in `state`, never written here.
+  std::set<std::string> borrowed;
   std::vector<size_t> inputOffset;  // graph input k's place in its device's pinned block
   // Rank 0's outputs that finishStep() returns (those that do not update a parameter): name, value, and
   // their place in the pinned block.
@@ -502,6 +504,7 @@ class CudaBackend final : public Backend {
         }
       }
     }
+    borrowState();
     std::vector<StepMemoryPlan> plans(ranks_.size());
     for (size_t r = 0; r < ranks_.size(); ++r)
       TPC_TRY(planRank(r, lowerings[r], plans[r]));
@@ -774,6 +777,7 @@ class CudaBackend final : public Backend {
   // Each rank's slice of `value`, uploaded into that rank's buffer (as prepare() does with the initial state).
   Status writeState(const std::string& name, const HostTensor& value) override {
     if (!prepared_ || !ranks_[0].params.count(name)) return makeError("cuda backend: no state tensor named '", name, "'");
+    TPC_TRY(refuseBorrowed(name, nullptr));
     copiesFresh_ = false;
     const Mesh& mesh = ranks_[0].graph->mesh();
     for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -806,13 +810,24 @@ class CudaBackend final : public Backend {
     return std::nullopt;
   }
 
-  // Device to device, rank by rank, when the source holds every one of our ranks' blocks on the same GPU,
+  // Nothing for a parameter read in the source's own buffers (CudaOptions::stateSource, borrowState). Else
+  // device to device, rank by rank, when the source holds every one of our ranks' blocks on the same GPU,
   // in our dtype and layout (the same mesh and placement: an evaluator sharded as the training is, or both
   // unsharded); through the host otherwise. The source's step() has finished (it waits for its replay), and
   // the copies are on our streams, ahead of our next replay. Under mpirun every process decides alike (the
   // processes run one program), so none waits alone in the host path's gather.
   Status copyStateFrom(const Backend& source, const std::string& name) override {
     if (!prepared_ || !ranks_[0].params.count(name)) return Backend::copyStateFrom(source, name);
+    TPC_TRY(refuseBorrowed(name, &source));
+    if (ranks_[0].borrowed.count(name)) {  // the source's own buffers (every rank's): nothing to copy, if still theirs
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        auto [p, buf] = ranks_[r].params.at(name);
+        if (sourceBlock(r, *p) != buf)
+          return makeError("cuda backend: ", rankPrefix(r), "parameter '", name, "' was read from ", source.name(),
+                           "'s memory, which no longer holds it (was that backend prepared again?)");
+      }
+      return {};
+    }
     copiesFresh_ = false;
     std::vector<DeviceTensor> from;
     for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -871,6 +886,47 @@ class CudaBackend final : public Backend {
     if (mesh.empty()) return "";
     return mesh.str() + " " + (p.placement() ? p.placement()->str() : std::string("R"));
   }
+  // A parameter read from CudaOptions::stateSource's buffers takes no value but the source's own (`from`):
+  // writing it would write the source's state. OK when it is not borrowed (borrowState: all ranks or none).
+  Status refuseBorrowed(const std::string& name, const Backend* from) const {
+    if (!ranks_[0].borrowed.count(name) || from == options_.stateSource) return {};
+    return makeError("cuda backend: parameter '", name, "' is read from ", options_.stateSource->name(),
+                     "'s memory (CudaOptions::stateSource) and cannot be written here");
+  }
+
+  // CudaOptions::stateSource's buffer of rank r's block of `p`, where it matches ours: on r's GPU, in p's dtype
+  // and layout; nullptr otherwise.
+  const void* sourceBlock(size_t r, const Value& p) const {
+    auto f = options_.stateSource->deviceState(p.name(), meshRank(r));
+    if (!f || f->device != dev(r).device || f->type.dtype != p.dtype() || f->type.numel() != p.type().numel() ||
+        f->layout != blockLayout(p))
+      return nullptr;
+    return f->data;
+  }
+
+  // The parameters this backend reads in CudaOptions::stateSource's buffers instead of its own (Rank::borrowed):
+  // those no output of the step replaces (nothing of ours writes them) whose every rank's block the source holds
+  // as we would. All ranks or none, so that a parameter is either the source's alone or copied as a whole.
+  void borrowState() {
+    if (!options_.stateSource || options_.stateSource == this) return;
+    std::set<std::string> replaced;
+    for (size_t i = 0; i < ranks_[0].graph->outputs().size(); ++i) replaced.insert(ranks_[0].graph->outputName(i));
+    for (size_t k = 0; k < ranks_[0].graph->params().size(); ++k) {
+      const std::string& name = ranks_[0].graph->params()[k]->name();
+      if (replaced.count(name)) continue;
+      std::vector<const void*> blocks;
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        const Value* p = ranks_[r].graph->params()[k];
+        if (const void* b = p->name() == name ? sourceBlock(r, *p) : nullptr) blocks.push_back(b);
+      }
+      if (blocks.size() != ranks_.size()) continue;
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        ranks_[r].params[name] = {ranks_[r].graph->params()[k], const_cast<void*>(blocks[r])};
+        ranks_[r].borrowed.insert(name);
+      }
+    }
+  }
+
   // One process per mesh rank (CudaOptions::processRank): ranks_ holds this process's rank alone.
   bool processMode() const { return options_.processRank >= 0; }
   // The mesh rank of ranks_[r], and how many the mesh has (1 without a mesh).
@@ -1235,6 +1291,7 @@ class CudaBackend final : public Backend {
     Rank& rk = ranks_[r];
     const Graph& g = *rk.graph;
     for (Value* p : g.params()) {
+      if (rk.borrowed.count(p->name())) continue;  // borrowState() set its buffer
       rk.params[p->name()] = {p, nullptr};
       rk.stateBytes += (p->type().bytes() + 255) / 256 * 256;
     }
@@ -1290,6 +1347,10 @@ class CudaBackend final : public Backend {
     int64_t stateOffset = 0;
     bool drew = false;
     for (Value* p : rk.graph->params()) {
+      if (rk.borrowed.count(p->name())) {  // CudaOptions::stateSource's buffer (planRank): nothing to upload
+        rk.addr[p] = rk.params[p->name()].second;
+        continue;
+      }
       auto it = state.find(p->name());
       if (it == state.end())
         return makeError("cuda backend: no initial value for parameter %", p->name(), " of graph @", rk.graph->name());
@@ -1942,6 +2003,7 @@ class CudaBackend final : public Backend {
       rk.allocations.clear();
       rk.addr.clear();
       rk.params.clear();
+      rk.borrowed.clear();
       rk.segments.clear();
       rk.collectives.clear();
       rk.groups.clear();

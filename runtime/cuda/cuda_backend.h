@@ -84,6 +84,12 @@ struct CudaOptions {
   // order. -1: every rank of the mesh in this process.
   int64_t processRank = -1;
   std::function<Status(const void* in, int64_t bytes, void* out)> allGatherWorld;
+  // The backend whose parameters this one reads (tpc run's evaluator: the training backend, which must outlive
+  // this one). A parameter that no output of this backend's step replaces, of which `stateSource` holds a rank's
+  // block on the same GPU in the same dtype and layout (Backend::deviceState), is read from that buffer: this
+  // backend holds no memory for it and copyStateFrom(stateSource) has nothing to copy. Such a parameter cannot
+  // be written here (writeState, copyStateFrom from another backend). nullptr: every parameter has its own buffer.
+  const Backend* stateSource = nullptr;
 };
 
 // The captured step of GPU 0, for tests: its launches, those on the communication stream, the collectives,

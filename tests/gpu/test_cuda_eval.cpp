@@ -2,7 +2,8 @@
 // an evaluation every 2 steps gets, from the evaluator on a second CudaBackend, the validation losses the
 // CPU evaluator computes from the same parameters (1e-4 relative in fp32), single-rank (parameters copied
 // device to device) and tp 2 on virtual ranks (unsharded: through the host; sharded as the training is: each
-// rank's blocks device to device).
+// rank's blocks device to device). Then the evaluator tpc run makes, which reads the training backend's
+// parameter buffers instead of copying them (CudaOptions::stateSource).
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -125,6 +126,184 @@ TEST_CASE("cuda eval: validation losses on the GPU equal the CPU evaluator's on 
       CHECK(worstRanks <= 1e-4);
     }
     CHECK(gpu[2] < gpu[0]);  // the parameters are taken anew each time: training shows
+  }
+}
+
+}  // namespace tpc
+
+namespace tpc {
+namespace {
+
+// Free memory on the current GPU.
+int64_t freeGpuBytes() {
+  size_t freeB = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&freeB, &total) == cudaSuccess);
+  return static_cast<int64_t>(freeB);
+}
+
+}  // namespace
+
+// tpc run's evaluator reads the training backend's parameter buffers (CudaOptions::stateSource) instead of
+// holding a copy of the model: the same validation losses as an evaluator with copies, bit for bit; the
+// training's losses bit-identical to a run without evaluation (the evaluator wrote nothing of the training's);
+// its blocks at the training's addresses; the model's bytes less GPU memory; no way to write a borrowed block.
+TEST_CASE("cuda eval: an evaluator reading the training's parameter buffers holds no copy and changes nothing",
+          "[gpu][eval]") {
+  test::requireGpuOrSkip();
+  struct Case {
+    int64_t tp;
+    std::string precision;  // "" (fp32) or "mixed-precision(dtype=bf16),"
+  };
+  for (const Case& c : {Case{1, ""}, Case{1, "mixed-precision(dtype=bf16),"}, Case{2, "mixed-precision(dtype=bf16),"}}) {
+    INFO("tp " << c.tp << " " << c.precision);
+    ModelFile m = tinyGpt();
+    const std::string evalPasses = test::megatronTp(c.tp) + c.precision + "cse,dce";
+    std::unique_ptr<Graph> step = m.forward->clone();
+    test::runPasses(*step, test::megatronTp(c.tp) + c.precision + "autodiff(loss=" + m.lossOutput + ", clip-grad=1.0),cse,dce");
+    CudaOptions o;
+    o.seed = 5;
+    o.verbose = false;
+    o.collectives = "virtual";
+    auto trainingBackend = [&]() {
+      auto b = createCudaBackend(test::rankGraphs(*step), o);
+      TensorMap state;
+      for (const Value* p : step->params()) state[p->name()] = initParam(*p, 3);
+      Status s = b->prepare(*step, state);
+      INFO((s.ok() ? std::string() : s.error()));
+      REQUIRE(s.ok());
+      return b;
+    };
+    auto evaluator = [&](const Backend* source, const Backend& training) {
+      CudaOptions eo = o;
+      eo.stateSource = source;
+      auto ranksOf = [&](Graph& eval) -> Result<std::unique_ptr<Backend>> {
+        if (eval.mesh().empty()) return createCudaBackend({}, eo);
+        TPC_ASSIGN(auto evalRanks, partitionRanks(eval));
+        return createCudaBackend(std::move(evalRanks), eo);
+      };
+      auto e = Evaluator::create(*m.forward, m.lossOutput, ranksOf, evalPasses, training);
+      INFO((e.ok() ? std::string() : e.error()));
+      REQUIRE(e.ok());
+      return std::move(*e);
+    };
+
+    auto plain = trainingBackend();  // trained without evaluation
+    auto training = trainingBackend();
+    std::unique_ptr<Evaluator> copying = evaluator(nullptr, *training), reading = evaluator(training.get(), *training);
+    std::vector<double> copied, read;
+    TrainerSettings t = test::shortRun(6, 3e-3);
+    t.evalInterval = 2;
+    t.evaluate = [&]() -> Result<double> {
+      FixedBatches a, b;
+      TPC_ASSIGN(double r, reading->meanLoss(*training, a, 3));
+      TPC_ASSIGN(double k, copying->meanLoss(*training, b, 3));
+      read.push_back(r);
+      copied.push_back(k);
+      return r;
+    };
+    FixedBatches d1, d2;
+    std::ostringstream console;
+    auto withEval = train(*training, *step, d1, t, console);
+    INFO(console.str() << (withEval.ok() ? std::string() : withEval.error()));
+    REQUIRE(withEval.ok());
+    TrainerSettings noEval = test::shortRun(6, 3e-3);
+    auto without = train(*plain, *step, d2, noEval, console);
+    REQUIRE(without.ok());
+    REQUIRE(read.size() == 3);
+    CHECK(read == copied);  // bit for bit: the same parameters, the same kernels
+    CHECK(read[2] < read[0]);  // each evaluation sees the training's current parameters
+    CHECK(withEval->losses == without->losses);
+    WARN("tp " << c.tp << " " << c.precision << ": valid losses " << read[0] << ", " << read[1] << ", " << read[2]
+               << "; training losses equal to the run without evaluation: " << (withEval->losses == without->losses));
+  }
+}
+
+// The same evaluators' backends directly, unsharded and tp 2 on virtual ranks: where each rank's block lives,
+// the memory, the loss and the refusals.
+TEST_CASE("cuda eval: a backend reading another's parameters uses its buffers and refuses to write them", "[gpu][eval]") {
+  test::requireGpuOrSkip();
+  // A vocabulary large enough that the parameters (about 18M, 72 MiB in f32) stand out of the allocations'
+  // granularity in cudaMemGetInfo.
+  GptConfig g = test::smallGpt();
+  g.hidden = 256;
+  g.heads = 4;
+  g.vocab = 65536;
+  g.paddedVocab = 65536;
+  ModelFile m = test::gptModel(g, 2);
+  for (int64_t tp : {1, 2}) {
+    INFO("tp " << tp);
+    std::unique_ptr<Graph> step = m.forward->clone();
+    test::runPasses(*step, test::megatronTp(tp) + "mixed-precision(dtype=bf16),autodiff(loss=" + m.lossOutput +
+                               ", clip-grad=1.0),cse,dce");
+    CudaOptions o;
+    o.seed = 5;
+    o.verbose = false;
+    o.collectives = "virtual";
+    auto training = createCudaBackend(test::rankGraphs(*step), o);
+    TensorMap state;
+    for (const Value* p : step->params()) state[p->name()] = initParam(*p, 3);
+    Status s = training->prepare(*step, state);
+    INFO((s.ok() ? std::string() : s.error()));
+    REQUIRE(s.ok());
+    std::unique_ptr<Graph> eval = m.forward->clone();
+    test::runPasses(*eval, "inference," + test::megatronTp(tp) + "mixed-precision(dtype=bf16),cse,dce,fold-vocab-padding");
+    int64_t paramBytes = 0;
+    TensorMap zeros;
+    for (const Value* p : eval->params()) {
+      paramBytes += p->type().bytes();
+      zeros[p->name()] = HostTensor(p->type());
+    }
+    auto prepared = [&](const Backend* source) {
+      CudaOptions eo = o;
+      eo.stateSource = source;
+      auto b = createCudaBackend(test::rankGraphs(*eval), eo);
+      Status st = b->prepare(*eval, zeros);
+      INFO((st.ok() ? std::string() : st.error()));
+      REQUIRE(st.ok());
+      return b;
+    };
+    auto warm = prepared(nullptr);  // the first backend's one-time allocations (libraries, modules) out of the way
+    int64_t before = freeGpuBytes();
+    auto copying = prepared(nullptr);
+    int64_t copyingBytes = before - freeGpuBytes();
+    before = freeGpuBytes();
+    auto reading = prepared(training.get());
+    int64_t readingBytes = before - freeGpuBytes();
+    WARN("tp " << tp << ": parameters " << paramBytes / 1048576.0 << " MiB; GPU memory of a backend with its own copy "
+               << copyingBytes / 1048576.0 << " MiB, reading the training's " << readingBytes / 1048576.0 << " MiB");
+    CHECK(copyingBytes - readingBytes >= paramBytes * 9 / 10);
+
+    for (const Value* p : eval->params()) {
+      for (int64_t rank = 0; rank < tp; ++rank) {
+        INFO(p->name() << " rank " << rank);
+        auto mine = reading->deviceState(p->name(), rank), theirs = training->deviceState(p->name(), rank);
+        REQUIRE(mine.has_value());
+        REQUIRE(theirs.has_value());
+        CHECK(mine->data == theirs->data);
+        CHECK(copying->deviceState(p->name(), rank)->data != theirs->data);
+      }
+      CHECK(reading->copyStateFrom(*training, p->name()).ok());  // nothing to copy: the same memory
+    }
+    if (tp > 1) CHECK(training->deviceState("h.0.mlp.c_fc.weight", 1)->layout.find("tp:S(1)") != std::string::npos);
+    // The loss with the training's parameters, read in place and copied: the same bits.
+    FixedBatches batches;
+    TensorMap in;
+    for (const Value* v : eval->inputs()) in[v->name()] = HostTensor(v->type());
+    REQUIRE(batches.next(in["tokens"].data<int32_t>(), in["targets"].data<int32_t>(), 2, g.positions).ok());
+    for (const Value* p : eval->params()) REQUIRE(copying->copyStateFrom(*training, p->name()).ok());
+    auto a = reading->step(in, 1), b = copying->step(in, 1);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->at(m.lossOutput).getAsDouble(0) == b->at(m.lossOutput).getAsDouble(0));
+    CHECK(std::isfinite(a->at(m.lossOutput).getAsDouble(0)));
+
+    const std::string name = eval->params()[0]->name();
+    Status w = reading->writeState(name, HostTensor(eval->params()[0]->type()));
+    CHECK_FALSE(w.ok());
+    CHECK(w.error().find("cannot be written here") != std::string::npos);
+    Status c = reading->copyStateFrom(*copying, name);
+    CHECK_FALSE(c.ok());
+    CHECK(c.error().find(name) != std::string::npos);
   }
 }
 
