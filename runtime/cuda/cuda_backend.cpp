@@ -148,6 +148,7 @@ struct Rank {
   std::vector<void*> allocations;
   void* arena = nullptr;
   int64_t arenaBytes = 0, stateBytes = 0, inputBytes = 0;
+  bool arenaBorrowed = false;  // `arena` is CudaOptions::stateSource's (borrowArenas): not ours to free
   std::vector<std::vector<Launch>> segments;  // split at cross-rank collectives
   std::vector<const Node*> collectives;
   // Fusion groups (ir/fusion_group.h): each runs as one kernel at its last member; the other members launch
@@ -225,6 +226,8 @@ class CudaBackend final : public Backend {
     }
     for (const Rank& rk : ranks_) {
       info.keptCopies += static_cast<int64_t>(rk.copies.size());
+      info.borrowedArenas += rk.arenaBorrowed;
+      info.borrowedParams += static_cast<int64_t>(rk.borrowed.size());
       for (const Node* n : rk.graph->nodes()) info.residualLayerNorms += n->op() == OpKind::LayerNorm && n->numOperands() == 4;
     }
     if (d.comm) {
@@ -508,11 +511,12 @@ class CudaBackend final : public Backend {
     std::vector<StepMemoryPlan> plans(ranks_.size());
     for (size_t r = 0; r < ranks_.size(); ++r)
       TPC_TRY(planRank(r, lowerings[r], plans[r]));
+    borrowArenas();
     for (size_t i = 0; i < devs_.size(); ++i) {
       int64_t ws = static_cast<int64_t>(devs_[i].matmul->workspaceBytes()), arenas = 0, stateB = 0, inputB = 0, keptB = 0;
       for (size_t r = 0; r < ranks_.size(); ++r)
         if (&dev(r) == &devs_[i])
-          arenas += ranks_[r].arenaBytes, stateB += ranks_[r].stateBytes, inputB += ranks_[r].inputBytes,
+          arenas += ranks_[r].arenaBorrowed ? 0 : ranks_[r].arenaBytes, stateB += ranks_[r].stateBytes, inputB += ranks_[r].inputBytes,
               keptB += ranks_[r].keptBytes;
       int64_t needed = ws + arenas + stateB + keptB + inputB;
       size_t freeB = 0, totalB = 0;
@@ -573,6 +577,7 @@ class CudaBackend final : public Backend {
   Status startStep(const TensorMap& inputs, int64_t stepIndex) override {
     if (!prepared_) return makeError("cuda backend: step() before a successful prepare()");
     if (started_) return makeError("cuda backend: startStep() twice without finishStep()");
+    TPC_TRY(checkBorrowedArenas());
     const auto t0 = std::chrono::steady_clock::now();
     // The host copies stay alive until finishStep(): the copies from them may still be in flight.
     TPC_ASSIGN(pendingCopies_, rankInputs(inputs));
@@ -886,6 +891,41 @@ class CudaBackend final : public Backend {
     if (mesh.empty()) return "";
     return mesh.str() + " " + (p.placement() ? p.placement()->str() : std::string("R"));
   }
+  // The rank of CudaOptions::stateSource, a prepared CUDA backend, that is mesh rank meshRank(r) on r's GPU;
+  // nullptr where there is none.
+  const Rank* sourceRank(size_t r) const {
+    const auto* src = dynamic_cast<const CudaBackend*>(options_.stateSource);
+    if (!src || src == this || !src->prepared_) return nullptr;
+    for (size_t q = 0; q < src->ranks_.size(); ++q)
+      if (src->meshRank(q) == meshRank(r) && src->dev(q).device == dev(r).device) return &src->ranks_[q];
+    return nullptr;
+  }
+
+  // Our activations arena in CudaOptions::stateSource's, where its same rank's is at least as large: a step's
+  // values live within the step (memory_plan.h), so between the source's steps its arena holds nothing, and
+  // ours (an evaluation's forward) can use it. The two backends must then never run at once (stateSource).
+  void borrowArenas() {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      const Rank* s = sourceRank(r);
+      if (!s || !s->arena || s->arenaBytes < ranks_[r].arenaBytes) continue;
+      ranks_[r].arena = s->arena;
+      ranks_[r].arenaBorrowed = true;
+    }
+  }
+
+  // Before each step: what we borrow from CudaOptions::stateSource must still be there (the parameters are
+  // checked in copyStateFrom as well, which the evaluator calls first).
+  Status checkBorrowedArenas() const {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      if (!ranks_[r].arenaBorrowed) continue;
+      const Rank* s = sourceRank(r);
+      if (!s || s->arena != ranks_[r].arena || s->arenaBytes < ranks_[r].arenaBytes)
+        return makeError("cuda backend: ", rankPrefix(r), "the activations arena borrowed from ", options_.stateSource->name(),
+                         " is no longer there (was that backend prepared again or released?)");
+    }
+    return {};
+  }
+
   // A parameter read from CudaOptions::stateSource's buffers takes no value but the source's own (`from`):
   // writing it would write the source's state. OK when it is not borrowed (borrowState: all ranks or none).
   Status refuseBorrowed(const std::string& name, const Backend* from) const {
@@ -1326,9 +1366,11 @@ class CudaBackend final : public Backend {
   Status allocateRank(size_t r, const TensorMap& state, const StepMemoryPlan& plan) {
     Rank& rk = ranks_[r];
     const Mesh& mesh = rk.graph->mesh();
-    CU_TRY(cudaMalloc(&rk.arena, std::max<int64_t>(rk.arenaBytes, 256)), rankPrefix(r), "allocating the ", mib(rk.arenaBytes),
-           " activations arena");
-    rk.allocations.push_back(rk.arena);
+    if (!rk.arenaBorrowed) {
+      CU_TRY(cudaMalloc(&rk.arena, std::max<int64_t>(rk.arenaBytes, 256)), rankPrefix(r), "allocating the ",
+             mib(rk.arenaBytes), " activations arena");
+      rk.allocations.push_back(rk.arena);
+    }
     for (auto& [v, b] : plan.bufferOf) rk.addr[v] = static_cast<char*>(rk.arena) + plan.buffers[b].offset;
     for (Value* v : rk.graph->inputs()) {
       void* p = nullptr;
@@ -2010,6 +2052,8 @@ class CudaBackend final : public Backend {
       rk.groupOf.clear();
       rk.collectiveIndex.clear();
       rk.state = rk.kept = nullptr;
+      rk.arena = nullptr;
+      rk.arenaBorrowed = false;
       rk.keptParams.clear();
       rk.arenaBytes = rk.stateBytes = rk.inputBytes = rk.keptBytes = 0;
     }

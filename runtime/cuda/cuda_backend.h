@@ -88,7 +88,10 @@ struct CudaOptions {
   // this one). A parameter that no output of this backend's step replaces, of which `stateSource` holds a rank's
   // block on the same GPU in the same dtype and layout (Backend::deviceState), is read from that buffer: this
   // backend holds no memory for it and copyStateFrom(stateSource) has nothing to copy. Such a parameter cannot
-  // be written here (writeState, copyStateFrom from another backend). nullptr: every parameter has its own buffer.
+  // be written here (writeState, copyStateFrom from another backend). Where stateSource is a CUDA backend whose
+  // same rank's activations arena is at least as large as ours, our steps use that arena too (a step's values
+  // live within the step), so this backend's steps must never run while stateSource's run: tpc run evaluates
+  // between training steps. nullptr: every parameter and arena is this backend's own.
   const Backend* stateSource = nullptr;
 };
 
@@ -103,6 +106,8 @@ struct CudaStepGraphInfo {
   int64_t clusteredGemmKernels = 0;  // ... of those, launched in clusters of blocks (multicast), and their blocks
   int64_t clusteredGemmBlocks = 0;
   int64_t residualLayerNorms = 0;  // layer_norms that add the residual stream (fold-layer-norm-residual), all ranks
+  // Ranks whose activations arena, and parameter blocks (over all ranks), are CudaOptions::stateSource's.
+  int64_t borrowedArenas = 0, borrowedParams = 0;
 };
 // nullopt for a backend that is not a prepared CUDA backend (or one in TPC_CUDA_DEBUG mode: no graph).
 std::optional<CudaStepGraphInfo> cudaStepGraphInfo(const Backend& backend);

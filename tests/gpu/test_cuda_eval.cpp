@@ -144,8 +144,10 @@ int64_t freeGpuBytes() {
 }  // namespace
 
 // tpc run's evaluator reads the training backend's parameter buffers (CudaOptions::stateSource) instead of
-// holding a copy of the model: the same validation losses as an evaluator with copies, bit for bit; the
-// training's losses bit-identical to a run without evaluation (the evaluator wrote nothing of the training's);
+// holding a copy of the model, and runs in the training's activations arena between its steps: the same
+// validation losses as an evaluator with copies and an arena of its own, bit for bit; the training's losses
+// bit-identical to a run without evaluation (the evaluator wrote none of the training's parameters, and the
+// training's steps do not depend on what their arena held before);
 // its blocks at the training's addresses; the model's bytes less GPU memory; no way to write a borrowed block.
 TEST_CASE("cuda eval: an evaluator reading the training's parameter buffers holds no copy and changes nothing",
           "[gpu][eval]") {
@@ -190,6 +192,7 @@ TEST_CASE("cuda eval: an evaluator reading the training's parameter buffers hold
     auto plain = trainingBackend();  // trained without evaluation
     auto training = trainingBackend();
     std::unique_ptr<Evaluator> copying = evaluator(nullptr, *training), reading = evaluator(training.get(), *training);
+    CHECK(cudaStepGraphInfo(*training)->borrowedArenas == 0);
     std::vector<double> copied, read;
     TrainerSettings t = test::shortRun(6, 3e-3);
     t.evalInterval = 2;
@@ -272,6 +275,14 @@ TEST_CASE("cuda eval: a backend reading another's parameters uses its buffers an
     WARN("tp " << tp << ": parameters " << paramBytes / 1048576.0 << " MiB; GPU memory of a backend with its own copy "
                << copyingBytes / 1048576.0 << " MiB, reading the training's " << readingBytes / 1048576.0 << " MiB");
     CHECK(copyingBytes - readingBytes >= paramBytes * 9 / 10);
+    // Its activations arena is the training's too (the training's is larger: it holds the backward).
+    auto readingInfo = cudaStepGraphInfo(*reading), copyingInfo = cudaStepGraphInfo(*copying);
+    REQUIRE(readingInfo.has_value());
+    REQUIRE(copyingInfo.has_value());
+    CHECK(readingInfo->borrowedArenas == tp);
+    CHECK(readingInfo->borrowedParams == tp * static_cast<int64_t>(eval->params().size()));
+    CHECK(copyingInfo->borrowedArenas == 0);
+    CHECK(copyingInfo->borrowedParams == 0);
 
     for (const Value* p : eval->params()) {
       for (int64_t rank = 0; rank < tp; ++rank) {
