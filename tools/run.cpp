@@ -643,8 +643,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     }
 #endif
     if (*backendKind != BackendKind::Cuda) e = Evaluator::create(*model->forward, model->lossOutput, cpu);
-    // Evaluation is on by default where the model file asks for it: say how to turn it off (it holds forward
-    // activations of its own on the GPU, which a run at its memory's edge may lack).
+    // Evaluation is on by default where the model file asks for it: say how to turn it off (its setup can
+    // still fail on a GPU: cuDNN and cuBLASLt plans, a workspace, and an arena of its own where the training's
+    // is smaller).
     if (!e)
       return cli::fail("run", cat("evaluation: ", e.error(),
                                   flags.has("eval-interval") ? std::string()
