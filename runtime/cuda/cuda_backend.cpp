@@ -1389,7 +1389,7 @@ class CudaBackend final : public Backend {
     int64_t stateOffset = 0;
     bool drew = false;
     for (Value* p : rk.graph->params()) {
-      if (rk.borrowed.count(p->name())) {  // CudaOptions::stateSource's buffer (planRank): nothing to upload
+      if (rk.borrowed.count(p->name())) {  // CudaOptions::stateSource's buffer (borrowState): nothing to upload
         rk.addr[p] = rk.params[p->name()].second;
         continue;
       }
