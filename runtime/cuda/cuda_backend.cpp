@@ -827,26 +827,23 @@ class CudaBackend final : public Backend {
     if (ranks_[0].borrowed.count(name)) {  // the source's own buffers (every rank's): nothing to copy, if still theirs
       for (size_t r = 0; r < ranks_.size(); ++r) {
         auto [p, buf] = ranks_[r].params.at(name);
-        if (sourceBlock(r, *p) != buf)
+        if (sourceBlock(source, r, *p) != buf)
           return makeError("cuda backend: ", rankPrefix(r), "parameter '", name, "' was read from ", source.name(),
                            "'s memory, which no longer holds it (was that backend prepared again?)");
       }
       return {};
     }
     copiesFresh_ = false;
-    std::vector<DeviceTensor> from;
+    std::vector<const void*> from;
     for (size_t r = 0; r < ranks_.size(); ++r) {
-      auto f = source.deviceState(name, meshRank(r));
-      const Value* p = ranks_[r].params.at(name).first;
-      if (!f || f->device != dev(r).device || f->type.dtype != p->dtype() || f->type.numel() != p->type().numel() ||
-          f->layout != blockLayout(*p))
-        return Backend::copyStateFrom(source, name);
-      from.push_back(*f);
+      const void* f = sourceBlock(source, r, *ranks_[r].params.at(name).first);
+      if (!f) return Backend::copyStateFrom(source, name);
+      from.push_back(f);
     }
     for (size_t r = 0; r < ranks_.size(); ++r) {
       auto [p, buf] = ranks_[r].params.at(name);
       CU_TRY(cudaSetDevice(dev(r).device), "GPU ", dev(r).device);
-      CU_TRY(cudaMemcpyAsync(buf, from[r].data, static_cast<size_t>(p->type().bytes()), cudaMemcpyDeviceToDevice, dev(r).stream),
+      CU_TRY(cudaMemcpyAsync(buf, from[r], static_cast<size_t>(p->type().bytes()), cudaMemcpyDeviceToDevice, dev(r).stream),
              rankPrefix(r), "copying %", name, " from ", source.name());
     }
     return {};
@@ -934,10 +931,10 @@ class CudaBackend final : public Backend {
                      "'s memory (CudaOptions::stateSource) and cannot be written here");
   }
 
-  // CudaOptions::stateSource's buffer of rank r's block of `p`, where it matches ours: on r's GPU, in p's dtype
-  // and layout; nullptr otherwise.
-  const void* sourceBlock(size_t r, const Value& p) const {
-    auto f = options_.stateSource->deviceState(p.name(), meshRank(r));
+  // `source`'s buffer of rank r's block of `p`, where it matches ours: on r's GPU, in p's dtype and layout;
+  // nullptr otherwise.
+  const void* sourceBlock(const Backend& source, size_t r, const Value& p) const {
+    auto f = source.deviceState(p.name(), meshRank(r));
     if (!f || f->device != dev(r).device || f->type.dtype != p.dtype() || f->type.numel() != p.type().numel() ||
         f->layout != blockLayout(p))
       return nullptr;
@@ -957,7 +954,7 @@ class CudaBackend final : public Backend {
       std::vector<const void*> blocks;
       for (size_t r = 0; r < ranks_.size(); ++r) {
         const Value* p = ranks_[r].graph->params()[k];
-        if (const void* b = p->name() == name ? sourceBlock(r, *p) : nullptr) blocks.push_back(b);
+        if (const void* b = p->name() == name ? sourceBlock(*options_.stateSource, r, *p) : nullptr) blocks.push_back(b);
       }
       if (blocks.size() != ranks_.size()) continue;
       for (size_t r = 0; r < ranks_.size(); ++r) {

@@ -134,6 +134,22 @@ TEST_CASE("cuda eval: validation losses on the GPU equal the CPU evaluator's on 
 namespace tpc {
 namespace {
 
+// The options of this file's backends: dropout seed 5, quiet, several ranks as virtual ranks on one GPU.
+CudaOptions virtualRanks() {
+  CudaOptions o;
+  o.seed = 5;
+  o.verbose = false;
+  o.collectives = "virtual";
+  return o;
+}
+
+// A CUDA backend over `step`'s ranks with `o`, prepared with initParam(3).
+std::unique_ptr<Backend> preparedTraining(const Graph& step, const CudaOptions& o) {
+  auto b = createCudaBackend(test::rankGraphs(step), o);
+  test::prepareInitialState(*b, step, 3);
+  return b;
+}
+
 // Free memory on the current GPU.
 int64_t freeGpuBytes() {
   size_t freeB = 0, total = 0;
@@ -162,19 +178,7 @@ TEST_CASE("cuda eval: an evaluator reading the training's parameter buffers hold
     const std::string evalPasses = test::megatronTp(c.tp) + c.precision + "cse,dce";
     std::unique_ptr<Graph> step = m.forward->clone();
     test::runPasses(*step, test::megatronTp(c.tp) + c.precision + "autodiff(loss=" + m.lossOutput + ", clip-grad=1.0),cse,dce");
-    CudaOptions o;
-    o.seed = 5;
-    o.verbose = false;
-    o.collectives = "virtual";
-    auto trainingBackend = [&]() {
-      auto b = createCudaBackend(test::rankGraphs(*step), o);
-      TensorMap state;
-      for (const Value* p : step->params()) state[p->name()] = initParam(*p, 3);
-      Status s = b->prepare(*step, state);
-      INFO((s.ok() ? std::string() : s.error()));
-      REQUIRE(s.ok());
-      return b;
-    };
+    const CudaOptions o = virtualRanks();
     auto evaluator = [&](const Backend* source, const Backend& training) {
       CudaOptions eo = o;
       eo.stateSource = source;
@@ -189,8 +193,8 @@ TEST_CASE("cuda eval: an evaluator reading the training's parameter buffers hold
       return std::move(*e);
     };
 
-    auto plain = trainingBackend();  // trained without evaluation
-    auto training = trainingBackend();
+    auto plain = preparedTraining(*step, o);  // trained without evaluation
+    auto training = preparedTraining(*step, o);
     std::unique_ptr<Evaluator> copying = evaluator(nullptr, *training), reading = evaluator(training.get(), *training);
     CHECK(cudaStepGraphInfo(*training)->borrowedArenas == 0);
     std::vector<double> copied, read;
@@ -238,16 +242,8 @@ TEST_CASE("cuda eval: a backend reading another's parameters uses its buffers an
     std::unique_ptr<Graph> step = m.forward->clone();
     test::runPasses(*step, test::megatronTp(tp) + "mixed-precision(dtype=bf16),autodiff(loss=" + m.lossOutput +
                                ", clip-grad=1.0),cse,dce");
-    CudaOptions o;
-    o.seed = 5;
-    o.verbose = false;
-    o.collectives = "virtual";
-    auto training = createCudaBackend(test::rankGraphs(*step), o);
-    TensorMap state;
-    for (const Value* p : step->params()) state[p->name()] = initParam(*p, 3);
-    Status s = training->prepare(*step, state);
-    INFO((s.ok() ? std::string() : s.error()));
-    REQUIRE(s.ok());
+    const CudaOptions o = virtualRanks();
+    auto training = preparedTraining(*step, o);
     std::unique_ptr<Graph> eval = m.forward->clone();
     test::runPasses(*eval, "inference," + test::megatronTp(tp) + "mixed-precision(dtype=bf16),cse,dce,fold-vocab-padding");
     int64_t paramBytes = 0;
