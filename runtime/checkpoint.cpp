@@ -3,12 +3,15 @@
 #include <stdexcept>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
+#include <tuple>
 
 #include "ir/file_io.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -56,7 +59,13 @@ Result<CheckpointState> parseCheckpointState(const std::string& text, const std:
   auto it = o->getInteger("iteration");
   auto pos = o->getInteger("data_position");
   auto seed = o->getString("seed");
-  if (!it || !pos || !seed) return makeError(path, ": error: iteration, data_position and seed are required");
+  // Each field named on its own: present but of the wrong kind ("4", 1e30) is not the same fix as missing.
+  for (auto [key, ok, kind] : {std::tuple{"iteration", it.hasValue(), "an integer"},
+                               std::tuple{"data_position", pos.hasValue(), "an integer"},
+                               std::tuple{"seed", seed.hasValue(), "a string of decimal digits"}})
+    if (!ok)
+      return makeError(path, ": error: ", key, o->get(key) ? " is not " : " is missing; it must be ", kind,
+                       " (state.json is written by tpc run --save; a hand-edited one needs every field)");
   for (auto [key, v] : {std::pair{"iteration", *it}, std::pair{"data_position", *pos}})
     if (v < 0) return makeError(path, ": error: ", key, " must be >= 0, got ", v);
   s.iteration = *it;
@@ -186,8 +195,14 @@ Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir) {
                        all.empty() ? std::string() : " (found " + all.back().second.filename().string() +
                                                          "; pass that directory to use it)");
     }
+    // The whole file is one decimal number (Megatron's tracker file): "4x" or "4.0" is a damaged file, not 4.
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
     long long it = -1;
-    if (!(f >> it) || it < 0) return makeError(latest.string(), ": error: does not hold an iteration number");
+    if (!text.empty() && text.size() <= 18 && text.find_first_not_of("0123456789") == std::string::npos) it = std::stoll(text);
+    if (it < 0)
+      return makeError(latest.string(), ": error: holds '", text.substr(0, 40), "', not an iteration number (the N of ",
+                       dir, "/iter_N; write it, or pass that iter_N directory)");
     p /= iterName(it);
   }
   LoadedCheckpoint ck;

@@ -74,14 +74,20 @@ Status matchBatchShape(ModelFile& model, const std::string& path) {
   // The global graph holds the batch of every dp rank: data-parallel splits it again.
   const int64_t batch = c.microBatch * c.dp;
   bool vocabOk = true;
+  int64_t wteRows = 0;
   for (const Value* p : model.forward->params())
-    if (p->name() == "wte" && c.tp > 1) vocabOk = p->shape()[0] % (128 * c.tp) == 0;
-  if (tokens && tokens->type().rank() == 2 && tokens->shape()[0] == batch && tokens->shape()[1] == c.seqLength && vocabOk)
-    return {};
+    if (p->name() == "wte" && c.tp > 1) vocabOk = (wteRows = p->shape()[0]) % (128 * c.tp) == 0;
+  const bool shapeOk = tokens && tokens->type().rank() == 2 && tokens->shape()[0] == batch && tokens->shape()[1] == c.seqLength;
+  if (shapeOk && vocabOk) return {};
+  if (!model.gpt && shapeOk)
+    return makeError(path, ": error: --tp ", c.tp, " splits wte's ", wteRows, " rows over the ranks, which needs a multiple of "
+                     "128 x tp = ", 128 * c.tp, "; this model file has no architecture record to pad it from (write it "
+                     "with 'tpc new', or run a tp whose 128 x tp divides ", wteRows, ")");
   if (!model.gpt)
     return makeError(path, ": error: the graph's %tokens is ", tokens ? tokens->type().str() : "missing",
-                     " but the run asks for [", c.microBatch, ",", c.seqLength,
-                     "]; this model file has no architecture record to rebuild it from");
+                     " but the run asks for [", batch, ",", c.seqLength, "]",
+                     c.dp > 1 ? cat(" (micro batch ", c.microBatch, " x dp ", c.dp, ")") : std::string(),
+                     "; this model file has no architecture record to rebuild it from");
   GptConfig gpt = *model.gpt;
   // Under tp the vocab is split over the ranks: pad it to a multiple of 128 x tp.
   if (c.tp > 1) {

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "frontend/data_dir.h"
 #include "frontend/indexed_dataset.h"
@@ -71,6 +72,20 @@ Status checkCheckpointFolder(const std::string& dir) {
     return makeError("--save ", dir, ": error: cannot write checkpoints into this folder",
                      ec ? cat(" (", ec.message(), ")") : std::string(), "; pick a writable folder");
   return {};
+}
+
+// A fresh run does not write into another run's checkpoints: its iter_N folders and the latest-iteration file would
+// replace theirs, and --keep would delete them. Resuming from that folder (--load DIR --save DIR) is the one way in.
+Status checkSaveFolderIsFree(const std::string& dir, const std::optional<LoadedCheckpoint>& loaded) {
+  std::error_code ec;
+  if (loaded && (cli::sameFile(loaded->path, dir) || cli::insideFolder(loaded->path, dir))) return {};
+  std::string held;
+  if (fs::exists(fs::path(dir) / "latest_checkpointed_iteration.txt", ec)) held = "latest_checkpointed_iteration.txt";
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end && held.empty(); it.increment(ec))
+    if (it->path().filename().string().rfind("iter_", 0) == 0) held = it->path().filename().string();
+  if (held.empty()) return {};
+  return makeError("--save ", dir, ": error: already holds another run's checkpoints (", held, "); resume that run with "
+                   "--load ", dir, ", or pick an empty or new folder");
 }
 
 // The dataset prefix as given, or (for the shipped default "data/...") inside tpc's data folder.
@@ -421,16 +436,21 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     *evalInterval = 0;
   }
   if (*evalInterval > 0) {
-    for (auto [range, target] : {std::pair{splits->valid, &validBatches}, std::pair{splits->test, &testBatches}}) {
+    for (auto [range, target, what] : {std::tuple{splits->valid, &validBatches, "validation"},
+                                       std::tuple{splits->test, &testBatches, "test"}}) {
       if (range.size() == 0) continue;
       auto copy = IndexedDataset::open(*dataPath);
       if (!copy) return cli::fail("run", copy.error());
       target->emplace(std::move(copy).value(), range, static_cast<uint32_t>(config.seqLength), config.seed);
-      if (Status s = (*target)->status(); !s.ok()) return cli::fail("run", s.error());
+      if (Status s = (*target)->status(); !s.ok())
+        return cli::fail("run", cat("the ", what, " split (", splitSetting, "): ", s.error(), "; give that split more "
+                                    "documents (", splitName, "), a shorter --seq-length, or --eval-interval 0"));
     }
   }
   DatasetBatches batches(std::move(dataset).value(), splits->train, static_cast<uint32_t>(config.seqLength), config.seed);
-  if (Status s = batches.status(); !s.ok()) return cli::fail("run", s.error());
+  if (Status s = batches.status(); !s.ok())
+    return cli::fail("run", cat("the training split (", splitSetting, "): ", s.error(), "; give it more documents (",
+                                splitName, ") or a shorter --seq-length"));
   const bool speaks = !job || job->world.rank == 0;  // under mpirun, rank 0 alone logs and writes files
   if (speaks) {
     // Files this run writes, checked before any work: writable, none of them an input, no two the same file
@@ -455,8 +475,10 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
           return cli::fail("run", cat("--", flag, " and --", outputs[j].first, " name one file (", file,
                                       "): give each its own"));
     }
-    if (flags.has("save"))
+    if (flags.has("save")) {
+      if (Status s = checkSaveFolderIsFree(flags.get("save"), checkpoint); !s.ok()) return cli::fail("run", s.error());
       if (Status s = checkCheckpointFolder(flags.get("save")); !s.ok()) return cli::fail("run", s.error());
+    }
     if (flags.has("dump-batches")) batches.dumpTo(flags.get("dump-batches"));
   }
   // The metrics server before the backend's compile: a port that is taken is found now.

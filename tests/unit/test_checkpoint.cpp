@@ -119,26 +119,51 @@ TEST_CASE("checkpoint: --keep never removes the checkpoint just written, even be
   test::TempDir dir;
   const std::string ck = dir.path.string() + "/ck";
   REQUIRE(test::runTiny("--train-iters 4 --save-interval 2 --save " + ck).exitCode == 0);  // iter 2 and 4
-  auto r = test::runTiny("--train-iters 1 --keep 1 --save " + ck);                          // iter 1, keep 1
+  // Resumed from iter 2 and saved at 3 with keep 1: 3 stays although the earlier branch's 4 is newer by number.
+  auto r = test::runTiny("--train-iters 3 --keep 1 --load " + ck + "/iter_0000002 --save " + ck);
   INFO(r.out << r.err);
   REQUIRE(r.exitCode == 0);
-  CHECK(std::filesystem::exists(ck + "/iter_0000001/state.json"));
+  CHECK(std::filesystem::exists(ck + "/iter_0000003/state.json"));
   CHECK(!std::filesystem::exists(ck + "/iter_0000004"));
-  CHECK(test::readFile(ck + "/latest_checkpointed_iteration.txt") == "1\n");
-  CHECK(test::runTiny("--train-iters 2 --load " + ck).exitCode == 0);
+  CHECK(!std::filesystem::exists(ck + "/iter_0000002"));
+  CHECK(test::readFile(ck + "/latest_checkpointed_iteration.txt") == "3\n");
   // keep 2: this one and the newest other.
-  REQUIRE(test::runTiny("--train-iters 6 --save-interval 2 --keep 2 --save " + ck).exitCode == 0);
+  REQUIRE(test::runTiny("--train-iters 6 --save-interval 2 --keep 2 --load " + ck + " --save " + ck).exitCode == 0);
   CHECK(std::filesystem::exists(ck + "/iter_0000006"));
   CHECK(std::filesystem::exists(ck + "/iter_0000004"));
-  CHECK(!std::filesystem::exists(ck + "/iter_0000002"));
-  CHECK(!std::filesystem::exists(ck + "/iter_0000001"));
+  CHECK(!std::filesystem::exists(ck + "/iter_0000003"));
   // A longer earlier run's checkpoint (8) gives way to this run's previous one, not the other way round.
   const std::string ck2 = dir.path.string() + "/ck2";
-  REQUIRE(test::runTiny("--train-iters 8 --save-interval 8 --save " + ck2).exitCode == 0);
-  REQUIRE(test::runTiny("--train-iters 6 --save-interval 2 --keep 2 --save " + ck2).exitCode == 0);
+  REQUIRE(test::runTiny("--train-iters 8 --save-interval 4 --save " + ck2).exitCode == 0);
+  REQUIRE(test::runTiny("--train-iters 6 --save-interval 1 --keep 2 --load " + ck2 + "/iter_0000004 --save " + ck2).exitCode == 0);
   CHECK(std::filesystem::exists(ck2 + "/iter_0000006"));
-  CHECK(std::filesystem::exists(ck2 + "/iter_0000004"));
+  CHECK(std::filesystem::exists(ck2 + "/iter_0000005"));
   CHECK(!std::filesystem::exists(ck2 + "/iter_0000008"));
+  CHECK(!std::filesystem::exists(ck2 + "/iter_0000004"));
+}
+
+TEST_CASE("checkpoint: a fresh run refuses a --save folder that holds another run's checkpoints", "[checkpoint][cli]") {
+  test::TempDir dir;
+  const std::string ck = dir.path.string() + "/ck";
+  REQUIRE(test::runTiny("--train-iters 4 --save-interval 2 --save " + ck).exitCode == 0);
+  const std::string before = test::readFile(ck + "/iter_0000002/model.safetensors");
+  for (const std::string& extra : {std::string(), std::string(" --keep 1"), " --load " + dir.path.string() + "/other"}) {
+    if (!extra.empty() && extra.find("other") != std::string::npos)  // a resume from elsewhere is not a resume of ck
+      REQUIRE(test::runTiny("--train-iters 1 --save " + dir.path.string() + "/other").exitCode == 0);
+    auto r = test::runTiny("--train-iters 2 --save " + ck + extra);
+    INFO(extra << "\n" << r.out << r.err);
+    CHECK(r.exitCode == 1);
+    CHECK_THAT(r.err, Catch::Matchers::Contains("--save " + ck + ": error: already holds another run's checkpoints") &&
+                          Catch::Matchers::Contains("resume that run with --load " + ck));
+  }
+  // Nothing was touched: the same files, the same latest iteration.
+  CHECK(test::readFile(ck + "/latest_checkpointed_iteration.txt") == "4\n");
+  CHECK(test::readFile(ck + "/iter_0000002/model.safetensors") == before);
+  CHECK(std::filesystem::exists(ck + "/iter_0000004/state.json"));
+  // A folder with only an iter_N directory (no latest file) is another run's too.
+  const std::string ck3 = dir.path.string() + "/ck3";
+  std::filesystem::create_directories(ck3 + "/iter_0000007");
+  CHECK(test::runTiny("--train-iters 1 --save " + ck3).exitCode == 1);
 }
 
 TEST_CASE("checkpoint: a save killed halfway leaves the previous checkpoint as the latest", "[checkpoint][cli]") {
@@ -209,6 +234,32 @@ TEST_CASE("checkpoint: the state's seed must be a decimal unsigned number", "[ch
     REQUIRE_FALSE(r.ok());
     CHECK(r.error().find("is not a number") != std::string::npos);
   }
+  // A field of the wrong kind is named as such, not reported as missing with the others.
+  for (auto [fields, expected] : std::vector<std::pair<std::string, std::string>>{
+           {R"("iteration": "4", "data_position": 0, "seed": "1")", "s.json: error: iteration is not an integer"},
+           {R"("iteration": 4, "data_position": 1e30, "seed": "1")", "s.json: error: data_position is not an integer"},
+           {R"("iteration": 4, "data_position": 0, "seed": 1)", "s.json: error: seed is not a string of decimal digits"},
+           {R"("iteration": 4, "seed": "1")", "s.json: error: data_position is missing; it must be an integer"}}) {
+    auto r = parseCheckpointState(R"({"format": "tpc-checkpoint-1", )" + fields + "}", "s.json");
+    INFO(fields);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().rfind(expected, 0) == 0);
+  }
+}
+
+TEST_CASE("checkpoint: the latest-iteration file holds one decimal number", "[checkpoint][cli]") {
+  test::TempDir dir;
+  const std::string ck = dir.path.string() + "/ck";
+  REQUIRE(test::runTiny("--train-iters 2 --save " + ck).exitCode == 0);
+  for (const char* text : {"4x\n", "2.0\n", "-2\n", "\n", "99999999999999999999999\n"}) {
+    test::writeFile(ck + "/latest_checkpointed_iteration.txt", text);
+    auto r = test::runTiny("--train-iters 3 --load " + ck);
+    INFO(text << r.err);
+    CHECK(r.exitCode == 1);
+    CHECK(r.err.find("latest_checkpointed_iteration.txt: error: holds '") != std::string::npos);
+  }
+  test::writeFile(ck + "/latest_checkpointed_iteration.txt", "2\n");  // Megatron's form, with its newline
+  CHECK(test::runTiny("--train-iters 3 --load " + ck).exitCode == 0);
 }
 
 }  // namespace tpc

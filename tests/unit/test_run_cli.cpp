@@ -61,6 +61,10 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
        "give --backend cuda on a machine with a GPU)\n"},
       // An unusable checkpoint folder before any training, not after it.
       {tiny() + " --save /proc/tpc-ck", ""},
+      // The next flag is not a value: "--save --quiet" made a folder named --quiet and dropped --quiet.
+      {tiny() + " --save --quiet",
+       "tpc run: error: option --save needs a value, but the next argument is the option '--quiet' (write "
+       "--save=VALUE for a value that starts with --)\n"},
   };
   for (const Case& c : cases) {
     auto r = test::runCommand(test::tpcBinary() + " run " + c.args);
@@ -158,6 +162,40 @@ TEST_CASE("tpc run: a short run logs JSONL and lowers the loss", "[run][cli]") {
   for (const char* key : {"\"step\": ", "\"loss\": ", "\"lr\": ", "\"grad_norm\": ", "\"tokens_per_s\": ", "\"elapsed_s\": "})
     CHECK(jsonl.find(key) != std::string::npos);
   CHECK(jsonl.find("{\"step\": 12, ") != std::string::npos);
+  const std::vector<double> losses = test::jsonlField(jsonl, "loss");
+  REQUIRE(losses.size() == 4);  // steps 1, 4, 8, 12
+  CHECK(losses.back() < losses.front());
+}
+
+TEST_CASE("tpc run: a model file without an arch block names what its graph cannot do, and a split too short for a "
+          "window names the split", "[run][cli]") {
+  test::TempDir dir;
+  std::string model = dir / "noarch.json";
+  REQUIRE(test::runCommand(test::tpcBinary() + " new gpt --preset tiny -o " + model).exitCode == 0);
+  std::string text = test::readFile(model);
+  size_t arch = text.find(",\n  \"arch_type\"");
+  REQUIRE(arch != std::string::npos);
+  test::writeFile(model, text.substr(0, arch) + "\n}\n");
+  // The graph's batch is [8,64]; with dp 2 the run's is [16,64].
+  auto dp = test::runCommand(test::tpcBinary() + " run " + model + " --dp 2 --global-batch-size 16 --train-iters 1");
+  CHECK(dp.exitCode == 1);
+  CHECK(dp.err == model + ": error: the graph's %tokens is i32[8,64] but the run asks for [16,64] (micro batch 8 x dp 2); "
+                          "this model file has no architecture record to rebuild it from\n");
+  // tiny's 257-row vocabulary padded to 384 is not a multiple of 128 x 4.
+  auto tp = test::runCommand(test::tpcBinary() + " run " + model + " --tp 4 --train-iters 1");
+  CHECK(tp.exitCode == 1);
+  CHECK(tp.err.rfind(model + ": error: --tp 4 splits wte's 384 rows over the ranks, which needs a multiple of 128 x tp = 512", 0) == 0);
+  // The validation split (the last 50 of 1000 parts) of a 30-document corpus holds too few tokens for a window.
+  std::string corpus = dir / "few.txt", text2;
+  for (int i = 0; i < 30; ++i) text2 += "doc " + std::to_string(i) + "\n";
+  test::writeFile(corpus, text2);
+  REQUIRE(test::runCommand(test::tpcBinary() + " prepare --input " + corpus + " --tokenizer byte --output-prefix " +
+                           (dir / "few")).exitCode == 0);
+  auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " --seq-length 8 --data-path " + (dir / "few") +
+                            " --split 20,9,1 --eval-interval 1 --train-iters 1");
+  CHECK(r.exitCode == 1);
+  CHECK(r.err.find("the test split (--split=20,9,1): documents [29, 30)") != std::string::npos);
+  CHECK(r.err.find("give that split more documents (--split), a shorter --seq-length, or --eval-interval 0") != std::string::npos);
 }
 
 TEST_CASE("tpc run --quiet: no step lines on the console, every logged step still in the JSONL log", "[run][cli]") {
