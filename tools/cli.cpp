@@ -105,6 +105,13 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
         exitCode = fail(command_, "option " + dashed(name) + " needs a value");
         return false;
       }
+      // "--save --quiet": the next word is a flag, not the value; "--x=--y" passes a value that starts with "--".
+      const std::string& next = args[i + 1];
+      if (next.size() > 2 && next.compare(0, 2, "--") == 0) {
+        exitCode = fail(command_, "option " + dashed(name) + " needs a value, but the next argument is the option '" +
+                                      next + "' (write " + dashed(name) + "=VALUE for a value that starts with --)");
+        return false;
+      }
       val = args[++i];
     }
     if (!spec->repeated && values_.count(name)) {

@@ -21,6 +21,7 @@ int runDoctorCommand(std::vector<std::string> args) {
   flags.value("matmul-size", "the N of the N x N x N bf16 matmul timed", "8192");
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
+  if (!flags.positional().empty()) return cli::fail("doctor", "unexpected argument '" + flags.positional()[0] + "'");
   auto n = flags.getInt("matmul-size", 256, 32768);
   if (!n) return cli::fail("doctor", n.error());
   std::cout << "tpc " << TPC_VERSION << "\n";

@@ -85,10 +85,23 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
   if (const llvm::json::Value* inner = o->get("n_inner"); inner && inner->kind() != llvm::json::Value::Null)
     if (inner->getAsInteger() != 4 * g.hidden)
       return makeError(path, ": error: n_inner must be null or 4 x n_embd = ", 4 * g.hidden, " (tpc's GPT MLP)");
-  g.layerNormEps = o->getNumber("layer_norm_epsilon").getValueOr(1e-5);
-  g.initStd = o->getNumber("initializer_range").getValueOr(0.02);
-  g.hiddenDropout = o->getNumber("resid_pdrop").getValueOr(0.1);
-  g.attentionDropout = o->getNumber("attn_pdrop").getValueOr(0.1);
+  // Attention variants of GPT2Model that tpc's GPT does not compute (reorder_and_upcast_attn only changes the
+  // precision of the same product, so it is accepted).
+  if (auto scale = o->getBoolean("scale_attn_weights"); scale && !*scale)
+    return makeError(path, ": error: scale_attn_weights is false; tpc's attention always scales by 1/sqrt(head dim)");
+  if (auto byLayer = o->getBoolean("scale_attn_by_inverse_layer_idx"); byLayer && *byLayer)
+    return makeError(path, ": error: scale_attn_by_inverse_layer_idx is true; tpc's attention does not scale by layer");
+  auto number = [&](const char* key, double def, double& field) -> Status {
+    const llvm::json::Value* x = o->get(key);
+    if (!x || x->kind() == llvm::json::Value::Null) return field = def, Status{};
+    if (!x->getAsNumber()) return makeError(path, ": error: ", key, " is not a number");
+    field = *x->getAsNumber();
+    return {};
+  };
+  TPC_TRY(number("layer_norm_epsilon", 1e-5, g.layerNormEps));
+  TPC_TRY(number("initializer_range", 0.02, g.initStd));
+  TPC_TRY(number("resid_pdrop", 0.1, g.hiddenDropout));
+  TPC_TRY(number("attn_pdrop", 0.1, g.attentionDropout));
   return g;
 }
 
@@ -103,21 +116,30 @@ Result<std::string> hfOutputDir(const std::string& path) {
   std::error_code ec;
   if (fs::exists(dir, ec) && (!fs::is_directory(dir, ec) || (!fs::exists(fs::path(dir) / "config.json", ec) && !fs::is_empty(dir, ec))))
     return makeError(dir, ": error: exists and is not a Hugging Face model directory; not overwriting it (name another)");
+  for (const char* file : {"config.json", "model.safetensors"})
+    if (fs::is_directory(fs::path(dir) / file, ec))
+      return makeError(dir, "/", file, ": error: is a folder where the export writes a file; remove it or name another --hf");
   return dir;
 }
 
 Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::map<std::string, HostTensor>& params) {
   TPC_ASSIGN(const std::string dir, hfOutputDir(path));
   std::error_code ec;
+  SafetensorsFile file;
+  file.metadata["format"] = "pt";  // what transformers expects of a PyTorch checkpoint
+  for (const auto& [name, t] : params) file.tensors.push_back({hfNameOf(name), t.convertTo(DType::f32)});
+  if (fs::exists(fs::path(dir) / "config.json", ec)) {
+    // An existing model folder keeps what else it holds (tokenizer files, a README), as save_pretrained does: only
+    // the two files of the export are replaced, each written under a temporary name and renamed.
+    TPC_TRY(writeSafetensors(dir + "/model.safetensors", file));
+    return writeFileAtomically(dir + "/config.json", hfConfigJson(gpt));
+  }
   const std::string tmp = dir + ".tmp";
   fs::remove_all(tmp, ec);
   // The outermost folder this creates (tmp or a missing parent): removed on any failure, leaving nothing behind.
   RemoveOnError cleanup(firstMissingFolder(tmp));
   fs::create_directories(tmp, ec);
   if (ec) return makeError(tmp, ": error: cannot create: ", ec.message());
-  SafetensorsFile file;
-  file.metadata["format"] = "pt";  // what transformers expects of a PyTorch checkpoint
-  for (const auto& [name, t] : params) file.tensors.push_back({hfNameOf(name), t.convertTo(DType::f32)});
   TPC_TRY(writeSafetensors(tmp + "/model.safetensors", file));
   TPC_TRY(writeFileAtomically(tmp + "/config.json", hfConfigJson(gpt)));
   fs::remove_all(dir, ec);
@@ -135,6 +157,9 @@ Result<std::pair<GptConfig, std::map<std::string, HostTensor>>> readHfGpt2(const
   ss << f.rdbuf();
   TPC_ASSIGN(GptConfig gpt, parseHfConfig(cfgPath, ss.str()));
   const std::string stPath = dir + "/model.safetensors";
+  if (!fs::exists(stPath) && fs::exists(stPath + ".index.json"))
+    return makeError(stPath, ": error: missing; the weights are sharded (", stPath, ".index.json): tpc reads one file, so "
+                     "save them with transformers' save_pretrained(..., max_shard_size=\"100GB\")");
   if (!fs::exists(stPath))
     return makeError(stPath, ": error: missing (tpc reads safetensors weights; convert pytorch_model.bin with "
                              "transformers' save_pretrained(safe_serialization=True))");

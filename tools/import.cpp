@@ -34,6 +34,9 @@ int runImport(std::vector<std::string> args) {
   const std::string out = flags.get("o"), weights = out + ".weights";
   // The model file and its weights folder, checked before anything is written.
   if (Status s = cli::checkOutputFile("-o", out); !s.ok()) return cli::fail("import", s.error());
+  for (const char* input : {"config.json", "model.safetensors"})
+    if (cli::sameFile(out, std::filesystem::path(flags.get("hf")) / input))
+      return cli::fail("import", cat("-o ", out, ": error: is the ", input, " that --hf reads; name another model file"));
   std::error_code ec;
   const bool weightsExisted = std::filesystem::exists(weights, ec);
   if (weightsExisted && !std::filesystem::is_directory(weights, ec))

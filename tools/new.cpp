@@ -35,8 +35,10 @@ int runNew(std::vector<std::string> args) {
       .value("data-path", "indexed dataset prefix");
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
-  if (flags.positional().size() != 1 || flags.positional()[0] != "gpt")
+  if (flags.positional().empty() || flags.positional()[0] != "gpt")
     return cli::fail("new", "expected the architecture 'gpt' (tpc new gpt --preset tiny -o gpt.fb)");
+  if (flags.positional().size() > 1)
+    return cli::fail("new", "unexpected argument '" + flags.positional()[1] + "' (tpc new gpt --preset tiny -o gpt.fb)");
   if (!flags.has("o")) return cli::fail("new", "-o MODEL.fb or -o MODEL.json is required");
   if (Status s = cli::checkOutputFile("-o", flags.get("o")); !s.ok()) return cli::fail("new", s.error());
 

@@ -51,6 +51,11 @@ void panel(std::ostream& svg, double top, const std::string& title, const std::v
     svg << "<text x='" << left + 10 << "' y='" << top + 20 << "' font-size='12'>(nothing logged)</text>\n";
     return;
   }
+  if (!std::isfinite(x1 - x0) || !std::isfinite(2 * (y1 - y0))) {  // 1e308 and -1e308: no scale spans them
+    svg << "<text x='" << left + 10 << "' y='" << top + 20 << "' font-size='12'>(values too large to plot: "
+        << fmt(y0) << " to " << fmt(y1) << ")</text>\n";
+    return;
+  }
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + 1;
   double pad = 0.05 * (y1 - y0);
@@ -95,6 +100,8 @@ int runPlot(std::vector<std::string> args) {
     if (std::filesystem::equivalent(path, flags.get("o"), ec))
       return cli::fail("plot", cat("-o ", flags.get("o"), " is one of the logs to plot: name another file for the SVG"));
   }
+  if (std::filesystem::path(flags.get("o")).extension() != ".svg")
+    return cli::fail("plot", cat("-o ", flags.get("o"), ": plot writes SVG; name the file .svg (e.g. -o curves.svg)"));
   std::vector<Series> losses, speed;
   size_t colour = 0;
   for (const std::string& path : flags.positional()) {
@@ -114,11 +121,16 @@ int runPlot(std::vector<std::string> args) {
         return cli::fail("plot", cat(path, ":", lineNo, ": error: not a tpc run log line (a JSON object with \"step\")"));
       }
       double step = *o->getNumber("step");
-      if (auto x = o->getNumber("loss")) train.points.push_back({step, *x});
-      if (auto x = o->getNumber("valid_loss")) valid.points.push_back({step, *x});
-      if (auto x = o->getNumber("tokens_per_s"); x && step > 1) tps.points.push_back({step, *x});  // step 1 is warm-up
+      // Skipped steps log null; a diverged run may log a non-number: neither is a point.
+      auto finite = [&](const char* key) {
+        auto x = o->getNumber(key);
+        return x && std::isfinite(*x) && std::isfinite(step) ? x : llvm::None;
+      };
+      if (auto x = finite("loss")) train.points.push_back({step, *x});
+      if (auto x = finite("valid_loss")) valid.points.push_back({step, *x});
+      if (auto x = finite("tokens_per_s"); x && step > 1) tps.points.push_back({step, *x});  // step 1 is warm-up
     }
-    if (train.points.empty()) return cli::fail("plot", path + ": error: no \"loss\" in any line");
+    if (train.points.empty()) return cli::fail("plot", path + ": error: no line has a finite number as \"loss\"");
     losses.push_back(train);
     if (!valid.points.empty()) losses.push_back(valid);
     speed.push_back(tps);

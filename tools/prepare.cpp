@@ -40,6 +40,10 @@ int runPrepare(std::vector<std::string> args) {
   opts.input = flags.get("input");
   opts.jsonKey = flags.get("json-key");
   opts.outputPrefix = flags.get("output-prefix");
+  // "data/" would write the hidden files data/.bin and data/.idx: the prefix names the files, not a folder.
+  if (opts.outputPrefix.empty() || opts.outputPrefix.back() == '/' || opts.outputPrefix.back() == '.')
+    return cli::fail("prepare", cat("--output-prefix '", opts.outputPrefix, "' names no file: give the files' name "
+                                    "without .bin/.idx, e.g. --output-prefix data/mycorpus"));
   opts.appendEod = flags.on("append-eod");
   opts.workers = static_cast<int>(*workers);
   opts.progress = !flags.on("quiet");

@@ -67,6 +67,8 @@ int runSample(std::vector<std::string> args) {
       .value("dump-logits", "write the prompt's logits to this safetensors file");
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
+  if (!flags.positional().empty())
+    return cli::fail("sample", "unexpected argument '" + flags.positional()[0] + "' (the text to continue goes in --prompt)");
   if (!flags.has("load")) return cli::fail("sample", "--load CHECKPOINT is required");
   auto maxTokens = flags.getInt("max-tokens", 0, 1 << 20);
   auto topK = flags.getInt("top-k", 0, 1 << 30);
@@ -101,6 +103,12 @@ int runSample(std::vector<std::string> args) {
   const GptConfig& gpt = *model->gpt;
   auto tokenizer = loadTokenizer(model->config.tokenizer);
   if (!tokenizer) return cli::fail("sample", tokenizer.error());
+  if ((*tokenizer)->vocabSize() > gpt.vocab)
+    return cli::fail("sample", cat(ck->path, "/model.fb: error: the ", model->config.tokenizer, " tokenizer's ",
+                                   (*tokenizer)->vocabSize(), " ids do not fit arch.vocab=", gpt.vocab,
+                                   " (tokenizer_type and arch.vocab disagree); write the model with tpc new"));
+  // Only ids the tokenizer can decode are drawn: a vocabulary larger than the tokenizer's has rows no text maps to.
+  const int32_t choices = (*tokenizer)->vocabSize();
 
   // Parameters, in the graph's layout (the embedding padded to its rows).
   auto first = logitsGraph(gpt, model->config, 1);
@@ -205,18 +213,18 @@ int runSample(std::vector<std::string> args) {
     auto logits = forward(len);
     if (!logits) return cli::fail("sample", logits.error());
     const float* last = logits->data<float>() + (len - 1) * gpt.vocab;  // the last real position
-    std::vector<int32_t> order(gpt.vocab);
-    for (int32_t k = 0; k < gpt.vocab; ++k) order[k] = k;
+    std::vector<int32_t> order(choices);
+    for (int32_t k = 0; k < choices; ++k) order[k] = k;
     int32_t next;
     if (*temperature == 0) {
-      next = static_cast<int32_t>(std::max_element(last, last + gpt.vocab) - last);
+      next = static_cast<int32_t>(std::max_element(last, last + choices) - last);
     } else {
-      int64_t k = *topK > 0 ? std::min<int64_t>(*topK, gpt.vocab) : gpt.vocab;
+      int64_t k = *topK > 0 ? std::min<int64_t>(*topK, choices) : choices;
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
                         [&](int32_t a, int32_t b) { return last[a] > last[b]; });
       std::vector<double> p(k);
       double mx = last[order[0]], sum = 0;
-      if (k == gpt.vocab) mx = *std::max_element(last, last + gpt.vocab);
+      if (k == choices) mx = *std::max_element(last, last + choices);
       for (int64_t j = 0; j < k; ++j) sum += p[j] = std::exp((last[order[j]] - mx) / *temperature);
       double u = std::uniform_real_distribution<double>(0, sum)(rng);
       int64_t j = 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 #include "runtime/safetensors.h"
 #include "test_support.h"
@@ -94,7 +95,26 @@ TEST_CASE("hf: foreign or broken Hugging Face directories are refused by name", 
   huge.replace(huge.find("\"n_embd\": 128"), 13, "\"n_embd\": 99999999999999999999");
   test::writeFile(dir / "hf/config.json", huge);
   fail("config.json: error: n_embd is out of range [1, 1048576]");
+  // GPT2Model options tpc's GPT does not compute, and a field of the wrong kind, are named rather than dropped.
+  for (auto [from, to, expected] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"\"scale_attn_weights\": true", "\"scale_attn_weights\": false", "error: scale_attn_weights is false"},
+           {"\"scale_attn_weights\": true", "\"scale_attn_by_inverse_layer_idx\": true",
+            "error: scale_attn_by_inverse_layer_idx is true"},
+           {"\"layer_norm_epsilon\": ", "\"layer_norm_epsilon\": \"x\", \"unused\": ",
+            "config.json: error: layer_norm_epsilon is not a number"}}) {
+    std::string changed = good;
+    REQUIRE(changed.find(from) != std::string::npos);
+    changed.replace(changed.find(from), from.size(), to);
+    test::writeFile(dir / "hf/config.json", changed);
+    fail(expected);
+  }
   test::writeFile(dir / "hf/config.json", good);
+  // Sharded weights get the fix for sharded weights.
+  std::filesystem::rename(dir / "hf/model.safetensors", dir / "hf/model-00001-of-00001.safetensors");
+  test::writeFile(dir / "hf/model.safetensors.index.json", "{}");
+  fail("the weights are sharded");
+  std::filesystem::remove(dir / "hf/model.safetensors.index.json");
+  std::filesystem::rename(dir / "hf/model-00001-of-00001.safetensors", dir / "hf/model.safetensors");
   // What `tpc run` would refuse of the written model is refused before anything is written.
   for (auto [flags, expected] : std::vector<std::pair<std::string, std::string>>{
            {" --tp 3", "--tp 3 does not divide the model's 4 attention heads"},
@@ -164,6 +184,22 @@ TEST_CASE("hf: bad output paths give one error and leave nothing behind", "[hf][
   // An earlier import is replaced.
   for (int i = 0; i < 2; ++i)
     CHECK(tpcIn(dir, "import --hf fresh1 -o ok.fb").exitCode == 0);
+  // -o naming a file the import reads would destroy it.
+  fails("import --hf fresh1 -o fresh1/config.json",
+        "-o fresh1/config.json: error: is the config.json that --hf reads; name another model file");
+
+  // Exporting into an existing model folder replaces its two files and keeps the rest (a tokenizer, a README).
+  test::writeFile(dir / "fresh1/tokenizer.json", "{\"mine\": 1}");
+  const std::string oldConfig = test::readFile(dir / "fresh1/config.json");
+  test::writeFile(dir / "fresh1/config.json", "{\"model_type\": \"gpt2\"}");
+  REQUIRE(tpcIn(dir, "export --hf fresh1 ck").exitCode == 0);
+  CHECK(test::readFile(dir / "fresh1/tokenizer.json") == "{\"mine\": 1}");
+  CHECK(test::readFile(dir / "fresh1/config.json") == oldConfig);
+  CHECK(!std::filesystem::exists(dir / "fresh1.tmp"));
+  std::filesystem::remove(dir / "fresh1/config.json");
+  std::filesystem::create_directories(dir / "fresh1/config.json/x");
+  fails("export --hf fresh1 ck",
+        "fresh1/config.json: error: is a folder where the export writes a file; remove it or name another --hf");
 }
 
 TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped logits", "[sample][cli]") {
@@ -191,6 +227,23 @@ TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped lo
   CHECK(bad.exitCode == 1);
   CHECK(bad.err.find("--temperature must be a finite number >= 0") != std::string::npos);
   CHECK(tpc("sample --load " + ck + " --temperature nan").exitCode == 1);
+  // The prompt is a flag: a bare word is refused, not dropped.
+  auto bare = tpc("sample --load " + ck + " 'The jury'");
+  CHECK(bare.exitCode == 1);
+  CHECK(bare.err == "tpc sample: error: unexpected argument 'The jury' (the text to continue goes in --prompt)\n");
+}
+
+TEST_CASE("sample: a vocabulary larger than the tokenizer's draws only ids the tokenizer can decode", "[sample][cli]") {
+  test::TempDir dir;
+  // The byte tokenizer has 257 ids; rows 257-999 are trained (toward never) but no text maps to them.
+  REQUIRE(tpc("new gpt --preset tiny --vocab 1000 -o " + (dir / "v.fb")).exitCode == 0);
+  REQUIRE(tpc("run " + (dir / "v.fb") + " --threads 2 --train-iters 1 --quiet --eval-interval 0 --save " + (dir / "ck"))
+              .exitCode == 0);
+  for (const char* mode : {"--temperature 1", "--temperature 5 --top-k 900"}) {
+    auto r = tpc("sample --threads 2 --load " + (dir / "ck") + " --prompt ab --max-tokens 40 --seed 3 " + mode);
+    CHECK(r.exitCode == 0);
+    CHECK(r.err.empty());
+  }
 }
 
 TEST_CASE("sample: the fixed window (one graph) gives today's greedy output, also past the position table", "[sample][cli]") {

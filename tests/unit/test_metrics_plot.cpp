@@ -89,6 +89,24 @@ TEST_CASE("plot: loss, validation loss and tokens/s of one or more logs as SVG",
   auto toFolder = test::runCommand(test::tpcBinary() + " plot " + (dir / "a.jsonl") + " -o " + dir.path.string());
   CHECK(toFolder.exitCode == 1);
   CHECK(toFolder.err == "-o " + dir.path.string() + ": error: is a directory; name a file to write, not a folder\n");
+  // The file is SVG whatever it is called: another extension is refused.
+  auto png = test::runCommand(test::tpcBinary() + " plot " + (dir / "a.jsonl") + " -o " + (dir / "c.png"));
+  CHECK(png.exitCode == 1);
+  CHECK(png.err == "tpc plot: error: -o " + (dir / "c.png") + ": plot writes SVG; name the file .svg (e.g. -o curves.svg)\n");
+  CHECK(!std::filesystem::exists(dir / "c.png"));
+  // Non-numbers are no points; values no scale spans say so instead of drawing NaN coordinates.
+  test::writeFile(dir / "nan.jsonl", "{\"step\": 1, \"loss\": \"nan\"}\n{\"step\": 2, \"loss\": null}\n");
+  auto nan = test::runCommand(test::tpcBinary() + " plot " + (dir / "nan.jsonl") + " -o " + (dir / "n.svg"));
+  CHECK(nan.exitCode == 1);
+  CHECK(nan.err == (dir / "nan.jsonl") + ": error: no line has a finite number as \"loss\"\n");
+  test::writeFile(dir / "huge.jsonl", "{\"step\": 1, \"loss\": 1e308}\n{\"step\": 2, \"loss\": -1e308}\n"
+                                      "{\"step\": 3, \"loss\": \"nan\"}\n");
+  auto huge = test::runCommand(test::tpcBinary() + " plot " + (dir / "huge.jsonl") + " -o " + (dir / "h.svg"));
+  CHECK(huge.exitCode == 0);
+  const std::string hsvg = test::readFile(dir / "h.svg");
+  CHECK(hsvg.find("nan") == std::string::npos);
+  CHECK(hsvg.find("inf") == std::string::npos);
+  CHECK(hsvg.find("(values too large to plot") != std::string::npos);
 }
 
 }  // namespace tpc

@@ -275,6 +275,10 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
   auto noValue = test::runCommand(tpc + " new gpt -o");
   CHECK(noValue.exitCode == 1);
   CHECK(noValue.err == "tpc new: error: option -o needs a value\n");
+  auto extra = test::runCommand(tpc + " new gpt -o " + dir + "/cli_bad.fb extra");
+  CHECK(extra.exitCode == 1);
+  CHECK(extra.err == "tpc new: error: unexpected argument 'extra' (tpc new gpt --preset tiny -o gpt.fb)\n");
+  CHECK(!std::filesystem::exists(dir + "/cli_bad.fb"));
   auto toFolder = test::runCommand(tpc + " new gpt -o " + dir);
   CHECK(toFolder.exitCode == 1);
   CHECK(toFolder.err == "-o " + dir + ": error: is a directory; name a file to write, not a folder\n");

@@ -150,6 +150,12 @@ TEST_CASE("tpc prepare refuses bad input with the file and line, leaving nothing
     expectFailure(prepare("--input " + (dir / "bad.jsonl") + " --tokenizer gpt2 --output-prefix " + out), out,
                   {dir / "bad.jsonl:2:", "UTF-8"});
   }
+  SECTION("a prefix that names a folder, not the files") {
+    test::writeFile(dir / "in.txt", "a line\n");
+    std::filesystem::create_directories(dir / "p");
+    expectFailure(prepare("--input " + (dir / "in.txt") + " --tokenizer byte --output-prefix " + (dir / "p/")),
+                  dir / "p/", {"--output-prefix '" + (dir / "p/") + "' names no file"});
+  }
   SECTION("an empty input") {
     test::writeFile(dir / "empty.txt", "");
     expectFailure(prepare("--input " + (dir / "empty.txt") + byteFlags), out, {dir / "empty.txt", "no documents"});
