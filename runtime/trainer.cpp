@@ -125,13 +125,24 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
   const int64_t tokensPerStep = rows * seq;
 
   std::ofstream jsonl;
+  // A fresh log that a failed run wrote no line to is removed again: no empty file left behind.
+  struct EmptyLogRemover {
+    std::string path;
+    bool wroteLine = false, finished = false;
+    ~EmptyLogRemover() {
+      if (!path.empty() && !wroteLine && !finished) std::remove(path.c_str());
+    }
+  } emptyLog;
   if (!settings.logJsonl.empty()) {
     // A resumed run appends to the log of the run it continues.
-    jsonl.open(settings.logJsonl, settings.firstIter > 1 ? std::ios::app : std::ios::trunc);
+    const bool fresh = settings.firstIter <= 1;
+    jsonl.open(settings.logJsonl, fresh ? std::ios::trunc : std::ios::app);
     if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log");
+    if (fresh) emptyLog.path = settings.logJsonl;
   }
   // One line of the JSONL log, flushed; a write that fails (a full disk) ends the run rather than lose the log.
   auto jsonlLine = [&](const std::string& line) -> Status {
+    emptyLog.wroteLine = true;
     jsonl << line << "\n";
     jsonl.flush();
     if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log (is the disk full?)");
@@ -350,6 +361,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double trainSeconds = report.seconds - report.evalSeconds;
   report.tokensPerSecond = trainSeconds > 0 ? static_cast<double>(total * tokensPerStep) / trainSeconds : 0;
+  emptyLog.finished = true;
   return report;
 }
 

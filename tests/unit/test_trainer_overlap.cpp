@@ -6,7 +6,10 @@
 
 #include <sstream>
 
+#include <filesystem>
+
 #include "gpt_step_support.h"
+#include "test_support.h"
 #include "runtime/trainer.h"
 
 namespace tpc {
@@ -139,6 +142,43 @@ TEST_CASE("trainer: a step's log line is written after the next step has started
   const std::string out = console.str();
   for (int k = 1; k <= 4; ++k) CHECK(out.find("step      " + std::to_string(k) + "/4 | loss ") != std::string::npos);
   CHECK(out.find("step      4/4") < out.find("time per step"));
+}
+
+
+// A source whose reads fail from the `failAt`-th on, as a dataset on a failing disk would.
+class FailingBatches final : public BatchSource {
+ public:
+  explicit FailingBatches(int failAt) : inner_(20, 3), failAt_(failAt) {}
+  Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
+    if (++reads_ >= failAt_) return makeError("read ", reads_, " failed");
+    return inner_.next(tokens, targets, rows, seq);
+  }
+
+ private:
+  test::LearnableBatches inner_;
+  int failAt_, reads_ = 0;
+};
+
+TEST_CASE("trainer: a run that fails before its first log line leaves no JSONL file; one that logged keeps its lines",
+          "[run]") {
+  auto g = test::gptStep(test::smallGpt(), 4, "autodiff(clip-grad=1.0),cse,dce");
+  CpuOptions o;
+  o.threads = 2;
+  auto b = test::preparedCpuBackend(*g, o, 1);
+  test::TempDir dir;
+  TrainerSettings s = constantLr(6, 1);
+  s.logJsonl = dir / "run.jsonl";
+  std::ostringstream console;
+  FailingBatches first(1);  // the first batch already fails
+  auto r = train(*b, *g, first, s, console);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("read 1 failed") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(s.logJsonl));
+  FailingBatches later(4);  // steps 1-2 logged, the read of batch 4 (during step 3) fails
+  auto r2 = train(*b, *g, later, s, console);
+  REQUIRE_FALSE(r2.ok());
+  REQUIRE(std::filesystem::exists(s.logJsonl));
+  CHECK(test::jsonlField(test::readFile(s.logJsonl), "loss").size() >= 2);
 }
 
 }  // namespace tpc
