@@ -42,6 +42,9 @@ std::string dataDir() {
 Result<std::string> requireDataFile(const std::string& relPath, const std::string& what) {
   std::string path = (fs::path(dataDir()) / relPath).string();
   std::error_code ec;
+  if (fs::is_directory(path, ec))
+    return makeError(what, " file ", path, " is a folder; remove it and run scripts/fetch_data.sh to download the file",
+                     " (or set TPC_DATA_DIR to the folder that holds ", relPath, ")");
   if (!fs::is_regular_file(path, ec))
     return makeError(what, " file ", path, " not found; run scripts/fetch_data.sh to download it",
                      " (or set TPC_DATA_DIR to the folder that holds ", relPath, ")");

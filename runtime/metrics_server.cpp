@@ -23,10 +23,13 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(int port, bool anyIn
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(anyInterface ? INADDR_ANY : INADDR_LOOPBACK);
   if (::bind(s->listenFd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(s->listenFd_, 8) != 0) {
-    std::string why = std::strerror(errno);
+    const int err = errno;
     ::close(s->listenFd_);
     s->listenFd_ = -1;
-    return makeError("--metrics-port ", port, ": cannot listen: ", why, " (is another process using the port?)");
+    const char* hint = err == EACCES   ? " (ports below 1024 need root; pick one from 1024 up, e.g. 9400)"
+                       : err == EADDRINUSE ? " (another process is using the port; pick another)"
+                                           : "";
+    return makeError("--metrics-port ", port, ": cannot listen: ", std::strerror(err), hint);
   }
   socklen_t len = sizeof addr;
   ::getsockname(s->listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -146,6 +147,8 @@ Result<SafetensorsFile> parseSafetensors(const std::string& path, std::string_vi
 }
 
 Result<SafetensorsFile> readSafetensors(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return makeError(path, ": error: is a folder, not a safetensors file");
   std::ifstream f(path, std::ios::binary);
   if (!f) return makeError(path, ": error: cannot open: ", std::strerror(errno));
   std::stringstream ss;

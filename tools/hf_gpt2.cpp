@@ -151,6 +151,8 @@ Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::map
 
 Result<std::pair<GptConfig, std::map<std::string, HostTensor>>> readHfGpt2(const std::string& dir) {
   const std::string cfgPath = dir + "/config.json";
+  std::error_code ec;
+  if (fs::is_directory(cfgPath, ec)) return makeError(cfgPath, ": error: is a folder, not the model's config file");
   std::ifstream f(cfgPath);
   if (!f) return makeError(cfgPath, ": error: cannot open (is ", dir, " a Hugging Face model directory?)");
   std::stringstream ss;

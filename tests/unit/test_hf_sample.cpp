@@ -200,6 +200,7 @@ TEST_CASE("hf: bad output paths give one error and leave nothing behind", "[hf][
   std::filesystem::create_directories(dir / "fresh1/config.json/x");
   fails("export --hf fresh1 ck",
         "fresh1/config.json: error: is a folder where the export writes a file; remove it or name another --hf");
+  fails("import --hf fresh1 -o y.fb", "fresh1/config.json: error: is a folder, not the model's config file");
 }
 
 TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped logits", "[sample][cli]") {

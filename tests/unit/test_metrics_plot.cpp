@@ -44,6 +44,7 @@ TEST_CASE("metrics: the latest figures in Prometheus text format at /metrics", "
   auto again = MetricsServer::start((*server)->port());
   REQUIRE(!again.ok());
   CHECK(again.error().find("cannot listen") != std::string::npos);
+  CHECK(again.error().find("(another process is using the port; pick another)") != std::string::npos);
 }
 
 TEST_CASE("plot: loss, validation loss and tokens/s of one or more logs as SVG", "[plot][cli]") {
