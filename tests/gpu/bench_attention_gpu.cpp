@@ -104,7 +104,7 @@ double relDiff(const void* a, const void* b, size_t n) {
   };
   double diff = 0, mag = 0;
   for (size_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(f(ha[i]) - f(hb[i])));
+    diff = test::worseOf(diff, test::absError(f(ha[i]), f(hb[i])));
     mag = std::max(mag, std::abs(f(ha[i])));
   }
   return diff / std::max(mag, 1e-30);

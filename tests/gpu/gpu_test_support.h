@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/cuda/device_info.h"
+#include "worst_error.h"
 
 #define CUDA_OK(expr)                                                      \
   do {                                                                     \
@@ -31,12 +32,10 @@ inline void requireGpuOrSkip() {
   std::_Exit(77);
 }
 
-// The largest |got[i] - want[i]| / |want[i]| over two runs' losses of the same steps.
+// The largest |got[i] - want[i]| / |want[i]| over two runs' losses of the same steps (a NaN loss, or runs of
+// different lengths: infinite).
 inline double worstRelativeDifference(const std::vector<double>& want, const std::vector<double>& got) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size() && i < got.size(); ++i)
-    worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
-  return worst;
+  return worstRelError(got, want);
 }
 
 }  // namespace tpc::test

@@ -111,16 +111,14 @@ TEST_CASE("cuda eval: validation losses on the GPU equal the CPU evaluator's on 
     INFO(console.str() << (report.ok() ? std::string() : report.error()));
     REQUIRE(report.ok());
     REQUIRE(gpu.size() == 3);  // steps 2, 4, 6
-    double worst = 0;
-    for (size_t i = 0; i < gpu.size(); ++i) worst = std::max(worst, std::abs(gpu[i] - cpu[i]) / std::abs(cpu[i]));
+    double worst = test::worstRelError(gpu, cpu);
     WARN("tp " << tp << ": valid losses (gpu) " << gpu[0] << ", " << gpu[1] << ", " << gpu[2] << "; worst relative "
                << "difference from the CPU evaluator " << worst << "; evaluation time gpu " << gpuSeconds << "s, cpu "
                << cpuSeconds << "s");
     CHECK(worst <= 1e-4);
     if (sharded) {
       REQUIRE(onRanks.size() == 3);
-      double worstRanks = 0;
-      for (size_t i = 0; i < onRanks.size(); ++i) worstRanks = std::max(worstRanks, std::abs(onRanks[i] - cpu[i]) / std::abs(cpu[i]));
+      double worstRanks = test::worstRelError(onRanks, cpu);
       WARN("tp " << tp << ": sharded evaluator's valid losses " << onRanks[0] << ", " << onRanks[1] << ", " << onRanks[2]
                  << "; worst relative difference from the CPU evaluator " << worstRanks);
       CHECK(worstRanks <= 1e-4);

@@ -57,11 +57,7 @@ int countOps(const Graph& g, OpKind op) {
   return n;
 }
 
-double worstRel(const std::vector<double>& a, const std::vector<double>& b) {
-  double w = 0;
-  for (size_t i = 0; i < a.size(); ++i) w = std::max(w, std::abs(a[i] - b[i]) / std::abs(b[i]));
-  return w;
-}
+double worstRel(const std::vector<double>& a, const std::vector<double>& b) { return test::worstRelError(a, b); }
 
 }  // namespace
 

@@ -64,11 +64,7 @@ HostTensor runCpu(const Graph& g, const TensorMap& in) {
   return want->at("y");
 }
 
-double worstDifference(const HostTensor& got, const HostTensor& want) {
-  double worst = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) worst = std::max(worst, std::abs(got.getAsDouble(i) - want.getAsDouble(i)));
-  return worst;
-}
+double worstDifference(const HostTensor& got, const HostTensor& want) { return test::worstAbsError(got, want); }
 
 double largestMagnitude(const HostTensor& t) {
   double m = 0;

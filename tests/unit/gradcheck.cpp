@@ -9,6 +9,7 @@
 #include "ir/assert.h"
 #include "passes/autodiff.h"
 #include "runtime/cpu/cpu_executor.h"
+#include "worst_error.h"
 
 namespace tpc::test {
 
@@ -67,7 +68,8 @@ GradcheckResult gradcheckGraph(Graph& g, const std::string& lossName, int64_t in
       double down = lossAt();
       ps[k].setFromDouble(i, x0);
       double numeric = (up - down) / (2 * h), a = (*base)[1 + k].getAsDouble(i);
-      double err = std::abs(a - numeric) / std::max({std::abs(a), std::abs(numeric), 1e-3});
+      // A NaN gradient (either side) is the worst: `err >= worst` is false for NaN.
+      double err = nanAsInfinite(std::abs(a - numeric) / std::max({std::abs(a), std::abs(numeric), 1e-3}));
       ++res.checked;
       if (err >= res.worstRelError) {
         res.worstRelError = err;

@@ -15,6 +15,7 @@
 #include "passes/builtin_passes.h"
 #include "gradcheck.h"
 #include "test_support.h"
+#include "worst_error.h"
 
 #include "runtime/cpu/cpu_executor.h"
 
@@ -527,7 +528,7 @@ void checkGradients(const std::string& text, GradCheckOptions opt = {}) {
       double err = std::abs(a - numeric) / std::max({std::abs(a), std::abs(numeric), 1e-3});
       INFO("d/d" << wrt[w]->name() << "[" << i << "]: analytic " << a << ", numeric " << numeric);
       CHECK(err < 1e-6);
-      worst = std::max(worst, err);
+      worst = test::worseOf(worst, err);
     }
   }
   UNSCOPED_INFO("worst relative error " << worst);

@@ -4,6 +4,9 @@
 // it takes. The engines and the numbers are the GPU test's (tests/gpu/test_cudnn_attention.cpp).
 #ifdef TPC_HAVE_CUDA
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "cuda_kernel_cases.h"
 #include "runtime/cuda/cuda_libraries.h"
 #include "runtime/cuda/cudnn_attention.h"
@@ -12,6 +15,22 @@
 using namespace tpc;
 using namespace tpc::test;
 using namespace tpc::test::kernels;
+
+namespace {
+
+// Catch2 2 has no SKIP. CTest runs each test case in a process of its own, where exit code 77 reports it
+// skipped (SKIP_RETURN_CODE, tests/CMakeLists.txt); a run of several test cases goes on with a warning.
+void skipTest(const std::string& why) {
+  const Catch::IConfig& config = *Catch::getCurrentContext().getConfig();
+  if (Catch::filterTests(Catch::getAllTestCasesSorted(config), config.testSpec(), config).size() == 1) {
+    std::printf("SKIPPED: %s\n", why.c_str());
+    std::fflush(stdout);
+    std::_Exit(77);
+  }
+  WARN("SKIPPED: " << why);
+}
+
+}  // namespace
 
 TEST_CASE("cudnn attention: which attention ops cuDNN takes", "[cuda]") {
   const DType bf = DType::bf16, f = DType::f32;
@@ -42,8 +61,10 @@ TEST_CASE("cudnn attention: which attention ops cuDNN takes", "[cuda]") {
 TEST_CASE("cudnn attention: the forward and backward graphs' descriptors finalize", "[cuda]") {
   auto lib = cuda::cudnn();
   if (!lib.ok()) {
-    // Without cuDNN the error names the library and the ways to get it (and TPC_ATTENTION=tpc).
-    CHECK_THAT(lib.error(), Catch::Contains("libcudnn.so.9") && Catch::Contains("TPC_ATTENTION=tpc"));
+    // Without cuDNN the error names the library and the ways to get it (and TPC_ATTENTION=tpc); REQUIRE, so
+    // that a wrong message fails rather than being skipped. Nothing else here can be checked: skipped.
+    REQUIRE_THAT(lib.error(), Catch::Contains("libcudnn.so.9") && Catch::Contains("TPC_ATTENTION=tpc"));
+    skipTest("no cuDNN: " + lib.error());
     return;
   }
   int built = 0, backward = 0;

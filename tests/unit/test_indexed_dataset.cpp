@@ -2,6 +2,7 @@
 // the --split arithmetic, and TokenWindows' order, windows and exact resumption.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -40,6 +41,34 @@ std::vector<int32_t> tokensOf(const TokenSpan& s) {
 }
 
 std::string u64(uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+std::string i32(int32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
+
+// An index over `binBytes` bytes of tokens that open() cannot refuse, yet unlike the writer's: a random token
+// dtype whose size divides them, random sequence lengths (some empty) back to back over them, random documents.
+template <class Rnd>
+std::string consistentIndex(Rnd& rnd, size_t binBytes) {
+  std::vector<uint8_t> codes;
+  for (TokenDType t : {TokenDType::UInt8, TokenDType::Int8, TokenDType::Int16, TokenDType::UInt16, TokenDType::Int32,
+                       TokenDType::Int64})
+    if (binBytes % tokenDTypeBytes(uint8_t(t)) == 0) codes.push_back(uint8_t(t));
+  const uint8_t code = codes[rnd() % codes.size()];
+  const uint64_t tokens = binBytes / tokenDTypeBytes(code);
+  const uint64_t numSeq = tokens ? 1 + rnd() % 6 : rnd() % 3;  // sequences must cover every token
+  auto cuts = [&](size_t n, uint64_t upTo) {  // 0, n - 1 sorted random points in [0, upTo], upTo
+    std::vector<uint64_t> c = {0};
+    for (size_t i = 1; i < n; ++i) c.push_back(rnd() % (upTo + 1));
+    std::sort(c.begin(), c.end());
+    c.push_back(upTo);
+    return c;
+  };
+  std::vector<uint64_t> seqStart = cuts(numSeq, tokens), docIdx = cuts(1 + rnd() % 4, numSeq);
+  std::string b(kIndexMagic, sizeof(kIndexMagic));
+  b += u64(kIndexVersion) + std::string(1, char(code)) + u64(numSeq) + u64(docIdx.size());
+  for (size_t i = 0; i < numSeq; ++i) b += i32(int32_t(seqStart[i + 1] - seqStart[i]));
+  for (size_t i = 0; i < numSeq; ++i) b += u64(seqStart[i] * tokenDTypeBytes(code));
+  for (uint64_t d : docIdx) b += u64(d);
+  return b;
+}
 
 // Opening must fail with a message naming `file` and containing `what`.
 void expectOpenError(const std::string& prefix, const std::string& file, const std::string& what) {
@@ -268,29 +297,51 @@ TEST_CASE("bad .idx and .bin files are refused with the file named", "[dataset][
   }
 }
 
+// Even trials corrupt the writer's index at random bytes (nearly all refused); odd ones write random .bin bytes
+// and a random index consistent with them, which open() must accept. Whatever opens, its documents read in
+// order are exactly .bin's tokens: every read lies inside the mapping, at the place the index says.
 TEST_CASE("randomly corrupted index files never read outside the mapping", "[dataset][errors]") {
   test::TempDir dir;
   const std::string prefix = dir / "fuzz";
   writeDataset(prefix, {{1, 2, 3}, {4, 5}, {}, {6, 7, 8, 9}});
-  const std::string goodIdx = readFile(prefix + ".idx");
+  const std::string goodIdx = readFile(prefix + ".idx"), goodBin = readFile(prefix + ".bin");
   uint64_t state = 99;
   auto rnd = [&] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
-  int opened = 0;
+  int opened = 0, refused = 0;
   for (int trial = 0; trial < 600; ++trial) {
-    std::string b = goodIdx;
-    int edits = 1 + int(rnd() % 3);
-    for (int e = 0; e < edits; ++e) b[rnd() % b.size()] = static_cast<char>(rnd());
-    if (rnd() % 4 == 0) b.resize(rnd() % b.size());
-    writeBytes(prefix + ".idx", b);
+    std::string idx = goodIdx, bin = goodBin;
+    if (trial % 2 == 0) {
+      int edits = 1 + int(rnd() % 3);
+      for (int e = 0; e < edits; ++e) idx[rnd() % idx.size()] = static_cast<char>(rnd());
+      if (rnd() % 4 == 0) idx.resize(rnd() % idx.size());
+    } else {
+      bin.resize(rnd() % 49);
+      for (char& c : bin) c = static_cast<char>(rnd());
+      idx = consistentIndex(rnd, bin.size());
+    }
+    writeBytes(prefix + ".idx", idx);
+    writeBytes(prefix + ".bin", bin);
     auto ds = IndexedDataset::open(prefix);
-    if (!ds.ok()) continue;
-    ++opened;  // then every token of every document must be readable
-    int64_t sum = 0;
-    for (size_t d = 0; d < ds->numDocuments(); ++d)
-      for (size_t i = 0; i < ds->document(d).size(); ++i) sum += ds->document(d)[i];
-    CHECK(sum >= 0);
+    INFO("trial " << trial << (ds.ok() ? std::string() : ": " + ds.error()));
+    if (!ds.ok()) {
+      CHECK(trial % 2 == 0);
+      ++refused;
+      continue;
+    }
+    ++opened;
+    const size_t item = tokenDTypeBytes(uint8_t(ds->dtype()));
+    const TokenSpan whole(reinterpret_cast<const uint8_t*>(bin.data()), bin.size() / item, ds->dtype());
+    REQUIRE(ds->numTokens() == whole.size());
+    size_t at = 0;
+    for (size_t d = 0; d < ds->numDocuments(); ++d) {
+      TokenSpan doc = ds->document(d);
+      REQUIRE(at + doc.size() <= whole.size());
+      for (size_t i = 0; i < doc.size(); ++i, ++at) REQUIRE(doc[i] == whole[at]);
+    }
+    CHECK(at == whole.size());
   }
-  CHECK(opened < 600);
+  CHECK(opened >= 300);  // every consistent index, so the reads above ran
+  CHECK(refused > 250);  // and the corruptions were refused
 }
 
 TEST_CASE("the split string divides documents as Megatron's get_train_valid_test_split_", "[dataset][split]") {

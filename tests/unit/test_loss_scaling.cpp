@@ -13,6 +13,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/trainer.h"
 #include "test_support.h"
+#include "worst_error.h"
 #ifdef TPC_HAVE_CUDA
 #include <set>
 
@@ -128,8 +129,7 @@ TEST_CASE("loss scaling: the scale seeds the backward and the gradients come bac
   auto wa = a->readState("h.0.mlp.c_fc.weight"), wb = b->readState("h.0.mlp.c_fc.weight");
   REQUIRE(wa.ok());
   REQUIRE(wb.ok());
-  double worst = 0;
-  for (int64_t i = 0; i < wa->numel(); ++i) worst = std::max(worst, std::abs(wa->getAsDouble(i) - wb->getAsDouble(i)));
+  double worst = test::worstAbsError(*wa, *wb);
   CHECK(worst <= 1e-7);
 }
 
@@ -153,11 +153,7 @@ TEST_CASE("loss scaling: fp16 training on the CPU follows fp32 within fp16 noise
   CHECK(rb->skippedSteps.empty());
   CHECK(rb->end.lossScale == 65536);
   CHECK(rb->end.lossScaleGoodSteps == 8);
-  double worst = 0, any = 0;
-  for (size_t i = 0; i < 8; ++i) {
-    worst = std::max(worst, std::abs(rb->losses[i] - ra->losses[i]) / ra->losses[i]);
-    any = std::max(any, std::abs(rb->losses[i] - ra->losses[i]));
-  }
+  double worst = test::worstRelError(rb->losses, ra->losses), any = test::worstAbsError(rb->losses, ra->losses);
   WARN("fp16 (loss scale 65536) vs fp32 losses over 8 steps: worst relative difference " << worst << "; fp32 "
        << ra->losses.front() << " -> " << ra->losses.back() << ", fp16 " << rb->losses.front() << " -> " << rb->losses.back());
   CHECK(worst <= 5e-3);  // fp16 keeps 11 bits (bf16 8, whose test allows 2e-2)

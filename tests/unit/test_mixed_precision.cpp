@@ -6,6 +6,7 @@
 #include <random>
 
 #include "gpt_step_support.h"
+#include "worst_error.h"
 
 namespace tpc {
 namespace {
@@ -62,11 +63,7 @@ TEST_CASE("mixed-precision: matmuls and attention in bf16, f32 masters, AdamW st
 TEST_CASE("mixed-precision: bf16 training on the CPU follows fp32 within bf16 noise", "[precision]") {
   auto f32 = trainLosses(*trainingStep(""), 8);
   auto bf16 = trainLosses(*trainingStep("mixed-precision(dtype=bf16),"), 8);
-  double worst = 0, any = 0;
-  for (size_t i = 0; i < f32.size(); ++i) {
-    worst = std::max(worst, std::abs(bf16[i] - f32[i]) / f32[i]);
-    any = std::max(any, std::abs(bf16[i] - f32[i]));
-  }
+  double worst = test::worstRelError(bf16, f32), any = test::worstAbsError(bf16, f32);
   WARN("bf16 vs fp32 losses over 8 steps: worst relative difference " << worst << "; fp32 " << f32.front() << " -> "
                                                                       << f32.back() << ", bf16 " << bf16.front()
                                                                       << " -> " << bf16.back());

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "gpt_step_support.h"
+#include "worst_error.h"
 #include "models/gpt.h"
 #include "passes/builtin_passes.h"
 #include "passes/pipeline.h"
@@ -125,7 +126,7 @@ void checkClose(const TensorMap& want, const TensorMap& got) {
     REQUIRE(g.numel() == w.numel());
     double worst = 0, scale = 0;
     for (int64_t i = 0; i < w.numel(); ++i) {
-      worst = std::max(worst, std::abs(g.getAsDouble(i) - w.getAsDouble(i)));
+      worst = test::worseOf(worst, test::absError(g.getAsDouble(i), w.getAsDouble(i)));
       scale = std::max(scale, std::abs(w.getAsDouble(i)));
     }
     CHECK(worst <= 1e-6 * std::max(scale, 1.0));

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "gpt_step_support.h"
+#include "worst_error.h"
 #include "ir/fusion_group.h"
 #include "ir/verifier.h"
 #include "runtime/cuda/lowering.h"
@@ -174,10 +175,10 @@ void checkClose(const TensorMap& want, const TensorMap& got, double tol) {
     double worst = 0, scale = 0, noise = 0;
     for (int64_t i = 0; i < w.numel(); ++i) {
       if (isKeyBias(name, i)) {
-        noise = std::max({noise, std::abs(g.getAsDouble(i)), std::abs(w.getAsDouble(i))});
+        noise = test::worseOf(test::worseOf(noise, std::abs(g.getAsDouble(i))), std::abs(w.getAsDouble(i)));
         continue;
       }
-      worst = std::max(worst, std::abs(g.getAsDouble(i) - w.getAsDouble(i)));
+      worst = test::worseOf(worst, test::absError(g.getAsDouble(i), w.getAsDouble(i)));
       scale = std::max(scale, std::abs(w.getAsDouble(i)));
     }
     CHECK(worst <= tol * std::max(scale, 1.0));

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "gpt_step_support.h"
+#include "worst_error.h"
 
 namespace tpc {
 namespace {
@@ -81,7 +82,8 @@ std::unique_ptr<Graph> stepGraph(const Setup& s) {
   return test::gptStep(smallGpt(s.dropout), 4, passes);
 }
 
-// Per tensor: max |a - b| / max |b| (max-norm relative) and ||a - b||_2 / ||b||_2 (norm-wise relative).
+// Per tensor: max |a - b| / max |b| (max-norm relative) and ||a - b||_2 / ||b||_2 (norm-wise relative); a NaN
+// makes both infinite (so the worst tensor below).
 struct TensorErr {
   double maxRel = 0, l2Rel = 0;
 };
@@ -89,12 +91,12 @@ TensorErr tensorErr(const std::vector<double>& a, const std::vector<double>& b) 
   double num = 0, den = 0, num2 = 0, den2 = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     double d = a[i] - b[i];
-    num = std::max(num, std::abs(d));
+    num = test::worseOf(num, test::absError(a[i], b[i]));
     den = std::max(den, std::abs(b[i]));
     num2 += d * d;
     den2 += b[i] * b[i];
   }
-  return {num / std::max(den, 1e-300), std::sqrt(num2) / std::max(std::sqrt(den2), 1e-300)};
+  return {num / std::max(den, 1e-300), test::nanAsInfinite(std::sqrt(num2) / std::max(std::sqrt(den2), 1e-300))};
 }
 
 struct Worst {
@@ -110,10 +112,7 @@ Worst compare(const Setup& s, bool fp64) {
   Trace got = train(*stepGraph(s), steps, 99, fp64);
   REQUIRE(got.losses.size() == ref.losses.size());
   Worst w;
-  for (size_t i = 0; i < ref.losses.size(); ++i) {
-    w.loss = std::max(w.loss, std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
-    w.loss = std::max(w.loss, std::abs(got.norms[i] - ref.norms[i]) / std::abs(ref.norms[i]));
-  }
+  w.loss = std::max(test::worstRelError(got.losses, ref.losses), test::worstRelError(got.norms, ref.norms));
   double diff2[2] = {0, 0}, norm2[2] = {0, 0};
   for (const auto& [name, v] : ref.params) {
     REQUIRE(got.params.count(name));
@@ -165,9 +164,10 @@ void checkEquivalent(const Setup& s) {
 
 }  // namespace
 
-TEST_CASE("sharding equivalence: tp 1, 2, 4, 8 match one rank", "[sharding][equivalence]") {
+// (tp 1 without sp or dp is the reference itself: nothing to compare.)
+TEST_CASE("sharding equivalence: tp 2, 4, 8 match one rank", "[sharding][equivalence]") {
   for (bool dropout : {false, true})
-    for (int64_t tp : {1, 2, 4, 8}) checkEquivalent(Setup{tp, 1, false, dropout});
+    for (int64_t tp : {2, 4, 8}) checkEquivalent(Setup{tp, 1, false, dropout});
 }
 
 TEST_CASE("sharding equivalence: sequence parallel tp 1, 2, 4, 8 match one rank", "[sharding][equivalence]") {
