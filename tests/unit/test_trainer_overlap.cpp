@@ -159,7 +159,7 @@ class FailingBatches final : public BatchSource {
   int failAt_, reads_ = 0;
 };
 
-TEST_CASE("trainer: a run that fails before its first log line leaves no JSONL file; one that logged keeps its lines",
+TEST_CASE("trainer: a run that fails before its first log line leaves no JSONL file, one that logged keeps its lines",
           "[run]") {
   auto g = test::gptStep(test::smallGpt(), 4, "autodiff(clip-grad=1.0),cse,dce");
   CpuOptions o;
