@@ -182,6 +182,13 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
   return {};
 }
 
+std::string checkpointHeldIn(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / kLatest, ec)) return kLatest;
+  auto all = checkpointsIn(dir);
+  return all.empty() ? std::string() : all.back().second.filename().string();
+}
+
 Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir) {
   fs::path p(dir);
   std::error_code ec;

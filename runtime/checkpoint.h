@@ -54,6 +54,10 @@ Result<CheckpointState> parseCheckpointState(const std::string& text, const std:
 // Loads the checkpoint DIR's `latest` file names (or DIR itself when it is an iter_N directory).
 Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir);
 
+// What in `dir` shows that it holds checkpoints (its latest-iteration file, else its newest iter_N folder); empty
+// when nothing does.
+std::string checkpointHeldIn(const std::string& dir);
+
 // The tensor `name` of a loaded checkpoint as `want`: stored in the unsharded layout `layout` (e.g. [D, 3D]
 // for a QKV weight the graph views as [D, 3, D]; [vocab, D] for an embedding `want`s as [padded, D], the
 // padding rows then zero). Errors name the checkpoint, the tensor and both shapes.

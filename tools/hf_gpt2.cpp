@@ -93,7 +93,8 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
     return makeError(path, ": error: scale_attn_by_inverse_layer_idx is true; tpc's attention does not scale by layer");
   auto number = [&](const char* key, double def, double& field) -> Status {
     const llvm::json::Value* x = o->get(key);
-    if (!x || x->kind() == llvm::json::Value::Null) return field = def, Status{};
+    field = def;
+    if (!x || x->kind() == llvm::json::Value::Null) return {};
     if (!x->getAsNumber()) return makeError(path, ": error: ", key, " is not a number");
     field = *x->getAsNumber();
     return {};

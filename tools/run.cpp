@@ -77,12 +77,8 @@ Status checkCheckpointFolder(const std::string& dir) {
 // A fresh run does not write into another run's checkpoints: its iter_N folders and the latest-iteration file would
 // replace theirs, and --keep would delete them. Resuming from that folder (--load DIR --save DIR) is the one way in.
 Status checkSaveFolderIsFree(const std::string& dir, const std::optional<LoadedCheckpoint>& loaded) {
-  std::error_code ec;
-  if (loaded && (cli::sameFile(loaded->path, dir) || cli::insideFolder(loaded->path, dir))) return {};
-  std::string held;
-  if (fs::exists(fs::path(dir) / "latest_checkpointed_iteration.txt", ec)) held = "latest_checkpointed_iteration.txt";
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end && held.empty(); it.increment(ec))
-    if (it->path().filename().string().rfind("iter_", 0) == 0) held = it->path().filename().string();
+  if (loaded && cli::insideFolder(loaded->path, dir)) return {};  // loaded->path is DIR/iter_N
+  const std::string held = checkpointHeldIn(dir);
   if (held.empty()) return {};
   return makeError("--save ", dir, ": error: already holds another run's checkpoints (", held, "); resume that run with "
                    "--load ", dir, ", or pick an empty or new folder");

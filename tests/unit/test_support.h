@@ -28,6 +28,13 @@ CommandResult runTiny(const std::string& args);
 // The values of "key": NUMBER on each line of a JSONL log (`tpc run --log-jsonl`) that has it, in order.
 std::vector<double> jsonlField(const std::string& jsonl, const std::string& key);
 
+// A model file's JSON (tpc new -o M.json) without its arch block: a graph of its own, which tpc cannot rebuild.
+// Empty when the text has no arch block.
+inline std::string withoutArchBlock(const std::string& json) {
+  const size_t arch = json.find(",\n  \"arch_type\"");
+  return arch == std::string::npos ? std::string() : json.substr(0, arch) + "\n}\n";
+}
+
 inline void writeFile(const std::string& path, const std::string& content) {
   std::ofstream(path, std::ios::binary) << content;
 }
