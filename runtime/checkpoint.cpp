@@ -131,6 +131,9 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
                       const std::function<Result<HostTensor>(const std::string&)>& read, int64_t keep,
                       const std::map<std::string, std::string>& extraFiles) {
   std::error_code ec;
+  // The folders this save makes: removed again if it fails before a checkpoint is complete, so a failed first save
+  // (a full disk) leaves no empty --save folder behind.
+  RemoveOnError madeFolders(firstMissingFolder(dir));
   fs::create_directories(dir, ec);
   if (ec) return makeError(dir, ": error: cannot create the checkpoint directory: ", ec.message());
   // Debris of saves that were killed.
@@ -164,6 +167,7 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
   fs::remove_all(final, ec);
   fs::rename(tmp, final, ec);
   cleanup.keep();  // from here on tmp may be the only complete copy
+  madeFolders.keep();
   if (ec)
     return makeError(final.string(), ": error: cannot move the checkpoint into place (it is complete in ", tmp.string(),
                      "): ", ec.message());

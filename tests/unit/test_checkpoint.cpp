@@ -263,3 +263,36 @@ TEST_CASE("checkpoint: the latest-iteration file holds one decimal number", "[ch
 }
 
 }  // namespace tpc
+
+namespace tpc {
+
+TEST_CASE("checkpoint: a failed save removes the folders it made, never a folder that was there", "[checkpoint]") {
+  test::TempDir dir;
+  CheckpointState state;
+  state.iteration = 3;
+  const std::vector<CheckpointTensor> tensors = {{"w", Shape{2, 2}}};
+  auto failingRead = [](const std::string& name) -> Result<HostTensor> {
+    return makeError("cannot read ", name, " (as a full disk would fail the save)");
+  };
+  // Folders the save made (a/b/ck): gone again, so a failed first save leaves no empty --save folder.
+  const std::filesystem::path made = dir.path / "a" / "b" / "ck";
+  Status s = saveCheckpoint(made.string(), state, tensors, failingRead, 0, {});
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.error().find("cannot read w") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.path / "a"));
+  CHECK(std::filesystem::exists(dir.path));
+  // A folder that was there stays, with what it held; only the save's own temporary folder goes.
+  const std::filesystem::path existing = dir.path / "mine";
+  std::filesystem::create_directories(existing);
+  test::writeFile((existing / "notes.txt").string(), "keep me\n");
+  REQUIRE_FALSE(saveCheckpoint(existing.string(), state, tensors, failingRead, 0, {}).ok());
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(existing)) left.push_back(e.path().filename().string());
+  CHECK(left == std::vector<std::string>{"notes.txt"});
+  // The same save with a readable tensor completes and keeps its folders.
+  auto read = [](const std::string&) -> Result<HostTensor> { return HostTensor(TensorType(DType::f32, Shape{2, 2})); };
+  REQUIRE(saveCheckpoint(made.string(), state, tensors, read, 0, {}).ok());
+  CHECK(std::filesystem::exists(made / "iter_0000003" / "state.json"));
+}
+
+}  // namespace tpc
