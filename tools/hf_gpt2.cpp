@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "ir/file_io.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -135,7 +137,8 @@ Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::map
     TPC_TRY(writeSafetensors(dir + "/model.safetensors", file));
     return writeFileAtomically(dir + "/config.json", hfConfigJson(gpt));
   }
-  const std::string tmp = dir + ".tmp";
+  // A name of tpc's own beside DIR (never a user's DIR.tmp): debris of an export killed midway with this process id.
+  const std::string tmp = cat(dir, ".tpc-export-tmp.", getpid());
   fs::remove_all(tmp, ec);
   // The outermost folder this creates (tmp or a missing parent): removed on any failure, leaving nothing behind.
   RemoveOnError cleanup(firstMissingFolder(tmp));

@@ -162,12 +162,22 @@ TEST_CASE("hf: bad output paths give one error and leave nothing behind", "[hf][
   std::filesystem::create_directory(dir / "other");
   test::writeFile(dir / "other/notes.txt", "mine");
   fails("export --hf other/ ck", "other: error: exists and is not a Hugging Face model directory; not overwriting it (name another)");
-  // A trailing slash names the folder itself.
+  // A trailing slash names the folder itself. The export's temporary folder is a name of its own: a user's
+  // fresh1.tmp beside it is left as it was.
+  std::filesystem::create_directory(dir / "fresh1.tmp");
+  test::writeFile(dir / "fresh1.tmp/mine.txt", "mine");
+  auto besideFresh1 = [&] {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path))
+      if (std::string n = e.path().filename().string(); n.rfind("fresh1", 0) == 0) names.insert(n);
+    return names;
+  };
   auto fresh = tpcIn(dir, "export --hf fresh1/ ck");
   CHECK(fresh.exitCode == 0);
   CHECK(fresh.out.rfind("wrote fresh1/config.json and fresh1/model.safetensors", 0) == 0);
   CHECK(std::filesystem::exists(dir / "fresh1/model.safetensors"));
-  CHECK(!std::filesystem::exists(dir / "fresh1.tmp"));
+  CHECK(test::readFile(dir / "fresh1.tmp/mine.txt") == "mine");
+  CHECK(besideFresh1() == std::set<std::string>{"fresh1", "fresh1.tmp"});  // no temporary folder left
 
   // import checks -o and its weights folder before it writes anything.
   std::filesystem::create_directory(dir / "dd.fb");
@@ -195,7 +205,7 @@ TEST_CASE("hf: bad output paths give one error and leave nothing behind", "[hf][
   REQUIRE(tpcIn(dir, "export --hf fresh1 ck").exitCode == 0);
   CHECK(test::readFile(dir / "fresh1/tokenizer.json") == "{\"mine\": 1}");
   CHECK(test::readFile(dir / "fresh1/config.json") == oldConfig);
-  CHECK(!std::filesystem::exists(dir / "fresh1.tmp"));
+  CHECK(besideFresh1() == std::set<std::string>{"fresh1", "fresh1.tmp"});
   std::filesystem::remove(dir / "fresh1/config.json");
   std::filesystem::create_directories(dir / "fresh1/config.json/x");
   fails("export --hf fresh1 ck",
