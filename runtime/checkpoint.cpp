@@ -37,6 +37,11 @@ std::string stateJson(const CheckpointState& s) {
                        {"skipped_steps", s.skippedSteps},
                        {"model", s.model},
                        {"config", s.config}};
+  if (!s.settings.empty()) {
+    llvm::json::Object settings;
+    for (const auto& [k, v] : s.settings) settings[k] = v;
+    o["settings"] = std::move(settings);
+  }
   if (s.lossScale > 0) {
     o["loss_scale"] = s.lossScale;
     o["loss_scale_good_steps"] = s.lossScaleGoodSteps;
@@ -93,6 +98,12 @@ Result<CheckpointState> parseCheckpointState(const std::string& text, const std:
   }
   if (auto m = o->getString("model")) s.model = m->str();
   if (auto c = o->getString("config")) s.config = c->str();
+  if (const llvm::json::Object* settings = o->getObject("settings"))
+    for (const auto& [k, v] : *settings) {
+      auto text = v.getAsString();
+      if (!text) return makeError(path, ": error: settings.", k.str(), " is not a string");
+      s.settings[k.str()] = text->str();
+    }
   return s;
 }
 

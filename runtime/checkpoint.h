@@ -27,6 +27,9 @@ struct CheckpointState {
   int64_t lossScaleGoodSteps = 0;  // finite steps since the scale last changed
   std::string model;          // the model file trained, for the reader's information
   std::string config;         // a one-line summary of the run's config (tp, dp, batch, lr, ...)
+  // The settings a resumed run is compared against (flag name -> value as text: lr, its schedule, seq-length,
+  // precision, ...), so that a resume under other values says so. Empty in checkpoints written before it existed.
+  std::map<std::string, std::string> settings;
 };
 
 struct CheckpointTensor {

@@ -47,6 +47,7 @@
 #include "tools/compile_pipeline.h"
 #include "tools/output_paths.h"
 #include "tools/pipeline_flags.h"
+#include "tools/resume_settings.h"
 #include "tools/train_flags.h"
 
 namespace tpc {
@@ -76,8 +77,14 @@ Status checkCheckpointFolder(const std::string& dir) {
 
 // A fresh run does not write into another run's checkpoints: its iter_N folders and the latest-iteration file would
 // replace theirs, and --keep would delete them. Resuming from that folder (--load DIR --save DIR) is the one way in.
-Status checkSaveFolderIsFree(const std::string& dir, const std::optional<LoadedCheckpoint>& loaded) {
-  if (loaded && cli::insideFolder(loaded->path, dir)) return {};  // loaded->path is DIR/iter_N
+// A fine-tune is a new run (step 1, fresh AdamW state): it never saves into the folder of the checkpoint it starts
+// from, where its iter_N would replace that checkpoint's and --keep would delete it.
+Status checkSaveFolderIsFree(const std::string& dir, const std::optional<LoadedCheckpoint>& loaded, bool finetune) {
+  if (loaded && cli::insideFolder(loaded->path, dir)) {  // loaded->path is DIR/iter_N
+    if (!finetune) return {};
+    return makeError("--save ", dir, ": error: holds the checkpoint --finetune starts from (", loaded->path,
+                     "); a fine-tune is a new run: save it to another folder");
+  }
   const std::string held = checkpointHeldIn(dir);
   if (held.empty()) return {};
   return makeError("--save ", dir, ": error: already holds another run's checkpoints (", held, "); resume that run with "
@@ -227,7 +234,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       .value("initial-loss-scale", "--precision fp16: the loss scale to start from", "65536")
       .value("loss-scale-window", "--precision fp16: finite steps in a row after which the loss scale doubles", "1000")
       .value("min-loss-scale", "--precision fp16: the run fails when an overflow would halve the scale below this", "1")
-      .toggle("quiet", "no per-step lines on the console (the summary is still printed; --log-jsonl and the metrics keep every step)");
+      .toggle("quiet", "no per-step lines on the console (the summary is still printed; --log-jsonl keeps every logged step, the metrics every step)");
   cli::declareTrainingFlags(flags);
   cli::declarePipelineFlags(flags);
   int rc = 0;
@@ -472,7 +479,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                                       "): give each its own"));
     }
     if (flags.has("save")) {
-      if (Status s = checkSaveFolderIsFree(flags.get("save"), checkpoint); !s.ok()) return cli::fail("run", s.error());
+      if (Status s = checkSaveFolderIsFree(flags.get("save"), checkpoint, flags.on("finetune")); !s.ok()) return cli::fail("run", s.error());
       if (Status s = checkCheckpointFolder(flags.get("save")); !s.ok()) return cli::fail("run", s.error());
     }
     if (flags.has("dump-batches")) batches.dumpTo(flags.get("dump-batches"));
@@ -567,8 +574,14 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     state[p->name()] = std::move(*t);
   }
   if (checkpoint && !flags.on("finetune")) {
+    if (!job || job->world.rank == 0)
+      for (const std::string& line : cli::resumeDifferences(checkpoint->state.settings, config))
+        std::cerr << "tpc run: warning: resuming " << checkpoint->path << ": " << line << std::endl;
     batches.seek(checkpoint->state.dataPosition);
     std::cout << "resuming from " << checkpoint->path << " (iteration " << checkpoint->state.iteration << ")\n";
+  } else if (checkpoint) {
+    std::cout << "fine-tuning from " << checkpoint->path << ": its parameters (step, AdamW state and data order start "
+              << "anew)\n";
   }
   const double stateSeconds = secondsSince(stateStart);
   const auto prepareStart = std::chrono::steady_clock::now();
@@ -696,6 +709,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     cs.model = path;
     cs.config = cat("tp=", config.tp, " dp=", config.dp, " sp=", config.sp, " micro=", config.microBatch,
                     " global=", config.globalBatch, " seq=", config.seqLength, " lr=", config.lr);
+    cs.settings = cli::resumeSettings(config);
     TPC_ASSIGN(std::string modelBytes, serializeModel(*model, false));
     TPC_TRY(saveCheckpoint(saveDir, cs, checkpointTensors,
                            [&](const std::string& n) { return backend->readState(n); }, *keep,
@@ -731,12 +745,15 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                                                       << ", \"test_ppl\": " << std::exp(*test) << "}\n";
   }
   const auto& losses = report->losses;
-  std::printf("done: %zu steps in %s%s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)", losses.size(),
+  // Every step run is counted, the skipped ones too (they read their batch and took their time).
+  std::printf("done: %zu steps in %s%s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)",
+              losses.size() + report->skippedSteps.size(),
               formatDuration(report->seconds).c_str(),
               report->evalSeconds > 0 ? cat(" (", formatDuration(report->evalSeconds), " of it evaluating)").c_str() : "",
               report->tokensPerSecond, losses.front(), losses.back(),
               100.0 * (1.0 - losses.back() / losses.front()));
-  if (!report->skippedSteps.empty()) std::printf("; %zu non-finite steps skipped", report->skippedSteps.size());
+  if (!report->skippedSteps.empty())
+    std::printf("; %zu of them skipped (non-finite), their updates dropped", report->skippedSteps.size());
   std::printf("\n");
   if (backend->launchesPerStep() >= 0)
     std::printf("  GPU: %lld kernel launches and library calls per step, replayed as one CUDA graph; %.2f GiB of GPU memory in use\n",

@@ -1,0 +1,22 @@
+// What a resumed `tpc run --load` compares with the checkpoint's run: the lr and its schedule, AdamW's constants,
+// the window length and the precision. A resume may change them (a longer run, a lower lr), as Megatron-LM allows
+// with --override-opt_param-scheduler; tpc says which changed, and what that does, in one warning line each.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "frontend/train_config.h"
+
+namespace tpc::cli {
+
+// Flag name -> value as text (CheckpointState::settings); precision resolved ("bf16", not "auto").
+std::map<std::string, std::string> resumeSettings(const TrainConfig& config);
+
+// One line for each setting whose value differs from the checkpoint's (settings missing from an older checkpoint
+// are not compared), e.g. "--lr is 0.01; the checkpoint's run had 0.001".
+std::vector<std::string> resumeDifferences(const std::map<std::string, std::string>& checkpoint,
+                                           const TrainConfig& config);
+
+}  // namespace tpc::cli
