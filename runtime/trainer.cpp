@@ -4,9 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
+
+#include "ir/file_io.h"
 
 namespace tpc {
 
@@ -108,6 +111,26 @@ class StepTimes {
   Sum all_, timed_;  // every step after the first two; those the device timed
 };
 
+// A resumed run appends to the log of the run it continues. That run may have logged steps past the checkpoint
+// before it stopped; they are trained again now, so their lines go (each step is logged once, and a plot never runs
+// backwards). Returns how many lines were dropped; a line without a leading "step" is kept.
+Result<int64_t> dropLogLinesAfter(const std::string& path, int64_t lastStep) {
+  std::ifstream in(path);
+  if (!in) return int64_t(0);  // no log yet: the resumed run starts it
+  std::string kept, line;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const std::string key = "{\"step\": ";
+    if (line.rfind(key, 0) == 0 && std::strtoll(line.c_str() + key.size(), nullptr, 10) > lastStep) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (dropped > 0) TPC_TRY(writeFileAtomically(path, kept));
+  return dropped;
+}
+
 }  // namespace
 
 Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data, const TrainerSettings& settings,
@@ -136,6 +159,13 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
   if (!settings.logJsonl.empty()) {
     // A resumed run appends to the log of the run it continues.
     const bool fresh = settings.firstIter <= 1;
+    if (!fresh) {
+      TPC_ASSIGN(int64_t dropped, dropLogLinesAfter(settings.logJsonl, settings.firstIter - 1));
+      if (dropped > 0)
+        console << settings.logJsonl << ": dropped " << dropped << " line" << (dropped == 1 ? "" : "s") << " past step "
+            << settings.firstIter - 1 << ", the step this run resumes from (they are logged again as it trains them)"
+            << std::endl;
+    }
     jsonl.open(settings.logJsonl, fresh ? std::ios::trunc : std::ios::app);
     if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log");
     if (fresh) emptyLog.path = settings.logJsonl;
@@ -247,8 +277,10 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       }
       if (jsonl.is_open()) {
         std::ostringstream j;
-        j << "{\"step\": " << it << ", \"skipped\": true, \"loss\": null, \"lr\": " << std::setprecision(9) << lr
-          << ", \"grad_norm\": null";
+        // The values as the console shows them; JSON has no NaN or inf, so a non-finite one is null.
+        auto number = [](double v) { return std::isfinite(v) ? cat(std::setprecision(9), v) : std::string("null"); };
+        j << "{\"step\": " << it << ", \"skipped\": true, \"loss\": " << number(loss) << ", \"lr\": "
+          << std::setprecision(9) << lr << ", \"grad_norm\": " << number(gradNorm);
         if (scaler) j << ", \"loss_scale\": " << scaler->scale();
         j << "}";
         TPC_TRY(jsonlLine(j.str()));

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "ir/file_io.h"
@@ -20,6 +21,14 @@ struct Series {
   std::string label;
   std::vector<std::pair<double, double>> points;
 };
+
+// In step order, one point a step: a log a resumed run appended to (older tpc kept the lines past the checkpoint)
+// holds some steps twice; the later line, the run that went on, is the one drawn.
+void lastPointPerStep(Series& s) {
+  std::map<double, double> byStep;
+  for (const auto& [step, y] : s.points) byStep[step] = y;
+  s.points.assign(byStep.begin(), byStep.end());
+}
 
 const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
 
@@ -131,6 +140,7 @@ int runPlot(std::vector<std::string> args) {
       if (auto x = finite("tokens_per_s"); x && step > 1) tps.points.push_back({step, *x});  // step 1 is warm-up
     }
     if (train.points.empty()) return cli::fail("plot", path + ": error: no line has a finite number as \"loss\"");
+    for (Series* s : {&train, &valid, &tps}) lastPointPerStep(*s);
     losses.push_back(train);
     if (!valid.points.empty()) losses.push_back(valid);
     speed.push_back(tps);

@@ -96,6 +96,12 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
   if (flags.has("lr-decay-iters") && config.decayIters > 0 && config.warmupIters >= config.decayIters)
     return makeError(flags.has("lr-warmup-iters") ? "--lr-warmup-iters " : "the model file's lr_warmup_iters ", config.warmupIters,
                      " must be less than --lr-decay-iters ", config.decayIters);
+  // The same when the decay's length is --train-iters: a warmup given on the command line must end inside it (the
+  // model file's warmup is left to short trial runs, which warm up only).
+  if (flags.has("lr-warmup-iters") && config.decayIters == 0 && config.warmupIters > 0 &&
+      config.warmupIters >= config.trainIters)
+    return makeError("--lr-warmup-iters ", config.warmupIters, " must be less than --train-iters ", config.trainIters,
+                     " (the lr decays over the steps after the warmup; or give --lr-decay-iters)");
   if (flags.on("bf16")) config.precision = "bf16";
   if (flags.on("fp16")) config.precision = "fp16";
   return {};

@@ -3,6 +3,7 @@
 // leaves the previous checkpoint loadable, and bad checkpoints give one error naming the tensor or file.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -166,6 +167,57 @@ TEST_CASE("checkpoint: a fresh run refuses a --save folder that holds another ru
   CHECK(test::runTiny("--train-iters 1 --save " + ck3).exitCode == 1);
 }
 
+TEST_CASE("checkpoint: --finetune never saves into the folder of the checkpoint it starts from", "[checkpoint][cli]") {
+  test::TempDir dir;
+  const std::string ck = dir.path.string() + "/ck";
+  REQUIRE(test::runTiny("--train-iters 4 --save-interval 2 --save " + ck).exitCode == 0);
+  const std::string before = test::readFile(ck + "/iter_0000004/model.safetensors");
+  // The fine-tune's iter_0000004 would replace the base, and --keep 1 would delete iter_0000002 and iter_0000004.
+  for (const std::string& load : {ck, ck + "/iter_0000004"})
+    for (const char* keep : {"", " --keep 1"}) {
+      auto r = test::runTiny("--train-iters 4 --finetune --load " + load + " --save " + ck + keep);
+      INFO(load << keep << "\n" << r.out << r.err);
+      CHECK(r.exitCode == 1);
+      CHECK_THAT(r.err, Catch::Matchers::Contains("--save " + ck + ": error: holds the checkpoint --finetune starts from (" +
+                                                  ck + "/iter_0000004); a fine-tune is a new run: save it to another folder"));
+    }
+  CHECK(test::readFile(ck + "/iter_0000004/model.safetensors") == before);
+  CHECK(std::filesystem::exists(ck + "/iter_0000002/state.json"));
+  // Into a folder of its own it runs, and says what it took.
+  auto ok = test::runTiny("--train-iters 1 --finetune --load " + ck + " --save " + dir.path.string() + "/tuned");
+  INFO(ok.err);
+  CHECK(ok.exitCode == 0);
+  CHECK_THAT(ok.out, Catch::Matchers::Contains("fine-tuning from " + ck +
+                                               "/iter_0000004: its parameters (step, AdamW state and data order start anew)"));
+}
+
+TEST_CASE("checkpoint: a resume under another lr, schedule or window length says what changed", "[checkpoint][cli]") {
+  test::TempDir dir;
+  const std::string ck = dir.path.string() + "/ck";
+  REQUIRE(test::runTiny("--train-iters 4 --save " + ck).exitCode == 0);
+  CHECK_THAT(test::readFile(ck + "/iter_0000004/state.json"),
+             Catch::Matchers::Contains("\"lr-decay-iters\": \"4\"") && Catch::Matchers::Contains("\"lr\": \"0.001\""));
+  // The same settings (the decay's length kept at 4 by the flag): nothing to say.
+  auto same = test::runTiny("--train-iters 6 --lr-decay-iters 4 --lr-warmup-iters 2 --load " + ck);
+  INFO(same.err);
+  CHECK(same.exitCode == 0);
+  CHECK_THAT(same.err, Catch::Matchers::Contains("--lr-warmup-iters is 2; the checkpoint's run had 20"));
+  CHECK(std::count(same.err.begin(), same.err.end(), '\n') == 1);
+  const std::string at = "tpc run: warning: resuming " + ck + "/iter_0000004: ";
+  auto changed = test::runTiny("--train-iters 6 --lr 0.01 --seq-length 32 --load " + ck);
+  INFO(changed.err);
+  CHECK(changed.exitCode == 0);
+  CHECK(changed.err == at + "--lr is 0.01; the checkpoint's run had 0.001\n" + at +
+                           "--lr-decay-iters is 6 (--train-iters); the checkpoint's run had 4: the learning rate schedule "
+                           "changes from this step on\n" +
+                           at + "--seq-length is 32; the checkpoint's run had 64: the data goes on after the windows "
+                                "trained so far, counted in windows of the new length\n");
+  // A fine-tune is a new run: nothing is compared.
+  auto tuned = test::runTiny("--train-iters 6 --lr 0.01 --finetune --load " + ck);
+  CHECK(tuned.exitCode == 0);
+  CHECK(tuned.err.empty());
+}
+
 TEST_CASE("checkpoint: a save killed halfway leaves the previous checkpoint as the latest", "[checkpoint][cli]") {
   test::TempDir dir;
   std::string ck = dir.path.string() + "/ck";
@@ -293,6 +345,33 @@ TEST_CASE("checkpoint: a failed save removes the folders it made, never a folder
   auto read = [](const std::string&) -> Result<HostTensor> { return HostTensor(TensorType(DType::f32, Shape{2, 2})); };
   REQUIRE(saveCheckpoint(made.string(), state, tensors, read, 0, {}).ok());
   CHECK(std::filesystem::exists(made / "iter_0000003" / "state.json"));
+}
+
+}  // namespace tpc
+
+namespace tpc {
+
+TEST_CASE("checkpoint: a resumed run logs each step once, dropping the lines its run wrote past the checkpoint",
+          "[checkpoint][cli]") {
+  test::TempDir dir;
+  const std::string ck = dir.path.string() + "/ck", log = dir.path.string() + "/run.jsonl";
+  const std::string common = " --train-iters 6 --eval-interval 0 --log-jsonl " + log;
+  REQUIRE(test::runTiny("--save-interval 2 --save " + ck + common).exitCode == 0);
+  const std::string whole = test::readFile(log);
+  REQUIRE(test::jsonlField(whole, "step") == std::vector<double>{1, 2, 3, 4, 5, 6});
+  // As after a crash at step 6 with the last checkpoint at step 4: steps 5 and 6 are trained and logged again.
+  auto r = test::runTiny("--load " + ck + "/iter_0000004" + common);
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains(log + ": dropped 2 lines past step 4, the step this run resumes from"));
+  const std::string resumed = test::readFile(log);
+  CHECK(test::jsonlField(resumed, "step") == std::vector<double>{1, 2, 3, 4, 5, 6});
+  CHECK(test::jsonlField(resumed, "loss") == test::jsonlField(whole, "loss"));  // the resume is bit-identical
+  // Resuming at the end of the log drops nothing and says nothing.
+  auto more = test::runTiny("--load " + ck + " --train-iters 7 --eval-interval 0 --log-jsonl " + log);
+  CHECK(more.exitCode == 0);
+  CHECK(more.out.find("dropped") == std::string::npos);
+  CHECK(test::jsonlField(test::readFile(log), "step") == std::vector<double>{1, 2, 3, 4, 5, 6, 7});
 }
 
 }  // namespace tpc

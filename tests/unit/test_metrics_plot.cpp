@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <sstream>
+
 #include "runtime/metrics_server.h"
 #include "test_support.h"
 
@@ -68,6 +71,28 @@ TEST_CASE("plot: loss, validation loss and tokens/s of one or more logs as SVG",
   size_t lines = 0;
   for (size_t k = 0; (k = svg.find("<polyline", k)) != std::string::npos; ++k) ++lines;
   CHECK(lines == 5);  // 3 loss curves, 2 throughput curves
+  // A log with steps 2 and 3 twice (a resumed run of older tpc appended them again): one point a step, in step
+  // order, the later line's value.
+  test::writeFile(dir / "twice.jsonl",
+                  "{\"step\": 1, \"loss\": 5}\n{\"step\": 2, \"loss\": 4}\n{\"step\": 3, \"loss\": 3}\n"
+                  "{\"step\": 2, \"loss\": 4.5}\n{\"step\": 3, \"loss\": 3.5}\n{\"step\": 4, \"loss\": 3}\n");
+  REQUIRE(test::runCommand(test::tpcBinary() + " plot " + (dir / "twice.jsonl") + " -o " + (dir / "t.svg")).exitCode == 0);
+  {
+    const std::string t = test::readFile(dir / "t.svg");
+    const size_t at = t.find("points='", t.find("<polyline"));
+    REQUIRE(at != std::string::npos);
+    std::istringstream pts(t.substr(at + 8, t.find('\'', at + 8) - at - 8));
+    std::vector<double> xs, ys;
+    for (std::string xy; pts >> xy;) {
+      xs.push_back(std::stod(xy.substr(0, xy.find(','))));
+      ys.push_back(std::stod(xy.substr(xy.find(',') + 1)));
+    }
+    REQUIRE(xs.size() == 4);
+    CHECK(std::is_sorted(xs.begin(), xs.end()));
+    // y is linear in the loss: step 2 at 4.5 (the later line; 4 was the earlier) lies a quarter of the way from
+    // step 1's 5 to step 4's 3.
+    CHECK((ys[1] - ys[0]) / (ys[3] - ys[0]) == Approx(0.25).margin(0.01));
+  }
   test::writeFile(dir / "bad.jsonl", "{\"step\": 1, \"loss\": 5}\nnot json\n");
   auto bad = test::runCommand(test::tpcBinary() + " plot " + (dir / "bad.jsonl") + " -o " + (dir / "d.svg"));
   CHECK(bad.exitCode == 1);

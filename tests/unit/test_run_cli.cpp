@@ -54,6 +54,9 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
       {tiny() + " --collectives foo", "tpc run: error: --collectives=foo is not a collectives mode (expected auto, nccl or virtual)\n"},
       {tiny() + " --lr-warmup-iters 5 --lr-decay-iters 1",
        "tpc run: error: --lr-warmup-iters 5 must be less than --lr-decay-iters 1\n"},
+      {tiny() + " --lr-warmup-iters 10 --train-iters 10",
+       "tpc run: error: --lr-warmup-iters 10 must be less than --train-iters 10 (the lr decays over the steps after the "
+       "warmup; or give --lr-decay-iters)\n"},
       {tiny() + " --save-interval 5", "tpc run: error: --save-interval applies to the checkpoints of --save; add --save DIR\n"},
       {tiny() + " --finetune", "tpc run: error: --finetune takes the parameters of the checkpoint that --load names; add --load DIR\n"},
       {tiny() + " --backend cpu --collectives nccl --tp 2",
