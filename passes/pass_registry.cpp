@@ -82,6 +82,11 @@ const PassInfo* PassRegistry::find(const std::string& name) const {
   return it == passes_.end() ? nullptr : &it->second.info;
 }
 
+std::string PassRegistry::originOf(const std::string& name) const {
+  auto it = passes_.find(name);
+  return it == passes_.end() ? std::string() : it->second.origin;
+}
+
 std::vector<const PassInfo*> PassRegistry::all() const {
   std::vector<const PassInfo*> out;
   for (const auto& [name, e] : passes_) out.push_back(&e.info);

@@ -4,8 +4,9 @@
 
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,12 +34,19 @@ class PassRegistry {
   // Registers a pass; a second pass of the same name is an error naming both origins.
   Status add(PassInfo info);
   const PassInfo* find(const std::string& name) const;
+  // Who registered `name`: "built-in" or "plugin PATH" ("" when no such pass).
+  std::string originOf(const std::string& name) const;
   std::vector<const PassInfo*> all() const;
   std::string knownNames() const;  // "cse, dce, ..."
 
   // While a plugin registers, failed add()s are remembered so the loader can report them.
   void beginOrigin(std::string origin);
   Status endOrigin();
+
+  // Plugin libraries whose passes this registry holds, by identity (device:inode, as dlopen tells
+  // libraries apart), so that loading one again registers nothing twice.
+  void notePluginLoaded(const std::string& id) { pluginsLoaded_.insert(id); }
+  bool hasPluginLoaded(const std::string& id) const { return pluginsLoaded_.count(id) != 0; }
 
  private:
   std::string origin_ = "built-in";
@@ -48,6 +56,7 @@ class PassRegistry {
     std::string origin;
   };
   std::map<std::string, Entry> passes_;
+  std::set<std::string> pluginsLoaded_;
 };
 
 // Registers tpc's own passes (called once by PassRegistry::global()).

@@ -2,6 +2,7 @@
 #include "passes/pipeline.h"
 
 #include <cctype>
+#include <exception>
 
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -11,6 +12,27 @@ namespace tpc {
 namespace {
 
 bool isNameChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'; }
+
+// "pass 'mlp-tp' (plugin ./libx.so)": a plugin's pass is named with its library, whose code it is.
+std::string passLabel(std::string_view name, const std::string& origin) {
+  return cat("pass '", name, "'", origin.empty() ? "" : " (" + origin + ")");
+}
+
+// Calls a pass's code (a plugin's too): an exception it throws comes back as "threw: what", for the caller to
+// name the pass; tpc's catch-all in main would only print what().
+template <typename T, typename F>
+Result<T> catchThrown(F&& f, bool& threw) {
+  threw = true;
+  try {
+    Result<T> r = f();
+    threw = false;
+    return r;
+  } catch (const std::exception& e) {
+    return makeError("threw: ", e.what());
+  } catch (...) {
+    return makeError("threw an exception that is not a std::exception");
+  }
+}
 
 }  // namespace
 
@@ -101,27 +123,33 @@ Status PassManager::addEntries(const std::vector<PipelineEntry>& entries, const 
         return makeError("--passes:1:", e.column, ": error: pass '", e.name, "' has no option '", key, "'",
                          keys.empty() ? std::string(" (it takes none)") : " (it takes: " + keys + ")");
     }
-    auto pass = info->factory(e.options);
+    const std::string origin = registry.originOf(e.name) == "built-in" ? "" : registry.originOf(e.name);
+    bool threw = false;
+    auto pass = catchThrown<std::unique_ptr<Pass>>([&] { return info->factory(e.options); }, threw);
+    if (threw) return makeError("--passes:1:", e.column, ": error: ", passLabel(e.name, origin), " ", pass.error());
     if (!pass) return makeError("--passes:1:", e.column, ": error: ", pass.error());
-    passes_.push_back(std::move(pass).value());
+    passes_.push_back({std::move(pass).value(), origin});
   }
   return {};
 }
 
 Status PassManager::run(Graph& g) {
   llvm::raw_ostream& dump = config_.dumpStream ? *config_.dumpStream : llvm::errs();
-  for (auto& p : passes_) {
+  for (auto& [p, origin] : passes_) {
     std::string name(p->name());
-    auto changed = p->run(g);
+    const std::string label = passLabel(name, origin);
+    bool threw = false;
+    Result<bool> changed = catchThrown<bool>([&, &pass = p] { return pass->run(g); }, threw);
+    if (threw) return makeError("error: ", label, " ", changed.error());
     if (!changed) {
       // Passes name themselves in their errors ("megatron-tp: tp=3 ..."): say it once.
       std::string_view why = changed.error();
       if (why.substr(0, name.size() + 2) == name + ": ") why.remove_prefix(name.size() + 2);
-      return makeError("error: pass '", name, "': ", why);
+      return makeError("error: ", label, ": ", why);
     }
     if (config_.verifyEach) {
       if (Status s = verifyGraph(g); !s.ok())
-        return makeError("error: pass '", name, "' produced an invalid graph: ", s.error());
+        return makeError("error: ", label, " produced an invalid graph: ", s.error());
     }
     if (config_.printAfterAll || config_.printAfter.count(name)) {
       dump << "// ----- IR after " << name << (*changed ? "" : " (unchanged)") << " -----\n";

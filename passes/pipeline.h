@@ -35,14 +35,19 @@ class PassManager {
   Status addPipeline(const std::string& text, const PassRegistry& registry = PassRegistry::global());
   // The same from entries already parsed (e.g. a prefix of a pipeline).
   Status addEntries(const std::vector<PipelineEntry>& entries, const PassRegistry& registry = PassRegistry::global());
-  void addPass(std::unique_ptr<Pass> p) { passes_.push_back(std::move(p)); }
+  void addPass(std::unique_ptr<Pass> p) { passes_.push_back({std::move(p), ""}); }
   size_t size() const { return passes_.size(); }
-  // Runs every pass in order; stops at the first error.
+  // Runs every pass in order; stops at the first error. An exception a pass throws is an error naming the
+  // pass (and its plugin).
   Status run(Graph& g);
 
  private:
+  struct Entry {
+    std::unique_ptr<Pass> pass;
+    std::string origin;  // "plugin PATH" for a plugin's pass, whose errors name it; "" for tpc's own
+  };
   PipelineConfig config_;
-  std::vector<std::unique_ptr<Pass>> passes_;
+  std::vector<Entry> passes_;
 };
 
 }  // namespace tpc

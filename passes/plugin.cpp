@@ -4,6 +4,8 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <exception>
+
 #include "passes/pass_registry.h"
 
 namespace tpc {
@@ -12,6 +14,10 @@ Status loadPassPlugin(const std::string& path, PassRegistry& registry) {
   struct stat st{};
   if (stat(path.c_str(), &st) != 0) return makeError(path, ": error: pass plugin not found (check the --pass-plugin path)");
   if (!S_ISREG(st.st_mode)) return makeError(path, ": error: pass plugin is not a regular file");
+  // The same file named twice (or by another path) is the one library dlopen already holds: its passes are
+  // registered, and registering them again would clash with themselves. Another file is another library.
+  const std::string id = cat(st.st_dev, ":", st.st_ino);
+  if (registry.hasPluginLoaded(id)) return {};
   // RTLD_NOW: unresolved symbols are reported here, not as a crash later. Never dlclosed: passes
   // registered by the plugin live as long as the registry.
   // A bare name is the file found above (stat saw it in the current folder), not a library search: dlopen
@@ -42,8 +48,20 @@ Status loadPassPlugin(const std::string& path, PassRegistry& registry) {
     return makeError(path, ": error: pass plugin '", pluginName, "' has no registerPasses function");
   }
   registry.beginOrigin(cat("plugin ", path));
-  info.registerPasses(&registry);
-  return registry.endOrigin();
+  // Plugin code may throw; tpc is not its caller's catch-all, so say whose code it was.
+  std::string threw;
+  try {
+    info.registerPasses(&registry);
+  } catch (const std::exception& e) {
+    threw = e.what();
+  } catch (...) {
+    threw = "an exception that is not a std::exception";
+  }
+  Status s = registry.endOrigin();
+  if (!threw.empty())
+    return makeError(path, ": error: pass plugin '", pluginName, "' threw in registerPasses: ", threw);
+  if (s.ok()) registry.notePluginLoaded(id);
+  return s;
 }
 
 }  // namespace tpc

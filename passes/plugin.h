@@ -29,8 +29,9 @@ struct TpcPassPluginInfo {
 
 namespace tpc {
 
-// dlopens `path`, checks its entry point and API version, and registers its passes into `registry`.
-// Errors name the path and say why (missing file, not a plugin, other API version, name clash).
+// dlopens `path`, checks its entry point and API version, and registers its passes into `registry`; a file
+// already loaded into `registry` (by this or another path) is not registered again. Errors name the path and
+// say why (missing file, not a plugin, other API version, name clash, an exception from registerPasses).
 Status loadPassPlugin(const std::string& path, PassRegistry& registry);
 
 }  // namespace tpc

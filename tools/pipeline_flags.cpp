@@ -6,13 +6,9 @@
 
 namespace tpc::cli {
 
-void declarePipelineFlags(Flags& flags) {
-  flags.list("pass-plugin", "load passes from this shared library (runs its code)")
-      .value("sharding-policy", "the pass that annotates the tp placements (a built-in or a plugin's; it gets tp=N)",
-             "megatron-tp");
-}
-
 namespace {
+
+const char* const kDefaultPolicy = "megatron-tp";
 
 std::string divisorsOf(int64_t n) {
   std::string out;
@@ -22,6 +18,12 @@ std::string divisorsOf(int64_t n) {
 }
 
 }  // namespace
+
+void declarePipelineFlags(Flags& flags) {
+  flags.list("pass-plugin", "load passes from this shared library (runs its code)")
+      .value("sharding-policy", "the pass that annotates the tp placements (a built-in or a plugin's; it gets tp=N)",
+             kDefaultPolicy);
+}
 
 Result<std::string> applyPipelineFlags(const Flags& flags, const TrainConfig& config, PassRegistry& registry,
                                        const GptConfig* gpt) {
@@ -36,7 +38,9 @@ Result<std::string> applyPipelineFlags(const Flags& flags, const TrainConfig& co
   if (!takesTp)
     return makeError("--sharding-policy=", policy, ": pass '", policy, "' has no option tp, so it is not a sharding policy "
                      "(a policy takes tp=N: see examples/sharding-plugin)");
-  if (flags.has("sharding-policy") && config.tp <= 1 && !config.sp)
+  // At tp 1 (without --sp) no policy runs. Naming the default then changes nothing, as in scripts that always
+  // pass it; naming another would be silently ignored, so it is refused.
+  if (policy != kDefaultPolicy && config.tp <= 1 && !config.sp)
     return makeError("--sharding-policy=", policy, " needs --tp N with N > 1 (the policy places tensors on mesh axis tp)");
   if (gpt) {
     const ConfigFieldName name = flagOrFieldName(flags);

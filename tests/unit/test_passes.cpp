@@ -1,5 +1,9 @@
 // Passes: the pipeline parser, the registry, the pass manager (verifier between passes), cse/dce on
 // graphs built in code, and loading the example plugin into this process (tpc_tests exports its symbols).
+#include <stdlib.h>
+
+#include <filesystem>
+
 #include <catch2/catch.hpp>
 
 #include "ir/graph.h"
@@ -17,6 +21,7 @@ namespace {
 const std::string kExamplePlugin = std::string(TPC_TEST_PLUGIN_DIR) + "/libtpc_fold_scales.so";
 const std::string kApi999Plugin = std::string(TPC_TEST_BAD_PLUGIN_DIR) + "/libtpc_fold_scales_api999.so";
 const std::string kNotAPlugin = std::string(TPC_TEST_BAD_PLUGIN_DIR) + "/libtpc_not_a_plugin.so";
+const std::string kThrowingPlugin = std::string(TPC_TEST_BAD_PLUGIN_DIR) + "/libtpc_throwing_plugin.so";
 
 std::unique_ptr<Graph> parse(const std::string& text) {
   auto g = parseGraph(text, "test.tir");
@@ -207,10 +212,65 @@ TEST_CASE("the example plugin loads into this process and folds scales", "[passe
   REQUIRE_FALSE(made.ok());
   CHECK(made.error() == "pass 'fold-scales': option drop-identity=maybe is not true or false");
 
-  // Loading it a second time clashes on the pass name; the message names the plugin.
+  // Loading it a second time, by any path to the same file, is loading it once.
+  const size_t passes = r.all().size();
   Status twice = loadPassPlugin(kExamplePlugin, r);
-  REQUIRE_FALSE(twice.ok());
-  CHECK(twice.error() == "plugin " + kExamplePlugin + ": pass 'fold-scales' is already registered by plugin " + kExamplePlugin);
+  if (!twice.ok()) FAIL(twice.error());
+  test::TempDir dir;
+  std::filesystem::create_symlink(kExamplePlugin, dir / "link.so");
+  Status linked = loadPassPlugin(dir / "link.so", r);
+  if (!linked.ok()) FAIL(linked.error());
+  CHECK(r.all().size() == passes);
+  CHECK(r.originOf("fold-scales") == "plugin " + kExamplePlugin);
+
+  // Another library (a copy of the file) registering the same pass name is a clash naming both.
+  std::filesystem::copy_file(kExamplePlugin, dir / "copy.so");
+  Status copy = loadPassPlugin(dir / "copy.so", r);
+  REQUIRE_FALSE(copy.ok());
+  CHECK(copy.error() == "plugin " + (dir / "copy.so") + ": pass 'fold-scales' is already registered by plugin " + kExamplePlugin);
+}
+
+TEST_CASE("a plugin's exception names the plugin and the pass", "[passes][plugin]") {
+  // Each load below runs registerPasses again (a fresh registry), which reads the variable then.
+  struct ThrowIn {
+    explicit ThrowIn(const char* where) { setenv("TPC_TEST_PLUGIN_THROW", where, 1); }
+    ~ThrowIn() { unsetenv("TPC_TEST_PLUGIN_THROW"); }
+  };
+  auto g = parse("graph @g(%x: f32[4]) {\n  %y = neg(%x) : f32[4]\n  return %y\n}\n");
+  {
+    ThrowIn in("register");
+    PassRegistry r;
+    Status s = loadPassPlugin(kThrowingPlugin, r);
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.error() == kThrowingPlugin + ": error: pass plugin 'throwing' threw in registerPasses: boom in registerPasses");
+    CHECK(r.endOrigin().ok());  // the registry is back to built-in registrations
+  }
+  PassRegistry r;
+  Status s = loadPassPlugin(kThrowingPlugin, r);
+  if (!s.ok()) FAIL(s.error());
+  const std::string pass = "pass 'throwing-tp' (plugin " + kThrowingPlugin + ")";
+  {
+    PassManager pm;
+    REQUIRE(pm.addPipeline("throwing-tp(tp=2)", r).ok());
+    Status run = pm.run(*g);
+    REQUIRE_FALSE(run.ok());
+    CHECK(run.error() == "error: " + pass + " threw: boom in run");
+  }
+  {
+    ThrowIn in("run-int");
+    PassManager pm;
+    REQUIRE(pm.addPipeline("throwing-tp", r).ok());
+    Status run = pm.run(*g);
+    REQUIRE_FALSE(run.ok());
+    CHECK(run.error() == "error: " + pass + " threw an exception that is not a std::exception");
+  }
+  {
+    ThrowIn in("create");
+    PassManager pm;
+    Status add = pm.addPipeline("throwing-tp", r);
+    REQUIRE_FALSE(add.ok());
+    CHECK(add.error() == "--passes:1:1: error: " + pass + " threw: boom in create");
+  }
 }
 
 TEST_CASE("a plugin built for another API version is refused", "[passes][plugin]") {

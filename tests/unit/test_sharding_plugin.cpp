@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 
 #include <catch2/catch.hpp>
 
@@ -77,6 +78,48 @@ TEST_CASE("sharding plugin: --sharding-policy errors name the flag and the fix",
       CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
       CHECK(r.err.find(c.expected) != std::string::npos);
     }
+}
+
+TEST_CASE("sharding plugin: the default policy named at tp 1 is as if not named", "[sharding][plugin][cli]") {
+  // Scripts that always pass --sharding-policy megatron-tp run at tp 1 too; another policy there is still refused
+  // (above): it would never run.
+  for (std::string cmd : {" run ", " dump "}) {
+    const std::string base = test::tpcBinary() + cmd + tiny() + (cmd == " run " ? " --train-iters 1" : " --summary");
+    auto plain = test::runCommand(base);
+    auto named = test::runCommand(base + " --sharding-policy megatron-tp");
+    INFO("tpc" << cmd << "\nstderr: " << named.err);
+    REQUIRE(plain.exitCode == 0);
+    CHECK(named.exitCode == 0);
+    CHECK(named.err == plain.err);
+    if (cmd == " dump ") CHECK(named.out == plain.out);
+  }
+}
+
+TEST_CASE("sharding plugin: one library named twice loads once, two libraries with one pass name clash", "[sharding][plugin][cli]") {
+  test::TempDir dir;
+  std::filesystem::copy_file(plugin(), dir / "libcopy.so");
+  const std::string dump = test::tpcBinary() + " dump " + tiny() + " --tp 2 --sharding-policy mlp-tp --summary";
+  auto once = test::runCommand(dump + " --pass-plugin " + plugin());
+  REQUIRE(once.exitCode == 0);
+  auto twice = test::runCommand(dump + " --pass-plugin " + plugin() + " --pass-plugin " + plugin());
+  INFO(twice.err);
+  CHECK(twice.exitCode == 0);
+  CHECK(twice.out == once.out);
+  auto clash = test::runCommand(dump + " --pass-plugin " + plugin() + " --pass-plugin " + (dir / "libcopy.so"));
+  CHECK(clash.exitCode == 1);
+  CHECK(clash.err == "tpc dump: error: plugin " + (dir / "libcopy.so") + ": pass 'mlp-tp' is already registered by plugin " +
+                         plugin() + "\n");
+}
+
+TEST_CASE("sharding plugin: a plugin that throws is named in the one error line", "[sharding][plugin][cli]") {
+  const std::string throwing = std::string(TPC_TEST_BAD_PLUGIN_DIR) + "/libtpc_throwing_plugin.so";
+  const std::string args = " --tp 2 --pass-plugin " + throwing + " --sharding-policy throwing-tp";
+  auto run = test::runCommand(test::tpcBinary() + " run " + tiny() + args);
+  CHECK(run.exitCode == 1);
+  CHECK(run.err == tiny() + ": error: pass 'throwing-tp' (plugin " + throwing + ") threw: boom in run\n");
+  auto reg = test::runCommand("TPC_TEST_PLUGIN_THROW=register " + test::tpcBinary() + " run " + tiny() + args);
+  CHECK(reg.exitCode == 1);
+  CHECK(reg.err == throwing + ": error: pass plugin 'throwing' threw in registerPasses: boom in registerPasses\n");
 }
 
 }  // namespace tpc

@@ -1,0 +1,40 @@
+// A pass plugin whose code throws, to see tpc name the plugin and the pass: `throwing-tp(tp=N)` (a sharding
+// policy by its options) throws std::runtime_error from run(); with TPC_TEST_PLUGIN_THROW=register its
+// registerPasses throws instead, with =create its factory, and with =run-int run() throws an int.
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "passes/pass_registry.h"
+#include "passes/plugin.h"
+
+namespace {
+
+std::string throwIn() {
+  const char* v = std::getenv("TPC_TEST_PLUGIN_THROW");
+  return v ? v : "run";
+}
+
+class ThrowingPass final : public tpc::Pass {
+ public:
+  std::string_view name() const override { return "throwing-tp"; }
+  tpc::Result<bool> run(tpc::Graph&) override {
+    if (throwIn() == "run-int") throw 42;
+    throw std::runtime_error("boom in run");
+  }
+};
+
+void registerPasses(tpc::PassRegistry* registry) {
+  if (throwIn() == "register") throw std::runtime_error("boom in registerPasses");
+  (void)registry->add({"throwing-tp", "throws from run() (a test plugin)", {{"tp", "tensor-parallel size"}},
+                       [](const tpc::PassOptions&) -> tpc::Result<std::unique_ptr<tpc::Pass>> {
+                         if (throwIn() == "create") throw std::runtime_error("boom in create");
+                         return std::unique_ptr<tpc::Pass>(new ThrowingPass());
+                       }});
+}
+
+}  // namespace
+
+extern "C" TpcPassPluginInfo tpcPassPluginInfo() {
+  return {TPC_PASS_PLUGIN_API_VERSION, "throwing", "1.0", &registerPasses};
+}
