@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "tools/megatron_flag_hints.h"
+
 namespace tpc::cli {
 
 namespace {
@@ -89,7 +91,13 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
     }
     const Spec* spec = find(name);
     if (!spec) {
-      exitCode = fail(command_, "unknown option '" + a + "' (see 'tpc " + command_ + " --help')");
+      std::optional<std::string> given;
+      if (hasEq) given = val;
+      else if (i + 1 < args.size() && !args[i + 1].empty() && args[i + 1][0] != '-') given = args[i + 1];
+      std::vector<std::string> known;
+      for (const auto& [n, s] : specs_) known.push_back(n);
+      std::string hint = unknownOptionHint(command_, name, given, known);
+      exitCode = fail(command_, "unknown option '" + a + "'" + (hint.empty() ? " (see 'tpc " + command_ + " --help')" : hint));
       return false;
     }
     if (!spec->takesValue) {

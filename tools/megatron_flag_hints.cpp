@@ -1,0 +1,112 @@
+// Megatron-LM's flag names that tpc spells differently, and "did you mean" for typos of tpc's own flags.
+#include "tools/megatron_flag_hints.h"
+
+#include <algorithm>
+
+#include "ir/status.h"
+
+namespace tpc::cli {
+
+namespace {
+
+enum class Kind {
+  Flag,       // a flag of the sub-command (only suggested where it has it)
+  ModelFile,  // a model-file field: `tpc new` has the flag, the other sub-commands read the file
+  Note,       // no tpc flag: the note says why
+};
+
+struct MegatronFlag {
+  const char* name;  // Megatron-LM's, without dashes
+  Kind kind;
+  const char* flag;  // tpc's
+  // The user's value carries over to tpc's flag (false for Megatron-LM's toggles, whose next word is not theirs,
+  // and for a value that means something else in tpc); `value` is written otherwise.
+  bool keepsValue;
+  const char* value;
+  const char* note;
+};
+
+const MegatronFlag kMegatronFlags[] = {
+    {"tensor-model-parallel-size", Kind::Flag, "tp", true, "N", ""},
+    {"data-parallel-size", Kind::Flag, "dp", true, "N", ""},
+    {"sequence-parallel", Kind::Flag, "sp", false, "", ""},
+    {"recompute-activations", Kind::Flag, "recompute", false, "selective", ""},
+    {"recompute-granularity", Kind::Flag, "recompute", true, "selective|full", ""},
+    {"lr-warmup-fraction", Kind::Flag, "lr-warmup-iters", false, "N", "; a number of steps, not a fraction of --train-iters"},
+    {"seq-length", Kind::Flag, "seq", true, "N", ""},  // `tpc new` (tpc run has --seq-length)
+    {"num-layers", Kind::ModelFile, "layers", true, "N", ""},
+    {"hidden-size", Kind::ModelFile, "hidden", true, "N", ""},
+    {"num-attention-heads", Kind::ModelFile, "heads", true, "N", ""},
+    {"max-position-embeddings", Kind::ModelFile, "positions", true, "N", ""},
+    {"vocab-size", Kind::ModelFile, "vocab", true, "N", ""},
+    {"hidden-dropout", Kind::ModelFile, "hidden-dropout", true, "P", ""},
+    {"attention-dropout", Kind::ModelFile, "attention-dropout", true, "P", ""},
+    {"ffn-hidden-size", Kind::Note, "", true, "",
+     "Megatron-LM's flag has no equivalent in tpc, whose GPT has an MLP of 4 x hidden (as GPT-2's)"},
+    {"use-flash-attn", Kind::Note, "", false, "",
+     "Megatron-LM's flag is not needed: tpc's attention is always one fused flash/cuDNN kernel; drop it"},
+};
+
+std::string dashed(const std::string& name) { return (name.size() == 1 ? "-" : "--") + name; }
+
+// Optimal string alignment distance: edits plus swaps of two neighbouring letters ("--tarin-iters").
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// The sub-command's flag a typo most likely meant: the closest by edit distance, or the one flag the name
+// begins (Megatron-LM's argparse takes such abbreviations, tpc does not). "" when none is close.
+std::string closestFlag(const std::string& name, const std::vector<std::string>& known) {
+  if (name.size() < 2) return "";
+  const size_t most = name.size() <= 4 ? 1 : std::min<size_t>(3, name.size() / 3);
+  std::string best, prefixOf;
+  size_t bestDistance = most + 1, prefixes = 0;
+  for (const std::string& k : known) {
+    if (size_t dist = editDistance(name, k); dist < bestDistance) {
+      best = k;
+      bestDistance = dist;
+    }
+    if (name.size() >= 3 && k.compare(0, name.size(), name) == 0) {
+      prefixOf = k;
+      ++prefixes;
+    }
+  }
+  return !best.empty() ? best : prefixes == 1 ? prefixOf : "";
+}
+
+}  // namespace
+
+std::string unknownOptionHint(const std::string& command, const std::string& name, const std::optional<std::string>& value,
+                              const std::vector<std::string>& known) {
+  // argparse users also write --tensor_model_parallel_size.
+  std::string spelled = name;
+  std::replace(spelled.begin(), spelled.end(), '_', '-');
+  auto has = [&](const std::string& f) { return std::find(known.begin(), known.end(), f) != known.end(); };
+  for (const MegatronFlag& m : kMegatronFlags) {
+    if (spelled != m.name) continue;
+    const std::string theirs = cat("Megatron-LM's --", m.name);
+    if (m.kind == Kind::Note) return cat(": ", m.note);
+    const std::string v = m.keepsValue && value ? *value : m.value;
+    const std::string suggestion = cat(dashed(m.flag), v.empty() ? "" : " ", v);
+    if (has(m.flag)) return cat("; did you mean ", suggestion, "? (tpc's name for ", theirs, m.note, ")");
+    if (m.kind == Kind::ModelFile)
+      return cat(": the model file holds ", theirs, "; write one with `tpc new gpt --preset NAME ", suggestion,
+                 " -o MODEL.fb`");
+    break;  // tpc's flag is another sub-command's: at most a typo of this one's
+  }
+  std::vector<std::string> candidates = known;
+  candidates.push_back("help");
+  if (std::string close = closestFlag(spelled, candidates); !close.empty())
+    return cat("; did you mean ", dashed(close), "? (see 'tpc ", command, " --help')");
+  return "";
+}
+
+}  // namespace tpc::cli
