@@ -112,13 +112,15 @@ std::string standardPipeline(const ModelFile& model, int64_t accum, std::optiona
   // Policies that rewrite or annotate the forward graph run before autodiff; data-parallel after it (it
   // splits the batch dim of the inputs, which autodiff prefixes with [accum]); the engine last.
   std::string pre, post;
-  if (c.tp > 1 || c.sp) pre += cat(tpPolicy, "(tp=", c.tp, "),");
-  if (c.sp) pre += "sequence-parallel,";
+  // sp splits the sequence over the tp ranks: with tp 1 there is nothing to split (--sp warns so), and the
+  // policy would only add gathers and scatters over one rank.
+  if (c.tp > 1) pre += cat(tpPolicy, "(tp=", c.tp, "),");
+  if (c.sp && c.tp > 1) pre += "sequence-parallel,";
   // "auto" means fp32 here; `tpc run` resolves it to bf16 when it trains on the GPU.
   if (c.precision == "bf16") pre += "mixed-precision(dtype=bf16),";
   if (c.precision == "fp16") pre += "mixed-precision(dtype=f16),";
   if (c.dp > 1) post += cat(",data-parallel(dp=", c.dp, c.distributedOptimizer ? ", zero1=true" : "", ")");
-  if (partitionRank && (c.tp > 1 || c.dp > 1 || c.sp)) post += cat(",partition(rank=", *partitionRank, ")");
+  if (partitionRank && (c.tp > 1 || c.dp > 1)) post += cat(",partition(rank=", *partitionRank, ")");
   return pre + cat("autodiff(loss=", model.lossOutput, ", accum=", accum, ", clip-grad=", formatFloat(c.clipGrad),
              ", beta1=", formatFloat(c.beta1), ", beta2=", formatFloat(c.beta2), ", eps=", formatFloat(c.eps),
              ", weight-decay=", formatFloat(c.weightDecay), c.precision == "fp16" ? ", loss-scale=true" : "", "),cse,dce") +
@@ -129,8 +131,8 @@ std::string standardPipeline(const ModelFile& model, int64_t accum, std::optiona
 std::string evaluationPipeline(const ModelFile& model, const std::string& precision, const std::string& tpPolicy) {
   const TrainConfig& c = model.config;
   std::vector<std::string> passes;
-  if (c.tp > 1 || c.sp) passes.push_back(cat(tpPolicy, "(tp=", c.tp, ")"));
-  if (c.sp) passes.push_back("sequence-parallel");
+  if (c.tp > 1) passes.push_back(cat(tpPolicy, "(tp=", c.tp, ")"));
+  if (c.sp && c.tp > 1) passes.push_back("sequence-parallel");  // as the training step: none at tp 1
   // cse merges the per-use casts mixed-precision adds (the tied embedding's two).
   if (precision == "bf16") passes.insert(passes.end(), {"mixed-precision(dtype=bf16)", "cse"});
   // As in the training step: the loss reads the padded logits in place, without a copy of them sliced to the
