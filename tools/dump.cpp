@@ -8,6 +8,7 @@
 #include <map>
 
 #include "frontend/model_file.h"
+#include "ir/fusion_group.h"
 #include "ir/printer.h"
 #include "passes/pipeline.h"
 #include "runtime/memory_estimate.h"
@@ -66,7 +67,8 @@ std::string collectiveSummary(const Graph& g) {
   return s;
 }
 
-// Graphviz: ops as boxes (collectives filled), params/inputs as ellipses, edges labelled with the type.
+// Graphviz: ops as boxes (collectives filled), params/inputs as ellipses, edges labelled with the type; the
+// nodes of one fusion group (the fuse pass's fusion_group=N, one CUDA kernel) share a cluster.
 std::string graphToDot(const Graph& g) {
   std::string s = "digraph \"" + g.name() + "\" {\n  node [fontname=\"monospace\", fontsize=10];\n";
   std::map<const Value*, std::string> src;
@@ -85,11 +87,14 @@ std::string graphToDot(const Graph& g) {
     s += cat("  ", src[v], " [shape=ellipse, style=dashed, label=\"%", v->name(), "\"];\n");
   }
   int i = 0;
+  std::map<int64_t, std::vector<std::string>> groups;  // fusion group -> its nodes' ids
   for (const Node* n : g.nodes()) {
     std::string id = cat("n", i++);
     bool coll = n->has(traits::Collective);
+    int64_t group = fusionGroupOf(*n);
+    if (group >= 0) groups[group].push_back(id);
     s += cat("  ", id, " [shape=box", coll ? ", style=filled, fillcolor=\"#f4b942\"" : "", ", label=\"", n->opName(),
-             coll ? "(" + n->getStr("axis") + ")" : "", "\"];\n");
+             coll ? "(" + n->getStr("axis") + ")" : "", group >= 0 ? cat("\\nfusion_group=", group) : "", "\"];\n");
     for (const Value* o : n->operands())
       if (src.count(o)) s += cat("  ", src[o], " -> ", id, " [label=\"", label(o), "\"];\n");
     for (const Value* r : n->results()) src[r] = id;
@@ -97,6 +102,12 @@ std::string graphToDot(const Graph& g) {
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     s += cat("  out", o, " [shape=ellipse, label=\"", g.outputName(o), "\"];\n");
     if (src.count(g.outputs()[o].value)) s += cat("  ", src[g.outputs()[o].value], " -> out", o, ";\n");
+  }
+  for (const auto& [group, ids] : groups) {
+    s += cat("  subgraph cluster_fusion_", group, " {\n    label=\"fusion_group=", group,
+             "\";\n    style=\"dashed,rounded\";\n    color=\"#3a7bd5\";\n   ");
+    for (const std::string& id : ids) s += " " + id + ";";
+    s += "\n  }\n";
   }
   return s + "}\n";
 }
