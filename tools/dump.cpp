@@ -112,6 +112,43 @@ std::string graphToDot(const Graph& g) {
   return s + "}\n";
 }
 
+// --passes runs its list as given, so the flags that only shape the standard pipeline would be ignored without a
+// word: each is refused, naming the pass that does its work. --tp/--dp also size the graph (vocab padding, the
+// batch of all dp ranks), which the list's own megatron-tp(tp=N)/data-parallel(dp=N) need, so they stay with those.
+Status refuseFlagsPassesIgnores(const cli::Flags& flags, const std::vector<PipelineEntry>& entries, const TrainConfig& c) {
+  auto listHas = [&](const char* key, int64_t n) {
+    return std::any_of(entries.begin(), entries.end(),
+                       [&](const PipelineEntry& e) { return e.options.getString(key, "") == std::to_string(n); });
+  };
+  const char* fix = ", or drop --passes";
+  if (flags.has("rank"))
+    return makeError("--rank ", flags.get("rank"), " is ignored with --passes; give the rank in the list, partition(rank=",
+                     flags.get("rank"), ")", fix);
+  for (const char* f : {"no-fuse", "no-fuse-classifier"})
+    if (flags.on(f)) return makeError("--", f, " is ignored with --passes (it edits the standard pipeline); leave the pass out of --passes", fix);
+  if (c.precision == "bf16" || c.precision == "fp16") {
+    std::string flag = flags.on("bf16") ? "--bf16" : flags.on("fp16") ? "--fp16" : flags.has("precision") ? "--precision " + c.precision : "";
+    if (!flag.empty())
+      return makeError(flag, " is ignored with --passes; put mixed-precision(dtype=", c.precision == "bf16" ? "bf16" : "f16",
+                       ") before autodiff in --passes", c.precision == "fp16" ? " and loss-scale=true in autodiff's options" : "", fix);
+  }
+  if (flags.has("recompute") && c.recompute != "none")
+    return makeError("--recompute ", c.recompute, " is ignored with --passes; put recompute(mode=", c.recompute,
+                     ") after autodiff in --passes", fix);
+  if (flags.on("sp")) return makeError("--sp is ignored with --passes; put sequence-parallel after the tp policy in --passes", fix);
+  const std::string policy = flags.get("sharding-policy");
+  if (flags.has("sharding-policy") &&
+      std::none_of(entries.begin(), entries.end(), [&](const PipelineEntry& e) { return e.name == policy; }))
+    return makeError("--sharding-policy=", policy, " is ignored with --passes; put ", policy, "(tp=N) in --passes", fix);
+  if (flags.has("tp") && c.tp > 1 && !listHas("tp", c.tp))
+    return makeError("--tp ", c.tp, " with --passes only pads the vocabulary, it does not shard; put the policy in --passes "
+                     "(megatron-tp(tp=", c.tp, ") ... partition(rank=R))", fix);
+  if (flags.has("dp") && c.dp > 1 && !listHas("dp", c.dp))
+    return makeError("--dp ", c.dp, " with --passes only multiplies the batch, it does not shard; put data-parallel(dp=",
+                     c.dp, ") after autodiff in --passes", fix);
+  return {};
+}
+
 int runDump(std::vector<std::string> args) {
   cli::Flags flags("dump", "tpc dump MODEL.fb|MODEL.json [--after=PASS] [training flags]");
   flags.value("after", "print the graph after this pass of the pipeline (default: the forward graph, with --tp/--dp "
@@ -149,6 +186,10 @@ int runDump(std::vector<std::string> args) {
   cli::warnIneffectiveFlags("dump", flags, c);
   std::string format = flags.get("format");
   if (format != "text" && format != "dot") return cli::fail("dump", "--format=" + format + ": expected text or dot");
+  for (const char* text : {"summary", "memory", "print-pipeline"})  // these print text, never a graph
+    if (format == "dot" && flags.on(text))
+      return cli::fail("dump", cat("--format dot and --", text, " exclude each other: --", text,
+                                   " prints text, not a graph; drop one"));
   // The standard pipeline ends with fuse-classifier and fuse, as `tpc run` compiles it for the CUDA backend.
   std::string pipeline = flags.has("passes") ? flags.get("passes")
                                              : standardPipeline(*model, *accum, *rank, *tpPolicy) +
@@ -158,6 +199,7 @@ int runDump(std::vector<std::string> args) {
   if (!entries) return cli::fail("dump", entries.error());
   if (PassManager check; flags.has("passes")) {  // unknown passes and bad options, before anything prints
     if (Status s = check.addEntries(*entries); !s.ok()) return cli::fail("dump", s.error());
+    if (Status s = refuseFlagsPassesIgnores(flags, *entries, c); !s.ok()) return cli::fail("dump", s.error());
   }
   if (flags.on("print-pipeline")) {
     std::cout << pipeline << "\n";
@@ -169,8 +211,13 @@ int runDump(std::vector<std::string> args) {
   if (whole) after = entries->back().name;
   // Under --tp/--dp the pipeline partitions: show the rank's program, which also checks the sharding (a tp
   // that does not divide the heads is an error here as in `tpc run`, not an unsharded graph).
-  if (after.empty() && std::any_of(entries->begin(), entries->end(), [](const PipelineEntry& e) { return e.name == "partition"; }))
-    after = "partition";
+  auto partition = std::find_if(entries->begin(), entries->end(), [](const PipelineEntry& e) { return e.name == "partition"; });
+  if (after.empty() && partition != entries->end()) after = "partition";
+  // Before partition the graph is the whole step, the same for every rank.
+  auto shown = std::find_if(entries->begin(), entries->end(), [&](const PipelineEntry& e) { return e.name == after; });
+  if (flags.has("rank") && partition != entries->end() && shown < partition)
+    return cli::fail("dump", cat("--rank ", *rank, " has no effect at --after=", after, ": the rank's program exists from "
+                                 "partition on; give --after=partition or a later pass, or drop --rank"));
   if (after.empty()) {
     std::cout << (format == "dot" ? graphToDot(*model->forward) : printGraph(*model->forward));
     return 0;
@@ -190,6 +237,7 @@ int runDump(std::vector<std::string> args) {
   if (Status s = pm.addEntries(prefix); !s.ok()) return cli::fail("dump", s.error());
   if (Status s = pm.run(*model->forward); !s.ok())
     return cli::fail("dump", cat(flags.positional()[0], ": ", s.error()));  // as tpc run names it
+  if (flags.on("summary")) std::cout << collectiveSummary(*model->forward);
   if (flags.on("memory")) {
     MemoryEstimate m = estimateMemory(*model->forward);
     std::cout << "memory of one rank's step after " << after << " (values live from their node to their last reader):\n"
@@ -198,8 +246,9 @@ int runDump(std::vector<std::string> args) {
               << "  peak activations              " << formatBytes(m.peakActivationBytes)
               << (m.peakAt ? " (during " + std::string(m.peakAt->opName()) + ")" : std::string()) << "\n"
               << "  planned peak                  " << formatBytes(m.total()) << "\n";
-  } else if (flags.on("summary")) std::cout << collectiveSummary(*model->forward);
-  else if (format == "dot") std::cout << graphToDot(*model->forward);
+  }
+  if (flags.on("summary") || flags.on("memory")) return 0;
+  if (format == "dot") std::cout << graphToDot(*model->forward);
   else std::cout << printGraph(*model->forward);
   return 0;
 }
