@@ -38,9 +38,9 @@ Result<std::string> applyPipelineFlags(const Flags& flags, const TrainConfig& co
   if (!takesTp)
     return makeError("--sharding-policy=", policy, ": pass '", policy, "' has no option tp, so it is not a sharding policy "
                      "(a policy takes tp=N: see examples/sharding-plugin)");
-  // At tp 1 (without --sp) no policy runs. Naming the default then changes nothing, as in scripts that always
-  // pass it; naming another would be silently ignored, so it is refused.
-  if (policy != kDefaultPolicy && config.tp <= 1 && !config.sp)
+  // At tp 1 no policy runs (--sp too does nothing there). Naming the default then changes nothing, as in scripts
+  // that always pass it; naming another would be silently ignored, so it is refused.
+  if (policy != kDefaultPolicy && config.tp <= 1)
     return makeError("--sharding-policy=", policy, " needs --tp N with N > 1 (the policy places tensors on mesh axis tp)");
   if (gpt) {
     const ConfigFieldName name = flagOrFieldName(flags);

@@ -67,6 +67,8 @@ TEST_CASE("sharding plugin: --sharding-policy errors name the flag and the fix",
       {" --tp 2 --sharding-policy mlp-tp", "--sharding-policy=mlp-tp: no pass of that name is registered"},
       {" --tp 2 --sharding-policy mlp-tp", "load the plugin that defines it with --pass-plugin=lib.so"},
       {" --pass-plugin " + plugin() + " --sharding-policy mlp-tp", "--sharding-policy=mlp-tp needs --tp N with N > 1"},
+      // --sp at tp 1 does nothing, so the policy would not run either.
+      {" --pass-plugin " + plugin() + " --sharding-policy mlp-tp --sp", "--sharding-policy=mlp-tp needs --tp N with N > 1"},
       {" --tp 2 --pass-plugin /nonexistent/libx.so", "/nonexistent/libx.so"},
       {" --tp 2 --sharding-policy cse", "--sharding-policy=cse: pass 'cse' has no option tp, so it is not a sharding policy"},
   };
