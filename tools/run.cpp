@@ -208,7 +208,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                               "(default: the model file's eval_interval)")
       .value("eval-iters", "batches per evaluation (validation, and test after the last step) (default: the model "
                            "file's eval_iters)")
-      .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew)")
+      .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew; a new run, so --save goes to another folder)")
       .toggle("save-initial", "with --save: also write the initial state, before step 1, as iteration 0 (a comparison "
                               "aid: another trainer can start from tpc's initial weights)")
       .value("dump-batches", "write every training window read (seq-length + 1 int32 tokens per row, the rows of "
@@ -368,7 +368,13 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   std::unique_ptr<Graph> step = model->forward->clone();
   PassManager pm;
   std::string pipeline = standardPipeline(*model, *accum, std::nullopt, *tpPolicy);
-  if (Status s = pm.addPipeline(pipeline); !s.ok()) return cli::fail("run", s.error());
+  // tpc run builds this pipeline itself: an error's place in its text ("--passes:1:40: error: ") means nothing
+  // to a user, who gave no --passes; the message that follows it names the pass (and its plugin).
+  if (Status s = pm.addPipeline(pipeline); !s.ok()) {
+    const std::string e = s.error();
+    const size_t at = e.rfind("--passes:", 0) == 0 ? e.find(": error: ") : std::string::npos;
+    return cli::fail("run", at == std::string::npos ? e : e.substr(at + 9));
+  }
   if (Status s = pm.run(*step); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
   if (config.tp > 1 && step->mesh().axisSize("tp") != config.tp)
     return cli::fail("run", cat("--sharding-policy=", *tpPolicy, " did not put mesh axis tp=", config.tp,

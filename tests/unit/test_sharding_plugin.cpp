@@ -122,6 +122,10 @@ TEST_CASE("sharding plugin: a plugin that throws is named in the one error line"
   auto reg = test::runCommand("TPC_TEST_PLUGIN_THROW=register " + test::tpcBinary() + " run " + tiny() + args);
   CHECK(reg.exitCode == 1);
   CHECK(reg.err == throwing + ": error: pass plugin 'throwing' threw in registerPasses: boom in registerPasses\n");
+  // Its factory: tpc run built the pipeline itself, so no place in a --passes text the user never gave.
+  auto create = test::runCommand("TPC_TEST_PLUGIN_THROW=create " + test::tpcBinary() + " run " + tiny() + args);
+  CHECK(create.exitCode == 1);
+  CHECK(create.err == "tpc run: error: pass 'throwing-tp' (plugin " + throwing + ") threw: boom in create\n");
 }
 
 }  // namespace tpc
