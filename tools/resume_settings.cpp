@@ -1,16 +1,13 @@
 #include "tools/resume_settings.h"
 
 #include <iomanip>
-#include <sstream>
+
+#include "ir/status.h"
 
 namespace tpc::cli {
 namespace {
 
-std::string number(double v) {
-  std::ostringstream os;
-  os << std::setprecision(9) << v;
-  return os.str();
-}
+std::string number(double v) { return cat(std::setprecision(9), v); }
 
 }  // namespace
 
