@@ -40,6 +40,19 @@ double tickStep(double range) {
   return 10 * mag;
 }
 
+// Widens [lo, hi] where it is too narrow to draw: one value, or values that differ only in their last digits (1e6
+// and the next double). Scaling by such a range divides by zero, and ticks stepped by a fifth of it never pass hi.
+void widenRange(double& lo, double& hi) {
+  if (hi - lo > std::max({std::abs(lo), std::abs(hi)}) * 1e-9 && hi - lo > 1e-300) return;
+  const double mid = lo / 2 + hi / 2;
+  if (lo == hi && std::abs(mid) < 1e6) {  // one value: a unit above it, as a flat curve has always been drawn
+    hi = lo + 1;
+    return;
+  }
+  const double half = std::max(std::abs(mid) * 1e-6, 1e-300);
+  lo = mid - half, hi = mid + half;
+}
+
 std::string fmt(double v) {
   std::ostringstream o;
   o.precision(4);
@@ -60,13 +73,14 @@ void panel(std::ostream& svg, double top, const std::string& title, const std::v
     svg << "<text x='" << left + 10 << "' y='" << top + 20 << "' font-size='12'>(nothing logged)</text>\n";
     return;
   }
+  const double lowest = y0, highest = y1;
+  widenRange(x0, x1);
+  widenRange(y0, y1);
   if (!std::isfinite(x1 - x0) || !std::isfinite(2 * (y1 - y0))) {  // 1e308 and -1e308: no scale spans them
     svg << "<text x='" << left + 10 << "' y='" << top + 20 << "' font-size='12'>(values too large to plot: "
-        << fmt(y0) << " to " << fmt(y1) << ")</text>\n";
+        << fmt(lowest) << " to " << fmt(highest) << ")</text>\n";
     return;
   }
-  if (x1 == x0) x1 = x0 + 1;
-  if (y1 == y0) y1 = y0 + 1;
   double pad = 0.05 * (y1 - y0);
   y0 -= pad, y1 += pad;
   auto X = [&](double x) { return left + (x - x0) / (x1 - x0) * width; };

@@ -135,4 +135,26 @@ TEST_CASE("plot: loss, validation loss and tokens/s of one or more logs as SVG",
   CHECK(hsvg.find("(values too large to plot") != std::string::npos);
 }
 
+TEST_CASE("plot: values closer than a double can tell apart or one huge value draw finite coordinates", "[plot][cli]") {
+  test::TempDir dir;
+  // Losses that differ in their last digit hung the tick loop (a step below the precision at 1e6); one loss or one
+  // step of 1e17 divided by a range of zero (1e17 + 1 is 1e17) and drew NaN.
+  for (const std::string& log : {std::string("{\"step\": 1, \"loss\": 1000000}\n{\"step\": 2, \"loss\": 1000000.0000000002}\n"),
+                                  std::string("{\"step\": 1, \"loss\": 1e17}\n"),
+                                  std::string("{\"step\": 1e17, \"loss\": 3, \"tokens_per_s\": 5}\n"),
+                                  std::string("{\"step\": 1, \"loss\": 0}\n{\"step\": 2, \"loss\": 5e-324}\n")}) {
+    INFO(log);
+    test::writeFile(dir / "close.jsonl", log);
+    std::filesystem::remove(dir / "close.svg");
+    auto r = test::runCommand("timeout 60 " + test::tpcBinary() + " plot " + (dir / "close.jsonl") + " -o " +
+                              (dir / "close.svg"));
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    const std::string svg = test::readFile(dir / "close.svg");
+    CHECK(svg.find("nan") == std::string::npos);
+    CHECK(svg.find("inf") == std::string::npos);
+    CHECK(svg.find("<polyline") != std::string::npos);
+  }
+}
+
 }  // namespace tpc
