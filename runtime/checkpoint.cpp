@@ -207,7 +207,10 @@ std::string checkpointHeldIn(const std::string& dir) {
 Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir) {
   fs::path p(dir);
   std::error_code ec;
-  if (!fs::is_directory(p, ec)) return makeError(dir, ": error: no such checkpoint directory");
+  if (!fs::is_directory(p, ec))
+    return makeError(dir, fs::exists(p, ec) ? ": error: is a file, not a checkpoint directory (a --save directory or "
+                                              "one of its iter_N directories)"
+                                            : ": error: no such checkpoint directory");
   if (!fs::exists(p / "state.json", ec)) {
     fs::path latest = p / kLatest;
     std::ifstream f(latest);
@@ -226,6 +229,12 @@ Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir) {
       return makeError(latest.string(), ": error: holds '", text.substr(0, 40), "', not an iteration number (the N of ",
                        dir, "/iter_N; write it, or pass that iter_N directory)");
     p /= iterName(it);
+    if (!fs::is_directory(p, ec)) {
+      auto all = checkpointsIn(fs::path(dir));
+      return makeError(latest.string(), ": error: names iteration ", it, ", but ", p.string(), " does not exist",
+                       all.empty() ? std::string(" (nor does any other iter_N)")
+                                   : " (found " + all.back().second.filename().string() + "; pass that directory to use it)");
+    }
   }
   LoadedCheckpoint ck;
   ck.path = p.string();

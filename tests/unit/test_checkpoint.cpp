@@ -266,6 +266,30 @@ TEST_CASE("checkpoint: bad checkpoints give one error naming the tensor or file,
   fail("--train-iters 2 --load " + ck, "state.json: error: cannot open the checkpoint state");
 }
 
+TEST_CASE("checkpoint: a file, or a latest file naming a missing iteration, is named for what it is", "[checkpoint]") {
+  test::TempDir dir;
+  test::writeFile(dir / "model.fb", "not a folder");
+  auto file = loadCheckpoint(dir / "model.fb");
+  REQUIRE_FALSE(file.ok());
+  CHECK(file.error() == dir / "model.fb" +
+                            ": error: is a file, not a checkpoint directory (a --save directory or one of its iter_N "
+                            "directories)");
+  auto none = loadCheckpoint(dir / "none");
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error() == dir / "none" + ": error: no such checkpoint directory");
+  // Megatron's tracker file naming an iteration whose folder was removed or never copied: not "half-written".
+  std::filesystem::create_directories(dir / "ck/iter_0000020");
+  test::writeFile(dir / "ck/latest_checkpointed_iteration.txt", "30\n");
+  auto missing = loadCheckpoint(dir / "ck");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error() == dir / "ck/latest_checkpointed_iteration.txt" + ": error: names iteration 30, but " +
+                               (dir / "ck/iter_0000030") + " does not exist (found iter_0000020; pass that directory to use it)");
+  std::filesystem::remove(dir / "ck/iter_0000020");
+  missing = loadCheckpoint(dir / "ck");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().find("does not exist (nor does any other iter_N)") != std::string::npos);
+}
+
 TEST_CASE("checkpoint: the state's seed must be a decimal unsigned number", "[checkpoint]") {
   auto state = [](const std::string& seed) {
     return parseCheckpointState(R"({"format": "tpc-checkpoint-1", "iteration": 3, "data_position": 0, "seed": ")" + seed +
