@@ -51,9 +51,11 @@ int runSample(std::vector<std::string> args) {
   cli::Flags flags("sample",
                    "tpc sample --load CHECKPOINT [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--seed S]\n\n"
                    "Generates text from a checkpoint (a --save directory or one of its iter_N directories) with the\n"
-                   "model's tokenizer, printing tokens as they come. --dump-logits FILE writes the prompt's logits\n"
-                   "[tokens, vocab] as safetensors (tensor 'logits') and also prints the prompt's ids, for comparison\n"
-                   "with another implementation.");
+                   "model's tokenizer, printing tokens as they come. The model sees at most its position table's\n"
+                   "length (n_positions) of context: past it, each new token is predicted from the last n_positions\n"
+                   "tokens (a sliding window), and a longer prompt is cut to its end, with a note on stderr.\n"
+                   "--dump-logits FILE writes the prompt's logits [tokens, vocab] and its ids [tokens] as safetensors\n"
+                   "(tensors 'logits' and 'tokens'), for comparison with another implementation.");
   flags.value("load", "the checkpoint to sample from")
       .value("prompt", "the text to continue (empty: start from the end-of-document token)", "")
       .value("max-tokens", "tokens to generate", "64")
@@ -122,8 +124,12 @@ int runSample(std::vector<std::string> args) {
   }
 
   std::vector<int32_t> ids;
-  if (Status s = (*tokenizer)->encode(flags.get("prompt"), ids); !s.ok()) return cli::fail("sample", s.error());
+  if (Status s = (*tokenizer)->encode(flags.get("prompt"), ids); !s.ok())
+    return cli::fail("sample", cat("--prompt: ", s.error()));
   if (ids.empty()) ids.push_back((*tokenizer)->eod());
+  if (static_cast<int64_t>(ids.size()) > gpt.positions)
+    std::cerr << "note: the prompt is " << ids.size() << " tokens, longer than the model's " << gpt.positions
+              << " positions; it continues from the last " << gpt.positions << "\n";
   CpuOptions cpu;
   cpu.threads = static_cast<int>(*threads);
   // The fixed window: long enough for the prompt and every new token, never longer than the position table.

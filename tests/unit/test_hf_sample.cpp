@@ -244,6 +244,38 @@ TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped lo
   CHECK(bare.err == "tpc sample: error: unexpected argument 'The jury' (the text to continue goes in --prompt)\n");
 }
 
+TEST_CASE("sample: a prompt longer than the position table is cut to its end with a note", "[sample][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  // tiny has 64 positions; 100 bytes of prompt are 100 tokens of the byte tokenizer.
+  const std::string prompt(100, 'x');
+  auto r = tpc("sample --threads 2 --temperature 0 --max-tokens 2 --load " + ck + " --prompt " + prompt +
+               " --dump-logits " + (dir / "l.safetensors"));
+  REQUIRE(r.exitCode == 0);
+  CHECK(r.out.rfind(prompt, 0) == 0);  // the whole prompt is echoed
+  CHECK(r.err.find("note: the prompt is 100 tokens, longer than the model's 64 positions; it continues from the last 64\n") ==
+        0);
+  auto l = readSafetensors(dir / "l.safetensors");
+  REQUIRE(l.ok());
+  CHECK(l->find("tokens")->type().str() == "i32[64]");
+  // A prompt that fits gets no note.
+  auto fits = tpc("sample --threads 2 --max-tokens 2 --load " + ck + " --prompt " + std::string(64, 'x'));
+  CHECK(fits.exitCode == 0);
+  CHECK(fits.err.empty());
+}
+
+TEST_CASE("sample: a prompt the GPT-2 tokenizer cannot read is refused naming --prompt", "[sample][cli]") {
+  test::TempDir dir;
+  REQUIRE(tpc("new gpt --preset gpt2 --layers 1 --hidden 64 --heads 2 --positions 16 --seq 16 --micro-batch-size 2 "
+              "--global-batch-size 2 -o " + (dir / "g.fb")).exitCode == 0);
+  REQUIRE(tpc("run " + (dir / "g.fb") + " --backend cpu --threads 2 --train-iters 1 --quiet --eval-interval 0 --save " +
+              (dir / "ck")).exitCode == 0);
+  auto r = tpc("sample --threads 2 --max-tokens 2 --load " + (dir / "ck") + " --prompt \"$(printf 'ab\\377')\"");
+  CHECK(r.exitCode == 1);
+  CHECK(r.err == "tpc sample: error: --prompt: the text is not valid UTF-8 (byte 2)\n");
+  CHECK(r.out.empty());
+}
+
 TEST_CASE("sample: a vocabulary larger than the tokenizer's draws only ids the tokenizer can decode", "[sample][cli]") {
   test::TempDir dir;
   // The byte tokenizer has 257 ids; rows 257-999 are trained (toward never) but no text maps to them.
