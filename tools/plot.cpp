@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "frontend/unicode_classes.h"
 #include "ir/file_io.h"
 #include "llvm/Support/JSON.h"
 #include "tools/cli.h"
@@ -51,6 +52,25 @@ void widenRange(double& lo, double& hi) {
   }
   const double half = std::max(std::abs(mid) * 1e-6, 1e-300);
   lo = mid - half, hi = mid + half;
+}
+
+// A file name as SVG text: XML's special characters escaped, and a byte that is not UTF-8 or a control character
+// shown as '?', or "run&1.jsonl" would make a file no SVG viewer opens.
+std::string svgText(std::string_view s) {
+  std::string out;
+  for (const char* p = s.data(); p < s.data() + s.size();) {
+    char32_t cp;
+    const int len = unicode::decodeUtf8(p, s.data() + s.size(), cp);
+    if (len == 0 || cp < 0x20 || cp == 0x7F) out += '?';
+    else if (cp == '&') out += "&amp;";
+    else if (cp == '<') out += "&lt;";
+    else if (cp == '>') out += "&gt;";
+    else if (cp == '\'') out += "&apos;";
+    else if (cp == '"') out += "&quot;";
+    else out.append(p, static_cast<size_t>(len));
+    p += len ? len : 1;
+  }
+  return out;
 }
 
 std::string fmt(double v) {
@@ -104,7 +124,7 @@ void panel(std::ostream& svg, double top, const std::string& title, const std::v
       svg << "<circle cx='" << X(s.points[0].first) << "' cy='" << Y(s.points[0].second) << "' r='3' fill='" << c
           << "'/>\n";
     svg << "<text x='" << left + width - 8 << "' y='" << top + 16 + 15 * i << "' font-size='12' text-anchor='end' fill='"
-        << c << "'>" << s.label << "</text>\n";
+        << c << "'>" << svgText(s.label) << "</text>\n";
   }
 }
 

@@ -157,4 +157,19 @@ TEST_CASE("plot: values closer than a double can tell apart or one huge value dr
   }
 }
 
+TEST_CASE("plot: a log's file name is escaped in the SVG", "[plot][cli]") {
+  test::TempDir dir;
+  // The legend is the file name: '&', '<' and a byte that is not UTF-8 made a file no SVG viewer opens.
+  const std::string name = "r&d <1> it's \xff.jsonl";
+  test::writeFile(dir / name, "{\"step\": 1, \"loss\": 5}\n{\"step\": 2, \"loss\": 4}\n");
+  auto r = test::runCommand(test::tpcBinary() + " plot '" + (dir / "r&d <1> it'\\''s \xff.jsonl") + "' -o " +
+                            (dir / "e.svg"));
+  INFO(r.err);
+  REQUIRE(r.exitCode == 0);
+  const std::string svg = test::readFile(dir / "e.svg");
+  CHECK(svg.find(">r&amp;d &lt;1&gt; it&apos;s ?.jsonl loss</text>") != std::string::npos);
+  CHECK(svg.find("r&d") == std::string::npos);
+  CHECK(svg.find('\xff') == std::string::npos);
+}
+
 }  // namespace tpc
