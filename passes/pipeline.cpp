@@ -34,12 +34,21 @@ Result<T> catchThrown(F&& f, bool& threw) {
   }
 }
 
+// "--passes:1:COL: error: what" for a user's text; for tpc's own, "what" alone (the caller names the command).
+Error placed(const std::string& source, size_t column, const std::string& what) {
+  if (source.empty()) return Error{what};
+  return makeError(source, ":1:", column, ": error: ", what);
+}
+
 }  // namespace
 
-Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text) {
+Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text, const std::string& source) {
   std::vector<PipelineEntry> out;
   size_t i = 0;
-  auto fail = [&](size_t at, const std::string& msg) { return makeError("--passes:1:", at + 1, ": error: ", msg); };
+  // tpc's own pipeline parses unless a pass has a name no pipeline can spell: its text then says where.
+  auto fail = [&](size_t at, const std::string& msg) {
+    return placed(source, at + 1, source.empty() ? cat(msg, " (column ", at + 1, " of the pipeline '", text, "')") : msg);
+  };
   auto skipSpace = [&] {
     while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
   };
@@ -56,6 +65,7 @@ Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text) {
     PipelineEntry e;
     e.name = text.substr(start, i - start);
     e.column = static_cast<int>(start) + 1;
+    e.source = source;
     e.options = PassOptions(e.name);
     skipSpace();
     if (i < text.size() && text[i] == '(') {
@@ -102,8 +112,8 @@ Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text) {
   return out;
 }
 
-Status PassManager::addPipeline(const std::string& text, const PassRegistry& registry) {
-  TPC_ASSIGN(auto entries, parsePipeline(text));
+Status PassManager::addPipeline(const std::string& text, const std::string& source, const PassRegistry& registry) {
+  TPC_ASSIGN(auto entries, parsePipeline(text, source));
   return addEntries(entries, registry);
 }
 
@@ -111,7 +121,7 @@ Status PassManager::addEntries(const std::vector<PipelineEntry>& entries, const 
   for (const PipelineEntry& e : entries) {
     const PassInfo* info = registry.find(e.name);
     if (!info)
-      return makeError("--passes:1:", e.column, ": error: unknown pass '", e.name, "' (known: ", registry.knownNames(), ")");
+      return placed(e.source, e.column, cat("unknown pass '", e.name, "' (known: ", registry.knownNames(), ")"));
     for (const auto& [key, value] : e.options.values()) {
       bool known = false;
       std::string keys;
@@ -120,14 +130,14 @@ Status PassManager::addEntries(const std::vector<PipelineEntry>& entries, const 
         keys += (keys.empty() ? "" : ", ") + o.name;
       }
       if (!known)
-        return makeError("--passes:1:", e.column, ": error: pass '", e.name, "' has no option '", key, "'",
-                         keys.empty() ? std::string(" (it takes none)") : " (it takes: " + keys + ")");
+        return placed(e.source, e.column, cat("pass '", e.name, "' has no option '", key, "'",
+                                              keys.empty() ? std::string(" (it takes none)") : " (it takes: " + keys + ")"));
     }
     const std::string origin = registry.originOf(e.name) == "built-in" ? "" : registry.originOf(e.name);
     bool threw = false;
     auto pass = catchThrown<std::unique_ptr<Pass>>([&] { return info->factory(e.options); }, threw);
-    if (threw) return makeError("--passes:1:", e.column, ": error: ", passLabel(e.name, origin), " ", pass.error());
-    if (!pass) return makeError("--passes:1:", e.column, ": error: ", pass.error());
+    if (threw) return placed(e.source, e.column, cat(passLabel(e.name, origin), " ", pass.error()));
+    if (!pass) return placed(e.source, e.column, pass.error());
     passes_.push_back({std::move(pass).value(), origin});
   }
   return {};

@@ -15,11 +15,14 @@ namespace tpc {
 struct PipelineEntry {
   std::string name;
   PassOptions options;
-  int column = 1;  // in the pipeline string, for errors
+  int column = 1;      // in the pipeline string, for errors
+  std::string source;  // where that string came from (parsePipeline's `source`)
 };
 
-// Parses the pipeline text; errors read `--passes:1:COL: error: what`.
-Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text);
+// Parses the pipeline text. `source` names where the text came from, for the place in errors: "--passes" (the
+// flag a user gave it with) makes them read `--passes:1:COL: error: what`; "" is a pipeline tpc built itself,
+// whose errors say what alone (a user never saw its text, so a column in it would mean nothing to them).
+Result<std::vector<PipelineEntry>> parsePipeline(const std::string& text, const std::string& source);
 
 struct PipelineConfig {
   bool verifyEach = true;            // run the verifier after every pass
@@ -31,9 +34,11 @@ struct PipelineConfig {
 class PassManager {
  public:
   explicit PassManager(PipelineConfig config = {}) : config_(std::move(config)) {}
-  // Builds the passes of `text` from `registry`; unknown passes and options are errors.
-  Status addPipeline(const std::string& text, const PassRegistry& registry = PassRegistry::global());
-  // The same from entries already parsed (e.g. a prefix of a pipeline).
+  // Builds the passes of `text` from `registry`; unknown passes and options are errors, placed in `source` as
+  // parsePipeline's are.
+  Status addPipeline(const std::string& text, const std::string& source,
+                     const PassRegistry& registry = PassRegistry::global());
+  // The same from entries already parsed (e.g. a prefix of a pipeline); errors are placed in their source.
   Status addEntries(const std::vector<PipelineEntry>& entries, const PassRegistry& registry = PassRegistry::global());
   void addPass(std::unique_ptr<Pass> p) { passes_.push_back({std::move(p), ""}); }
   size_t size() const { return passes_.size(); }

@@ -14,7 +14,7 @@ Result<std::unique_ptr<Evaluator>> Evaluator::inferenceGraph(const Graph& forwar
   TPC_TRY(createInferencePass()->run(*e->graph_).status());
   if (!passes.empty()) {
     PassManager pm;
-    TPC_TRY(pm.addPipeline(passes));
+    TPC_TRY(pm.addPipeline(passes, ""));  // tpc's own (evaluationPipeline), not a user's text
     TPC_TRY(pm.run(*e->graph_));
   }
   bool found = false;

@@ -195,7 +195,8 @@ int runDump(std::vector<std::string> args) {
                                              : standardPipeline(*model, *accum, *rank, *tpPolicy) +
                                                    (flags.on("no-fuse-classifier") ? "" : ",fuse-classifier") +
                                                    (flags.on("no-fuse") ? "" : ",fuse");
-  auto entries = parsePipeline(pipeline);
+  // The standard pipeline is tpc's own text: its errors (a plugin policy's factory) have no place in --passes.
+  auto entries = parsePipeline(pipeline, flags.has("passes") ? "--passes" : "");
   if (!entries) return cli::fail("dump", entries.error());
   if (PassManager check; flags.has("passes")) {  // unknown passes and bad options, before anything prints
     if (Status s = check.addEntries(*entries); !s.ok()) return cli::fail("dump", s.error());

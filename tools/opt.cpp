@@ -83,7 +83,7 @@ int runOpt(std::vector<std::string> args) {
     // A fresh pass manager per graph: passes may keep state between runs.
     PassManager pm(config);
     if (flags.has("passes"))
-      if (Status s = pm.addPipeline(flags.get("passes"), registry); !s.ok()) return cli::fail("opt", s.error());
+      if (Status s = pm.addPipeline(flags.get("passes"), "--passes", registry); !s.ok()) return cli::fail("opt", s.error());
     if (i) out += "// -----\n";
     auto g = parseGraph(chunks[i], fileName);
     if (!g) {

@@ -368,13 +368,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   std::unique_ptr<Graph> step = model->forward->clone();
   PassManager pm;
   std::string pipeline = standardPipeline(*model, *accum, std::nullopt, *tpPolicy);
-  // tpc run builds this pipeline itself: an error's place in its text ("--passes:1:40: error: ") means nothing
-  // to a user, who gave no --passes; the message that follows it names the pass (and its plugin).
-  if (Status s = pm.addPipeline(pipeline); !s.ok()) {
-    const std::string e = s.error();
-    const size_t at = e.rfind("--passes:", 0) == 0 ? e.find(": error: ") : std::string::npos;
-    return cli::fail("run", at == std::string::npos ? e : e.substr(at + 9));
-  }
+  // tpc run builds this pipeline itself (no source): its errors name the pass (and its plugin), not a place in
+  // a text the user never gave.
+  if (Status s = pm.addPipeline(pipeline, ""); !s.ok()) return cli::fail("run", s.error());
   if (Status s = pm.run(*step); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
   if (config.tp > 1 && step->mesh().axisSize("tp") != config.tp)
     return cli::fail("run", cat("--sharding-policy=", *tpPolicy, " did not put mesh axis tp=", config.tp,
@@ -409,7 +405,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                            (flags.on("no-fuse") ? "" : ",fuse");
   if (*backendKind == BackendKind::Cuda && !cudaPasses.empty()) {
     PassManager fuse;
-    if (Status s = fuse.addPipeline(cudaPasses.substr(1)); !s.ok()) return cli::fail("run", s.error());
+    if (Status s = fuse.addPipeline(cudaPasses.substr(1), ""); !s.ok()) return cli::fail("run", s.error());
     std::vector<Graph*> programs;
     for (auto& r : rankGraphs) programs.push_back(r.get());
     if (programs.empty()) programs.push_back(step.get());

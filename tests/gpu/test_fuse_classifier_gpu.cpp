@@ -98,7 +98,7 @@ TEST_CASE("cuda fuse-classifier: megatron-tp 2 on virtual ranks (vocab_xent_grad
   std::vector<std::unique_ptr<Graph>> ranks = test::rankGraphs(*two);
   for (auto& r : ranks) {
     PassManager pm;
-    REQUIRE(pm.addPipeline("fuse-classifier,fuse").ok());
+    REQUIRE(pm.addPipeline("fuse-classifier,fuse", "").ok());
     REQUIRE(pm.run(*r).ok());
     CHECK(countOps(*r, OpKind::VocabXentGrad) == 1);
   }

@@ -55,7 +55,7 @@ inline ModelFile gptModel(const GptConfig& gpt, int64_t microBatch, int64_t accu
 // Runs the pass pipeline `passes` on `g`; propagates placements when they gave it a mesh.
 inline void runPasses(Graph& g, const std::string& passes) {
   PassManager pm;
-  Status s = pm.addPipeline(passes);
+  Status s = pm.addPipeline(passes, "");
   INFO(passes << ": " << (s.ok() ? std::string() : s.error()));
   REQUIRE(s.ok());
   s = pm.run(g);

@@ -92,7 +92,8 @@ std::unique_ptr<Graph> gpt2Step(int64_t micro, bool fuse) {
   REQUIRE(m.ok());
   PassManager pm;
   REQUIRE(pm.addPipeline(std::string("mixed-precision(dtype=bf16),autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce") +
-                         (fuse ? ",fuse" : ""))
+                             (fuse ? ",fuse" : ""),
+                         "")
               .ok());
   REQUIRE(pm.run(*m->forward).ok());
   return std::move(m->forward);

@@ -80,7 +80,7 @@ TEST_CASE("mixed-precision: bf16 under tp 2 matches bf16 on one rank", "[precisi
 
 TEST_CASE("mixed-precision: a bad dtype option is refused", "[precision]") {
   PassManager pm;
-  Status s = pm.addPipeline("mixed-precision(dtype=fp8)");
+  Status s = pm.addPipeline("mixed-precision(dtype=fp8)", "");
   REQUIRE(!s.ok());
   CHECK(s.error().find("dtype=fp8 must be bf16 or f16") != std::string::npos);
 }

@@ -40,7 +40,7 @@ std::unique_ptr<Graph> gptStep(const std::string& pre, const std::string& post =
   REQUIRE(m.ok());
   std::unique_ptr<Graph> g = std::move(m->forward);
   PassManager pm;
-  Status s = pm.addPipeline(pre + "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce" + post);
+  Status s = pm.addPipeline(pre + "autodiff(clip-grad=1.0, weight-decay=0.1),cse,dce" + post, "");
   REQUIRE(s.ok());
   s = pm.run(*g);
   INFO((s.ok() ? std::string() : s.error()));

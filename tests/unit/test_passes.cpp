@@ -49,7 +49,7 @@ class CorruptingPass final : public Pass {
 }  // namespace
 
 TEST_CASE("the pipeline parser reads names and options", "[passes][pipeline]") {
-  auto p = parsePipeline("a,b(k=v, k2=v2)");
+  auto p = parsePipeline("a,b(k=v, k2=v2)", "--passes");
   REQUIRE(p.ok());
   REQUIRE(p->size() == 2);
   CHECK((*p)[0].name == "a");
@@ -59,14 +59,14 @@ TEST_CASE("the pipeline parser reads names and options", "[passes][pipeline]") {
   CHECK((*p)[1].column == 3);
   CHECK((*p)[1].options.values() == std::map<std::string, std::string>{{"k", "v"}, {"k2", "v2"}});
 
-  auto spaced = parsePipeline("  cse , megatron-tp( tp = 4 ) ,dce ");
+  auto spaced = parsePipeline("  cse , megatron-tp( tp = 4 ) ,dce ", "--passes");
   REQUIRE(spaced.ok());
   REQUIRE(spaced->size() == 3);
   CHECK((*spaced)[1].name == "megatron-tp");
   CHECK((*spaced)[1].column == 9);
   CHECK((*spaced)[1].options.getString("tp", "") == "4");
   CHECK((*spaced)[2].name == "dce");
-  CHECK(parsePipeline("p()").ok());
+  CHECK(parsePipeline("p()", "--passes").ok());
 }
 
 TEST_CASE("the pipeline parser rejects bad strings with the column", "[passes][pipeline]") {
@@ -91,7 +91,7 @@ TEST_CASE("the pipeline parser rejects bad strings with the column", "[passes][p
   };
   for (const Case& c : cases) {
     INFO("pipeline: '" << c.text << "'");
-    auto p = parsePipeline(c.text);
+    auto p = parsePipeline(c.text, "--passes");
     REQUIRE_FALSE(p.ok());
     CHECK(p.error() == c.error);
   }
@@ -99,16 +99,45 @@ TEST_CASE("the pipeline parser rejects bad strings with the column", "[passes][p
 
 TEST_CASE("the pass manager refuses unknown passes and options", "[passes][pipeline]") {
   PassManager pm;
-  Status unknown = pm.addPipeline("cse,nope");
+  Status unknown = pm.addPipeline("cse,nope", "--passes");
   REQUIRE_FALSE(unknown.ok());
   CHECK(unknown.error().rfind("--passes:1:5: error: unknown pass 'nope' (known: ", 0) == 0);
   PassManager pm2;
-  Status option = pm2.addPipeline("dce(x=1)");
+  Status option = pm2.addPipeline("dce(x=1)", "--passes");
   REQUIRE_FALSE(option.ok());
   CHECK(option.error() == "--passes:1:1: error: pass 'dce' has no option 'x' (it takes none)");
   PassManager pm3;
-  REQUIRE(pm3.addPipeline("cse,dce,cse").ok());
+  REQUIRE(pm3.addPipeline("cse,dce,cse", "--passes").ok());
   CHECK(pm3.size() == 3);
+}
+
+TEST_CASE("a pipeline's errors are placed in the source it came from, and tpc's own have no place", "[passes][pipeline]") {
+  // Another flag or file that holds a pipeline names itself.
+  PassManager other;
+  Status placed = other.addPipeline("cse,nope", "pipeline.txt");
+  REQUIRE_FALSE(placed.ok());
+  CHECK(placed.error().rfind("pipeline.txt:1:5: error: unknown pass 'nope' (known: ", 0) == 0);
+  // tpc's own pipeline (tpc run's, the standard one of tpc dump): no text the user gave, so no place in one.
+  PassManager own;
+  Status unknown = own.addPipeline("cse,nope", "");
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.error().rfind("unknown pass 'nope' (known: ", 0) == 0);
+  CHECK(unknown.error().find("--passes") == std::string::npos);
+  PassManager own2;
+  Status option = own2.addPipeline("dce(x=1)", "");
+  REQUIRE_FALSE(option.ok());
+  CHECK(option.error() == "pass 'dce' has no option 'x' (it takes none)");
+  // Its text does not parse only when a plugin's pass has a name no pipeline can spell: the text says where.
+  auto parsed = parsePipeline("my tp(tp=2),dce", "");
+  REQUIRE_FALSE(parsed.ok());
+  CHECK(parsed.error() == "expected ',' between passes, got 't' (column 4 of the pipeline 'my tp(tp=2),dce')");
+  // Entries keep their source, so a prefix added later (tpc dump --after) is placed as the whole text was.
+  auto entries = parsePipeline("cse,nope", "--passes");
+  REQUIRE(entries.ok());
+  PassManager prefix;
+  Status later = prefix.addEntries(*entries);
+  REQUIRE_FALSE(later.ok());
+  CHECK(later.error().rfind("--passes:1:5: error: unknown pass 'nope'", 0) == 0);
 }
 
 TEST_CASE("the pass manager verifies the graph after each pass", "[passes][pipeline]") {
@@ -230,12 +259,17 @@ TEST_CASE("the example plugin loads into this process and folds scales", "[passe
   CHECK(copy.error() == "plugin " + (dir / "copy.so") + ": pass 'fold-scales' is already registered by plugin " + kExamplePlugin);
 }
 
+// Where the throwing test plugin throws (TPC_TEST_PLUGIN_THROW), for one scope. Its registerPasses reads the variable
+// at each load into a registry that has not loaded it yet.
+namespace {
+struct ThrowIn {
+  explicit ThrowIn(const char* where) { setenv("TPC_TEST_PLUGIN_THROW", where, 1); }
+  ~ThrowIn() { unsetenv("TPC_TEST_PLUGIN_THROW"); }
+};
+}  // namespace
+
 TEST_CASE("a plugin's exception names the plugin and the pass", "[passes][plugin]") {
   // Each load below runs registerPasses again (a fresh registry), which reads the variable then.
-  struct ThrowIn {
-    explicit ThrowIn(const char* where) { setenv("TPC_TEST_PLUGIN_THROW", where, 1); }
-    ~ThrowIn() { unsetenv("TPC_TEST_PLUGIN_THROW"); }
-  };
   auto g = parse("graph @g(%x: f32[4]) {\n  %y = neg(%x) : f32[4]\n  return %y\n}\n");
   {
     ThrowIn in("register");
@@ -251,7 +285,7 @@ TEST_CASE("a plugin's exception names the plugin and the pass", "[passes][plugin
   const std::string pass = "pass 'throwing-tp' (plugin " + kThrowingPlugin + ")";
   {
     PassManager pm;
-    REQUIRE(pm.addPipeline("throwing-tp(tp=2)", r).ok());
+    REQUIRE(pm.addPipeline("throwing-tp(tp=2)", "--passes", r).ok());
     Status run = pm.run(*g);
     REQUIRE_FALSE(run.ok());
     CHECK(run.error() == "error: " + pass + " threw: boom in run");
@@ -259,7 +293,7 @@ TEST_CASE("a plugin's exception names the plugin and the pass", "[passes][plugin
   {
     ThrowIn in("run-int");
     PassManager pm;
-    REQUIRE(pm.addPipeline("throwing-tp", r).ok());
+    REQUIRE(pm.addPipeline("throwing-tp", "--passes", r).ok());
     Status run = pm.run(*g);
     REQUIRE_FALSE(run.ok());
     CHECK(run.error() == "error: " + pass + " threw an exception that is not a std::exception");
@@ -267,9 +301,13 @@ TEST_CASE("a plugin's exception names the plugin and the pass", "[passes][plugin
   {
     ThrowIn in("create");
     PassManager pm;
-    Status add = pm.addPipeline("throwing-tp", r);
+    Status add = pm.addPipeline("throwing-tp", "--passes", r);
     REQUIRE_FALSE(add.ok());
     CHECK(add.error() == "--passes:1:1: error: " + pass + " threw: boom in create");
+    PassManager own;  // a pipeline tpc built (the policy of tpc run's): no place
+    Status built = own.addPipeline("throwing-tp", "", r);
+    REQUIRE_FALSE(built.ok());
+    CHECK(built.error() == pass + " threw: boom in create");
   }
 }
 

@@ -22,7 +22,7 @@ Result<std::unique_ptr<Graph>> sharded(int64_t layers, const std::string& pre, c
   ModelFile m = test::gptModel(gpt(layers), 4);
   std::unique_ptr<Graph> g = std::move(m.forward);
   PassManager pm;
-  TPC_TRY(pm.addPipeline(pre + "autodiff,cse,dce" + post));
+  TPC_TRY(pm.addPipeline(pre + "autodiff,cse,dce" + post, ""));
   TPC_TRY(pm.run(*g));
   TPC_TRY(propagatePlacements(*g));
   return partitionForRank(*g, rank);

@@ -126,6 +126,15 @@ TEST_CASE("sharding plugin: a plugin that throws is named in the one error line"
   auto create = test::runCommand("TPC_TEST_PLUGIN_THROW=create " + test::tpcBinary() + " run " + tiny() + args);
   CHECK(create.exitCode == 1);
   CHECK(create.err == "tpc run: error: pass 'throwing-tp' (plugin " + throwing + ") threw: boom in create\n");
+  // tpc dump's standard pipeline is tpc's text too; with --passes the user's text is the place.
+  auto dump = test::runCommand("TPC_TEST_PLUGIN_THROW=create " + test::tpcBinary() + " dump " + tiny() + args);
+  CHECK(dump.exitCode == 1);
+  CHECK(dump.out.empty());
+  CHECK(dump.err == "tpc dump: error: pass 'throwing-tp' (plugin " + throwing + ") threw: boom in create\n");
+  auto given = test::runCommand("TPC_TEST_PLUGIN_THROW=create " + test::tpcBinary() + " dump " + tiny() + args +
+                                " --passes='autodiff,throwing-tp(tp=2)'");
+  CHECK(given.exitCode == 1);
+  CHECK(given.err == "--passes:1:10: error: pass 'throwing-tp' (plugin " + throwing + ") threw: boom in create\n");
 }
 
 }  // namespace tpc
