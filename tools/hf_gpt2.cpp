@@ -153,7 +153,7 @@ Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::map
   return {};
 }
 
-Result<std::pair<GptConfig, std::map<std::string, HostTensor>>> readHfGpt2(const std::string& dir) {
+Result<HfGpt2> readHfGpt2(const std::string& dir) {
   const std::string cfgPath = dir + "/config.json";
   std::error_code ec;
   if (fs::is_directory(cfgPath, ec)) return makeError(cfgPath, ": error: is a folder, not the model's config file");
@@ -170,14 +170,17 @@ Result<std::pair<GptConfig, std::map<std::string, HostTensor>>> readHfGpt2(const
     return makeError(stPath, ": error: missing (tpc reads safetensors weights; convert pytorch_model.bin with "
                              "transformers' save_pretrained(safe_serialization=True))");
   TPC_ASSIGN(SafetensorsFile file, readSafetensors(stPath));
-  std::map<std::string, HostTensor> params;
+  HfGpt2 out;
+  out.gpt = gpt;
   for (auto& [hf, t] : file.tensors) {
     std::string n = tpcNameOfHf(hf);
     if (n.empty()) continue;
     if (!isFloat(t.dtype())) return makeError(stPath, ": error: tensor ", hf, " is ", t.type().str(), ", not float");
-    params[n] = t.convertTo(DType::f32);
+    if (auto [it, fresh] = out.hfNames.emplace(n, hf); !fresh)
+      return makeError(stPath, ": error: tensors ", it->second, " and ", hf, " are the same parameter; keep one");
+    out.tensors[n] = t.convertTo(DType::f32);
   }
-  return std::make_pair(gpt, std::move(params));
+  return out;
 }
 
 }  // namespace tpc

@@ -30,7 +30,12 @@ Result<std::string> hfOutputDir(const std::string& path);
 // embedding with its real vocab rows). Written into DIR.tmp, then renamed: nothing half-written, and no
 // folder it created left behind on failure.
 Status writeHfGpt2(const std::string& dir, const GptConfig& gpt, const std::map<std::string, HostTensor>& params);
-// Reads a Hugging Face GPT-2 directory: its config and every tensor, by tpc name, as f32.
-Result<std::pair<GptConfig, std::map<std::string, HostTensor>>> readHfGpt2(const std::string& dir);
+struct HfGpt2 {
+  GptConfig gpt;
+  std::map<std::string, HostTensor> tensors;   // by tpc name, as f32
+  std::map<std::string, std::string> hfNames;  // tpc name -> the tensor's name in model.safetensors, for messages
+};
+// Reads a Hugging Face GPT-2 directory: its config and every tensor (all but the buffers and the tied head).
+Result<HfGpt2> readHfGpt2(const std::string& dir);
 
 }  // namespace tpc

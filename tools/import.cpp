@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "frontend/model_file.h"
+#include "llvm/ADT/StringRef.h"
 #include "models/gpt.h"
 #include "runtime/checkpoint.h"
 #include "tools/cli.h"
@@ -50,7 +51,8 @@ int runImport(std::vector<std::string> args) {
                                    out, " go there: remove it or name another -o"));
   auto hf = readHfGpt2(flags.get("hf"));
   if (!hf) return cli::fail("import", hf.error());
-  auto& [gpt, tensors] = *hf;
+  const GptConfig& gpt = hf->gpt;
+  const std::map<std::string, HostTensor>& tensors = hf->tensors;
   TrainConfig config;
   config.seqLength = std::min<int64_t>(gpt.positions, 1024);
   config.microBatch = config.globalBatch = 8;
@@ -82,6 +84,19 @@ int runImport(std::vector<std::string> args) {
     layout.push_back({p->name(), shape});
     count += it->second.numel();
   }
+  // A tensor the model has no place for means config.json and the weights disagree (a layer past n_layer) or
+  // another architecture's head or adapter: dropping it would import a different model than the one on disk.
+  if (layout.size() != tensors.size())
+    for (const auto& [name, t] : tensors)
+      if (std::none_of(layout.begin(), layout.end(), [&](const CheckpointTensor& c) { return c.name == name; })) {
+        std::string why = "is not a GPT-2 (GPT2LMHeadModel) parameter tpc knows; tpc imports GPT-2 models only";
+        llvm::StringRef rest(name);
+        long long layer = -1;
+        if (rest.consume_front("h.") && !rest.split('.').first.getAsInteger(10, layer) && layer >= gpt.layers)
+          why = cat("is of layer ", layer, ", but config.json has n_layer=", gpt.layers,
+                    "; config.json and the weights disagree");
+        return cli::fail("import", cat(stPath, ": error: tensor ", hf->hfNames.at(name), " ", why));
+      }
   auto bytes = serializeModel(*model, false);
   if (!bytes) return cli::fail("import", bytes.error());
   CheckpointState st;

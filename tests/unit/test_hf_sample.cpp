@@ -141,6 +141,46 @@ TEST_CASE("hf: foreign or broken Hugging Face directories are refused by name", 
   CHECK(noCk.err.find("no such checkpoint directory") != std::string::npos);
 }
 
+TEST_CASE("hf: import refuses weights that config.json's model has no place for", "[hf][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  REQUIRE(tpc("export --hf " + (dir / "hf") + " " + ck).exitCode == 0);
+  const std::string good = test::readFile(dir / "hf/config.json");
+  auto original = readSafetensors(dir / "hf/model.safetensors");
+  REQUIRE(original.ok());
+  auto withTensor = [&](const std::string& name, Shape shape) {
+    SafetensorsFile f = *original;
+    f.tensors.push_back({name, HostTensor(TensorType(DType::f32, shape))});
+    REQUIRE(writeSafetensors(dir / "hf/model.safetensors", f).ok());
+  };
+  auto refused = [&](const std::string& expected) {
+    auto r = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb"));
+    CHECK(r.exitCode == 1);
+    CHECK(r.err == dir / "hf/model.safetensors" + ": error: " + expected + "\n");
+    CHECK(!std::filesystem::exists(dir / "x.fb"));
+    CHECK(!std::filesystem::exists(dir / "x.fb.weights"));
+  };
+  // Weights of 2 layers under a config of 1: not a 1-layer model with layer 1 dropped.
+  std::string oneLayer = good;
+  oneLayer.replace(oneLayer.find("\"n_layer\": 2"), 12, "\"n_layer\": 1");
+  test::writeFile(dir / "hf/config.json", oneLayer);
+  refused("tensor transformer.h.1.attn.c_attn.bias is of layer 1, but config.json has n_layer=1; config.json and the "
+          "weights disagree");
+  test::writeFile(dir / "hf/config.json", good);
+  // Another architecture's head (GPT2ForSequenceClassification) or an adapter is named, not dropped.
+  withTensor("score.weight", {2, 128});
+  refused("tensor score.weight is not a GPT-2 (GPT2LMHeadModel) parameter tpc knows; tpc imports GPT-2 models only");
+  withTensor("transformer.h.0.attn.c_attn.lora_A", {8, 128});
+  refused("tensor transformer.h.0.attn.c_attn.lora_A is not a GPT-2 (GPT2LMHeadModel) parameter tpc knows; tpc imports "
+          "GPT-2 models only");
+  // One parameter under both spellings (with and without "transformer."): which one is meant is not guessed.
+  withTensor("h.0.ln_1.weight", {128});
+  refused("tensors transformer.h.0.ln_1.weight and h.0.ln_1.weight are the same parameter; keep one");
+  // What GPT2LMHeadModel itself saves beside the parameters (the tied head, the attention mask buffer) is fine.
+  withTensor("lm_head.weight", {257, 128});
+  CHECK(tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb")).exitCode == 0);
+}
+
 TEST_CASE("hf: bad output paths give one error and leave nothing behind", "[hf][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
