@@ -7,11 +7,13 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "frontend/unicode_classes.h"
 #include "ir/file_io.h"
-#include "llvm/Support/JSON.h"
 #include "tools/cli.h"
 #include "tools/output_paths.h"
 
@@ -157,17 +159,20 @@ int runPlot(std::vector<std::string> args) {
     std::string line;
     for (int lineNo = 1; std::getline(in, line); ++lineNo) {
       if (line.empty()) continue;
-      auto v = llvm::json::parse(line);
-      const llvm::json::Object* o = v ? v->getAsObject() : nullptr;
-      if (!o || !o->getNumber("step")) {
-        if (!v) llvm::consumeError(v.takeError());
+      // nlohmann's parser keeps its nesting on the heap (llvm::json's recursed: a garbled line of a million '['
+      // overflowed the stack); a line that does not parse is discarded, not thrown.
+      const nlohmann::json o = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      auto number = [&](const char* key) -> std::optional<double> {
+        auto it = o.find(key);  // end() where o is not an object
+        return it != o.end() && it->is_number() ? std::optional<double>(it->get<double>()) : std::nullopt;
+      };
+      if (!o.is_object() || !number("step"))
         return cli::fail("plot", cat(path, ":", lineNo, ": error: not a tpc run log line (a JSON object with \"step\")"));
-      }
-      double step = *o->getNumber("step");
+      double step = *number("step");
       // Skipped steps log null; a diverged run may log a non-number: neither is a point.
       auto finite = [&](const char* key) {
-        auto x = o->getNumber(key);
-        return x && std::isfinite(*x) && std::isfinite(step) ? x : llvm::None;
+        auto x = number(key);
+        return x && std::isfinite(*x) && std::isfinite(step) ? x : std::nullopt;
       };
       if (auto x = finite("loss")) train.points.push_back({step, *x});
       if (auto x = finite("valid_loss")) valid.points.push_back({step, *x});

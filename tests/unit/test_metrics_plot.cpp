@@ -172,4 +172,14 @@ TEST_CASE("plot: a log's file name is escaped in the SVG", "[plot][cli]") {
   CHECK(svg.find('\xff') == std::string::npos);
 }
 
+TEST_CASE("plot: a garbled line nested a million deep is an error naming the line", "[plot][cli]") {
+  test::TempDir dir;
+  // The recursive JSON parser overflowed the stack on it: a segfault, not an error.
+  test::writeFile(dir / "deep.jsonl", "{\"step\": 1, \"loss\": 5}\n" + std::string(1000000, '[') + std::string(1000000, ']') + "\n");
+  auto r = test::runCommand(test::tpcBinary() + " plot " + (dir / "deep.jsonl") + " -o " + (dir / "d.svg"));
+  CHECK(r.exitCode == 1);
+  CHECK(r.err == (dir / "deep.jsonl") + ":2: error: not a tpc run log line (a JSON object with \"step\")\n");
+  CHECK_FALSE(std::filesystem::exists(dir / "d.svg"));
+}
+
 }  // namespace tpc
