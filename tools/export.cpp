@@ -37,7 +37,7 @@ int runExport(std::vector<std::string> args) {
     count += t->numel();
     params[p->name()] = std::move(*t);
   }
-  if (Status s = writeHfGpt2(*out, *model->gpt, params); !s.ok()) return cli::fail("export", s.error());
+  if (Status s = writeHfGpt2(*out, *model->gpt, model->config.tokenizer, params); !s.ok()) return cli::fail("export", s.error());
   std::cout << "wrote " << *out << "/config.json and " << *out << "/model.safetensors: " << params.size() << " tensors, "
             << count << " parameters from " << ck->path << " (iteration " << ck->state.iteration << ")\n";
   return 0;

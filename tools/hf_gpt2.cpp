@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include "frontend/byte_tokenizer.h"
 #include "ir/file_io.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -28,7 +29,10 @@ std::string tpcNameOfHf(const std::string& hf) {
   return n.str();
 }
 
-std::string hfConfigJson(const GptConfig& g) {
+std::string hfConfigJson(const GptConfig& g, const std::string& tokenizer) {
+  // The end-of-document id, not the last row: a vocabulary padded past the tokenizer's (50304 for gpt2, 1000 for
+  // byte) still ends documents with <|endoftext|>. GPT-2's encoder.json puts it at 50256.
+  const int64_t eod = tokenizer == "byte" ? ByteTokenizer::kEod : 50256;
   llvm::json::Object o{{"architectures", llvm::json::Array{"GPT2LMHeadModel"}},
                        {"model_type", "gpt2"},
                        {"vocab_size", g.vocab},
@@ -46,8 +50,8 @@ std::string hfConfigJson(const GptConfig& g) {
                        {"attn_pdrop", g.attentionDropout},
                        {"tie_word_embeddings", true},
                        {"scale_attn_weights", true},
-                       {"bos_token_id", g.vocab - 1},  // the end-of-document token: 50256 in GPT-2's vocabulary
-                       {"eos_token_id", g.vocab - 1},
+                       {"bos_token_id", eod},
+                       {"eos_token_id", eod},
                        {"torch_dtype", "float32"}};
   std::string out;
   llvm::raw_string_ostream os(out);
@@ -125,7 +129,8 @@ Result<std::string> hfOutputDir(const std::string& path) {
   return dir;
 }
 
-Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::map<std::string, HostTensor>& params) {
+Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::string& tokenizer,
+                   const std::map<std::string, HostTensor>& params) {
   TPC_ASSIGN(const std::string dir, hfOutputDir(path));
   std::error_code ec;
   SafetensorsFile file;
@@ -135,7 +140,7 @@ Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::map
     // An existing model folder keeps what else it holds (tokenizer files, a README), as save_pretrained does: only
     // the two files of the export are replaced, each written under a temporary name and renamed.
     TPC_TRY(writeSafetensors(dir + "/model.safetensors", file));
-    return writeFileAtomically(dir + "/config.json", hfConfigJson(gpt));
+    return writeFileAtomically(dir + "/config.json", hfConfigJson(gpt, tokenizer));
   }
   // A name of tpc's own beside DIR (never a user's DIR.tmp): debris of an export killed midway with this process id.
   const std::string tmp = cat(dir, ".tpc-export-tmp.", getpid());
@@ -145,7 +150,7 @@ Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::map
   fs::create_directories(tmp, ec);
   if (ec) return makeError(tmp, ": error: cannot create: ", ec.message());
   TPC_TRY(writeSafetensors(tmp + "/model.safetensors", file));
-  TPC_TRY(writeFileAtomically(tmp + "/config.json", hfConfigJson(gpt)));
+  TPC_TRY(writeFileAtomically(tmp + "/config.json", hfConfigJson(gpt, tokenizer)));
   fs::remove_all(dir, ec);
   fs::rename(tmp, dir, ec);
   if (ec) return makeError(dir, ": error: cannot move into place: ", ec.message());

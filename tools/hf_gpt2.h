@@ -19,7 +19,8 @@ std::string hfNameOf(const std::string& tpcName);
 // (attn.bias / attn.masked_bias buffers, the tied lm_head.weight).
 std::string tpcNameOfHf(const std::string& hfName);
 
-std::string hfConfigJson(const GptConfig& gpt);
+// `tokenizer`: the model's tokenizer_type, whose end-of-document id is bos_token_id and eos_token_id.
+std::string hfConfigJson(const GptConfig& gpt, const std::string& tokenizer);
 // Parses DIR/config.json (`path` for messages): a GPT-2 or an error naming the field.
 Result<GptConfig> parseHfConfig(const std::string& path, const std::string& json);
 
@@ -29,7 +30,8 @@ Result<std::string> hfOutputDir(const std::string& path);
 // Writes DIR/config.json and DIR/model.safetensors from tensors named as tpc names them (unsharded; the
 // embedding with its real vocab rows). Written into DIR.tmp, then renamed: nothing half-written, and no
 // folder it created left behind on failure.
-Status writeHfGpt2(const std::string& dir, const GptConfig& gpt, const std::map<std::string, HostTensor>& params);
+Status writeHfGpt2(const std::string& dir, const GptConfig& gpt, const std::string& tokenizer,
+                   const std::map<std::string, HostTensor>& params);
 struct HfGpt2 {
   GptConfig gpt;
   std::map<std::string, HostTensor> tensors;   // by tpc name, as f32

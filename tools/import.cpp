@@ -62,9 +62,17 @@ int runImport(std::vector<std::string> args) {
   // What `tpc run` would refuse of the written model, refused before anything is written.
   if (!(out.size() > 3 && out.compare(out.size() - 3, 3, ".fb") == 0) && !(out.size() > 5 && out.compare(out.size() - 5, 5, ".json") == 0))
     return cli::fail("import", cat("-o ", out, ": error: unknown model file extension (expected .fb or .json)"));
-  if (flags.has("tokenizer") && config.tokenizer == "gpt2" && gpt.vocab < 50257)
-    return cli::fail("import", cat("--tokenizer gpt2 needs a vocabulary of at least 50257 tokens; this model has ", gpt.vocab,
-                                   " (use --tokenizer byte for 257)"));
+  // The tokenizer's ids must all be rows of the embedding (tpc sample and tpc run refuse the model otherwise).
+  const int64_t tokenizerIds = config.tokenizer == "gpt2" ? 50257 : 257;
+  if (flags.has("tokenizer") && gpt.vocab < tokenizerIds)
+    return cli::fail("import", cat("--tokenizer ", config.tokenizer, " needs a vocabulary of at least ", tokenizerIds,
+                                   " tokens; this model has ", gpt.vocab,
+                                   gpt.vocab >= 257 ? " (use --tokenizer byte for 257)" : ""));
+  if (gpt.vocab < tokenizerIds)
+    return cli::fail("import", cat(flags.get("hf"), "/config.json: error: vocab_size=", gpt.vocab,
+                                   gpt.vocab < 257 ? " is smaller than both of tpc's tokenizers (byte: 257 ids, gpt2: 50257)"
+                                                   : " is not GPT-2's 50257 (tpc's gpt2 tokenizer); if ids 0-255 are bytes "
+                                                     "and 256 ends a document, pass --tokenizer byte"));
   if (config.tp > 1 && gpt.heads % config.tp != 0)
     return cli::fail("import", cat("--tp ", config.tp, " does not divide the model's ", gpt.heads,
                                    " attention heads; pick a tp that does"));

@@ -181,6 +181,43 @@ TEST_CASE("hf: import refuses weights that config.json's model has no place for"
   CHECK(tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb")).exitCode == 0);
 }
 
+TEST_CASE("hf: a vocabulary past the tokenizer's exports its end-of-document id and imports with --tokenizer", "[hf][cli]") {
+  test::TempDir dir;
+  // The byte tokenizer's 257 ids in a 1000-row embedding: documents still end with id 256, not the last row.
+  REQUIRE(tpc("new gpt --preset tiny --vocab 1000 -o " + (dir / "v.fb")).exitCode == 0);
+  REQUIRE(tpc("run " + (dir / "v.fb") + " --threads 2 --train-iters 1 --quiet --eval-interval 0 --save " + (dir / "ck"))
+              .exitCode == 0);
+  REQUIRE(tpc("export --hf " + (dir / "hf") + " " + (dir / "ck")).exitCode == 0);
+  const std::string config = test::readFile(dir / "hf/config.json");
+  CHECK(config.find("\"vocab_size\": 1000") != std::string::npos);
+  CHECK(config.find("\"bos_token_id\": 256") != std::string::npos);
+  CHECK(config.find("\"eos_token_id\": 256") != std::string::npos);
+  // Back in: 1000 ids are not GPT-2's vocabulary, so the tokenizer is not guessed; a model neither tokenizer fits
+  // is refused before anything is written, rather than written for tpc sample and tpc run to refuse.
+  auto refused = [&](const std::string& flags, const std::string& expected) {
+    auto r = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb") + flags);
+    CHECK(r.exitCode == 1);
+    CHECK(r.err == expected + "\n");
+    CHECK(!std::filesystem::exists(dir / "x.fb"));
+    CHECK(!std::filesystem::exists(dir / "x.fb.weights"));
+  };
+  refused("", dir / "hf/config.json" + ": error: vocab_size=1000 is not GPT-2's 50257 (tpc's gpt2 tokenizer); if ids "
+                                       "0-255 are bytes and 256 ends a document, pass --tokenizer byte");
+  auto imp = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb") + " --tokenizer byte");
+  REQUIRE(imp.exitCode == 0);
+  auto s = tpc("sample --threads 2 --load " + (dir / "x.fb.weights") + " --prompt ab --max-tokens 4");
+  CHECK(s.exitCode == 0);
+  CHECK(s.err.empty());
+  std::filesystem::remove_all(dir / "x.fb.weights");
+  std::filesystem::remove(dir / "x.fb");
+  std::string small = config;
+  small.replace(small.find("\"vocab_size\": 1000"), 19, "\"vocab_size\": 200");
+  test::writeFile(dir / "hf/config.json", small);
+  refused("", dir / "hf/config.json" + ": error: vocab_size=200 is smaller than both of tpc's tokenizers (byte: 257 ids, "
+                                       "gpt2: 50257)");
+  refused(" --tokenizer byte", "tpc import: error: --tokenizer byte needs a vocabulary of at least 257 tokens; this model has 200");
+}
+
 TEST_CASE("hf: bad output paths give one error and leave nothing behind", "[hf][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
