@@ -57,6 +57,7 @@ Status PassRegistry::add(PassInfo info) {
   } else {
     std::string name = info.name;
     passes_.emplace(name, Entry{std::move(info), origin_});
+    originAdded_.push_back(std::move(name));
   }
   if (!s.ok() && !originError_) originError_ = s.error();
   return s;
@@ -65,15 +66,18 @@ Status PassRegistry::add(PassInfo info) {
 void PassRegistry::beginOrigin(std::string origin) {
   origin_ = std::move(origin);
   originError_.reset();
+  originAdded_.clear();
 }
 
-Status PassRegistry::endOrigin() {
+Status PassRegistry::endOrigin(bool failed) {
   origin_ = "built-in";
-  if (originError_) {
-    std::string e = *originError_;
-    originError_.reset();
-    return Error{e};
-  }
+  std::vector<std::string> added = std::move(originAdded_);
+  originAdded_.clear();
+  std::optional<std::string> error = std::move(originError_);
+  originError_.reset();
+  if (!failed && !error) return {};
+  for (const std::string& name : added) passes_.erase(name);
+  if (error) return Error{*error};
   return {};
 }
 

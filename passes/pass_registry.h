@@ -39,9 +39,11 @@ class PassRegistry {
   std::vector<const PassInfo*> all() const;
   std::string knownNames() const;  // "cse, dce, ..."
 
-  // While a plugin registers, failed add()s are remembered so the loader can report them.
+  // A plugin registers between these two, all or nothing: failed add()s are remembered so the loader can report
+  // them, and endOrigin() then removes every pass the origin added, as it does when the loader says the plugin
+  // failed (`failed`: its registerPasses threw). A plugin that fails leaves the registry as it found it.
   void beginOrigin(std::string origin);
-  Status endOrigin();
+  Status endOrigin(bool failed = false);
 
   // Plugin libraries whose passes this registry holds, by identity (device:inode, as dlopen tells
   // libraries apart), so that loading one again registers nothing twice.
@@ -51,6 +53,7 @@ class PassRegistry {
  private:
   std::string origin_ = "built-in";
   std::optional<std::string> originError_;
+  std::vector<std::string> originAdded_;  // the passes added since beginOrigin, removed if the origin fails
   struct Entry {
     PassInfo info;
     std::string origin;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <exception>
+#include <optional>
 
 #include "passes/pass_registry.h"
 
@@ -49,7 +50,7 @@ Status loadPassPlugin(const std::string& path, PassRegistry& registry) {
   }
   registry.beginOrigin(cat("plugin ", path));
   // Plugin code may throw; tpc is not its caller's catch-all, so say whose code it was.
-  std::string threw;
+  std::optional<std::string> threw;
   try {
     info.registerPasses(&registry);
   } catch (const std::exception& e) {
@@ -57,9 +58,12 @@ Status loadPassPlugin(const std::string& path, PassRegistry& registry) {
   } catch (...) {
     threw = "an exception that is not a std::exception";
   }
-  Status s = registry.endOrigin();
-  if (!threw.empty())
-    return makeError(path, ": error: pass plugin '", pluginName, "' threw in registerPasses: ", threw);
+  // A plugin that failed registers nothing: the passes it added before it threw (or before an add() it made was
+  // refused) are removed, so that no pass of a half-registered plugin can be run, nor clash with a good plugin.
+  // The library stays loaded, as a good plugin's does (never dlclosed).
+  Status s = registry.endOrigin(threw.has_value());
+  if (threw)
+    return makeError(path, ": error: pass plugin '", pluginName, "' threw in registerPasses: ", *threw);
   if (s.ok()) registry.notePluginLoaded(id);
   return s;
 }

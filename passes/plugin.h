@@ -31,7 +31,8 @@ namespace tpc {
 
 // dlopens `path`, checks its entry point and API version, and registers its passes into `registry`; a file
 // already loaded into `registry` (by this or another path) is not registered again. Errors name the path and
-// say why (missing file, not a plugin, other API version, name clash, an exception from registerPasses).
+// say why (missing file, not a plugin, other API version, name clash, an exception from registerPasses); a plugin
+// that fails registers none of its passes.
 Status loadPassPlugin(const std::string& path, PassRegistry& registry);
 
 }  // namespace tpc

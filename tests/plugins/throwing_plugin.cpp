@@ -1,6 +1,8 @@
 // A pass plugin whose code throws, to see tpc name the plugin and the pass: `throwing-tp(tp=N)` (a sharding
 // policy by its options) throws std::runtime_error from run(); with TPC_TEST_PLUGIN_THROW=register its
-// registerPasses throws instead, with =create its factory, and with =run-int run() throws an int.
+// registerPasses throws instead, with =create its factory, and with =run-int run() throws an int. Half-way
+// registrations, which must leave nothing registered: with =register-after-add registerPasses adds throwing-tp and
+// then throws, with =clash it adds throwing-tp and then a pass named cse (a built-in's name).
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -24,13 +26,17 @@ class ThrowingPass final : public tpc::Pass {
   }
 };
 
+tpc::Result<std::unique_ptr<tpc::Pass>> createThrowingPass(const tpc::PassOptions&) {
+  if (throwIn() == "create") throw std::runtime_error("boom in create");
+  return std::unique_ptr<tpc::Pass>(new ThrowingPass());
+}
+
 void registerPasses(tpc::PassRegistry* registry) {
   if (throwIn() == "register") throw std::runtime_error("boom in registerPasses");
   (void)registry->add({"throwing-tp", "throws from run() (a test plugin)", {{"tp", "tensor-parallel size"}},
-                       [](const tpc::PassOptions&) -> tpc::Result<std::unique_ptr<tpc::Pass>> {
-                         if (throwIn() == "create") throw std::runtime_error("boom in create");
-                         return std::unique_ptr<tpc::Pass>(new ThrowingPass());
-                       }});
+                       createThrowingPass});
+  if (throwIn() == "register-after-add") throw std::runtime_error("boom after adding throwing-tp");
+  if (throwIn() == "clash") (void)registry->add({"cse", "clashes with the built-in cse", {}, createThrowingPass});
 }
 
 }  // namespace

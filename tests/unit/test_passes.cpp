@@ -311,6 +311,52 @@ TEST_CASE("a plugin's exception names the plugin and the pass", "[passes][plugin
   }
 }
 
+TEST_CASE("a plugin that fails half-way through registering registers nothing", "[passes][plugin]") {
+  PassRegistry r;
+  registerBuiltinPasses(r);
+  const size_t builtins = r.all().size();
+  const std::string cseHelp = r.find("cse")->description;
+  {
+    ThrowIn in("register-after-add");  // adds throwing-tp, then throws
+    Status s = loadPassPlugin(kThrowingPlugin, r);
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.error() == kThrowingPlugin + ": error: pass plugin 'throwing' threw in registerPasses: boom after adding throwing-tp");
+    CHECK(r.find("throwing-tp") == nullptr);
+    CHECK(r.originOf("throwing-tp") == "");
+    CHECK(r.all().size() == builtins);
+  }
+  {
+    ThrowIn in("clash");  // adds throwing-tp, then a second cse, which is refused
+    Status s = loadPassPlugin(kThrowingPlugin, r);
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.error() == "plugin " + kThrowingPlugin + ": pass 'cse' is already registered by built-in");
+    CHECK(r.find("throwing-tp") == nullptr);
+    CHECK(r.originOf("cse") == "built-in");  // the pass it clashed with stays, untouched
+    CHECK(r.find("cse")->description == cseHelp);
+    CHECK(r.all().size() == builtins);
+  }
+  // The same library, now registering cleanly, and then another plugin: no half-registered pass is in their way
+  // (throwing-tp left behind would clash with itself), and each pass names its own plugin.
+  Status again = loadPassPlugin(kThrowingPlugin, r);
+  if (!again.ok()) FAIL(again.error());
+  CHECK(r.originOf("throwing-tp") == "plugin " + kThrowingPlugin);
+  Status good = loadPassPlugin(kExamplePlugin, r);
+  if (!good.ok()) FAIL(good.error());
+  CHECK(r.originOf("fold-scales") == "plugin " + kExamplePlugin);
+  CHECK(r.all().size() == builtins + 2);
+  PassManager pm;
+  CHECK(pm.addPipeline("throwing-tp(tp=2),fold-scales", "--passes", r).ok());
+
+  // The registry on its own: an origin the loader marks failed loses what it added, and only that.
+  r.beginOrigin("plugin ./p.so");
+  REQUIRE(r.add({"mine", "added, then dropped", {}, [](const PassOptions&) -> Result<std::unique_ptr<Pass>> {
+                   return createDCEPass();
+                 }}).ok());
+  CHECK(r.endOrigin(/*failed=*/true).ok());
+  CHECK(r.find("mine") == nullptr);
+  CHECK(r.all().size() == builtins + 2);
+}
+
 TEST_CASE("a plugin built for another API version is refused", "[passes][plugin]") {
   PassRegistry r;
   Status s = loadPassPlugin(kApi999Plugin, r);
