@@ -6,6 +6,7 @@
 #include "frontend/prepare.h"
 #include "frontend/tokenizer.h"
 #include "tools/cli.h"
+#include "tools/output_paths.h"
 
 namespace tpc {
 namespace {
@@ -44,6 +45,11 @@ int runPrepare(std::vector<std::string> args) {
   if (opts.outputPrefix.empty() || opts.outputPrefix.back() == '/' || opts.outputPrefix.back() == '.')
     return cli::fail("prepare", cat("--output-prefix '", opts.outputPrefix, "' names no file: give the files' name "
                                     "without .bin/.idx, e.g. --output-prefix data/mycorpus"));
+  // A missing or unwritable folder, or a PREFIX.bin that is a folder: said now, naming the flag and the fix, not
+  // as a .tmp file the user never named (a missing folder) or after all the tokenizing (a folder, at the rename).
+  for (const char* ext : {".bin", ".idx"})
+    if (Status s = cli::checkOutputFile("--output-prefix", opts.outputPrefix + ext); !s.ok())
+      return cli::fail("prepare", s.error());
   opts.appendEod = flags.on("append-eod");
   opts.workers = static_cast<int>(*workers);
   opts.progress = !flags.on("quiet");

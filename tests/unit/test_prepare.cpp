@@ -156,6 +156,20 @@ TEST_CASE("tpc prepare refuses bad input with the file and line, leaving nothing
     expectFailure(prepare("--input " + (dir / "in.txt") + " --tokenizer byte --output-prefix " + (dir / "p/")),
                   dir / "p/", {"--output-prefix '" + (dir / "p/") + "' names no file"});
   }
+  SECTION("an output folder that does not exist, or a PREFIX.bin that is a folder, before any work") {
+    test::writeFile(dir / "in.txt", "a line\n");
+    auto missing = prepare("--input " + (dir / "in.txt") + " --tokenizer byte --output-prefix " + (dir / "nodir/out"));
+    CHECK(missing.exitCode == 1);
+    CHECK(missing.err == "--output-prefix " + (dir / "nodir/out.bin") + ": error: the folder " + (dir / "nodir") +
+                             " does not exist; create it first\n");
+    fs::create_directories(dir / "out.bin");
+    auto folder = prepare("--input " + (dir / "in.txt") + " --tokenizer byte --output-prefix " + out);
+    CHECK(folder.exitCode == 1);
+    CHECK(folder.err == "--output-prefix " + out + ".bin: error: is a directory; name a file to write, not a folder\n");
+    CHECK(fs::is_empty(dir / "out.bin"));
+    CHECK_FALSE(fs::exists(out + ".bin.tmp"));
+    CHECK_FALSE(fs::exists(out + ".idx"));
+  }
   SECTION("an empty input") {
     test::writeFile(dir / "empty.txt", "");
     expectFailure(prepare("--input " + (dir / "empty.txt") + byteFlags), out, {dir / "empty.txt", "no documents"});
