@@ -115,11 +115,23 @@ std::string graphToDot(const Graph& g) {
 // --passes runs its list as given, so the flags that only shape the standard pipeline would be ignored without a
 // word: each is refused, naming the pass that does its work. --tp/--dp also size the graph (vocab padding, the
 // batch of all dp ranks), which the list's own megatron-tp(tp=N)/data-parallel(dp=N) need, so they stay with those.
-Status refuseFlagsPassesIgnores(const cli::Flags& flags, const std::vector<PipelineEntry>& entries, const TrainConfig& c) {
+// The optimizer's flags become options of autodiff and data-parallel (`accum` is the micro-batches per step that
+// --global-batch-size makes); each stays where the list gives its pass the same value, which is then in effect.
+Status refuseFlagsPassesIgnores(const cli::Flags& flags, const std::vector<PipelineEntry>& entries, const TrainConfig& c,
+                                int64_t accum) {
   auto listHas = [&](const char* key, int64_t n) {
     return std::any_of(entries.begin(), entries.end(),
                        [&](const PipelineEntry& e) { return e.options.getString(key, "") == std::to_string(n); });
   };
+  // Whether a `pass` of the list has option `key`, read as its factory reads it, equal to `want`.
+  auto passSets = [&](const char* pass, const char* key, auto read, auto want) {
+    return std::any_of(entries.begin(), entries.end(), [&](const PipelineEntry& e) {
+      if (e.name != pass || !e.options.has(key)) return false;
+      auto v = read(e.options, key);
+      return v.ok() && *v == want;
+    });
+  };
+  auto readFloat = [](const PassOptions& o, const char* key) { return o.getFloat(key, 0); };
   const char* fix = ", or drop --passes";
   if (flags.has("rank"))
     return makeError("--rank ", flags.get("rank"), " is ignored with --passes; give the rank in the list, partition(rank=",
@@ -146,6 +158,25 @@ Status refuseFlagsPassesIgnores(const cli::Flags& flags, const std::vector<Pipel
   if (flags.has("dp") && c.dp > 1 && !listHas("dp", c.dp))
     return makeError("--dp ", c.dp, " with --passes only multiplies the batch, it does not shard; put data-parallel(dp=",
                      c.dp, ") after autodiff in --passes", fix);
+  struct OptimizerFlag {
+    const char *flag, *option;
+    double value;
+  };
+  const OptimizerFlag optimizer[] = {{"clip-grad", "clip-grad", c.clipGrad}, {"weight-decay", "weight-decay", c.weightDecay},
+                                     {"adam-beta1", "beta1", c.beta1}, {"adam-beta2", "beta2", c.beta2},
+                                     {"adam-eps", "eps", c.eps}};
+  for (const OptimizerFlag& o : optimizer)
+    if (flags.has(o.flag) && !passSets("autodiff", o.option, readFloat, o.value))
+      return makeError("--", o.flag, " ", flags.get(o.flag), " is ignored with --passes; put ", o.option, "=",
+                       flags.get(o.flag), " in autodiff's options in --passes", fix);
+  auto readInt = [](const PassOptions& o, const char* key) { return o.getInt(key, 0); };
+  if (flags.has("global-batch-size") && !passSets("autodiff", "accum", readInt, accum))
+    return makeError("--global-batch-size ", c.globalBatch, " is ignored with --passes (it makes ", accum,
+                     " micro-batches per step); put accum=", accum, " in autodiff's options in --passes", fix);
+  auto readBool = [](const PassOptions& o, const char* key) { return o.getBool(key, false); };
+  if (flags.on("use-distributed-optimizer") && !passSets("data-parallel", "zero1", readBool, true))
+    return makeError("--use-distributed-optimizer is ignored with --passes; put zero1=true in data-parallel's options in "
+                     "--passes (data-parallel(dp=", c.dp > 1 ? std::to_string(c.dp) : "N", ", zero1=true) after autodiff)", fix);
   return {};
 }
 
@@ -183,7 +214,6 @@ int runDump(std::vector<std::string> args) {
   if (*rank > 0 && c.tp == 1 && c.dp == 1 && !flags.has("passes"))
     return cli::fail("dump", cat("--rank ", *rank, ": the step is not sharded, so it has rank 0 alone; give --tp/--dp to "
                                  "shard it, or drop --rank"));
-  cli::warnIneffectiveFlags("dump", flags, c);
   std::string format = flags.get("format");
   if (format != "text" && format != "dot") return cli::fail("dump", "--format=" + format + ": expected text or dot");
   for (const char* text : {"summary", "memory", "print-pipeline"})  // these print text, never a graph
@@ -200,8 +230,10 @@ int runDump(std::vector<std::string> args) {
   if (!entries) return cli::fail("dump", entries.error());
   if (PassManager check; flags.has("passes")) {  // unknown passes and bad options, before anything prints
     if (Status s = check.addEntries(*entries); !s.ok()) return cli::fail("dump", s.error());
-    if (Status s = refuseFlagsPassesIgnores(flags, *entries, c); !s.ok()) return cli::fail("dump", s.error());
+    if (Status s = refuseFlagsPassesIgnores(flags, *entries, c, *accum); !s.ok()) return cli::fail("dump", s.error());
   }
+  // After the refusals: a flag --passes refuses is one error, not a warning that it does nothing and the error.
+  cli::warnIneffectiveFlags("dump", flags, c);
   if (flags.on("print-pipeline")) {
     std::cout << pipeline << "\n";
     return 0;

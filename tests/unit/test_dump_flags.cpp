@@ -113,6 +113,73 @@ TEST_CASE("tpc dump --passes with a flag only the standard pipeline reads is ref
   }
 }
 
+TEST_CASE("tpc dump --passes with an optimizer flag: refused unless the list gives its pass that value", "[dump][cli][errors]") {
+  // The standard pipeline reads each of them into autodiff's or data-parallel's options.
+  auto standard = test::runCommand(dump() + " --print-pipeline --clip-grad 0.5 --weight-decay 0.01 --adam-beta1 0.8 "
+                                   "--adam-beta2 0.99 --adam-eps 1e-6 --micro-batch-size 2 --global-batch-size 8");
+  INFO(standard.err);
+  REQUIRE(standard.exitCode == 0);
+  CHECK_THAT(standard.out, Catch::Contains("autodiff(loss=loss, accum=4, clip-grad=0.5, beta1=0.8, beta2=0.99, eps=1e-06, "
+                                           "weight-decay=0.01)"));
+  auto zero1 = test::runCommand(dump() + " --print-pipeline --dp 2 --micro-batch-size 2 --use-distributed-optimizer");
+  CHECK_THAT(zero1.out, Catch::Contains("data-parallel(dp=2, zero1=true)"));
+
+  // A list that does not give them (or gives another value): refused, as one error with no warning before it.
+  const std::string fix = " in autodiff's options in --passes, or drop --passes";
+  struct Case {
+    std::string args, expected;
+  };
+  const Case cases[] = {
+      {"--clip-grad 0.5", "--clip-grad 0.5 is ignored with --passes; put clip-grad=0.5" + fix},
+      {"--weight-decay 0.01", "--weight-decay 0.01 is ignored with --passes; put weight-decay=0.01" + fix},
+      {"--adam-beta1 0.8", "--adam-beta1 0.8 is ignored with --passes; put beta1=0.8" + fix},
+      {"--adam-beta2 0.99", "--adam-beta2 0.99 is ignored with --passes; put beta2=0.99" + fix},
+      {"--adam-eps 1e-6", "--adam-eps 1e-6 is ignored with --passes; put eps=1e-6" + fix},
+      {"--clip-grad 0.5 --passes='autodiff(clip-grad=1.0),dce'", "--clip-grad 0.5 is ignored with --passes; put clip-grad=0.5" + fix},
+      {"--micro-batch-size 2 --global-batch-size 8", "--global-batch-size 8 is ignored with --passes (it makes 4 micro-batches "
+                                                     "per step); put accum=4" + fix},
+      {"--micro-batch-size 2 --global-batch-size 8 --passes='autodiff(accum=2),dce'",
+       "--global-batch-size 8 is ignored with --passes (it makes 4 micro-batches per step); put accum=4" + fix},
+      // At dp 1 this was a warning that it does nothing, then the error: the error alone now.
+      {"--use-distributed-optimizer", "--use-distributed-optimizer is ignored with --passes; put zero1=true in "
+                                      "data-parallel's options in --passes (data-parallel(dp=N, zero1=true) after autodiff), "
+                                      "or drop --passes"},
+      {"--dp 2 --micro-batch-size 2 --use-distributed-optimizer --passes='autodiff,data-parallel(dp=2),partition(rank=1)'",
+       "--use-distributed-optimizer is ignored with --passes; put zero1=true in data-parallel's options in --passes "
+       "(data-parallel(dp=2, zero1=true) after autodiff), or drop --passes"},
+      {"--sp", "--sp is ignored with --passes; put sequence-parallel after the tp policy in --passes, or drop --passes"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.args);
+    checkRefused(test::runCommand(dump() + (c.args.find("--passes") == std::string::npos ? " --passes=autodiff,dce " : " ") +
+                                  c.args),
+                 c.expected);
+  }
+
+  // A list that gives its pass the flag's value (written any way that reads as it): the value is in effect, and the
+  // flags change nothing else.
+  const std::string list = " --passes='autodiff(clip-grad=0.50, beta1=.8, beta2=0.99, eps=0.000001, weight-decay=1e-2),dce'";
+  auto plain = test::runCommand(dump() + list);
+  auto flagged = test::runCommand(dump() + list + " --clip-grad 0.5 --weight-decay 0.01 --adam-beta1 0.8 --adam-beta2 0.99 "
+                                  "--adam-eps 1e-6");
+  INFO(flagged.err);
+  REQUIRE(plain.exitCode == 0);
+  CHECK(flagged.exitCode == 0);
+  CHECK(flagged.err.empty());
+  CHECK(flagged.out == plain.out);
+  CHECK_THAT(flagged.out, Catch::Contains("clip_scale(%grad_norm) {max_norm=0.5}"));
+  CHECK_THAT(flagged.out, Catch::Contains("{beta1=0.8, beta2=0.99, eps=1e-06, weight_decay=0.01}"));
+  auto accum = test::runCommand(dump() + " --micro-batch-size 2 --global-batch-size 8 --passes='autodiff(accum=4),dce'");
+  INFO(accum.err);
+  CHECK(accum.exitCode == 0);
+  CHECK_THAT(accum.out, Catch::StartsWith("graph @gpt(%tokens: i32[4,2,64]"));
+  auto sharded = test::runCommand(dump() + " --dp 2 --micro-batch-size 2 --use-distributed-optimizer --summary "
+                                  "--passes='autodiff,data-parallel(dp=2, zero1=true),partition(rank=1)'");
+  INFO(sharded.err);
+  CHECK(sharded.exitCode == 0);
+  CHECK_THAT(sharded.out, Catch::Contains("optimizer state on this rank: "));
+}
+
 TEST_CASE("tpc dump --rank before partition is refused: the rank's program exists from partition on", "[dump][cli][errors]") {
   checkRefused(test::runCommand(dump() + " --tp 2 --rank 1 --after=autodiff"),
                "--rank 1 has no effect at --after=autodiff: the rank's program exists from partition on; give "
