@@ -120,6 +120,12 @@ int runSample(std::vector<std::string> args) {
     Shape layout = gptStoredShape(gpt, p->name(), p->shape());
     auto t = checkpointTensor(*ck, p->name(), layout, p->type());
     if (!t) return cli::fail("sample", t.error());
+    // A NaN or infinite weight makes every logit NaN, and the sampler would then print one id over and over.
+    if (t->dtype() == DType::f32)
+      for (int64_t i = 0; i < t->numel(); ++i)
+        if (float v = t->data<float>()[i]; !std::isfinite(v))
+          return cli::fail("sample", cat(ck->path, "/model.safetensors: error: tensor ", p->name(), " holds ", v,
+                                         " at element ", i, "; a model with non-finite weights cannot be sampled"));
     params.push_back(std::move(*t));
   }
 
@@ -219,6 +225,10 @@ int runSample(std::vector<std::string> args) {
     auto logits = forward(len);
     if (!logits) return cli::fail("sample", logits.error());
     const float* last = logits->data<float>() + (len - 1) * gpt.vocab;  // the last real position
+    if (const float* bad = std::find_if(last, last + choices, [](float v) { return !std::isfinite(v); });
+        bad != last + choices)
+      return cli::fail("sample", cat("the logit of token ", bad - last, " is ", *bad, " (at generated token ", i + 1,
+                                     "): the model's forward overflowed; its output would be meaningless"));
     std::vector<int32_t> order(choices);
     for (int32_t k = 0; k < choices; ++k) order[k] = k;
     int32_t next;

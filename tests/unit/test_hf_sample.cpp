@@ -353,6 +353,37 @@ TEST_CASE("sample: a prompt the GPT-2 tokenizer cannot read is refused naming --
   CHECK(r.out.empty());
 }
 
+TEST_CASE("sample: non-finite weights or logits stop sampling with one error, not a repeated token", "[sample][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  const std::string st = ck + "/iter_0000002/model.safetensors";
+  auto original = readSafetensors(st);
+  REQUIRE(original.ok());
+  auto withTensor = [&](const std::string& name, int64_t from, int64_t count, float value) {
+    SafetensorsFile f = *original;
+    for (auto& [n, t] : f.tensors)
+      if (n == name) {
+        t = t.clone();
+        std::fill(t.data<float>() + from, t.data<float>() + from + count, value);
+      }
+    REQUIRE(writeSafetensors(st, f).ok());
+  };
+  for (const char* mode : {"--temperature 0", "--temperature 1"}) {
+    withTensor("ln_f.weight", 3, 1, std::nanf(""));
+    auto nan = tpc("sample --threads 2 --max-tokens 4 --load " + ck + " " + mode);
+    CHECK(nan.exitCode == 1);
+    CHECK(nan.err == ck + "/iter_0000002/model.safetensors: error: tensor ln_f.weight holds nan at element 3; a model with "
+                          "non-finite weights cannot be sampled\n");
+    CHECK(nan.out.empty());
+    // Finite weights whose logits overflow: wte row 200 at the float maximum makes token 200's logit infinite.
+    withTensor("wte", 200 * 128, 128, 3e38f);
+    auto inf = tpc("sample --threads 2 --max-tokens 4 --load " + ck + " " + mode);
+    CHECK(inf.exitCode == 1);
+    CHECK(inf.err.rfind("tpc sample: error: the logit of token 200 is ", 0) == 0);
+    CHECK(inf.err.find("(at generated token 1): the model's forward overflowed") != std::string::npos);
+  }
+}
+
 TEST_CASE("sample: a vocabulary larger than the tokenizer's draws only ids the tokenizer can decode", "[sample][cli]") {
   test::TempDir dir;
   // The byte tokenizer has 257 ids; rows 257-999 are trained (toward never) but no text maps to them.
