@@ -52,6 +52,8 @@ Result<DatasetWriter> DatasetWriter::create(const std::string& prefix, TokenDTyp
   w.binTmp_ = prefix + ".bin.tmp";
   w.idxTmp_ = prefix + ".idx.tmp";
   w.dtype_ = dtype;
+  w.binGuard_ = RemoveOnSignal(w.binTmp_);
+  w.idxGuard_ = RemoveOnSignal(w.idxTmp_);
   w.bin_ = std::fopen(w.binTmp_.c_str(), "wb");
   if (!w.bin_) return makeError("cannot create ", w.binTmp_, ": ", std::strerror(errno));
   return w;
@@ -61,6 +63,8 @@ DatasetWriter::DatasetWriter(DatasetWriter&& o) noexcept
     : prefix_(std::move(o.prefix_)),
       binTmp_(std::move(o.binTmp_)),
       idxTmp_(std::move(o.idxTmp_)),
+      binGuard_(std::move(o.binGuard_)),
+      idxGuard_(std::move(o.idxGuard_)),
       bin_(std::exchange(o.bin_, nullptr)),
       dtype_(o.dtype_),
       lengths_(std::move(o.lengths_)),

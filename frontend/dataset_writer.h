@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "frontend/indexed_dataset.h"
+#include "ir/file_io.h"
 #include "ir/status.h"
 
 namespace tpc {
@@ -38,6 +39,7 @@ class DatasetWriter {
   void discard();
 
   std::string prefix_, binTmp_, idxTmp_;
+  RemoveOnSignal binGuard_, idxGuard_;  // Ctrl-C mid-write leaves no .tmp file either
   std::FILE* bin_ = nullptr;
   TokenDType dtype_ = TokenDType::UInt16;
   std::vector<int32_t> lengths_;

@@ -4,12 +4,31 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ir/status.h"
 
 namespace tpc {
 
 Status writeFileAtomically(const std::string& path, std::string_view contents);
+
+// Removes the file `path` if SIGINT, SIGTERM or SIGHUP ends the process while this object lives: destructors do not
+// run then, so Ctrl-C during a long write would leave its temporary file behind. The process still dies of the
+// signal (a shell sees 130 for Ctrl-C). A signal that is ignored (nohup) or has a handler of someone else's is
+// left alone. At most 16 paths are guarded at once, and no path longer than PATH_MAX.
+class RemoveOnSignal {
+ public:
+  RemoveOnSignal() = default;
+  explicit RemoveOnSignal(const std::string& path);
+  RemoveOnSignal(RemoveOnSignal&& o) noexcept : slot_(std::exchange(o.slot_, -1)) {}
+  RemoveOnSignal& operator=(RemoveOnSignal&& o) noexcept;
+  ~RemoveOnSignal() { release(); }
+  // Stops guarding (the file was renamed into place, or removed).
+  void release();
+
+ private:
+  int slot_ = -1;
+};
 
 // The outermost folder of `path` (itself included) that does not exist yet: what create_directories(path) would
 // make, for removing it again. Empty when `path` exists.

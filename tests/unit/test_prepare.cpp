@@ -2,6 +2,11 @@
 // giving one clear error with the file and line, exit 1, and no output left behind.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -232,6 +237,38 @@ TEST_CASE("tpc prepare keeps an existing dataset when a new run fails", "[prepar
   CHECK(readFile(dir / "ds.idx") + readFile(dir / "ds.bin") == before);
   CHECK_FALSE(fs::exists(dir / "ds.bin.tmp"));
   CHECK_FALSE(fs::exists(dir / "ds.idx.tmp"));
+}
+
+TEST_CASE("tpc prepare stopped by Ctrl-C leaves no temporary file and keeps the old dataset", "[prepare][cli][errors]") {
+  test::TempDir dir;
+  test::writeFile(dir / "small.txt", "hello\n");
+  REQUIRE(prepare("--input " + (dir / "small.txt") + " --tokenizer byte --output-prefix " + (dir / "ds")).exitCode == 0);
+  const std::string before = readFile(dir / "ds.idx") + readFile(dir / "ds.bin");
+  // About 60 MB: a second or more of tokenizing, long after PREFIX.bin.tmp appears.
+  std::string line = "a line of text to keep the tokenizer busy for a while, long enough to interrupt\n", text;
+  while (text.size() < 60'000'000) text += line;
+  test::writeFile(dir / "big.txt", text);
+  const std::string tpc = tpcBinary(), input = dir / "big.txt", prefix = dir / "ds";
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::signal(SIGINT, SIG_DFL);  // as a terminal's Ctrl-C finds it, whatever the test runner set
+    int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1), ::dup2(null, 2);
+    ::execl(tpc.c_str(), tpc.c_str(), "prepare", "--input", input.c_str(), "--tokenizer", "byte", "--output-prefix",
+            prefix.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 20000 && !fs::exists(prefix + ".bin.tmp"); ++i) ::usleep(500);
+  ::kill(pid, SIGINT);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  // It died of the signal (had it finished first, the test proves nothing and says so).
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGINT);
+  CHECK_FALSE(fs::exists(prefix + ".bin.tmp"));
+  CHECK_FALSE(fs::exists(prefix + ".idx.tmp"));
+  CHECK(readFile(dir / "ds.idx") + readFile(dir / "ds.bin") == before);
 }
 
 TEST_CASE("tpc prepare --help explains the formats", "[prepare][cli]") {
