@@ -1,6 +1,10 @@
 // Backend selection.
 #include "runtime/backend_select.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
 #ifdef TPC_HAVE_CUDA
 #include "runtime/cuda/device_info.h"
 #endif
@@ -45,6 +49,27 @@ std::string backendSummary() {
 #else
   return "backends: cpu (built without CUDA)";
 #endif
+}
+
+std::vector<std::string> nvidiaGpusOnHost(const std::string& proc) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<std::string, std::string>> found;  // PCI bus id (e.g. 0000:18:00.0), name
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(proc) / "driver/nvidia/gpus", ec)) {
+    std::string bus = e.path().filename().string(), name = bus;
+    std::ifstream info(e.path() / "information");
+    for (std::string line; std::getline(info, line);)
+      if (line.rfind("Model:", 0) == 0) {
+        size_t at = line.find_first_not_of(" \t", 6);
+        if (at != std::string::npos) name = line.substr(at);
+        break;
+      }
+    found.push_back({bus, name});
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> gpus;
+  for (auto& [bus, name] : found) gpus.push_back(std::move(name));
+  return gpus;
 }
 
 }  // namespace tpc
