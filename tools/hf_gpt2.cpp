@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "frontend/byte_tokenizer.h"
+#include "ir/attr.h"
 #include "ir/file_io.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -68,7 +69,17 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
   if (!type || *type != "gpt2")
     return makeError(path, ": error: model_type is '", type ? type->str() : std::string("(missing)"),
                      "', not 'gpt2': tpc imports GPT-2 models (GPT2LMHeadModel) only");
-  if (auto act = o->getString("activation_function"); act && *act != "gelu_new")
+  // A field present with the wrong kind is refused, not read as absent: transformers reads "scale_attn_weights": 0
+  // or null as false, and the default in its place would import a different model.
+  for (const char* key : {"activation_function", "tie_word_embeddings", "scale_attn_weights",
+                          "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}) {
+    const llvm::json::Value* v = o->get(key);
+    const bool text = llvm::StringRef(key) == "activation_function";
+    if (v && (text ? !v->getAsString() : !v->getAsBoolean()))
+      return makeError(path, ": error: ", key, text ? " is not a string" : " is not true or false");
+  }
+  // gelu_pytorch_tanh is the same tanh approximation as gelu_new, computed by PyTorch's kernel.
+  if (auto act = o->getString("activation_function"); act && *act != "gelu_new" && *act != "gelu_pytorch_tanh")
     return makeError(path, ": error: activation_function '", act->str(), "' is not gelu_new (GPT-2's tanh GELU)");
   if (auto tie = o->getBoolean("tie_word_embeddings"); tie && !*tie)
     return makeError(path, ": error: tie_word_embeddings is false; tpc's GPT ties the LM head to wte");
@@ -88,6 +99,8 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
   TPC_TRY(need("n_head", g.heads, kMaxGptHeads));
   TPC_TRY(need("vocab_size", g.vocab, kMaxGptVocab));
   TPC_TRY(need("n_positions", g.positions, kMaxGptPositions));
+  if (g.hidden % g.heads != 0)
+    return makeError(path, ": error: n_head=", g.heads, " must divide n_embd=", g.hidden);
   if (const llvm::json::Value* inner = o->get("n_inner"); inner && inner->kind() != llvm::json::Value::Null)
     if (inner->getAsInteger() != 4 * g.hidden)
       return makeError(path, ": error: n_inner must be null or 4 x n_embd = ", 4 * g.hidden, " (tpc's GPT MLP)");
@@ -97,18 +110,23 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
     return makeError(path, ": error: scale_attn_weights is false; tpc's attention always scales by 1/sqrt(head dim)");
   if (auto byLayer = o->getBoolean("scale_attn_by_inverse_layer_idx"); byLayer && *byLayer)
     return makeError(path, ": error: scale_attn_by_inverse_layer_idx is true; tpc's attention does not scale by layer");
-  auto number = [&](const char* key, double def, double& field) -> Status {
+  // `ok` and `range`: what validateGpt requires of the field, said with config.json's name for it.
+  auto number = [&](const char* key, double def, double& field, bool (*ok)(double), const char* range) -> Status {
     const llvm::json::Value* x = o->get(key);
     field = def;
     if (!x || x->kind() == llvm::json::Value::Null) return {};
     if (!x->getAsNumber()) return makeError(path, ": error: ", key, " is not a number");
     field = *x->getAsNumber();
+    if (!ok(field)) return makeError(path, ": error: ", key, " must be ", range, ", got ", formatFloat(field));
     return {};
   };
-  TPC_TRY(number("layer_norm_epsilon", 1e-5, g.layerNormEps));
-  TPC_TRY(number("initializer_range", 0.02, g.initStd));
-  TPC_TRY(number("resid_pdrop", 0.1, g.hiddenDropout));
-  TPC_TRY(number("attn_pdrop", 0.1, g.attentionDropout));
+  auto positive = [](double x) { return x > 0 && std::isfinite(x); };
+  auto nonNegative = [](double x) { return x >= 0 && std::isfinite(x); };
+  auto probability = [](double x) { return x >= 0 && x < 1; };
+  TPC_TRY(number("layer_norm_epsilon", 1e-5, g.layerNormEps, positive, "> 0"));
+  TPC_TRY(number("initializer_range", 0.02, g.initStd, nonNegative, ">= 0"));
+  TPC_TRY(number("resid_pdrop", 0.1, g.hiddenDropout, probability, "in [0, 1)"));
+  TPC_TRY(number("attn_pdrop", 0.1, g.attentionDropout, probability, "in [0, 1)"));
   return g;
 }
 

@@ -141,6 +141,38 @@ TEST_CASE("hf: foreign or broken Hugging Face directories are refused by name", 
   CHECK(noCk.err.find("no such checkpoint directory") != std::string::npos);
 }
 
+TEST_CASE("hf: config.json fields are checked as config.json names them, and a wrong kind is not a default", "[hf][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  REQUIRE(tpc("export --hf " + (dir / "hf") + " " + ck).exitCode == 0);
+  const std::string good = test::readFile(dir / "hf/config.json");
+  for (auto [from, to, expected] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           // transformers reads 0 or null as false: not scaling the attention, not tying the head.
+           {"\"scale_attn_weights\": true", "\"scale_attn_weights\": 0", "scale_attn_weights is not true or false"},
+           {"\"tie_word_embeddings\": true", "\"tie_word_embeddings\": null", "tie_word_embeddings is not true or false"},
+           {"\"activation_function\": \"gelu_new\"", "\"activation_function\": 5", "activation_function is not a string"},
+           // What validateGpt refuses, said with config.json's names rather than the model file's arch.* ones.
+           {"\"n_head\": 4", "\"n_head\": 5", "n_head=5 must divide n_embd=128"},
+           {"\"resid_pdrop\": 0", "\"resid_pdrop\": 1", "resid_pdrop must be in [0, 1), got 1.0"},
+           {"\"attn_pdrop\": 0", "\"attn_pdrop\": -0.5", "attn_pdrop must be in [0, 1), got -0.5"},
+           {"\"layer_norm_epsilon\": ", "\"layer_norm_epsilon\": 0, \"x\": ", "layer_norm_epsilon must be > 0, got 0.0"},
+           {"\"initializer_range\": ", "\"initializer_range\": -1, \"x\": ", "initializer_range must be >= 0, got -1.0"}}) {
+    std::string changed = good;
+    REQUIRE(changed.find(from) != std::string::npos);
+    changed.replace(changed.find(from), from.size(), to);
+    test::writeFile(dir / "hf/config.json", changed);
+    auto r = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb"));
+    CHECK(r.exitCode == 1);
+    CHECK(r.err == dir / "hf/config.json" + ": error: " + expected + "\n");
+    CHECK(!std::filesystem::exists(dir / "x.fb"));
+  }
+  // PyTorch's tanh GELU is GPT-2's gelu_new under another name.
+  std::string tanh = good;
+  tanh.replace(tanh.find("\"gelu_new\""), 10, "\"gelu_pytorch_tanh\"");
+  test::writeFile(dir / "hf/config.json", tanh);
+  CHECK(tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb")).exitCode == 0);
+}
+
 TEST_CASE("hf: import refuses weights that config.json's model has no place for", "[hf][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
