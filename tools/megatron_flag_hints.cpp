@@ -45,6 +45,20 @@ const MegatronFlag kMegatronFlags[] = {
      "Megatron-LM's flag has no equivalent in tpc, whose GPT has an MLP of 4 x hidden (as GPT-2's)"},
     {"use-flash-attn", Kind::Note, "", false, "",
      "Megatron-LM's flag is not needed: tpc's attention is always one fused flash/cuDNN kernel; drop it"},
+    // tools/preprocess_data.py's, met by `tpc prepare` and `tpc tokenize`.
+    {"json-keys", Kind::Flag, "json-key", true, "KEY",
+     "; one key, whose documents go to PREFIX.bin/.idx (Megatron-LM names them PREFIX_KEY_document)"},
+    {"tokenizer-type", Kind::Flag, "tokenizer", false, "gpt2", "; its GPT2BPETokenizer is tpc's gpt2, the other is byte"},
+    {"vocab-file", Kind::Note, "", true, "",
+     "Megatron-LM's flag is not needed: tpc reads the GPT-2 vocabulary and merges from $TPC_DATA_DIR/gpt2 (encoder.json, "
+     "vocab.bpe; scripts/fetch_data.sh fetches them); drop it"},
+    {"merge-file", Kind::Note, "", true, "",
+     "Megatron-LM's flag is not needed: tpc reads the GPT-2 vocabulary and merges from $TPC_DATA_DIR/gpt2 (encoder.json, "
+     "vocab.bpe; scripts/fetch_data.sh fetches them); drop it"},
+    {"dataset-impl", Kind::Note, "", true, "",
+     "Megatron-LM's flag is not needed: tpc writes and reads only the mmap indexed dataset (MMIDIDX); drop it"},
+    {"split-sentences", Kind::Note, "", false, "",
+     "Megatron-LM's flag has no equivalent in tpc: a document is one line of text or one JSONL record, never split"},
 };
 
 std::string dashed(const std::string& name) { return (name.size() == 1 ? "-" : "--") + name; }

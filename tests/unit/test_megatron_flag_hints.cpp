@@ -45,6 +45,25 @@ TEST_CASE("unknown options: Megatron-LM's names and typos get a did-you-mean", "
        "'--max-position-embeddings'; did you mean --positions 2048? (tpc's name for Megatron-LM's --max-position-embeddings)"},
       {"new gpt --vocab-size 50257", "'--vocab-size'; did you mean --vocab 50257? (tpc's name for Megatron-LM's --vocab-size)"},
       {"new gpt --seq-length 128", "'--seq-length'; did you mean --seq 128? (tpc's name for Megatron-LM's --seq-length)"},
+      // tools/preprocess_data.py's flags met by tpc prepare.
+      {"prepare --json-keys content",
+       "'--json-keys'; did you mean --json-key content? (tpc's name for Megatron-LM's --json-keys; one key, whose documents "
+       "go to PREFIX.bin/.idx (Megatron-LM names them PREFIX_KEY_document))"},
+      {"prepare --tokenizer-type GPT2BPETokenizer",
+       "'--tokenizer-type'; did you mean --tokenizer gpt2? (tpc's name for Megatron-LM's --tokenizer-type; its "
+       "GPT2BPETokenizer is tpc's gpt2, the other is byte)"},
+      {"tokenize --vocab-file gpt2-vocab.json",
+       "'--vocab-file': Megatron-LM's flag is not needed: tpc reads the GPT-2 vocabulary and merges from "
+       "$TPC_DATA_DIR/gpt2 (encoder.json, vocab.bpe; scripts/fetch_data.sh fetches them); drop it"},
+      {"prepare --merge-file gpt2-merges.txt",
+       "'--merge-file': Megatron-LM's flag is not needed: tpc reads the GPT-2 vocabulary and merges from "
+       "$TPC_DATA_DIR/gpt2 (encoder.json, vocab.bpe; scripts/fetch_data.sh fetches them); drop it"},
+      {"prepare --dataset-impl mmap",
+       "'--dataset-impl': Megatron-LM's flag is not needed: tpc writes and reads only the mmap indexed dataset (MMIDIDX); "
+       "drop it"},
+      {"prepare --split-sentences",
+       "'--split-sentences': Megatron-LM's flag has no equivalent in tpc: a document is one line of text or one JSONL "
+       "record, never split"},
       // tpc sample has no --tp: nothing to suggest there.
       {"sample --tensor-model-parallel-size 2", "'--tensor-model-parallel-size' (see 'tpc sample --help')"},
       // Typos and abbreviations of the sub-command's own flags.
