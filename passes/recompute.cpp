@@ -44,7 +44,7 @@ class RecomputePass final : public Pass {
     std::vector<const Value*> work;
     for (size_t i = 0; i < g.outputs().size(); ++i)
       if (g.outputName(i) == "loss") work.push_back(g.outputs()[i].value);
-    if (work.empty()) return makeError("pass 'recompute': the graph has no output named loss (run it after autodiff)");
+    if (work.empty()) return makeError("recompute: the graph has no output named loss (run it after autodiff)");
     while (!work.empty()) {
       const Value* v = work.back();
       work.pop_back();
