@@ -76,6 +76,8 @@ int runImport(std::vector<std::string> args) {
   if (config.tp > 1 && gpt.heads % config.tp != 0)
     return cli::fail("import", cat("--tp ", config.tp, " does not divide the model's ", gpt.heads,
                                    " attention heads; pick a tp that does"));
+  // Checked here, where the flags are known, so that errors name the flag given (--lr), not the model file's field.
+  if (Status s = cli::validateTrainingFlags(flags, config, &gpt); !s.ok()) return cli::fail("import", s.error());
   auto model = buildGpt(gpt, config);
   if (!model) return cli::fail("import", model.error());
   const std::string stPath = flags.get("hf") + "/model.safetensors";

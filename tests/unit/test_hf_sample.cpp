@@ -119,7 +119,10 @@ TEST_CASE("hf: foreign or broken Hugging Face directories are refused by name", 
   for (auto [flags, expected] : std::vector<std::pair<std::string, std::string>>{
            {" --tp 3", "--tp 3 does not divide the model's 4 attention heads"},
            {" --tokenizer gpt2", "--tokenizer gpt2 needs a vocabulary of at least 50257 tokens; this model has 257"},
-           {" --tp 99999999999999999999", "tpc import: error: --tp=99999999999999999999 is out of range [1, 1099511627776]"}}) {
+           {" --tp 99999999999999999999", "tpc import: error: --tp=99999999999999999999 is out of range [1, 1099511627776]"},
+           // Named as the flag given, not as the model file's config.* field.
+           {" --lr -1", "tpc import: error: --lr must be >= 0.0, got -1.0\n"},
+           {" --seq-length 2048", "tpc import: error: --seq-length=2048 is longer than the position table"}}) {
     auto r = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb") + flags);
     CHECK(r.exitCode == 1);
     CHECK(r.err.find(expected) != std::string::npos);
