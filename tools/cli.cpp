@@ -114,10 +114,15 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
         return false;
       }
       // "--save --quiet": the next word is a flag, not the value; "--x=--y" passes a value that starts with "--".
+      // So is one of this command's one-letter flags ("--preset -o m.fb" took -o as the preset, then blamed m.fb);
+      // other words that start with '-' are values ("--lr -1").
       const std::string& next = args[i + 1];
-      if (next.size() > 2 && next.compare(0, 2, "--") == 0) {
+      const bool longFlag = next.size() > 2 && next.compare(0, 2, "--") == 0;
+      const std::string shortName = next.size() >= 2 && next[0] == '-' && next[1] != '-' ? next.substr(1, next.find('=') - 1) : "";
+      if (longFlag || (shortName.size() == 1 && (shortName == "h" || find(shortName)))) {
         exitCode = fail(command_, "option " + dashed(name) + " needs a value, but the next argument is the option '" +
-                                      next + "' (write " + dashed(name) + "=VALUE for a value that starts with --)");
+                                      next + "' (write " + dashed(name) + "=VALUE for a value that starts with " +
+                                      (longFlag ? "--" : "-") + ")");
         return false;
       }
       val = args[++i];

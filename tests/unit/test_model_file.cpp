@@ -266,7 +266,12 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
            {"--preset gpt2 --vocab 50000",
             "tpc new: error: --vocab 50000 is smaller than the gpt2 tokenizer's 50257 tokens (preset gpt2); give --vocab 50257 or more\n"},
            {"--layers 99999999999999999999", "tpc new: error: --layers=99999999999999999999 is out of range [1, 1099511627776]\n"},
-           {"--layers 2x", "tpc new: error: --layers=2x is not an integer\n"}}) {
+           {"--layers 2x", "tpc new: error: --layers=2x is not an integer\n"},
+           // A value forgotten before -o: -o is the next flag, not the preset (which then blamed the file name).
+           {"--preset", "tpc new: error: option --preset needs a value, but the next argument is the option '-o' (write "
+                        "--preset=VALUE for a value that starts with -)\n"},
+           // A negative number is a value, not a flag.
+           {"--lr -1", "tpc new: error: config.lr must be >= 0.0, got -1.0\n"}}) {
     auto r = test::runCommand(tpc + " new gpt " + args + " -o " + dir + "/cli_bad.fb");
     CHECK(r.exitCode == 1);
     CHECK(r.err == expected);
