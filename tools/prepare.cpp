@@ -41,6 +41,11 @@ int runPrepare(std::vector<std::string> args) {
   opts.input = flags.get("input");
   opts.jsonKey = flags.get("json-key");
   opts.outputPrefix = flags.get("output-prefix");
+  // A .txt file is read as text whatever its lines hold: a JSONL corpus named .txt would become documents of raw
+  // JSON ('{"text": ...'), so a --json-key given for it says the file is JSONL under the wrong name.
+  if (flags.has("json-key") && opts.input.ends_with(".txt"))
+    return cli::fail("prepare", cat("--json-key applies to JSONL input, but ", opts.input, " is read as plain text (a "
+                                    "document a line); if it holds JSON objects, name it .jsonl"));
   // "data/" would write the hidden files data/.bin and data/.idx: the prefix names the files, not a folder.
   if (opts.outputPrefix.empty() || opts.outputPrefix.back() == '/' || opts.outputPrefix.back() == '.')
     return cli::fail("prepare", cat("--output-prefix '", opts.outputPrefix, "' names no file: give the files' name "

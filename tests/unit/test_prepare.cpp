@@ -175,6 +175,12 @@ TEST_CASE("tpc prepare refuses bad input with the file and line, leaving nothing
     CHECK_FALSE(fs::exists(out + ".bin.tmp"));
     CHECK_FALSE(fs::exists(out + ".idx"));
   }
+  SECTION("--json-key for a .txt input, which is read as text: a JSONL corpus under the wrong name") {
+    test::writeFile(dir / "corpus.txt", "{\"text\": \"a\"}\n");
+    expectFailure(prepare("--input " + (dir / "corpus.txt") + " --json-key text" + byteFlags), out,
+                  {"--json-key applies to JSONL input, but " + (dir / "corpus.txt") + " is read as plain text",
+                   "name it .jsonl"});
+  }
   SECTION("an empty input") {
     test::writeFile(dir / "empty.txt", "");
     expectFailure(prepare("--input " + (dir / "empty.txt") + byteFlags), out, {dir / "empty.txt", "no documents"});
