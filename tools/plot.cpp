@@ -75,10 +75,19 @@ std::string svgText(std::string_view s) {
   return out;
 }
 
-std::string fmt(double v) {
+// Significant digits enough for ticks `step` apart near max(|lo|, |hi|) to read differently: 4 cannot tell
+// 10.8249 from 10.8251, or step 100001 from 100002.
+int tickDigits(double lo, double hi, double step) {
+  const double magnitude = std::max(std::abs(lo), std::abs(hi));
+  if (!(step > 0) || !(magnitude > step)) return 4;
+  const int digits = static_cast<int>(std::floor(std::log10(magnitude)) - std::floor(std::log10(step))) + 1;
+  return std::clamp(digits, 4, 17);
+}
+
+std::string fmt(double v, int digits = 4) {
   std::ostringstream o;
-  o.precision(4);
-  o << v;
+  o.precision(digits);
+  o << (v == 0 ? 0.0 : v);  // a tick at -0 (ceil of a small negative) reads 0
   return o.str();
 }
 
@@ -107,12 +116,13 @@ void panel(std::ostream& svg, double top, const std::string& title, const std::v
   y0 -= pad, y1 += pad;
   auto X = [&](double x) { return left + (x - x0) / (x1 - x0) * width; };
   auto Y = [&](double y) { return top + height - (y - y0) / (y1 - y0) * height; };
+  const int yDigits = tickDigits(y0, y1, tickStep(y1 - y0)), xDigits = tickDigits(x0, x1, tickStep(x1 - x0));
   for (double t = std::ceil(y0 / tickStep(y1 - y0)) * tickStep(y1 - y0); t <= y1; t += tickStep(y1 - y0))
     svg << "<line x1='" << left << "' x2='" << left + width << "' y1='" << Y(t) << "' y2='" << Y(t)
         << "' stroke='#eee'/><text x='" << left - 6 << "' y='" << Y(t) + 4 << "' font-size='11' text-anchor='end'>"
-        << fmt(t) << "</text>\n";
+        << fmt(t, yDigits) << "</text>\n";
   for (double t = std::ceil(x0 / tickStep(x1 - x0)) * tickStep(x1 - x0); t <= x1; t += tickStep(x1 - x0))
-    svg << "<text x='" << X(t) << "' y='" << top + height + 14 << "' font-size='11' text-anchor='middle'>" << fmt(t)
+    svg << "<text x='" << X(t) << "' y='" << top + height + 14 << "' font-size='11' text-anchor='middle'>" << fmt(t, xDigits)
         << "</text>\n";
   svg << "<text x='" << left + width / 2 << "' y='" << top + height + 30
       << "' font-size='12' text-anchor='middle'>step</text>\n";

@@ -182,4 +182,31 @@ TEST_CASE("plot: a garbled line nested a million deep is an error naming the lin
   CHECK_FALSE(std::filesystem::exists(dir / "d.svg"));
 }
 
+TEST_CASE("plot: tick labels are distinct on a flat loss and late steps", "[plot][cli]") {
+  test::TempDir dir;
+  // Four significant digits labelled the ticks of losses 10.8249 to 10.8253 "10.82", "10.83", "10.83", ... and
+  // steps 100001 to 100003 all "1e+05".
+  test::writeFile(dir / "flat.jsonl", "{\"step\": 100001, \"loss\": 10.8253}\n{\"step\": 100002, \"loss\": 10.8249}\n"
+                                      "{\"step\": 100003, \"loss\": 10.8251}\n");
+  auto r = test::runCommand(test::tpcBinary() + " plot " + (dir / "flat.jsonl") + " -o " + (dir / "f.svg"));
+  INFO(r.err);
+  REQUIRE(r.exitCode == 0);
+  const std::string svg = test::readFile(dir / "f.svg");
+  const size_t throughput = svg.find(">tokens/s</text>");
+  for (const std::string anchor : {"text-anchor='end'>", "text-anchor='middle'>"}) {
+    std::vector<std::string> labels;
+    for (size_t k = svg.find(anchor); k < throughput; k = svg.find(anchor, k + 1)) {
+      const size_t from = k + anchor.size();
+      labels.push_back(svg.substr(from, svg.find('<', from) - from));
+    }
+    labels.erase(std::remove(labels.begin(), labels.end(), "step"), labels.end());
+    INFO(anchor);
+    CHECK(labels.size() >= 3);
+    std::vector<std::string> sorted = labels;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+    for (const std::string& l : labels) CHECK(l.find("e+") == std::string::npos);
+  }
+}
+
 }  // namespace tpc
