@@ -130,6 +130,8 @@ void tokenizeBatch(Batch& b, InputFormat format, const PrepareOptions& opts, con
     std::string_view line = text.substr(pos, eol - pos);
     pos = eol + 1;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    // A byte order mark (Windows editors write one) marks the file as UTF-8; it is not the first document's text.
+    if (lineNo == 1 && line.starts_with("\xEF\xBB\xBF")) line.remove_prefix(3);
     if (line.empty()) continue;
     auto where = [&] { return cat(opts.input, ":", lineNo, ": "); };
     if (size_t bad = unicode::findInvalidUtf8(line); bad != std::string_view::npos) {

@@ -73,6 +73,23 @@ TEST_CASE("tpc prepare turns text lines into documents", "[prepare][cli]") {
   CHECK_FALSE(fs::exists(dir / "out.bin.tmp"));
 }
 
+TEST_CASE("tpc prepare skips a byte order mark at the start of the file", "[prepare][cli]") {
+  test::TempDir dir;
+  // Windows editors start UTF-8 text with EF BB BF: the first document was those three bytes and then its text.
+  test::writeFile(dir / "bom.txt", "\xEF\xBB\xBFhello\r\nworld\r\n");
+  test::writeFile(dir / "bom.jsonl", "\xEF\xBB\xBF{\"text\": \"hello\"}\r\n{\"text\": \"world\"}\r\n");
+  for (const char* input : {"bom.txt", "bom.jsonl"}) {
+    auto r = prepare("--input " + (dir / input) + " --tokenizer byte --output-prefix " + (dir / "out"));
+    INFO(input << ": " << r.err);
+    REQUIRE(r.exitCode == 0);
+    auto ds = IndexedDataset::open(dir / "out");
+    REQUIRE(ds.ok());
+    REQUIRE(ds->numDocuments() == 2);
+    CHECK(tokensOf(ds->document(0)) == std::vector<int32_t>{'h', 'e', 'l', 'l', 'o'});
+    CHECK(tokensOf(ds->document(1)) == std::vector<int32_t>{'w', 'o', 'r', 'l', 'd'});
+  }
+}
+
 TEST_CASE("tpc prepare reads JSONL with a chosen key", "[prepare][cli]") {
   test::TempDir dir;
   test::writeFile(dir / "in.jsonl", "{\"content\": \"a\\nb\", \"id\": 1}\n\n{\"content\": \"\\u00e9\"}\n{\"content\": \"\"}\n");
