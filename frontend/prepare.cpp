@@ -144,7 +144,12 @@ void tokenizeBatch(Batch& b, InputFormat format, const PrepareOptions& opts, con
       try {
         j = nlohmann::json::parse(line);
       } catch (const nlohmann::json::exception& e) {
-        b.error = makeError(where(), "not valid JSON: ", jsonReason(e.what()));
+        std::string reason = jsonReason(e.what());
+        // '[' or '{' alone on a line: a pretty-printed file or one JSON array, not one object a line.
+        if (reason.find("unexpected end of input") != std::string::npos)
+          reason += " (JSONL holds one whole JSON object a line; write the corpus as JSON Lines, not as one "
+                    "pretty-printed document or array)";
+        b.error = makeError(where(), "not valid JSON: ", reason);
         return;
       }
       if (!j.is_object()) {

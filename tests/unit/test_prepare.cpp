@@ -219,6 +219,14 @@ TEST_CASE("tpc prepare refuses bad input with the file and line, leaving nothing
     test::writeFile(dir / "broken.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"\n");
     expectFailure(prepare("--input " + (dir / "broken.jsonl") + byteFlags), out, {"broken.jsonl:2:", "not valid JSON"});
   }
+  SECTION("a pretty-printed JSON file or array, not one object a line") {
+    test::writeFile(dir / "array.json", "[\n  {\"text\": \"a\"}\n]\n");
+    expectFailure(prepare("--input " + (dir / "array.json") + byteFlags), out,
+                  {"array.json:1: not valid JSON", "write the corpus as JSON Lines"});
+    test::writeFile(dir / "pretty.jsonl", "{\n  \"text\": \"a\"\n}\n");
+    expectFailure(prepare("--input " + (dir / "pretty.jsonl") + byteFlags), out,
+                  {"pretty.jsonl:1: not valid JSON", "write the corpus as JSON Lines"});
+  }
   SECTION("a late error after many good batches") {
     std::string text;
     for (int i = 0; i < 30000; ++i) text += "a line of perfectly good text number " + std::to_string(i) + "\n";
