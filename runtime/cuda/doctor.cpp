@@ -9,6 +9,7 @@
 #include "runtime/cuda/cublaslt_matmul.h"
 #include "runtime/cuda/cuda_libraries.h"
 #include "runtime/cuda/device_info.h"
+#include "runtime/gpu_peaks.h"
 
 namespace tpc::cuda {
 namespace {
@@ -176,11 +177,13 @@ int runDoctor(std::ostream& out, int matmulSize) {
   }
   auto rate = matmulRate(0, matmulSize);
   if (rate.ok()) {
-    char line[200];
+    // The peak tpc run's MFU divides by for this GPU (the table's, or the H200's when the GPU is not in it).
+    const PeakFlops peak = peakFlopsFor(devices[0].name, "bf16");
+    char line[300];
     std::snprintf(line, sizeof line,
-                  "bf16 matmul %dx%dx%d on GPU 0: %.0f TFLOP/s measured (%.0f%% of the 989 TFLOP/s dense H200 peak "
-                  "tpc run's MFU divides by)\n",
-                  matmulSize, matmulSize, matmulSize, *rate, 100.0 * *rate / 989.0);
+                  "bf16 matmul %dx%dx%d on GPU 0: %.0f TFLOP/s measured (%.0f%% of the %s peak tpc run's MFU "
+                  "divides by)\n",
+                  matmulSize, matmulSize, matmulSize, *rate, 100.0 * *rate * 1e12 / peak.flops, peak.label.c_str());
     out << line;
   } else {
     warn("bf16 matmul test: " + rate.error());
