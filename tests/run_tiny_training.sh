@@ -8,7 +8,9 @@ mkdir -p "$work"
 log="$work/tiny_run.jsonl"
 "$tpc" run "$model" --log-jsonl "$log" --log-interval 10 | tee "$work/tiny_run.txt"
 # The first and last step's loss (the log also holds valid_loss/test_loss lines of the model file's evaluations).
-first=$(grep '"loss": ' "$log" | head -n1 | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
+# grep -m1, not `grep | head -n1`: head leaving early kills grep with SIGPIPE once the matches pass a pipe buffer (4 KiB),
+# and pipefail then ended the script silently, a failure about one run in six.
+first=$(grep -m1 '"loss": ' "$log" | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
 last=$(grep '"loss": ' "$log" | tail -n1 | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
 for key in step loss lr grad_norm tokens_per_s elapsed_s; do
   grep -q "\"$key\": " "$log" || { echo "FAIL: the JSONL log has no key $key"; exit 1; }
