@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "ir/file_io.h"
+#include "ir/json_text.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
@@ -55,8 +56,8 @@ std::string stateJson(const CheckpointState& s) {
 }  // namespace
 
 Result<CheckpointState> parseCheckpointState(const std::string& text, const std::string& path) {
-  auto v = llvm::json::parse(text);
-  if (!v) return makeError(path, ": error: not JSON: ", llvm::toString(v.takeError()));
+  auto v = parseJsonText(text);
+  if (!v.ok()) return makeError(path, ": error: ", v.error());
   const llvm::json::Object* o = v->getAsObject();
   if (!o || o->getString("format") != llvm::StringRef("tpc-checkpoint-1"))
     return makeError(path, ": error: not a tpc checkpoint state (format tpc-checkpoint-1)");

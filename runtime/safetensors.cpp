@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "ir/file_io.h"
+#include "ir/json_text.h"
 #include "llvm/Support/JSON.h"
 
 namespace tpc {
@@ -88,8 +89,8 @@ Result<SafetensorsFile> parseSafetensors(const std::string& path, std::string_vi
   for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<uint8_t>(bytes[i])) << (8 * i);
   if (n > kMaxHeader || n > bytes.size() - 8)
     return bad("header length ", n, " exceeds the file (", bytes.size(), " bytes) or the 100 MB limit");
-  auto parsed = llvm::json::parse(llvm::StringRef(bytes.data() + 8, n));
-  if (!parsed) return bad("header is not JSON: ", llvm::toString(parsed.takeError()));
+  auto parsed = parseJsonText(std::string_view(bytes.data() + 8, n));
+  if (!parsed.ok()) return bad("header is ", parsed.error());
   const llvm::json::Object* header = parsed->getAsObject();
   if (!header) return bad("header is not a JSON object");
   const uint64_t dataSize = bytes.size() - 8 - n;

@@ -10,6 +10,7 @@
 #include "frontend/byte_tokenizer.h"
 #include "ir/attr.h"
 #include "ir/file_io.h"
+#include "ir/json_text.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "runtime/safetensors.h"
@@ -61,8 +62,8 @@ std::string hfConfigJson(const GptConfig& g, const std::string& tokenizer) {
 }
 
 Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text) {
-  auto v = llvm::json::parse(text);
-  if (!v) return makeError(path, ": error: not JSON: ", llvm::toString(v.takeError()));
+  auto v = parseJsonText(text);
+  if (!v.ok()) return makeError(path, ": error: ", v.error());
   const llvm::json::Object* o = v->getAsObject();
   if (!o) return makeError(path, ": error: not a JSON object");
   auto type = o->getString("model_type");
