@@ -8,6 +8,7 @@
 #include "passes/pipeline.h"
 #include "passes/plugin.h"
 #include "tools/cli.h"
+#include "tools/output_paths.h"
 #include "ir/file_io.h"
 
 namespace tpc {
@@ -64,6 +65,8 @@ int runOpt(std::vector<std::string> args) {
     return 0;
   }
   if (flags.positional().size() > 1) return cli::fail("opt", "expected one input file, got " + std::to_string(flags.positional().size()));
+  if (flags.has("o"))
+    if (Status s = cli::checkOutputFile("-o", flags.get("o")); !s.ok()) return cli::fail("opt", s.error());
   std::string input = flags.positional().empty() ? "-" : flags.positional()[0];
   auto text = readTextFile(input);
   if (!text) return cli::fail("opt", text.error());
