@@ -55,7 +55,8 @@ int runSample(std::vector<std::string> args) {
                    "length (n_positions) of context: past it, each new token is predicted from the last n_positions\n"
                    "tokens (a sliding window), and a longer prompt is cut to its end, with a note on stderr.\n"
                    "--dump-logits FILE writes the prompt's logits [tokens, vocab] and its ids [tokens] as safetensors\n"
-                   "(tensors 'logits' and 'tokens'), for comparison with another implementation.");
+                   "(tensors 'logits' and 'tokens'), for comparison with another implementation. Sampling stops at\n"
+                   "--max-tokens or at a generated end-of-document token (<|endoftext|>), whichever comes first.");
   flags.value("load", "the checkpoint to sample from")
       .value("prompt", "the text to continue (empty: start from the end-of-document token)", "")
       .value("max-tokens", "tokens to generate", "64")
@@ -66,7 +67,9 @@ int runSample(std::vector<std::string> args) {
       .value("backend", "auto | cpu | cuda (auto: the GPU when there is one)", "auto")
       .value("window", "fixed: one graph of [1, prompt + max-tokens] run for every token | grow: a graph per "
                        "context length (the CPU reference fixed is tested against)", "fixed")
-      .value("dump-logits", "write the prompt's logits to this safetensors file");
+      .value("dump-logits", "write the prompt's logits to this safetensors file")
+      .toggle("ignore-eod", "go on past a generated end-of-document token (by default sampling stops there, as "
+                            "Hugging Face's generate and Megatron-LM's do)");
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
   if (!flags.positional().empty())
@@ -246,6 +249,12 @@ int runSample(std::vector<std::string> args) {
       int64_t j = 0;
       while (j + 1 < k && u >= p[j]) u -= p[j++];
       next = order[j];
+    }
+    if (next == (*tokenizer)->eod() && !flags.on("ignore-eod")) {
+      std::cout << "\n" << std::flush;
+      std::cerr << "stopped at the end-of-document token after " << i << " generated token" << (i == 1 ? "" : "s")
+                << " (--ignore-eod goes on past it)\n";
+      return 0;
     }
     ids.push_back(next);
     std::string text;

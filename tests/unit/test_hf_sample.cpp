@@ -419,6 +419,36 @@ TEST_CASE("sample: non-finite weights or logits stop sampling with one error, no
   }
 }
 
+TEST_CASE("sample: a generated end-of-document token ends the text unless --ignore-eod", "[sample][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  const std::string st = ck + "/iter_0000002/model.safetensors";
+  auto f = readSafetensors(st);
+  REQUIRE(f.ok());
+  // ln_f's gain 0 and bias 1 make every position's final hidden state all ones, so token k's logit is the sum
+  // of wte row k: row 256 (the byte tokenizer's end of document) at 10 per element is the argmax by far.
+  for (auto& [n, t] : f->tensors) {
+    if (n != "ln_f.weight" && n != "ln_f.bias" && n != "wte") continue;
+    t = t.clone();
+    float* d = t.data<float>();
+    if (n == "ln_f.weight") std::fill(d, d + t.numel(), 0.f);
+    if (n == "ln_f.bias") std::fill(d, d + t.numel(), 1.f);
+    if (n == "wte") std::fill(d + 256 * 128, d + 257 * 128, 10.f);
+  }
+  REQUIRE(writeSafetensors(st, *f).ok());
+  const std::string base = "sample --threads 2 --load " + ck + " --prompt 'The jury' --max-tokens 3 ";
+  for (const char* mode : {"--temperature 0", "--temperature 1 --seed 9"}) {
+    auto stop = tpc(base + mode);
+    CHECK(stop.exitCode == 0);
+    CHECK(stop.out == "The jury\n");
+    CHECK(stop.err == "stopped at the end-of-document token after 0 generated tokens (--ignore-eod goes on past it)\n");
+  }
+  auto on = tpc(base + "--temperature 0 --ignore-eod");
+  CHECK(on.exitCode == 0);
+  CHECK(on.out == "The jury<|endoftext|><|endoftext|><|endoftext|>\n");
+  CHECK(on.err.empty());
+}
+
 TEST_CASE("sample: a vocabulary larger than the tokenizer's draws only ids the tokenizer can decode", "[sample][cli]") {
   test::TempDir dir;
   // The byte tokenizer has 257 ids; rows 257-999 are trained (toward never) but no text maps to them.
