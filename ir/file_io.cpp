@@ -78,12 +78,16 @@ void RemoveOnSignal::release() {
 }
 
 Status writeFileAtomically(const std::string& path, std::string_view contents) {
+  return writeFileAtomically(path, std::span<const std::string_view>(&contents, 1));
+}
+
+Status writeFileAtomically(const std::string& path, std::span<const std::string_view> pieces) {
   std::string tmp = path + ".tmp";
   RemoveOnSignal guard(tmp);
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) return makeError(path, ": error: cannot write: ", std::strerror(errno));
-    f.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+    for (std::string_view piece : pieces) f.write(piece.data(), static_cast<std::streamsize>(piece.size()));
     f.flush();
     if (!f) {
       std::remove(tmp.c_str());

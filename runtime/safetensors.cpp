@@ -44,7 +44,10 @@ const HostTensor* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
-Result<std::string> serializeSafetensors(const SafetensorsFile& file) {
+namespace {
+
+// The 8-byte length and the JSON header, padded to 8 bytes; the tensors' bytes follow it in `file`'s order.
+Result<std::string> safetensorsHeader(const SafetensorsFile& file) {
   llvm::json::Object header;
   std::set<std::string> names;
   uint64_t offset = 0;
@@ -71,15 +74,24 @@ Result<std::string> serializeSafetensors(const SafetensorsFile& file) {
   std::string out(8, '\0');
   uint64_t n = json.size();
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  out += json;
-  out.reserve(out.size() + offset);
-  for (const auto& [name, t] : file.tensors) out.append(reinterpret_cast<const char*>(t.raw()), t.bytes());
+  return out + json;
+}
+
+std::string_view bytesOf(const HostTensor& t) { return {reinterpret_cast<const char*>(t.raw()), t.bytes()}; }
+
+}  // namespace
+
+Result<std::string> serializeSafetensors(const SafetensorsFile& file) {
+  TPC_ASSIGN(std::string out, safetensorsHeader(file));
+  for (const auto& [name, t] : file.tensors) out += bytesOf(t);
   return out;
 }
 
 Status writeSafetensors(const std::string& path, const SafetensorsFile& file) {
-  TPC_ASSIGN(std::string bytes, serializeSafetensors(file));
-  return writeFileAtomically(path, bytes);
+  TPC_ASSIGN(std::string header, safetensorsHeader(file));
+  std::vector<std::string_view> pieces{header};
+  for (const auto& [name, t] : file.tensors) pieces.push_back(bytesOf(t));
+  return writeFileAtomically(path, pieces);
 }
 
 Result<SafetensorsFile> parseSafetensors(const std::string& path, std::string_view bytes) {
@@ -150,11 +162,15 @@ Result<SafetensorsFile> parseSafetensors(const std::string& path, std::string_vi
 Result<SafetensorsFile> readSafetensors(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return makeError(path, ": error: is a folder, not a safetensors file");
-  std::ifstream f(path, std::ios::binary);
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return makeError(path, ": error: cannot open: ", std::strerror(errno));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parseSafetensors(path, ss.str());
+  // Read once into a string of the file's size: a stringstream would hold the bytes twice, and the tensors
+  // parsed from them are a third copy (gpt2-xl's checkpoint is 18 GB).
+  std::string bytes(static_cast<size_t>(std::max<std::streamoff>(f.tellg(), 0)), '\0');
+  f.seekg(0);
+  if (!f.read(bytes.data(), static_cast<std::streamsize>(bytes.size())))
+    return makeError(path, ": error: cannot read: ", std::strerror(errno));
+  return parseSafetensors(path, bytes);
 }
 
 }  // namespace tpc
