@@ -17,19 +17,36 @@ namespace tpc {
 namespace {
 
 // The guarded paths, in fixed storage the signal handler can read: it may only call async-signal-safe functions
-// (unlink, signal, raise) and read lock-free atomics.
+// (unlink, signal, raise) and read lock-free atomics. A slot's word holds its state in the low bits and, above
+// them, how often it was filled: while the handler reads a path on one thread, another thread may release its
+// guard and guard another path in that slot, so the handler unlinks its copy of the path only if the word did not
+// change meanwhile (a copy torn between two paths names a third file, which may exist).
 struct GuardSlot {
-  enum State : int { Free, Filling, Armed };
-  std::atomic<int> state{Free};
+  enum State : unsigned { Free, Filling, Armed };
+  static constexpr unsigned kStateMask = 3, kFilled = 4;
+  std::atomic<unsigned> word{Free};
   char path[PATH_MAX];
 };
 constexpr int kGuardSlots = 16;
 GuardSlot gGuards[kGuardSlots];
-static_assert(std::atomic<int>::is_always_lock_free);
+static_assert(std::atomic<unsigned>::is_always_lock_free);
 
 void removeGuardedFiles(int sig) {
   for (GuardSlot& g : gGuards)
-    if (g.state.load() == GuardSlot::Armed) ::unlink(g.path);
+    for (int tries = 0; tries < 8; ++tries) {  // a slot re-filled during the copy holds a file too: copy it again
+      const unsigned before = g.word.load(std::memory_order_acquire);
+      if ((before & GuardSlot::kStateMask) != GuardSlot::Armed) break;
+      char path[PATH_MAX];
+      const volatile char* from = g.path;
+      size_t n = 0;
+      while (n + 1 < sizeof path && (path[n] = from[n]) != '\0') ++n;
+      path[n] = '\0';
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (g.word.load(std::memory_order_relaxed) == before) {
+        ::unlink(path);
+        break;
+      }
+    }
   // Then the default action, as if never caught: the process ends by the signal and its exit status says so.
   ::signal(sig, SIG_DFL);
   ::raise(sig);
@@ -55,10 +72,13 @@ RemoveOnSignal::RemoveOnSignal(const std::string& path) {
   if (path.empty() || path.size() >= PATH_MAX) return;
   installSignalCleanup();
   for (int i = 0; i < kGuardSlots; ++i) {
-    int expected = GuardSlot::Free;
-    if (!gGuards[i].state.compare_exchange_strong(expected, GuardSlot::Filling)) continue;
-    std::memcpy(gGuards[i].path, path.c_str(), path.size() + 1);
-    gGuards[i].state.store(GuardSlot::Armed);
+    GuardSlot& g = gGuards[i];
+    unsigned word = g.word.load();
+    if ((word & GuardSlot::kStateMask) != GuardSlot::Free) continue;
+    const unsigned filled = (word & ~GuardSlot::kStateMask) + GuardSlot::kFilled;
+    if (!g.word.compare_exchange_strong(word, filled | GuardSlot::Filling)) continue;
+    std::memcpy(g.path, path.c_str(), path.size() + 1);
+    g.word.store(filled | GuardSlot::Armed, std::memory_order_release);
     slot_ = i;
     return;
   }
@@ -73,7 +93,7 @@ RemoveOnSignal& RemoveOnSignal::operator=(RemoveOnSignal&& o) noexcept {
 }
 
 void RemoveOnSignal::release() {
-  if (slot_ >= 0) gGuards[slot_].state.store(GuardSlot::Free);
+  if (slot_ >= 0) gGuards[slot_].word.fetch_and(~GuardSlot::kStateMask);  // Free, the fill count kept
   slot_ = -1;
 }
 
