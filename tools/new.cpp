@@ -6,6 +6,7 @@
 #include "models/gpt.h"
 #include "tools/cli.h"
 #include "tools/output_paths.h"
+#include "tools/train_flags.h"
 
 namespace tpc {
 namespace {
@@ -81,6 +82,8 @@ int runNew(std::vector<std::string> args) {
   }
   if (flags.has("data-path")) config.dataPath = flags.get("data-path");
 
+  // Errors name the flag given (--lr), not the field of the model file it would have written (config.lr).
+  if (Status s = cli::validateTrainingFlags(flags, config, &gpt); !s.ok()) return cli::fail("new", s.error());
   auto model = buildGpt(gpt, config);
   if (!model) return cli::fail("new", model.error());
   if (Status s = saveModelFile(*model, flags.get("o")); !s.ok()) return cli::fail("new", s.error());

@@ -270,8 +270,11 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
            // A value forgotten before -o: -o is the next flag, not the preset (which then blamed the file name).
            {"--preset", "tpc new: error: option --preset needs a value, but the next argument is the option '-o' (write "
                         "--preset=VALUE for a value that starts with -)\n"},
-           // A negative number is a value, not a flag.
-           {"--lr -1", "tpc new: error: config.lr must be >= 0.0, got -1.0\n"}}) {
+           // A negative number is a value, not a flag; the error names the flag, not the model file's config.lr.
+           {"--lr -1", "tpc new: error: --lr must be >= 0.0, got -1.0\n"},
+           {"--micro-batch-size 3 --global-batch-size 8",
+            "tpc new: error: --global-batch-size=8 must be a multiple of --micro-batch-size=3 (a step is whole micro "
+            "batches on every data-parallel rank), e.g. 6 or 9\n"}}) {
     auto r = test::runCommand(tpc + " new gpt " + args + " -o " + dir + "/cli_bad.fb");
     CHECK(r.exitCode == 1);
     CHECK(r.err == expected);
