@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "frontend/model_file.h"
+#include "frontend/tokenizer.h"
 #include "llvm/ADT/StringRef.h"
 #include "models/gpt.h"
 #include "runtime/checkpoint.h"
@@ -57,6 +58,9 @@ int runImport(std::vector<std::string> args) {
   config.seqLength = std::min<int64_t>(gpt.positions, 1024);
   config.microBatch = config.globalBatch = 8;
   config.tokenizer = flags.has("tokenizer") ? flags.get("tokenizer") : gpt.vocab == 257 ? "byte" : "gpt2";
+  // Said as the flag given: validation below would name the model file's config.tokenizer_type.
+  if (const auto names = tokenizerNames(); std::find(names.begin(), names.end(), config.tokenizer) == names.end())
+    return cli::fail("import", cat("--tokenizer ", config.tokenizer, ": expected gpt2 or byte"));
   if (config.tokenizer == "byte") config.dataPath = "data/brown/brown_byte";
   if (Status s = cli::applyTrainingFlags(flags, config); !s.ok()) return cli::fail("import", s.error());
   // What `tpc run` would refuse of the written model, refused before anything is written.

@@ -119,6 +119,7 @@ TEST_CASE("hf: foreign or broken Hugging Face directories are refused by name", 
   for (auto [flags, expected] : std::vector<std::pair<std::string, std::string>>{
            {" --tp 3", "--tp 3 does not divide the model's 4 attention heads"},
            {" --tokenizer gpt2", "--tokenizer gpt2 needs a vocabulary of at least 50257 tokens; this model has 257"},
+           {" --tokenizer gpt-2", "tpc import: error: --tokenizer gpt-2: expected gpt2 or byte\n"},
            {" --tp 99999999999999999999", "tpc import: error: --tp=99999999999999999999 is out of range [1, 1099511627776]"},
            // Named as the flag given, not as the model file's config.* field.
            {" --lr -1", "tpc import: error: --lr must be >= 0.0, got -1.0\n"},
