@@ -16,6 +16,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -32,6 +33,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/evaluator.h"
 #include "runtime/gpu_peaks.h"
+#include "runtime/memory_estimate.h"
 #include "runtime/metrics_server.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
@@ -713,10 +715,23 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                     " global=", config.globalBatch, " seq=", config.seqLength, " lr=", config.lr);
     cs.settings = cli::resumeSettings(config);
     TPC_ASSIGN(std::string modelBytes, serializeModel(*model, false));
+    const auto saveStart = std::chrono::steady_clock::now();
+    int64_t savedBytes = 0;
     TPC_TRY(saveCheckpoint(saveDir, cs, checkpointTensors,
-                           [&](const std::string& n) { return backend->readState(n); }, *keep,
-                           {{"model.fb", modelBytes}}));
-    if (settings.logInterval > 0 && settings.stepLines) std::cout << "saved checkpoint " << saveDir << " iteration " << it << std::endl;
+                           [&](const std::string& n) {
+                             auto t = backend->readState(n);
+                             if (t.ok()) savedBytes += static_cast<int64_t>(t->bytes());
+                             return t;
+                           },
+                           *keep, {{"model.fb", modelBytes}}));
+    // What a save costs the run (gpt2-xl's parameters and AdamW moments are 18 GB), as Megatron-LM reports it.
+    if (settings.logInterval > 0 && settings.stepLines) {
+      std::ostringstream seconds;
+      seconds << std::fixed << std::setprecision(1)
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - saveStart).count();
+      std::cout << "saved checkpoint " << saveDir << " iteration " << it << " (" << formatBytes(savedBytes) << " in "
+                << seconds.str() << " s)" << std::endl;
+    }
     return {};
   };
   auto savesAt = [&](int64_t it) { return it == config.trainIters || (*saveInterval > 0 && it % *saveInterval == 0); };

@@ -84,7 +84,7 @@ TEST_CASE("checkpoint: a run resumed from a mid-run save is bit-identical to an 
   for (const char* it : {"2", "4", "6"}) {
     INFO(full.out);
     size_t line = full.out.find(std::string("step      ") + it + "/6 |");
-    size_t saved = full.out.find("saved checkpoint " + d + "/ck iteration " + it + "\n");
+    size_t saved = full.out.find("saved checkpoint " + d + "/ck iteration " + it + " (5.2 MiB in ");
     REQUIRE(line != std::string::npos);
     REQUIRE(saved != std::string::npos);
     CHECK(line < saved);
