@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -94,19 +95,21 @@ Status writeSafetensors(const std::string& path, const SafetensorsFile& file) {
   return writeFileAtomically(path, pieces);
 }
 
-Result<SafetensorsFile> parseSafetensors(const std::string& path, std::string_view bytes) {
+namespace {
+
+// Fills `n` bytes at `dst` from the data section (the bytes after the header), `offset` bytes into it.
+using ReadData = std::function<Status(uint64_t offset, uint8_t* dst, uint64_t n)>;
+
+// A file of `fileSize` bytes whose first 8 bytes said `headerLength`: the header's text is `headerText`; every
+// tensor is checked against the header and the file's size before any tensor's bytes are read.
+Result<SafetensorsFile> parseSafetensorsParts(const std::string& path, uint64_t fileSize, std::string_view headerText,
+                                              const ReadData& read) {
   auto bad = [&](auto&&... what) { return makeError(path, ": error: not a valid safetensors file: ", what...); };
-  if (bytes.size() < 8) return bad("shorter than its 8-byte header length (", bytes.size(), " bytes)");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<uint8_t>(bytes[i])) << (8 * i);
-  if (n > kMaxHeader || n > bytes.size() - 8)
-    return bad("header length ", n, " exceeds the file (", bytes.size(), " bytes) or the 100 MB limit");
-  auto parsed = parseJsonText(std::string_view(bytes.data() + 8, n));
+  auto parsed = parseJsonText(headerText);
   if (!parsed.ok()) return bad("header is ", parsed.error());
   const llvm::json::Object* header = parsed->getAsObject();
   if (!header) return bad("header is not a JSON object");
-  const uint64_t dataSize = bytes.size() - 8 - n;
-  const char* data = bytes.data() + 8 + n;
+  const uint64_t dataSize = fileSize - 8 - headerText.size();
   SafetensorsFile file;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   std::vector<std::pair<uint64_t, std::pair<std::string, HostTensor>>> ordered;
@@ -147,16 +150,42 @@ Result<SafetensorsFile> parseSafetensors(const std::string& path, std::string_vi
       return bad("tensor '", name, "': ", *e - *b, " bytes do not hold its shape and dtype (",
                  numel * uint64_t(dtypeSize(*dtype)), " bytes)");
     ranges.push_back({uint64_t(*b), uint64_t(*e)});
-    HostTensor t(TensorType(*dtype, dims));
-    if (t.bytes()) std::memcpy(t.raw(), data + *b, t.bytes());
-    ordered.push_back({uint64_t(*b), {name, std::move(t)}});
+    // calloc'd storage: no memory is touched until its bytes are read below.
+    ordered.push_back({uint64_t(*b), {name, HostTensor(TensorType(*dtype, dims))}});
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].first < ranges[i - 1].second) return bad("two tensors' data overlap");
   std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (auto& [off, nt] : ordered) file.tensors.push_back(std::move(nt));
+  for (auto& [offset, nt] : ordered) {
+    if (nt.second.bytes()) TPC_TRY(read(offset, nt.second.raw(), nt.second.bytes()));
+    file.tensors.push_back(std::move(nt));
+  }
   return file;
+}
+
+// The header length the first 8 bytes give, checked against the file's size.
+Result<uint64_t> headerLength(const std::string& path, const char* first8, uint64_t fileSize) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<uint8_t>(first8[i])) << (8 * i);
+  if (n > kMaxHeader || n > fileSize - 8)
+    return makeError(path, ": error: not a valid safetensors file: header length ", n, " exceeds the file (", fileSize,
+                     " bytes) or the 100 MB limit");
+  return n;
+}
+
+}  // namespace
+
+Result<SafetensorsFile> parseSafetensors(const std::string& path, std::string_view bytes) {
+  if (bytes.size() < 8)
+    return makeError(path, ": error: not a valid safetensors file: shorter than its 8-byte header length (", bytes.size(),
+                     " bytes)");
+  TPC_ASSIGN(uint64_t n, headerLength(path, bytes.data(), bytes.size()));
+  const char* data = bytes.data() + 8 + n;
+  return parseSafetensorsParts(path, bytes.size(), bytes.substr(8, n), [&](uint64_t offset, uint8_t* dst, uint64_t size) {
+    std::memcpy(dst, data + offset, size);
+    return Status{};
+  });
 }
 
 Result<SafetensorsFile> readSafetensors(const std::string& path) {
@@ -164,13 +193,26 @@ Result<SafetensorsFile> readSafetensors(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) return makeError(path, ": error: is a folder, not a safetensors file");
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return makeError(path, ": error: cannot open: ", std::strerror(errno));
-  // Read once into a string of the file's size: a stringstream would hold the bytes twice, and the tensors
-  // parsed from them are a third copy (gpt2-xl's checkpoint is 18 GB).
-  std::string bytes(static_cast<size_t>(std::max<std::streamoff>(f.tellg(), 0)), '\0');
+  const uint64_t fileSize = static_cast<uint64_t>(std::max<std::streamoff>(f.tellg(), 0));
   f.seekg(0);
-  if (!f.read(bytes.data(), static_cast<std::streamsize>(bytes.size())))
+  // The header, then each tensor's bytes read straight into its own storage: one copy of the tensors in memory
+  // (gpt2-xl's checkpoint is 18 GB; read whole first, it would be held twice).
+  char first8[8];
+  if (fileSize < 8 || !f.read(first8, 8))
+    return makeError(path, ": error: not a valid safetensors file: shorter than its 8-byte header length (", fileSize,
+                     " bytes)");
+  TPC_ASSIGN(uint64_t n, headerLength(path, first8, fileSize));
+  std::string header(n, '\0');
+  if (!f.read(header.data(), static_cast<std::streamsize>(n)))
     return makeError(path, ": error: cannot read: ", std::strerror(errno));
-  return parseSafetensors(path, bytes);
+  const uint64_t dataStart = 8 + n;
+  return parseSafetensorsParts(path, fileSize, header, [&](uint64_t offset, uint8_t* dst, uint64_t size) -> Status {
+    f.seekg(static_cast<std::streamoff>(dataStart + offset));
+    if (!f.read(reinterpret_cast<char*>(dst), static_cast<std::streamsize>(size)))
+      return makeError(path, ": error: cannot read ", size, " bytes at ", dataStart + offset, " (the file changed while "
+                       "it was read?): ", std::strerror(errno));
+    return Status{};
+  });
 }
 
 }  // namespace tpc
