@@ -54,6 +54,25 @@ TEST_CASE("safetensors: round trip, and the reader refuses what a crafted file l
   CHECK(mutate("\"F32\"", "\"F99\"").error().find("unsupported dtype F99") != std::string::npos);
   CHECK(mutate("[2,3]", "[3,3]").error().find("do not hold its shape") != std::string::npos);
   CHECK(!parseSafetensors("x.safetensors", "abc").ok());
+  // From a file, each tensor is read into its own storage after the checks: the same errors, the same tensors.
+  test::TempDir dir;
+  const std::string path = dir / "x.safetensors";
+  for (const std::string& cut : {bytes->substr(0, bytes->size() - 4), hugeHeader, std::string("abc")}) {
+    test::writeFile(path, cut);
+    auto fromFile = readSafetensors(path);
+    REQUIRE_FALSE(fromFile.ok());
+    CHECK(fromFile.error() == parseSafetensors(path, cut).error());
+  }
+  test::writeFile(path, *bytes);
+  auto whole = readSafetensors(path);
+  REQUIRE(whole.ok());
+  REQUIRE(whole->tensors.size() == back->tensors.size());
+  for (size_t i = 0; i < whole->tensors.size(); ++i) {
+    CHECK(whole->tensors[i].first == back->tensors[i].first);
+    CHECK(whole->tensors[i].second.type() == back->tensors[i].second.type());
+    CHECK(std::equal(whole->tensors[i].second.raw(), whole->tensors[i].second.raw() + whole->tensors[i].second.bytes(),
+                     back->tensors[i].second.raw()));
+  }
 }
 
 TEST_CASE("checkpoint: a resumed run is bit-identical to an uninterrupted one", "[checkpoint][run][cli]") {
