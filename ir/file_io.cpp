@@ -98,10 +98,10 @@ void RemoveOnSignal::release() {
 }
 
 Status writeFileAtomically(const std::string& path, std::string_view contents) {
-  return writeFileAtomically(path, std::span<const std::string_view>(&contents, 1));
+  return writeFileAtomically(path, std::vector<std::string_view>{contents});
 }
 
-Status writeFileAtomically(const std::string& path, std::span<const std::string_view> pieces) {
+Status writeFileAtomically(const std::string& path, const std::vector<std::string_view>& pieces) {
   std::string tmp = path + ".tmp";
   RemoveOnSignal guard(tmp);
   {

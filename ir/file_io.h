@@ -2,10 +2,10 @@
 #pragma once
 
 #include <filesystem>
-#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "ir/status.h"
 
@@ -14,7 +14,7 @@ namespace tpc {
 Status writeFileAtomically(const std::string& path, std::string_view contents);
 // The same for a file written from pieces, in order, without joining them first (a checkpoint's tensors: one copy
 // of them in memory, not two).
-Status writeFileAtomically(const std::string& path, std::span<const std::string_view> pieces);
+Status writeFileAtomically(const std::string& path, const std::vector<std::string_view>& pieces);
 
 // Removes the file `path` if SIGINT, SIGTERM or SIGHUP ends the process while this object lives: destructors do not
 // run then, so Ctrl-C during a long write would leave its temporary file behind. The process still dies of the
