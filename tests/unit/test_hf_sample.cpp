@@ -389,6 +389,24 @@ TEST_CASE("sample: a prompt the GPT-2 tokenizer cannot read is refused naming --
   CHECK(r.out.empty());
 }
 
+namespace {
+struct Fill {
+  std::string tensor;
+  int64_t from, count;
+  float value;
+};
+// Writes `base` to the checkpoint file `st` with elements [from, from + count) of each named f32 tensor set to value.
+void writeFilled(const std::string& st, SafetensorsFile base, const std::vector<Fill>& fills) {
+  for (const Fill& fill : fills)
+    for (auto& [n, t] : base.tensors)
+      if (n == fill.tensor) {
+        t = t.clone();
+        std::fill(t.data<float>() + fill.from, t.data<float>() + fill.from + fill.count, fill.value);
+      }
+  REQUIRE(writeSafetensors(st, base).ok());
+}
+}  // namespace
+
 TEST_CASE("sample: non-finite weights or logits stop sampling with one error, not a repeated token", "[sample][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
@@ -396,13 +414,7 @@ TEST_CASE("sample: non-finite weights or logits stop sampling with one error, no
   auto original = readSafetensors(st);
   REQUIRE(original.ok());
   auto withTensor = [&](const std::string& name, int64_t from, int64_t count, float value) {
-    SafetensorsFile f = *original;
-    for (auto& [n, t] : f.tensors)
-      if (n == name) {
-        t = t.clone();
-        std::fill(t.data<float>() + from, t.data<float>() + from + count, value);
-      }
-    REQUIRE(writeSafetensors(st, f).ok());
+    writeFilled(st, *original, {{name, from, count, value}});
   };
   for (const char* mode : {"--temperature 0", "--temperature 1"}) {
     withTensor("ln_f.weight", 3, 1, std::nanf(""));
@@ -428,15 +440,7 @@ TEST_CASE("sample: a generated end-of-document token ends the text unless --igno
   REQUIRE(f.ok());
   // ln_f's gain 0 and bias 1 make every position's final hidden state all ones, so token k's logit is the sum
   // of wte row k: row 256 (the byte tokenizer's end of document) at 10 per element is the argmax by far.
-  for (auto& [n, t] : f->tensors) {
-    if (n != "ln_f.weight" && n != "ln_f.bias" && n != "wte") continue;
-    t = t.clone();
-    float* d = t.data<float>();
-    if (n == "ln_f.weight") std::fill(d, d + t.numel(), 0.f);
-    if (n == "ln_f.bias") std::fill(d, d + t.numel(), 1.f);
-    if (n == "wte") std::fill(d + 256 * 128, d + 257 * 128, 10.f);
-  }
-  REQUIRE(writeSafetensors(st, *f).ok());
+  writeFilled(st, *f, {{"ln_f.weight", 0, 128, 0.f}, {"ln_f.bias", 0, 128, 1.f}, {"wte", 256 * 128, 128, 10.f}});
   const std::string base = "sample --threads 2 --load " + ck + " --prompt 'The jury' --max-tokens 3 ";
   for (const char* mode : {"--temperature 0", "--temperature 1 --seed 9"}) {
     auto stop = tpc(base + mode);
