@@ -46,6 +46,12 @@ Flags& Flags::list(const std::string& name, const std::string& help) {
   return *this;
 }
 
+Flags& Flags::words(const std::string& name, const std::string& help) {
+  specs_.push_back({name, Spec{help, true, false, std::nullopt}});
+  specs_.back().second.severalWords = true;
+  return *this;
+}
+
 const Flags::Spec* Flags::find(const std::string& name) const {
   for (const auto& [n, s] : specs_)
     if (n == name) return &s;
@@ -55,7 +61,7 @@ const Flags::Spec* Flags::find(const std::string& name) const {
 std::string Flags::help() const {
   std::string s = "usage: " + usage_ + "\n\noptions:\n";
   for (const auto& [name, spec] : specs_) {
-    std::string left = "  " + dashed(name) + (spec.takesValue ? " VALUE" : "");
+    std::string left = "  " + dashed(name) + (spec.severalWords ? " VALUE..." : spec.takesValue ? " VALUE" : "");
     if (left.size() < 30) left += std::string(30 - left.size(), ' ');
     else left += "\n" + std::string(30, ' ');
     s += left + spec.help;
@@ -126,6 +132,8 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
         return false;
       }
       val = args[++i];
+      if (spec->severalWords)
+        while (i + 1 < args.size() && !args[i + 1].empty() && args[i + 1][0] != '-') val += " " + args[++i];
     }
     if (!spec->repeated && values_.count(name)) {
       exitCode = fail(command_, "option " + dashed(name) + " is given twice");

@@ -38,6 +38,9 @@ class Flags {
   Flags& toggle(const std::string& name, const std::string& help);
   // A value flag that may be given several times.
   Flags& list(const std::string& name, const std::string& help);
+  // A value of several words, as Megatron-LM's `--data-path 0.3 web 0.7 books`: the words up to the next one that
+  // starts with '-' are the value, joined by spaces (--name=VALUE takes one word).
+  Flags& words(const std::string& name, const std::string& help);
 
   // Parses; on --help prints the help and returns false with exitCode 0; on a bad flag prints one
   // error line and returns false with exitCode 1.
@@ -58,6 +61,7 @@ class Flags {
     std::string help;
     bool takesValue = true, repeated = false;
     std::optional<std::string> def;
+    bool severalWords = false;
   };
   std::string command_, usage_;
   std::vector<std::pair<std::string, Spec>> specs_;

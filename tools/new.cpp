@@ -33,7 +33,7 @@ int runNew(std::vector<std::string> args) {
       .value("lr", "peak learning rate")
       .value("min-lr", "final learning rate")
       .value("train-iters", "optimizer steps")
-      .value("data-path", "indexed dataset prefix");
+      .words("data-path", "indexed dataset prefix, or a blend as in Megatron-LM ('0.3 web 0.7 books', 'web books')");
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
   if (flags.positional().empty() || flags.positional()[0] != "gpt")

@@ -20,6 +20,7 @@
 #include <thread>
 #include <tuple>
 
+#include "frontend/data_blend.h"
 #include "frontend/data_dir.h"
 #include "frontend/indexed_dataset.h"
 #include "frontend/model_file.h"
@@ -107,17 +108,17 @@ Result<std::string> resolveDataPath(const std::string& prefix) {
                    "Brown corpus, or make a dataset with 'tpc prepare')");
 }
 
-// Training windows from the train split of an indexed dataset. With dumpTo(), every window read is also
-// appended to a file (tpc run --dump-batches): seq + 1 int32 tokens per row, little-endian, in the order the
-// trainer reads them, so that another trainer can be fed exactly tpc's batches.
+// Training windows from one split of the datasets of --data-path (one dataset, or a Megatron-style blend). With
+// dumpTo(), every window read is also appended to a file (tpc run --dump-batches): seq + 1 int32 tokens per row,
+// little-endian, in the order the trainer reads them, so that another trainer can be fed exactly tpc's batches.
 class DatasetBatches final : public BatchSource {
  public:
-  DatasetBatches(IndexedDataset data, DocRange train, uint32_t seq, uint64_t seed)
-      : data_(std::move(data)), windows_(data_, train, seq, seed), buf_(seq + 1) {}
+  DatasetBatches(std::vector<BlendedWindows::Part> parts, uint32_t seq, uint64_t seed)
+      : windows_(std::move(parts), seq, seed), buf_(seq + 1) {}
   // The file is made at the first window read, so that a run failing before its first step leaves none.
   void dumpTo(const std::string& path) { dumpPath_ = path; }
   Status status() const { return windows_.status(); }
-  uint64_t windowsPerEpoch() const { return windows_.windowsPerEpoch(); }
+  const BlendedWindows& windows() const { return windows_; }
   uint64_t position() const { return windows_.position(); }
   void seek(uint64_t position) { windows_.seek(position); }
 
@@ -141,12 +142,77 @@ class DatasetBatches final : public BatchSource {
   }
 
  private:
-  IndexedDataset data_;
-  TokenWindows windows_;
+  BlendedWindows windows_;
   std::vector<int32_t> buf_;
   std::string dumpPath_;
   std::ofstream dump_;
 };
+
+// The datasets of --data-path: one, or a Megatron-style blend, each resolved, opened, checked against the model's
+// vocabulary and split by --split on its own (as Megatron-LM splits each dataset of a blend).
+struct TrainingData {
+  std::vector<DataBlendEntry> entries;  // prefixes resolved
+  std::vector<DocSplits> splits;
+  std::vector<size_t> numDocs;
+
+  uint64_t documents(DocRange DocSplits::*split) const {
+    uint64_t n = 0;
+    for (const DocSplits& s : splits) n += (s.*split).size();
+    return n;
+  }
+  // The parts of one split, each dataset opened again (a memory map of its own). A dataset with no documents in a
+  // split is left out of that split's blend.
+  Result<std::vector<BlendedWindows::Part>> parts(DocRange DocSplits::*split) const {
+    std::vector<BlendedWindows::Part> out;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if ((splits[i].*split).size() == 0) continue;
+      TPC_ASSIGN(IndexedDataset data, IndexedDataset::open(entries[i].prefix));
+      out.push_back({std::move(data), splits[i].*split, entries[i].weight});
+    }
+    return out;
+  }
+};
+
+// "  data: PREFIX (N documents, M for training, W windows per epoch)", or for a blend a line per dataset with the
+// share of the training windows it gives.
+std::string describeData(const TrainingData& data, const BlendedWindows& train) {
+  std::ostringstream out;
+  auto counts = [&](size_t i) {
+    return cat(data.numDocs[i], " documents, ", data.splits[i].train.size(), " for training, ",
+               train.windows(i).windowsPerEpoch(), " windows per epoch");
+  };
+  if (data.entries.size() == 1) {
+    out << "  data: " << data.entries[0].prefix << " (" << counts(0) << ")\n";
+    return out.str();
+  }
+  const bool weighted = data.entries[0].weight > 0;
+  out << "  data: a blend of " << data.entries.size() << " datasets, " << (weighted ? "by the weights given" : "by size")
+      << " (share of the training windows):\n";
+  for (size_t i = 0; i < data.entries.size(); ++i)
+    out << "    " << std::fixed << std::setprecision(1) << 100 * train.share(i) << std::defaultfloat
+        << std::setprecision(6) << "% " << data.entries[i].prefix << " (" << counts(i) << ")\n";
+  return out.str();
+}
+
+Result<TrainingData> openTrainingData(const TrainConfig& config, const std::string& splitName,
+                                      const std::optional<GptConfig>& gpt) {
+  TrainingData d;
+  TPC_ASSIGN(d.entries, parseDataBlend(config.dataPath));
+  for (DataBlendEntry& e : d.entries) {
+    TPC_ASSIGN(e.prefix, resolveDataPath(e.prefix));
+    TPC_ASSIGN(IndexedDataset dataset, IndexedDataset::open(e.prefix));
+    if (gpt)
+      if (Status s = dataset.checkTokenRange(gpt->vocab); !s.ok())
+        return makeError(s.error(), ": the model's tokenizer is '", config.tokenizer, "' (vocabulary ", gpt->vocab,
+                         "); make the dataset with it (tpc prepare --tokenizer ", config.tokenizer,
+                         ") or give --data-path of one that was");
+    auto split = splitDocuments(config.split, dataset.numDocuments());
+    if (!split) return makeError(splitName, ": ", split.error());
+    d.splits.push_back(*split);
+    d.numDocs.push_back(dataset.numDocuments());
+  }
+  return d;
+}
 
 // Under mpirun (one process per mesh rank): this process's place in the job; null otherwise.
 // `training` is set once the processes meet: the CUDA backend's before partitioning their own ranks (they exchange
@@ -241,6 +307,12 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   cli::declarePipelineFlags(flags);
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
+  if (auto blend = parseDataBlend(flags.get("data-path")); flags.positional().empty() && blend)
+    for (const DataBlendEntry& e : *blend)
+      if (llvm::StringRef(e.prefix).endswith(".fb") || llvm::StringRef(e.prefix).endswith(".json"))
+        return cli::fail("run", cat("expected one model file, and '", e.prefix, "' was read as a dataset prefix of "
+                                    "--data-path (the words after it up to the next option are all prefixes); put the "
+                                    "model file first: tpc run ", e.prefix, " --data-path ..."));
   if (flags.positional().size() != 1) return cli::fail("run", "expected one model file (tpc run gpt.fb)");
   const std::string path = flags.positional()[0];
 
@@ -417,25 +489,17 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   }
 
   // Data.
-  auto dataPath = resolveDataPath(config.dataPath);
-  if (!dataPath) return cli::fail("run", dataPath.error());
-  auto dataset = IndexedDataset::open(*dataPath);
-  if (!dataset) return cli::fail("run", dataset.error());
-  if (model->gpt)
-    if (Status s = dataset->checkTokenRange(model->gpt->vocab); !s.ok())
-      return cli::fail("run", cat(s.error(), ": the model's tokenizer is '", config.tokenizer, "' (vocabulary ",
-                                  model->gpt->vocab, "); make the dataset with it (tpc prepare --tokenizer ",
-                                  config.tokenizer, ") or give --data-path of one that was"));
   const std::string splitName = cli::flagOrFieldName(flags)("split"), splitSetting = cat(splitName, "=", config.split);
-  auto splits = splitDocuments(config.split, dataset->numDocuments());
-  if (!splits) return cli::fail("run", splitName + ": " + splits.error());
-  size_t numDocs = dataset->numDocuments();
-  // Evaluation reads its own copy of the dataset (the windows of the valid and test splits).
+  auto data = openTrainingData(config, splitName, model->gpt);
+  if (!data) return cli::fail("run", data.error());
+  // Evaluation reads its own copy of the datasets (the windows of the valid and test splits).
   std::optional<DatasetBatches> validBatches, testBatches;
-  if (*evalInterval > 0 && splits->valid.size() == 0) {
+  const uint64_t totalDocs = data->documents(&DocSplits::train) + data->documents(&DocSplits::valid) +
+                             data->documents(&DocSplits::test);
+  if (*evalInterval > 0 && data->documents(&DocSplits::valid) == 0) {
     if (flags.has("eval-interval"))
       return cli::fail("run", cat("--eval-interval: the validation split is empty (", splitSetting,
-                                  " over ", dataset->numDocuments(), " documents); give it a share, e.g. 949,50,1"));
+                                  " over ", totalDocs, " documents); give it a share, e.g. 949,50,1"));
     // The model file's eval_interval, as Megatron-LM's: no validation data, no evaluation.
     if (!job || job->world.rank == 0)
       std::cout << "no evaluation: the validation split of " << splitSetting << " is empty (the model file's "
@@ -443,18 +507,25 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     *evalInterval = 0;
   }
   if (*evalInterval > 0) {
-    for (auto [range, target, what] : {std::tuple{splits->valid, &validBatches, "validation"},
-                                       std::tuple{splits->test, &testBatches, "test"}}) {
-      if (range.size() == 0) continue;
-      auto copy = IndexedDataset::open(*dataPath);
-      if (!copy) return cli::fail("run", copy.error());
-      target->emplace(std::move(copy).value(), range, static_cast<uint32_t>(config.seqLength), config.seed);
+    for (auto [split, target, what] : {std::tuple{&DocSplits::valid, &validBatches, "validation"},
+                                       std::tuple{&DocSplits::test, &testBatches, "test"}}) {
+      if (data->documents(split) == 0) continue;
+      auto parts = data->parts(split);
+      if (!parts) return cli::fail("run", parts.error());
+      target->emplace(std::move(*parts), static_cast<uint32_t>(config.seqLength), config.seed);
       if (Status s = (*target)->status(); !s.ok())
         return cli::fail("run", cat("the ", what, " split (", splitSetting, "): ", s.error(), "; give that split more "
                                     "documents (", splitName, "), a shorter --seq-length, or --eval-interval 0"));
     }
   }
-  DatasetBatches batches(std::move(dataset).value(), splits->train, static_cast<uint32_t>(config.seqLength), config.seed);
+  auto trainParts = data->parts(&DocSplits::train);
+  if (!trainParts) return cli::fail("run", trainParts.error());
+  if (trainParts->size() != data->entries.size())
+    for (size_t i = 0; i < data->entries.size(); ++i)
+      if (data->splits[i].train.size() == 0)
+        return cli::fail("run", cat("the training split (", splitSetting, ") of ", data->entries[i].prefix, " is empty (",
+                                    data->numDocs[i], " documents); give it a share (", splitName, ")"));
+  DatasetBatches batches(std::move(*trainParts), static_cast<uint32_t>(config.seqLength), config.seed);
   if (Status s = batches.status(); !s.ok())
     return cli::fail("run", cat("the training split (", splitSetting, "): ", s.error(), "; give it more documents (",
                                 splitName, ") or a shorter --seq-length"));
@@ -465,8 +536,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     std::vector<std::pair<std::string, std::string>> outputs;  // flag, file
     for (const char* f : {"log-jsonl", "dump-batches", "profile-csv"})
       if (flags.has(f)) outputs.push_back({f, flags.get(f)});
-    const std::vector<std::pair<std::string, std::string>> inputs = {
-        {"the model file", path}, {"the dataset", *dataPath + ".bin"}, {"the dataset", *dataPath + ".idx"}};
+    std::vector<std::pair<std::string, std::string>> inputs = {{"the model file", path}};
+    for (const DataBlendEntry& e : data->entries)
+      for (const char* ext : {".bin", ".idx"}) inputs.push_back({"the dataset", e.prefix + ext});
     for (size_t i = 0; i < outputs.size(); ++i) {
       const auto& [flag, file] = outputs[i];
       if (Status s = cli::checkOutputFile("--" + flag, file); !s.ok()) return cli::fail("run", s.error());
@@ -597,8 +669,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
             << "\n"
             << (step->mesh().empty() ? "" : "  passes: " + pipeline + "\n") << "  batch: micro " << config.microBatch << " x accumulation " << *accum << " x dp " << config.dp << " = global "
             << config.globalBatch << " sequences of " << config.seqLength << " tokens\n"
-            << "  data: " << *dataPath << " (" << numDocs << " documents, " << splits->train.size() << " for training, "
-            << batches.windowsPerEpoch() << " windows per epoch)\n"
+            << describeData(*data, batches.windows())
             << "  lr " << config.lr << " -> " << config.minLr << " (" << config.decayStyle << ", warmup "
             << config.warmupIters << "), " << config.trainIters << " steps\n"
             << std::fixed << std::setprecision(1) << "  startup: step built in " << buildSeconds << "s, initial state in "

@@ -47,7 +47,9 @@ const FloatFlag kFloatFlags[] = {
 };
 const StringFlag kStringFlags[] = {
     {"lr-decay-style", &TrainConfig::decayStyle, "cosine | linear | constant"},
-    {"data-path", &TrainConfig::dataPath, "indexed dataset prefix (PREFIX.bin + PREFIX.idx)"},
+    {"data-path", &TrainConfig::dataPath,
+     "indexed dataset prefix (PREFIX.bin + PREFIX.idx), or a blend as in Megatron-LM: weight-prefix pairs "
+     "('0.3 web 0.7 books') or prefixes weighed by size ('web books')"},
     {"split", &TrainConfig::split, "train,valid,test weights over documents, e.g. 949,50,1"},
     {"recompute", &TrainConfig::recompute, "activation recomputation: none | selective | full"},
     {"precision", &TrainConfig::precision, "auto | fp32 | bf16 | fp16 (auto: bf16 on the GPU, fp32 on the CPU)"},
@@ -58,7 +60,10 @@ const StringFlag kStringFlags[] = {
 void declareTrainingFlags(Flags& flags) {
   for (const IntFlag& f : kIntFlags) flags.value(f.name, f.help);
   for (const FloatFlag& f : kFloatFlags) flags.value(f.name, f.help);
-  for (const StringFlag& f : kStringFlags) flags.value(f.name, f.help);
+  for (const StringFlag& f : kStringFlags) {
+    if (std::string(f.name) == "data-path") flags.words(f.name, f.help);
+    else flags.value(f.name, f.help);
+  }
   flags.value("seed", "random seed (initialization, data order, dropout)");
   flags.toggle("sp", "sequence parallelism (with --tp)");
   flags.toggle("use-distributed-optimizer", "ZeRO-1: shard the AdamW moments and the update over dp (with --dp)");

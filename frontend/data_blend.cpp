@@ -1,0 +1,135 @@
+// Dataset blends: parsing Megatron-LM's --data-path words and interleaving the datasets' windows.
+#include "frontend/data_blend.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+namespace tpc {
+
+namespace {
+
+std::vector<std::string> words(std::string_view s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+    size_t start = i;
+    while (i < s.size() && !std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+    if (i > start) out.emplace_back(s.substr(start, i - start));
+  }
+  return out;
+}
+
+// The word as a number, when all of it is one.
+bool isNumber(const std::string& w, double& value) {
+  char* end = nullptr;
+  value = std::strtod(w.c_str(), &end);
+  return !w.empty() && *end == '\0';
+}
+
+}  // namespace
+
+Result<std::vector<DataBlendEntry>> parseDataBlend(std::string_view spec) {
+  const std::vector<std::string> ws = words(spec);
+  if (ws.empty()) return makeError("--data-path: no dataset prefix given (expected PREFIX, or weight-prefix pairs such as "
+                                   "'0.3 web 0.7 books')");
+  double first = 0;
+  std::vector<DataBlendEntry> entries;
+  if (!isNumber(ws[0], first)) {  // prefixes alone
+    for (const std::string& w : ws) {
+      double ignored = 0;
+      if (isNumber(w, ignored))
+        return makeError("--data-path '", spec, "': '", w, "' is a number among prefixes; give a weight before every "
+                         "prefix (e.g. '0.3 web 0.7 books') or none");
+      entries.push_back({w, 0});
+    }
+    return entries;
+  }
+  if (ws.size() % 2 != 0)
+    return makeError("--data-path '", spec, "': weights and prefixes do not pair up (", ws.size(), " words); give "
+                     "'WEIGHT PREFIX' for every dataset, e.g. '0.3 web 0.7 books'");
+  for (size_t i = 0; i < ws.size(); i += 2) {
+    double w = 0, ignored = 0;
+    if (!isNumber(ws[i], w))
+      return makeError("--data-path '", spec, "': '", ws[i], "' should be the weight of '", ws[i + 1], "' (a positive "
+                       "number); give 'WEIGHT PREFIX' for every dataset");
+    if (!std::isfinite(w) || w <= 0)
+      return makeError("--data-path '", spec, "': the weight ", ws[i], " of '", ws[i + 1], "' is not a positive number "
+                       "(leave a dataset out rather than weigh it 0)");
+    if (isNumber(ws[i + 1], ignored))
+      return makeError("--data-path '", spec, "': '", ws[i + 1], "' stands where a prefix should; give 'WEIGHT PREFIX' "
+                       "for every dataset");
+    entries.push_back({ws[i + 1], w});
+  }
+  return entries;
+}
+
+BlendOrder::BlendOrder(std::vector<double> weights) : weights_(std::move(weights)), taken_(weights_.size(), 0) {
+  double sum = 0;
+  for (double w : weights_) sum += w;
+  for (double& w : weights_) w /= sum;
+}
+
+size_t BlendOrder::next() {
+  const double s = std::max(static_cast<double>(position_), 1.0);
+  size_t best = 0;
+  double bestError = weights_[0] * s - static_cast<double>(taken_[0]);
+  for (size_t i = 1; i < weights_.size(); ++i) {
+    double error = weights_[i] * s - static_cast<double>(taken_[i]);
+    if (error > bestError) {
+      bestError = error;
+      best = i;
+    }
+  }
+  ++taken_[best];
+  ++position_;
+  return best;
+}
+
+void BlendOrder::seek(uint64_t position) {
+  if (weights_.size() == 1) {  // the common case, without the replay
+    taken_[0] = position_ = position;
+    return;
+  }
+  std::fill(taken_.begin(), taken_.end(), 0);
+  position_ = 0;
+  while (position_ < position) next();
+}
+
+BlendedWindows::BlendedWindows(std::vector<Part> parts, uint32_t seqLen, uint64_t seed) {
+  if (parts.empty()) {
+    status_ = makeError("no dataset to read windows from");
+    return;
+  }
+  std::vector<double> weights;
+  for (Part& p : parts) {
+    weights.push_back(p.weight);
+    parts_.push_back(std::make_unique<Held>(std::move(p.data), p.docs, seqLen, seed));
+    if (Status s = parts_.back()->windows.status(); !s.ok() && status_.ok()) status_ = s;
+  }
+  if (!status_.ok()) return;
+  if (std::all_of(weights.begin(), weights.end(), [](double w) { return w <= 0; }))
+    for (size_t i = 0; i < parts_.size(); ++i) weights[i] = static_cast<double>(parts_[i]->windows.windowsPerEpoch());
+  order_ = std::make_unique<BlendOrder>(std::move(weights));
+}
+
+Status BlendedWindows::next(int32_t* out) {
+  if (!status_.ok()) return status_;
+  return parts_[order_->next()]->windows.next(out);
+}
+
+void BlendedWindows::seek(uint64_t position) {
+  if (!order_) return;
+  order_->seek(position);
+  for (size_t i = 0; i < parts_.size(); ++i) parts_[i]->windows.seek(order_->taken()[i]);
+}
+
+uint64_t BlendedWindows::windowsPerEpoch() const {
+  uint64_t n = 0;
+  for (const auto& p : parts_) n += p->windows.windowsPerEpoch();
+  return n;
+}
+
+}  // namespace tpc
