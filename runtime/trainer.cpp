@@ -206,6 +206,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     return progress;
   };
   const int64_t total = settings.trainIters - settings.firstIter + 1;
+  int64_t lastIter = settings.trainIters;  // earlier when stopAfter ends the run
   StepTimes times;
   // The last logged step's console line, JSONL record and metrics, written by flushLog().
   std::function<Status()> pendingLog;
@@ -293,8 +294,12 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     if (settings.publish) settings.publish({{"step", double(it)}, {"loss", loss}, {"lr", lr}, {"grad_norm", gradNorm}});
     if (settings.publish && scaler) settings.publish({{"loss_scale", scaler->scale()}});
     ++stepsSinceLog;
+    bool stop = false;
+    if (settings.stopAfter && it < settings.trainIters) {
+      TPC_ASSIGN(stop, settings.stopAfter(it));
+    }
     bool logNow = settings.logInterval > 0 && (it % settings.logInterval == 0 || it == settings.firstIter ||
-                                               it == settings.trainIters);
+                                               it == settings.trainIters || stop);
     if (logNow) {
       auto now = Clock::now();
       double elapsed = std::chrono::duration<double>(now - start).count();
@@ -354,7 +359,8 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         return {};
       };
     }
-    if (settings.evaluate && settings.evalInterval > 0 && (it % settings.evalInterval == 0 || it == settings.trainIters)) {
+    if (settings.evaluate && settings.evalInterval > 0 && !stop &&
+        (it % settings.evalInterval == 0 || it == settings.trainIters)) {
       TPC_TRY(flushLog());  // this step's line before its evaluation
       auto evalStart = Clock::now();
       TPC_ASSIGN(double valid, settings.evaluate());
@@ -382,9 +388,13 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       TPC_TRY(settings.afterStep(it, currentProgress(), it < settings.trainIters ? rows : 0));
       stepAsideMs += msSince(asideStart);
     }
+    if (stop) {
+      lastIter = it;
+      break;
+    }
   }
   TPC_TRY(flushLog());
-  if (total > 0) closeStep(settings.trainIters);
+  if (total > 0) closeStep(lastIter);
   if (!times.empty() && settings.console) console << times.line() << std::endl;
   if (report.losses.empty())
     return makeError("every one of the ", total, " steps had a non-finite loss or gradient norm and was skipped "
@@ -392,7 +402,9 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
   report.end = currentProgress();
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double trainSeconds = report.seconds - report.evalSeconds;
-  report.tokensPerSecond = trainSeconds > 0 ? static_cast<double>(total * tokensPerStep) / trainSeconds : 0;
+  const int64_t run = lastIter - settings.firstIter + 1;
+  report.tokensPerSecond = trainSeconds > 0 ? static_cast<double>(run * tokensPerStep) / trainSeconds : 0;
+  report.lastIteration = lastIter;
   emptyLog.finished = true;
   return report;
 }

@@ -66,6 +66,10 @@ struct TrainerSettings {
   // The iterations at which afterStep prints (a checkpoint's "saved checkpoint" line): the step's own line is
   // written before it there, not after the next step has started, so that the console reads in order.
   std::function<bool(int64_t iteration)> afterStepPrintsAt;
+  // Asked after each applied step before the last (tpc run --exit-interval, --exit-duration-in-mins,
+  // --exit-signal-handler): true ends the run after this step. The step is logged, and afterStep runs for it as for
+  // any other, so that a checkpoint can be written there; there is no evaluation at such a stop.
+  std::function<Result<bool>(int64_t iteration)> stopAfter;
   OnNonFinite onNonFinite = OnNonFinite::Stop;
   // Dynamic loss scaling (fp16), for a step graph with input %loss_scale: a non-finite step is an overflow,
   // skipped whatever onNonFinite says, and halves the scale; the run fails when it would go below the minimum.
@@ -80,6 +84,7 @@ struct TrainReport {
   double seconds = 0;
   double evalSeconds = 0;       // the part of `seconds` spent in evaluations
   double tokensPerSecond = 0;   // training tokens over the training's share of `seconds`
+  int64_t lastIteration = 0;    // the last step run: trainIters, or where stopAfter ended the run
 };
 
 // Runs settings.trainIters steps of `step` (a training-step graph from buildTrainingStep) on `backend`,

@@ -85,6 +85,24 @@ expect_error "-np 2 of an unsharded run" \
   "tpc run: error: mpirun started 2 processes for an unsharded run; add --tp, --dp or --sp so that their product is 2" \
   "${mpirun[@]}" -np 2 "$tpc" run "$model" "${common[@]}"
 
+# --exit-signal-handler: SIGTERM to one process of the job (rank 1's, the newest) ends the run on both after the
+# same step (the processes gather their reasons), with one checkpoint, exit 0; --exit-interval stops both at 2.
+timeout 180 "${mpirun[@]}" -np 2 "$tpc" run "$model" "${common[@]/6/100000}" --tp 2 --eval-interval 0 \
+  --exit-signal-handler --save "$work/sig" > "$work/sig.log" 2>&1 &
+job=$!
+for _ in $(seq 600); do grep -q "step      2/" "$work/sig.log" && break; sleep 0.1; done
+kill -TERM "$(pgrep -n -f "tpc run .*--save $work/sig")"
+wait $job
+rc=$?
+if [ $rc = 0 ] && grep -q "^stopped after step [0-9]* of 100000: " "$work/sig.log" && [ -s "$work/sig/latest_checkpointed_iteration.txt" ]; then
+  echo "ok: SIGTERM to one process of mpirun -np 2: $(grep '^stopped' "$work/sig.log")"
+else
+  echo "FAIL: SIGTERM to one process of mpirun -np 2: exit $rc: $(cat "$work/sig.log")"; failures=$((failures + 1))
+fi
+timeout 120 "${mpirun[@]}" -np 2 "$tpc" run "$model" "${common[@]}" --tp 2 --exit-interval 2 > "$work/exit.log" 2>&1 &&
+  grep -q "^stopped after step 2 of 6: --exit-interval 2" "$work/exit.log" && echo "ok: --exit-interval 2 under mpirun -np 2" ||
+  { echo "FAIL: --exit-interval under mpirun -np 2: $(cat "$work/exit.log")"; failures=$((failures + 1)); }
+
 # --backend cuda under mpirun where no process has a GPU (this check runs only on such machines): one error line,
 # a non-zero exit, no process left waiting for the others.
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then

@@ -48,6 +48,7 @@
 #include "runtime/trainer.h"
 #include "tools/cli.h"
 #include "tools/compile_pipeline.h"
+#include "tools/early_exit.h"
 #include "tools/output_paths.h"
 #include "tools/pipeline_flags.h"
 #include "tools/resume_settings.h"
@@ -305,6 +306,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       .toggle("quiet", "no per-step lines on the console (the summary is still printed; --log-jsonl keeps every logged step, the metrics every step)");
   cli::declareTrainingFlags(flags);
   cli::declarePipelineFlags(flags);
+  cli::EarlyExit::declareFlags(flags);
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
   if (auto blend = parseDataBlend(flags.get("data-path")); flags.positional().empty() && blend)
@@ -336,6 +338,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   };
   auto saveInterval = flagOrFile("save-interval", config.saveInterval, 0);
   if (!saveInterval) return cli::fail("run", saveInterval.error());
+  auto earlyExit = cli::EarlyExit::fromFlags(flags);
+  if (!earlyExit) return cli::fail("run", earlyExit.error());
   auto keep = flags.getInt("keep", 0, int64_t(1) << 40);
   if (!keep) return cli::fail("run", keep.error());
   auto evalInterval = flagOrFile("eval-interval", config.evalInterval, 0);
@@ -805,7 +809,26 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     }
     return {};
   };
-  auto savesAt = [&](int64_t it) { return it == config.trainIters || (*saveInterval > 0 && it % *saveInterval == 0); };
+  // Where --exit-interval, --exit-duration-in-mins or --exit-signal-handler end the run (every process stops after
+  // the same step: under mpirun the reasons are gathered, and any process's ends the run on all of them).
+  cli::ExitReason stopReason = cli::ExitReason::None;
+  int64_t stopIteration = 0;
+  if (earlyExit->any())
+    settings.stopAfter = [&](int64_t it) -> Result<bool> {
+      uint8_t reason = static_cast<uint8_t>(earlyExit->reasonAfter(it));
+      if (job) {
+        std::vector<uint8_t> all(static_cast<size_t>(job->world.size));
+        TPC_TRY(job->allGather()(&reason, 1, all.data()));
+        reason = *std::max_element(all.begin(), all.end());
+      }
+      stopReason = static_cast<cli::ExitReason>(reason);
+      stopIteration = it;
+      return stopReason != cli::ExitReason::None;
+    };
+  auto savesAt = [&](int64_t it) {
+    return it == config.trainIters || (*saveInterval > 0 && it % *saveInterval == 0) ||
+           (stopReason != cli::ExitReason::None && it == stopIteration);
+  };
   if (!saveDir.empty()) {
     settings.afterStep = [&](int64_t it, const OptimizerProgress& progress, int64_t rowsReadAhead) -> Status {
       return savesAt(it) ? saveAt(it, progress, rowsReadAhead) : Status{};
@@ -821,9 +844,15 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (job) job->training = true;
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
-  if (evaluator && !testBatches)
+  if (report->lastIteration < config.trainIters) {
+    // No test evaluation at an early stop (the run is not over): say where it stopped and how to go on.
+    std::printf("stopped after step %lld of %lld: %s; %s\n", static_cast<long long>(report->lastIteration),
+                static_cast<long long>(config.trainIters), earlyExit->describe(stopReason, stopIteration).c_str(),
+                saveDir.empty() ? "nothing saved (no --save)"
+                                : cat("checkpoint in ", saveDir, "; go on with the same command and --load ", saveDir).c_str());
+  } else if (evaluator && !testBatches)
     std::printf("no test evaluation: the test split of %s is empty\n", splitSetting.c_str());
-  if (evaluator && testBatches) {
+  if (evaluator && testBatches && report->lastIteration == config.trainIters) {
     auto test = evaluator->meanLoss(*backend, *testBatches, *evalIters);
     if (!test) return cli::fail("run", test.error());
     std::printf("test loss %.4f | test ppl %.3f (%lld batches of the test split)\n", *test, std::exp(*test),
