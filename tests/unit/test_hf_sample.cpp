@@ -357,6 +357,32 @@ TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped lo
   CHECK(bare.err == "tpc sample: error: unexpected argument 'The jury' (the text to continue goes in --prompt)\n");
 }
 
+TEST_CASE("sample: --top-p is checked, and a top-p below the argmax's probability samples greedily", "[sample][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  for (const char* bad : {"0", "-0.5", "1.5", "nan", "abc", "''"}) {
+    auto r = tpc("sample --load " + ck + " --top-p " + bad);
+    CHECK(r.exitCode == 1);
+    CHECK(r.err == "tpc sample: error: --top-p must be a number in (0, 1] (1: off), got '" +
+                       std::string(bad == std::string("''") ? "" : bad) + "'\n");
+    CHECK(r.out.empty());
+  }
+  auto help = tpc("sample --help");
+  CHECK(help.exitCode == 0);
+  CHECK((help.out + help.err).find("--top-p") != std::string::npos);
+  // Only the most likely token is left to draw from, whatever the seed: the greedy text.
+  std::string base = "sample --threads 2 --load " + ck + " --prompt 'The jury' --max-tokens 6 ";
+  auto greedy = tpc(base + "--temperature 0");
+  REQUIRE(greedy.exitCode == 0);
+  for (const char* seed : {"1", "2"}) {
+    auto nucleus = tpc(base + "--temperature 1 --top-p 1e-6 --seed " + seed);
+    CHECK(nucleus.exitCode == 0);
+    CHECK(nucleus.out == greedy.out);
+  }
+  // 1 is off: the same draws as no --top-p.
+  CHECK(tpc(base + "--seed 5 --top-p 1").out == tpc(base + "--seed 5").out);
+}
+
 TEST_CASE("sample: a prompt longer than the position table is cut to its end with a note", "[sample][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
