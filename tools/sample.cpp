@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <optional>
 #include <random>
 
 #include "frontend/model_file.h"
@@ -216,6 +217,10 @@ int runSample(std::vector<std::string> args) {
     return rows;
   };
 
+  // The prompt's logits are computed before sampling and written after it succeeds: a command that fails (on
+  // overflowing logits, say) leaves no file behind, and an earlier one at that path as it was.
+  std::optional<SafetensorsFile> dump;
+  int64_t dumpTokens = 0;
   if (flags.has("dump-logits")) {
     int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), window == "fixed" ? fixedLen : gpt.positions);
     auto logits = forward(len);
@@ -226,9 +231,15 @@ int runSample(std::vector<std::string> args) {
     HostTensor t(TensorType(DType::i32, {len}));
     std::copy(ids.end() - len, ids.end(), t.data<int32_t>());
     f.tensors = {{"logits", l}, {"tokens", t}};
-    if (Status s = writeSafetensors(flags.get("dump-logits"), f); !s.ok()) return cli::fail("sample", s.error());
-    std::cerr << "wrote the logits of " << len << " prompt tokens to " << flags.get("dump-logits") << "\n";
+    dump = std::move(f);
+    dumpTokens = len;
   }
+  auto finish = [&]() -> int {
+    if (!dump) return 0;
+    if (Status s = writeSafetensors(flags.get("dump-logits"), *dump); !s.ok()) return cli::fail("sample", s.error());
+    std::cerr << "wrote the logits of " << dumpTokens << " prompt tokens to " << flags.get("dump-logits") << "\n";
+    return 0;
+  };
 
   std::mt19937_64 rng(static_cast<uint64_t>(*seed));
   const SamplingOptions sampling{*temperature, *topK, *topP};
@@ -247,7 +258,7 @@ int runSample(std::vector<std::string> args) {
       std::cout << "\n" << std::flush;
       std::cerr << "stopped at the end-of-document token after " << i << " generated token" << (i == 1 ? "" : "s")
                 << " (--ignore-eod goes on past it)\n";
-      return 0;
+      return finish();
     }
     ids.push_back(next);
     std::string text;
@@ -256,7 +267,7 @@ int runSample(std::vector<std::string> args) {
     std::cout << text << std::flush;
   }
   std::cout << "\n";
-  return 0;
+  return finish();
 }
 
 cli::SubcommandRegistration reg("sample", "generate text from a checkpoint, streaming tokens", runSample);

@@ -458,6 +458,42 @@ TEST_CASE("sample: non-finite weights or logits stop sampling with one error, no
   }
 }
 
+TEST_CASE("sample: --dump-logits is written only when sampling succeeds", "[sample][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  const std::string st = ck + "/iter_0000002/model.safetensors";
+  auto original = readSafetensors(st);
+  REQUIRE(original.ok());
+  const std::string base = "sample --threads 2 --load " + ck + " --prompt 'The jury' --max-tokens 3 --dump-logits ";
+  auto good = tpc(base + (dir / "earlier.safetensors"));
+  REQUIRE(good.exitCode == 0);
+  const std::string earlier = test::readFile(dir / "earlier.safetensors");
+  REQUIRE(!earlier.empty());
+  // Overflowing logits (wte row 200 at the float maximum) fail the first generated token, after the prompt's
+  // logits were computed: no new file, and an earlier one at the path left as it was.
+  writeFilled(st, *original, {{"wte", 200 * 128, 128, 3e38f}});
+  auto fresh = tpc(base + (dir / "fresh.safetensors"));
+  CHECK(fresh.exitCode == 1);
+  CHECK(fresh.err.find("the model's forward overflowed") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "fresh.safetensors"));
+  auto over = tpc(base + (dir / "earlier.safetensors"));
+  CHECK(over.exitCode == 1);
+  CHECK(test::readFile(dir / "earlier.safetensors") == earlier);
+  // Stopping at a generated end-of-document token is a success: the file is written (ln_f's gain 0 and bias 1
+  // with wte row 256 at 10 make the end of document the argmax, as in the test below).
+  writeFilled(st, *original, {{"ln_f.weight", 0, 128, 0.f}, {"ln_f.bias", 0, 128, 1.f}, {"wte", 256 * 128, 128, 10.f}});
+  auto eod = tpc(base + (dir / "eod.safetensors") + " --temperature 0");
+  CHECK(eod.exitCode == 0);
+  CHECK(eod.err.find("stopped at the end-of-document token") == 0);
+  auto l = readSafetensors(dir / "eod.safetensors");
+  REQUIRE(l.ok());
+  CHECK(l->find("logits")->type().str() == "f32[8,257]");
+  // No temporary file beside them either.
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) files += e.is_regular_file();
+  CHECK(files == 2);
+}
+
 TEST_CASE("sample: a generated end-of-document token ends the text unless --ignore-eod", "[sample][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
