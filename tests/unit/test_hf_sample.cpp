@@ -177,6 +177,65 @@ TEST_CASE("hf: config.json fields are checked as config.json names them, and a w
   CHECK(tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb")).exitCode == 0);
 }
 
+namespace {
+// `json` (config.json as tpc exports it: one field a line) without the line of field `key`.
+std::string withoutField(std::string json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\":");
+  REQUIRE(at != std::string::npos);
+  const size_t start = json.rfind('\n', at) + 1;
+  json.erase(start, json.find('\n', at) + 1 - start);
+  return json;
+}
+}  // namespace
+
+TEST_CASE("hf: fields config.json lacks take transformers' GPT2Config defaults, said once", "[hf][cli]") {
+  test::TempDir dir;
+  // GPT2Config's default of 1024 positions, so that the weights fit the defaulted config.
+  REQUIRE(tpc("new gpt --preset tiny --positions 1024 -o " + (dir / "p.fb")).exitCode == 0);
+  REQUIRE(tpc("run " + (dir / "p.fb") + " --threads 2 --train-iters 1 --quiet --eval-interval 0 --save " + (dir / "ck"))
+              .exitCode == 0);
+  REQUIRE(tpc("export --hf " + (dir / "hf") + " " + (dir / "ck")).exitCode == 0);
+  const std::string good = test::readFile(dir / "hf/config.json");
+  std::string lacking = good;
+  for (const char* key : {"n_positions", "n_ctx", "layer_norm_epsilon", "activation_function"})
+    lacking = withoutField(lacking, key);
+  test::writeFile(dir / "hf/config.json", lacking);
+  auto r = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(r.exitCode == 0);
+  CHECK(r.err == dir / "hf/config.json" + ": note: took transformers' GPT2Config defaults for the fields it lacks: "
+                                          "n_positions=1024, layer_norm_epsilon=1e-05, activation_function=\"gelu_new\"\n");
+  const std::string model = test::readFile(dir / "x.json");
+  CHECK(model.find("\"positions\": 1024") != std::string::npos);
+  CHECK(model.find("\"layer_norm_eps\": 1e-05") != std::string::npos);
+  // A config.json with every field says nothing.
+  test::writeFile(dir / "hf/config.json", good);
+  auto full = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(full.exitCode == 0);
+  CHECK(full.err.empty());
+  // GPT2Config's other name for a field is read as that field, not passed over for the default.
+  std::string alias = withoutField(good, "n_embd");
+  alias.replace(alias.find("\"n_head\""), 8, "\"hidden_size\": 128, \"n_head\"");
+  test::writeFile(dir / "hf/config.json", alias);
+  auto aliased = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(aliased.exitCode == 0);
+  CHECK(aliased.err.empty());
+  alias.replace(alias.find("\"n_head\""), 8, "\"n_embd\": 256, \"n_head\"");
+  test::writeFile(dir / "hf/config.json", alias);
+  auto disagree = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(disagree.exitCode == 1);
+  CHECK(disagree.err == dir / "hf/config.json" + ": error: n_embd and hidden_size are two names of one field and "
+                                                 "disagree; keep one\n");
+  // A default the weights do not fit (768, not 128) is refused by the weights' shapes, after the note that says why.
+  test::writeFile(dir / "hf/config.json", withoutField(good, "n_embd"));
+  std::filesystem::remove(dir / "x.json");
+  auto wrong = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(wrong.exitCode == 1);
+  CHECK(wrong.err.rfind(dir / "hf/config.json" + ": note: took transformers' GPT2Config defaults for the fields it "
+                                                 "lacks: n_embd=768\n", 0) == 0);
+  CHECK(wrong.err.find("config.json implies f32[") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "x.json"));
+}
+
 TEST_CASE("hf: import refuses weights that config.json's model has no place for", "[hf][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
