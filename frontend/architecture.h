@@ -31,8 +31,8 @@ struct GptConfig {
 inline constexpr int64_t kMaxGptLayers = 4096, kMaxGptHidden = 1 << 20, kMaxGptHeads = 1 << 16,
                          kMaxGptVocab = int64_t(1) << 30, kMaxGptPositions = 1 << 24;
 
-// Checks the hyperparameters against each other and against the batch shape; errors name the
-// model-file field ("arch.heads=5 must divide arch.hidden=128").
+// Checks the hyperparameters against each other and against the batch shape; errors name each field through
+// `name`, by default the model file's ("arch.heads=5 must divide arch.hidden=128"; a CLI: the flag given).
 Status validateGpt(const GptConfig& gpt, const TrainConfig& config, const ConfigFieldName& name = modelFileFieldName);
 
 }  // namespace tpc

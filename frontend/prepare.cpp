@@ -115,6 +115,32 @@ std::string jsonReason(const std::string& what) {
   return s;
 }
 
+// Python's json.loads, which Megatron-LM's preprocess_data.py reads JSONL with, takes NaN, Infinity and -Infinity
+// as numbers; nlohmann does not. `line` with each of them outside a string written as 0 padded with spaces to its
+// length (the columns of a later parse error stay right); "" when it has none. -NaN is left for the parser to
+// refuse, as Python does.
+std::string withNonFiniteAsZero(std::string_view line) {
+  std::string out;
+  bool inString = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (inString) {
+      if (c == '\\') ++i;
+      else if (c == '"') inString = false;
+      continue;
+    }
+    if (c == '"') inString = true;
+    const std::string_view rest = line.substr(i);
+    const bool minus = i > 0 && line[i - 1] == '-';
+    const size_t n = rest.starts_with("Infinity") ? 8 : rest.starts_with("NaN") && !minus ? 3 : 0;
+    if (n == 0) continue;
+    if (out.empty()) out = line;
+    out.replace(i, n, "0" + std::string(n - 1, ' '));
+    i += n - 1;
+  }
+  return out;
+}
+
 const char* jsonTypeName(const nlohmann::json& j) {
   return j.type_name();
 }
@@ -142,7 +168,14 @@ void tokenizeBatch(Batch& b, InputFormat format, const PrepareOptions& opts, con
     if (format == InputFormat::Jsonl) {
       nlohmann::json j;
       try {
-        j = nlohmann::json::parse(line);
+        try {
+          j = nlohmann::json::parse(line);
+        } catch (const nlohmann::json::exception&) {
+          // Tried only when the line fails as JSON proper, so that well-formed lines are scanned once.
+          const std::string python = withNonFiniteAsZero(line);
+          if (python.empty()) throw;
+          j = nlohmann::json::parse(python);
+        }
       } catch (const nlohmann::json::exception& e) {
         std::string reason = jsonReason(e.what());
         // '[' or '{' alone on a line: a pretty-printed file or one JSON array, not one object a line.

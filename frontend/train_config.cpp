@@ -42,7 +42,9 @@ Status checkSplit(const std::string& s, const std::string& field) {
 
 }  // namespace
 
-std::string modelFileFieldName(const std::string& field) { return "config." + field; }
+std::string modelFileFieldName(const std::string& field) {
+  return field.rfind("arch.", 0) == 0 ? field : "config." + field;
+}
 
 Status validateTrainConfig(const TrainConfig& c, const ConfigFieldName& name) {
   auto positive = [&](const char* f, int64_t v) -> Status {

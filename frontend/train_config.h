@@ -41,9 +41,10 @@ struct TrainConfig {
 };
 
 // How a validation error names a field of the config: the model file's `config.micro_batch_size` by default;
-// the CLI names the flag that set it instead (`--micro-batch-size`, cli::validateTrainingFlags).
+// the CLI names the flag that set it instead (`--micro-batch-size`, cli::validateTrainingFlags). `field` is a
+// TrainConfig field ("micro_batch_size") or, from validateGpt, an arch one with its block ("arch.heads").
 using ConfigFieldName = std::function<std::string(const std::string& field)>;
-std::string modelFileFieldName(const std::string& field);  // "config." + field
+std::string modelFileFieldName(const std::string& field);  // "config." + field; "arch.*" as it is
 
 // Checks every field; errors name each field through `name` (`config.micro_batch_size must be > 0, got 0`).
 Status validateTrainConfig(const TrainConfig& c, const ConfigFieldName& name = modelFileFieldName);

@@ -61,7 +61,7 @@ std::string hfConfigJson(const GptConfig& g, const std::string& tokenizer) {
   return os.str();
 }
 
-Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text) {
+Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text, std::vector<std::string>* defaulted) {
   auto v = parseJsonText(text);
   if (!v.ok()) return makeError(path, ": error: ", v.error());
   const llvm::json::Object* o = v->getAsObject();
@@ -85,8 +85,21 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
   if (auto tie = o->getBoolean("tie_word_embeddings"); tie && !*tie)
     return makeError(path, ": error: tie_word_embeddings is false; tpc's GPT ties the LM head to wte");
   GptConfig g;
-  // `max`: validateGpt's bound for the field. A number past int64 reads as a double (or a clamped integer).
-  auto need = [&](const char* key, int64_t& field, int64_t max) -> Status {
+  std::vector<std::string> defaults;
+  // The fields every GPT2Config has, with its defaults where config.json lacks them (a hand-written or trimmed
+  // config.json; save_pretrained writes them all). GPT2Config's attribute_map reads an alias (hidden_size) for
+  // the field (n_embd); both given and different is refused rather than one picked.
+  auto need = [&](const char* key, const char* alias, int64_t def, int64_t& field, int64_t max) -> Status {
+    const llvm::json::Value* a = alias ? o->get(alias) : nullptr;
+    if (a && !o->get(key)) key = alias;
+    else if (a && *a != *o->get(key))
+      return makeError(path, ": error: ", key, " and ", alias, " are two names of one field and disagree; keep one");
+    if (!o->get(key)) {
+      field = def;
+      defaults.push_back(cat(key, "=", def));
+      return {};
+    }
+    // `max`: validateGpt's bound for the field. A number past int64 reads as a double (or a clamped integer).
     auto x = o->getInteger(key);
     auto d = o->getNumber(key);
     if (x ? *x > max : d && *d > double(max) && std::floor(*d) == *d)
@@ -95,11 +108,11 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
     field = *x;
     return {};
   };
-  TPC_TRY(need("n_layer", g.layers, kMaxGptLayers));
-  TPC_TRY(need("n_embd", g.hidden, kMaxGptHidden));
-  TPC_TRY(need("n_head", g.heads, kMaxGptHeads));
-  TPC_TRY(need("vocab_size", g.vocab, kMaxGptVocab));
-  TPC_TRY(need("n_positions", g.positions, kMaxGptPositions));
+  TPC_TRY(need("n_layer", "num_hidden_layers", 12, g.layers, kMaxGptLayers));
+  TPC_TRY(need("n_embd", "hidden_size", 768, g.hidden, kMaxGptHidden));
+  TPC_TRY(need("n_head", "num_attention_heads", 12, g.heads, kMaxGptHeads));
+  TPC_TRY(need("vocab_size", nullptr, 50257, g.vocab, kMaxGptVocab));
+  TPC_TRY(need("n_positions", "max_position_embeddings", 1024, g.positions, kMaxGptPositions));
   if (g.hidden % g.heads != 0)
     return makeError(path, ": error: n_head=", g.heads, " must divide n_embd=", g.hidden);
   if (const llvm::json::Value* inner = o->get("n_inner"); inner && inner->kind() != llvm::json::Value::Null)
@@ -115,7 +128,10 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
   auto number = [&](const char* key, double def, double& field, bool (*ok)(double), const char* range) -> Status {
     const llvm::json::Value* x = o->get(key);
     field = def;
-    if (!x || x->kind() == llvm::json::Value::Null) return {};
+    if (!x || x->kind() == llvm::json::Value::Null) {
+      defaults.push_back(cat(key, "=", formatFloat(def)));
+      return {};
+    }
     if (!x->getAsNumber()) return makeError(path, ": error: ", key, " is not a number");
     field = *x->getAsNumber();
     if (!ok(field)) return makeError(path, ": error: ", key, " must be ", range, ", got ", formatFloat(field));
@@ -128,6 +144,11 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
   TPC_TRY(number("initializer_range", 0.02, g.initStd, nonNegative, ">= 0"));
   TPC_TRY(number("resid_pdrop", 0.1, g.hiddenDropout, probability, "in [0, 1)"));
   TPC_TRY(number("attn_pdrop", 0.1, g.attentionDropout, probability, "in [0, 1)"));
+  // The defaults of the fields whose other values tpc refuses (above): named too, as the model rests on them.
+  for (auto [key, def] : {std::pair{"activation_function", "\"gelu_new\""}, std::pair{"tie_word_embeddings", "true"},
+                          std::pair{"scale_attn_weights", "true"}, std::pair{"n_inner", "null (4 x n_embd)"}})
+    if (!o->get(key)) defaults.push_back(cat(key, "=", def));
+  if (defaulted) *defaulted = std::move(defaults);
   return g;
 }
 
@@ -185,7 +206,8 @@ Result<HfGpt2> readHfGpt2(const std::string& dir) {
   if (!f) return makeError(cfgPath, ": error: cannot open (is ", dir, " a Hugging Face model directory?)");
   std::stringstream ss;
   ss << f.rdbuf();
-  TPC_ASSIGN(GptConfig gpt, parseHfConfig(cfgPath, ss.str()));
+  HfGpt2 out;
+  TPC_ASSIGN(out.gpt, parseHfConfig(cfgPath, ss.str(), &out.defaults));
   const std::string stPath = dir + "/model.safetensors";
   if (!fs::exists(stPath) && fs::exists(stPath + ".index.json"))
     return makeError(stPath, ": error: missing; the weights are sharded (", stPath, ".index.json): tpc reads one file, so "
@@ -194,8 +216,6 @@ Result<HfGpt2> readHfGpt2(const std::string& dir) {
     return makeError(stPath, ": error: missing (tpc reads safetensors weights; convert pytorch_model.bin with "
                              "transformers' save_pretrained(safe_serialization=True))");
   TPC_ASSIGN(SafetensorsFile file, readSafetensors(stPath));
-  HfGpt2 out;
-  out.gpt = gpt;
   for (auto& [hf, t] : file.tensors) {
     std::string n = tpcNameOfHf(hf);
     if (n.empty()) continue;

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "frontend/architecture.h"
 #include "ir/status.h"
@@ -21,8 +22,11 @@ std::string tpcNameOfHf(const std::string& hfName);
 
 // `tokenizer`: the model's tokenizer_type, whose end-of-document id is bos_token_id and eos_token_id.
 std::string hfConfigJson(const GptConfig& gpt, const std::string& tokenizer);
-// Parses DIR/config.json (`path` for messages): a GPT-2 or an error naming the field.
-Result<GptConfig> parseHfConfig(const std::string& path, const std::string& json);
+// Parses DIR/config.json (`path` for messages): a GPT-2 or an error naming the field. A field it lacks takes
+// transformers' GPT2Config default (n_positions 1024, n_embd 768, ...); `defaulted`, when given, gets
+// "field=default" for each of those.
+Result<GptConfig> parseHfConfig(const std::string& path, const std::string& json,
+                                std::vector<std::string>* defaulted = nullptr);
 
 // The directory writeHfGpt2 would write for `path` (trailing slashes dropped), or an error when it cannot:
 // empty, '.', or an existing file or folder that is not a Hugging Face model directory.
@@ -36,6 +40,7 @@ struct HfGpt2 {
   GptConfig gpt;
   std::map<std::string, HostTensor> tensors;   // by tpc name, as f32
   std::map<std::string, std::string> hfNames;  // tpc name -> the tensor's name in model.safetensors, for messages
+  std::vector<std::string> defaults;           // "field=default" for each field config.json lacks
 };
 // Reads a Hugging Face GPT-2 directory: its config and every tensor (all but the buffers and the tied head).
 Result<HfGpt2> readHfGpt2(const std::string& dir);

@@ -52,6 +52,12 @@ int runImport(std::vector<std::string> args) {
                                    out, " go there: remove it or name another -o"));
   auto hf = readHfGpt2(flags.get("hf"));
   if (!hf) return cli::fail("import", hf.error());
+  if (!hf->defaults.empty()) {
+    std::string list;
+    for (const std::string& d : hf->defaults) list += (list.empty() ? "" : ", ") + d;
+    std::cerr << flags.get("hf") << "/config.json: note: took transformers' GPT2Config defaults for the fields it lacks: "
+              << list << "\n";
+  }
   const GptConfig& gpt = hf->gpt;
   const std::map<std::string, HostTensor>& tensors = hf->tensors;
   TrainConfig config;

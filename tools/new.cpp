@@ -82,8 +82,18 @@ int runNew(std::vector<std::string> args) {
   }
   if (flags.has("data-path")) config.dataPath = flags.get("data-path");
 
-  // Errors name the flag given (--lr), not the field of the model file it would have written (config.lr).
-  if (Status s = cli::validateTrainingFlags(flags, config, &gpt); !s.ok()) return cli::fail("new", s.error());
+  // Errors name the flag given (--lr, --seq, --heads), not the field of the model file it would have written
+  // (config.lr, config.seq_length, arch.heads).
+  const cli::RenamedFlags renamed{{"seq_length", "seq"},
+                                  {"arch.layers", "layers"},
+                                  {"arch.hidden", "hidden"},
+                                  {"arch.heads", "heads"},
+                                  {"arch.vocab", "vocab"},
+                                  {"arch.padded_vocab", "padded-vocab"},
+                                  {"arch.positions", "positions"},
+                                  {"arch.hidden_dropout", "hidden-dropout"},
+                                  {"arch.attention_dropout", "attention-dropout"}};
+  if (Status s = cli::validateTrainingFlags(flags, config, &gpt, renamed); !s.ok()) return cli::fail("new", s.error());
   auto model = buildGpt(gpt, config);
   if (!model) return cli::fail("new", model.error());
   if (Status s = saveModelFile(*model, flags.get("o")); !s.ok()) return cli::fail("new", s.error());

@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <optional>
 #include <random>
 
 #include "frontend/model_file.h"
 #include "frontend/tokenizer.h"
 #include "models/gpt.h"
+#include "models/sampling.h"
 #include "passes/builtin_passes.h"
 #include "runtime/backend_select.h"
 #include "runtime/checkpoint.h"
@@ -49,19 +51,24 @@ Result<std::unique_ptr<Graph>> logitsGraph(const GptConfig& gpt, const TrainConf
 
 int runSample(std::vector<std::string> args) {
   cli::Flags flags("sample",
-                   "tpc sample --load CHECKPOINT [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--seed S]\n\n"
+                   "tpc sample --load CHECKPOINT [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+                   "           [--seed S]\n\n"
                    "Generates text from a checkpoint (a --save directory or one of its iter_N directories) with the\n"
                    "model's tokenizer, printing tokens as they come. The model sees at most its position table's\n"
                    "length (n_positions) of context: past it, each new token is predicted from the last n_positions\n"
                    "tokens (a sliding window), and a longer prompt is cut to its end, with a note on stderr.\n"
                    "--dump-logits FILE writes the prompt's logits [tokens, vocab] and its ids [tokens] as safetensors\n"
                    "(tensors 'logits' and 'tokens'), for comparison with another implementation. Sampling stops at\n"
-                   "--max-tokens or at a generated end-of-document token (<|endoftext|>), whichever comes first.");
+                   "--max-tokens or at a generated end-of-document token (<|endoftext|>), whichever comes first.\n"
+                   "The next token is drawn as Hugging Face's generate draws it: logits / --temperature, then the\n"
+                   "--top-k most likely, then of those the fewest most likely whose probability reaches --top-p.");
   flags.value("load", "the checkpoint to sample from")
       .value("prompt", "the text to continue (empty: start from the end-of-document token)", "")
       .value("max-tokens", "tokens to generate", "64")
       .value("temperature", "softmax temperature; 0: greedy (always the most likely token)", "1.0")
       .value("top-k", "sample among the K most likely tokens only; 0: all", "0")
+      .value("top-p", "nucleus sampling: among the fewest most likely tokens whose probability reaches P, "
+                      "in (0, 1]; 1: all", "1.0")
       .value("seed", "random seed of the sampler", "1234")
       .value("threads", "CPU threads (0: all cores)", "0")
       .value("backend", "auto | cpu | cuda (auto: the GPU when there is one)", "auto")
@@ -84,6 +91,9 @@ int runSample(std::vector<std::string> args) {
     if (!s.ok()) return cli::fail("sample", s.error());
   if (!(*temperature >= 0) || !std::isfinite(*temperature))
     return cli::fail("sample", "--temperature must be a finite number >= 0 (0: greedy), got " + flags.get("temperature"));
+  auto topP = flags.getDouble("top-p");
+  if (!topP || !(*topP > 0 && *topP <= 1))  // NaN fails both comparisons
+    return cli::fail("sample", "--top-p must be a number in (0, 1] (1: off), got '" + flags.get("top-p") + "'");
   const std::string window = flags.get("window");
   if (window != "fixed" && window != "grow")
     return cli::fail("sample", "--window=" + window + " is not a window mode (expected fixed or grow)");
@@ -207,6 +217,10 @@ int runSample(std::vector<std::string> args) {
     return rows;
   };
 
+  // The prompt's logits are computed before sampling and written after it succeeds: a command that fails (on
+  // overflowing logits, say) leaves no file behind, and an earlier one at that path as it was.
+  std::optional<SafetensorsFile> dump;
+  int64_t dumpTokens = 0;
   if (flags.has("dump-logits")) {
     int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), window == "fixed" ? fixedLen : gpt.positions);
     auto logits = forward(len);
@@ -217,11 +231,18 @@ int runSample(std::vector<std::string> args) {
     HostTensor t(TensorType(DType::i32, {len}));
     std::copy(ids.end() - len, ids.end(), t.data<int32_t>());
     f.tensors = {{"logits", l}, {"tokens", t}};
-    if (Status s = writeSafetensors(flags.get("dump-logits"), f); !s.ok()) return cli::fail("sample", s.error());
-    std::cerr << "wrote the logits of " << len << " prompt tokens to " << flags.get("dump-logits") << "\n";
+    dump = std::move(f);
+    dumpTokens = len;
   }
+  auto finish = [&]() -> int {
+    if (!dump) return 0;
+    if (Status s = writeSafetensors(flags.get("dump-logits"), *dump); !s.ok()) return cli::fail("sample", s.error());
+    std::cerr << "wrote the logits of " << dumpTokens << " prompt tokens to " << flags.get("dump-logits") << "\n";
+    return 0;
+  };
 
   std::mt19937_64 rng(static_cast<uint64_t>(*seed));
+  const SamplingOptions sampling{*temperature, *topK, *topP};
   std::cout << flags.get("prompt") << std::flush;
   for (int64_t i = 0; i < *maxTokens; ++i) {
     int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), window == "fixed" ? fixedLen : gpt.positions);
@@ -232,29 +253,12 @@ int runSample(std::vector<std::string> args) {
         bad != last + choices)
       return cli::fail("sample", cat("the logit of token ", bad - last, " is ", *bad, " (at generated token ", i + 1,
                                      "): the model's forward overflowed; its output would be meaningless"));
-    std::vector<int32_t> order(choices);
-    for (int32_t k = 0; k < choices; ++k) order[k] = k;
-    int32_t next;
-    if (*temperature == 0) {
-      next = static_cast<int32_t>(std::max_element(last, last + choices) - last);
-    } else {
-      int64_t k = *topK > 0 ? std::min<int64_t>(*topK, choices) : choices;
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int32_t a, int32_t b) { return last[a] > last[b]; });
-      std::vector<double> p(k);
-      double mx = last[order[0]], sum = 0;
-      if (k == choices) mx = *std::max_element(last, last + choices);
-      for (int64_t j = 0; j < k; ++j) sum += p[j] = std::exp((last[order[j]] - mx) / *temperature);
-      double u = std::uniform_real_distribution<double>(0, sum)(rng);
-      int64_t j = 0;
-      while (j + 1 < k && u >= p[j]) u -= p[j++];
-      next = order[j];
-    }
+    const int32_t next = sampleToken(std::span<const float>(last, choices), sampling, rng);
     if (next == (*tokenizer)->eod() && !flags.on("ignore-eod")) {
       std::cout << "\n" << std::flush;
       std::cerr << "stopped at the end-of-document token after " << i << " generated token" << (i == 1 ? "" : "s")
                 << " (--ignore-eod goes on past it)\n";
-      return 0;
+      return finish();
     }
     ids.push_back(next);
     std::string text;
@@ -263,7 +267,7 @@ int runSample(std::vector<std::string> args) {
     std::cout << text << std::flush;
   }
   std::cout << "\n";
-  return 0;
+  return finish();
 }
 
 cli::SubcommandRegistration reg("sample", "generate text from a checkpoint, streaming tokens", runSample);

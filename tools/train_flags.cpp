@@ -112,8 +112,10 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
   return {};
 }
 
-ConfigFieldName flagOrFieldName(const Flags& flags) {
-  return [&flags](const std::string& field) {
+ConfigFieldName flagOrFieldName(const Flags& flags, const RenamedFlags& renamed) {
+  return [&flags, renamed](const std::string& field) {
+    if (auto it = renamed.find(field); it != renamed.end())
+      return flags.has(it->second) ? "--" + it->second : modelFileFieldName(field);
     std::string flag = field == "tensor_model_parallel_size" ? "tp" : field == "data_parallel_size" ? "dp" : field;
     std::replace(flag.begin(), flag.end(), '_', '-');
     bool declared = false;
@@ -135,8 +137,9 @@ void warnIneffectiveFlags(const std::string& command, const Flags& flags, const 
               << "state over the dp ranks); add --dp N\n";
 }
 
-Status validateTrainingFlags(const Flags& flags, const TrainConfig& config, const GptConfig* gpt) {
-  const ConfigFieldName name = flagOrFieldName(flags);
+Status validateTrainingFlags(const Flags& flags, const TrainConfig& config, const GptConfig* gpt,
+                             const RenamedFlags& renamed) {
+  const ConfigFieldName name = flagOrFieldName(flags, renamed);
   TPC_TRY(validateTrainConfig(config, name));
   if (gpt) TPC_TRY(validateGpt(*gpt, config, name));
   return {};

@@ -2,6 +2,9 @@
 // as overrides of a model file's TrainConfig.
 #pragma once
 
+#include <map>
+#include <string>
+
 #include "frontend/architecture.h"
 #include "frontend/train_config.h"
 #include "tools/cli.h"
@@ -15,12 +18,15 @@ void declareTrainingFlags(Flags& flags);
 // Applies the flags that were given; an unparsable or out-of-range value is an error naming the flag.
 Status applyTrainingFlags(const Flags& flags, TrainConfig& config);
 // Names a config field as the user set it: the flag where one was given (`--seq-length`), else the model
-// file's field (`config.seq_length`).
-ConfigFieldName flagOrFieldName(const Flags& flags);
+// file's field (`config.seq_length`). `renamed`: a command's own flag for a field, where it has one of another
+// name than the training flag's or one for an arch field (tpc new: {"seq_length", "seq"}, {"arch.heads", "heads"}).
+using RenamedFlags = std::map<std::string, std::string>;
+ConfigFieldName flagOrFieldName(const Flags& flags, const RenamedFlags& renamed = {});
 // One warning line on stderr for each flag given that does nothing in this config: --sp with tp 1,
 // --use-distributed-optimizer with dp 1 (accepted, as Megatron-LM does, so that one command line serves a sweep).
 void warnIneffectiveFlags(const std::string& command, const Flags& flags, const TrainConfig& config);
 // validateTrainConfig, and validateGpt where the model has an arch block, with errors naming the flags given.
-Status validateTrainingFlags(const Flags& flags, const TrainConfig& config, const GptConfig* gpt);
+Status validateTrainingFlags(const Flags& flags, const TrainConfig& config, const GptConfig* gpt,
+                             const RenamedFlags& renamed = {});
 
 }  // namespace tpc::cli

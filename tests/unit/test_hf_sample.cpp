@@ -177,6 +177,65 @@ TEST_CASE("hf: config.json fields are checked as config.json names them, and a w
   CHECK(tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb")).exitCode == 0);
 }
 
+namespace {
+// `json` (config.json as tpc exports it: one field a line) without the line of field `key`.
+std::string withoutField(std::string json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\":");
+  REQUIRE(at != std::string::npos);
+  const size_t start = json.rfind('\n', at) + 1;
+  json.erase(start, json.find('\n', at) + 1 - start);
+  return json;
+}
+}  // namespace
+
+TEST_CASE("hf: fields config.json lacks take transformers' GPT2Config defaults, said once", "[hf][cli]") {
+  test::TempDir dir;
+  // GPT2Config's default of 1024 positions, so that the weights fit the defaulted config.
+  REQUIRE(tpc("new gpt --preset tiny --positions 1024 -o " + (dir / "p.fb")).exitCode == 0);
+  REQUIRE(tpc("run " + (dir / "p.fb") + " --threads 2 --train-iters 1 --quiet --eval-interval 0 --save " + (dir / "ck"))
+              .exitCode == 0);
+  REQUIRE(tpc("export --hf " + (dir / "hf") + " " + (dir / "ck")).exitCode == 0);
+  const std::string good = test::readFile(dir / "hf/config.json");
+  std::string lacking = good;
+  for (const char* key : {"n_positions", "n_ctx", "layer_norm_epsilon", "activation_function"})
+    lacking = withoutField(lacking, key);
+  test::writeFile(dir / "hf/config.json", lacking);
+  auto r = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(r.exitCode == 0);
+  CHECK(r.err == dir / "hf/config.json" + ": note: took transformers' GPT2Config defaults for the fields it lacks: "
+                                          "n_positions=1024, layer_norm_epsilon=1e-05, activation_function=\"gelu_new\"\n");
+  const std::string model = test::readFile(dir / "x.json");
+  CHECK(model.find("\"positions\": 1024") != std::string::npos);
+  CHECK(model.find("\"layer_norm_eps\": 1e-05") != std::string::npos);
+  // A config.json with every field says nothing.
+  test::writeFile(dir / "hf/config.json", good);
+  auto full = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(full.exitCode == 0);
+  CHECK(full.err.empty());
+  // GPT2Config's other name for a field is read as that field, not passed over for the default.
+  std::string alias = withoutField(good, "n_embd");
+  alias.replace(alias.find("\"n_head\""), 8, "\"hidden_size\": 128, \"n_head\"");
+  test::writeFile(dir / "hf/config.json", alias);
+  auto aliased = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(aliased.exitCode == 0);
+  CHECK(aliased.err.empty());
+  alias.replace(alias.find("\"n_head\""), 8, "\"n_embd\": 256, \"n_head\"");
+  test::writeFile(dir / "hf/config.json", alias);
+  auto disagree = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(disagree.exitCode == 1);
+  CHECK(disagree.err == dir / "hf/config.json" + ": error: n_embd and hidden_size are two names of one field and "
+                                                 "disagree; keep one\n");
+  // A default the weights do not fit (768, not 128) is refused by the weights' shapes, after the note that says why.
+  test::writeFile(dir / "hf/config.json", withoutField(good, "n_embd"));
+  std::filesystem::remove(dir / "x.json");
+  auto wrong = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(wrong.exitCode == 1);
+  CHECK(wrong.err.rfind(dir / "hf/config.json" + ": note: took transformers' GPT2Config defaults for the fields it "
+                                                 "lacks: n_embd=768\n", 0) == 0);
+  CHECK(wrong.err.find("config.json implies f32[") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "x.json"));
+}
+
 TEST_CASE("hf: import refuses weights that config.json's model has no place for", "[hf][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
@@ -357,6 +416,32 @@ TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped lo
   CHECK(bare.err == "tpc sample: error: unexpected argument 'The jury' (the text to continue goes in --prompt)\n");
 }
 
+TEST_CASE("sample: --top-p is checked, and a top-p below the argmax's probability samples greedily", "[sample][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  for (const char* bad : {"0", "-0.5", "1.5", "nan", "abc", "''"}) {
+    auto r = tpc("sample --load " + ck + " --top-p " + bad);
+    CHECK(r.exitCode == 1);
+    CHECK(r.err == "tpc sample: error: --top-p must be a number in (0, 1] (1: off), got '" +
+                       std::string(bad == std::string("''") ? "" : bad) + "'\n");
+    CHECK(r.out.empty());
+  }
+  auto help = tpc("sample --help");
+  CHECK(help.exitCode == 0);
+  CHECK((help.out + help.err).find("--top-p") != std::string::npos);
+  // Only the most likely token is left to draw from, whatever the seed: the greedy text.
+  std::string base = "sample --threads 2 --load " + ck + " --prompt 'The jury' --max-tokens 6 ";
+  auto greedy = tpc(base + "--temperature 0");
+  REQUIRE(greedy.exitCode == 0);
+  for (const char* seed : {"1", "2"}) {
+    auto nucleus = tpc(base + "--temperature 1 --top-p 1e-6 --seed " + seed);
+    CHECK(nucleus.exitCode == 0);
+    CHECK(nucleus.out == greedy.out);
+  }
+  // 1 is off: the same draws as no --top-p.
+  CHECK(tpc(base + "--seed 5 --top-p 1").out == tpc(base + "--seed 5").out);
+}
+
 TEST_CASE("sample: a prompt longer than the position table is cut to its end with a note", "[sample][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
@@ -430,6 +515,42 @@ TEST_CASE("sample: non-finite weights or logits stop sampling with one error, no
     CHECK(inf.err.rfind("tpc sample: error: the logit of token 200 is ", 0) == 0);
     CHECK(inf.err.find("(at generated token 1): the model's forward overflowed") != std::string::npos);
   }
+}
+
+TEST_CASE("sample: --dump-logits is written only when sampling succeeds", "[sample][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  const std::string st = ck + "/iter_0000002/model.safetensors";
+  auto original = readSafetensors(st);
+  REQUIRE(original.ok());
+  const std::string base = "sample --threads 2 --load " + ck + " --prompt 'The jury' --max-tokens 3 --dump-logits ";
+  auto good = tpc(base + (dir / "earlier.safetensors"));
+  REQUIRE(good.exitCode == 0);
+  const std::string earlier = test::readFile(dir / "earlier.safetensors");
+  REQUIRE(!earlier.empty());
+  // Overflowing logits (wte row 200 at the float maximum) fail the first generated token, after the prompt's
+  // logits were computed: no new file, and an earlier one at the path left as it was.
+  writeFilled(st, *original, {{"wte", 200 * 128, 128, 3e38f}});
+  auto fresh = tpc(base + (dir / "fresh.safetensors"));
+  CHECK(fresh.exitCode == 1);
+  CHECK(fresh.err.find("the model's forward overflowed") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "fresh.safetensors"));
+  auto over = tpc(base + (dir / "earlier.safetensors"));
+  CHECK(over.exitCode == 1);
+  CHECK(test::readFile(dir / "earlier.safetensors") == earlier);
+  // Stopping at a generated end-of-document token is a success: the file is written (ln_f's gain 0 and bias 1
+  // with wte row 256 at 10 make the end of document the argmax, as in the test below).
+  writeFilled(st, *original, {{"ln_f.weight", 0, 128, 0.f}, {"ln_f.bias", 0, 128, 1.f}, {"wte", 256 * 128, 128, 10.f}});
+  auto eod = tpc(base + (dir / "eod.safetensors") + " --temperature 0");
+  CHECK(eod.exitCode == 0);
+  CHECK(eod.err.find("stopped at the end-of-document token") == 0);
+  auto l = readSafetensors(dir / "eod.safetensors");
+  REQUIRE(l.ok());
+  CHECK(l->find("logits")->type().str() == "f32[8,257]");
+  // No temporary file beside them either.
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) files += e.is_regular_file();
+  CHECK(files == 2);
 }
 
 TEST_CASE("sample: a generated end-of-document token ends the text unless --ignore-eod", "[sample][cli]") {

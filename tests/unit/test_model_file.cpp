@@ -254,7 +254,7 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
 
   auto bad = test::runCommand(tpc + " new gpt --preset tiny --heads 5 -o " + dir + "/cli_bad.fb");
   CHECK(bad.exitCode == 1);
-  CHECK(bad.err == "tpc new: error: arch.heads=5 must divide arch.hidden=128\n");
+  CHECK(bad.err == "tpc new: error: --heads=5 must divide arch.hidden=128\n");
   CHECK(test::readFile(dir + "/cli_bad.fb").empty());
   auto badPreset = test::runCommand(tpc + " new gpt --preset huge -o " + dir + "/cli_bad.fb");
   CHECK(badPreset.exitCode == 1);
@@ -274,7 +274,17 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
            {"--lr -1", "tpc new: error: --lr must be >= 0.0, got -1.0\n"},
            {"--micro-batch-size 3 --global-batch-size 8",
             "tpc new: error: --global-batch-size=8 must be a multiple of --micro-batch-size=3 (a step is whole micro "
-            "batches on every data-parallel rank), e.g. 6 or 9\n"}}) {
+            "batches on every data-parallel rank), e.g. 6 or 9\n"},
+           // tpc new's own flags, named as given; a field from the preset keeps the model file's name.
+           {"--seq 100", "tpc new: error: --seq=100 is longer than the position table arch.positions=64\n"},
+           {"--positions 32", "tpc new: error: config.seq_length=64 is longer than the position table --positions=32\n"},
+           {"--seq 100 --positions 50", "tpc new: error: --seq=100 is longer than the position table --positions=50\n"},
+           {"--hidden 100 --heads 8", "tpc new: error: --heads=8 must divide --hidden=100\n"},
+           {"--layers 5000", "tpc new: error: --layers=5000 is larger than the supported 4096\n"},
+           {"--padded-vocab 200", "tpc new: error: --padded-vocab=200 must be >= arch.vocab=257\n"},
+           {"--vocab 300 --padded-vocab 299", "tpc new: error: --padded-vocab=299 must be >= --vocab=300\n"},
+           {"--hidden-dropout 1", "tpc new: error: --hidden-dropout must be in [0, 1), got 1.0\n"},
+           {"--attention-dropout -0.5", "tpc new: error: --attention-dropout must be in [0, 1), got -0.5\n"}}) {
     auto r = test::runCommand(tpc + " new gpt " + args + " -o " + dir + "/cli_bad.fb");
     CHECK(r.exitCode == 1);
     CHECK(r.err == expected);

@@ -103,6 +103,37 @@ TEST_CASE("tpc prepare reads JSONL with a chosen key", "[prepare][cli]") {
   CHECK(tokensOf(ds->document(1)) == std::vector<int32_t>{0xC3, 0xA9});
 }
 
+TEST_CASE("tpc prepare reads NaN, Infinity and -Infinity in JSONL values, as Python's json.loads does", "[prepare][cli]") {
+  // Megatron-LM's preprocess_data.py reads each line with json.loads, which takes them as floats; the text key's
+  // value must still be a string, and the words inside strings are text.
+  test::TempDir dir;
+  test::writeFile(dir / "in.jsonl",
+                  "{\"text\": \"NaN Infinity\", \"score\": NaN, \"range\": [-Infinity, Infinity]}\n"
+                  "{\"meta\": {\"p\": -Infinity, \"q\": \"\\\"NaN\"}, \"text\": \"b\"}\n");
+  const std::string out = dir / "o";
+  auto r = prepare("--input " + (dir / "in.jsonl") + " --tokenizer byte --output-prefix " + out);
+  INFO(r.err);
+  REQUIRE(r.exitCode == 0);
+  auto ds = IndexedDataset::open(out);
+  REQUIRE(ds.ok());
+  REQUIRE(ds->numDocuments() == 2);
+  CHECK(tokensOf(ds->document(0)) == std::vector<int32_t>{'N', 'a', 'N', ' ', 'I', 'n', 'f', 'i', 'n', 'i', 't', 'y'});
+  CHECK(tokensOf(ds->document(1)) == std::vector<int32_t>{'b'});
+
+  fs::remove(out + ".bin");
+  fs::remove(out + ".idx");
+  test::writeFile(dir / "nan.jsonl", "{\"text\": \"a\"}\n{\"text\": NaN}\n");
+  expectFailure(prepare("--input " + (dir / "nan.jsonl") + " --tokenizer byte --output-prefix " + out), out,
+                {dir / "nan.jsonl:2: \"text\" is a number, not a string"});
+  // What json.loads refuses stays refused: -NaN, and spellings of its own.
+  for (const char* bad : {"{\"text\": \"a\", \"x\": -NaN}\n", "{\"text\": \"a\", \"x\": nan}\n",
+                          "{\"text\": \"a\", \"x\": inf}\n"}) {
+    test::writeFile(dir / "bad.jsonl", bad);
+    expectFailure(prepare("--input " + (dir / "bad.jsonl") + " --tokenizer byte --output-prefix " + out), out,
+                  {dir / "bad.jsonl:1: not valid JSON"});
+  }
+}
+
 TEST_CASE("tpc prepare output does not depend on the number of workers", "[prepare][cli]") {
   test::TempDir dir;
   // About 3 MB: several 512 KB batches, lines of varied length, one line longer than a batch.
