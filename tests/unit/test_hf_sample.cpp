@@ -369,6 +369,42 @@ TEST_CASE("hf: a re-export replaces config.json and model.safetensors together o
   CHECK(namesIn(dir / "hf") == std::set<std::string>{"config.json", "config.json.tmp", "model.safetensors"});
 }
 
+TEST_CASE("hf: a re-import replaces the model file and its weights together or not at all", "[hf][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  REQUIRE(tpc("export --hf " + (dir / "hf") + " " + ck).exitCode == 0);
+  // The model file and the copy of it in its weights are one pair; a re-import with another --lr changes both.
+  REQUIRE(tpc("import --hf " + (dir / "hf") + " -o " + (dir / "m.fb")).exitCode == 0);
+  const std::string firstModel = test::readFile(dir / "m.fb");
+  REQUIRE(test::readFile(dir / "m.fb.weights/iter_0000000/model.fb") == firstModel);
+  auto weightsOnly = [&] {
+    CHECK(namesIn(dir / "m.fb.weights") == std::set<std::string>{"iter_0000000", "latest_checkpointed_iteration.txt"});
+    CHECK(namesIn(dir / "m.fb.weights/iter_0000000") ==
+          std::set<std::string>{"model.fb", "model.safetensors", "state.json"});
+  };
+  // A folder in the way of a model file written through m.fb.tmp: an import that replaced the weights first, then
+  // failed there, left the new weights beside the old model file.
+  std::filesystem::create_directories(dir / "m.fb.tmp/x");
+  auto i = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "m.fb") + " --lr 0.0005");
+  const std::string model = test::readFile(dir / "m.fb");
+  CHECK(model == test::readFile(dir / "m.fb.weights/iter_0000000/model.fb"));
+  CHECK(i.exitCode == 0);
+  CHECK(model != firstModel);
+  weightsOnly();
+
+  // Ctrl-C right after the weights' latest file is in place (a test hook raises SIGINT there): the import ends of
+  // it once the model file is in place too.
+  i = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "m.fb") + " --lr 0.0007",
+          "TPC_TEST_SIGINT_AFTER_RENAME=latest_checkpointed_iteration.txt ");
+  CHECK(i.exitCode == 128 + SIGINT);
+  CHECK(test::readFile(dir / "m.fb") == test::readFile(dir / "m.fb.weights/iter_0000000/model.fb"));
+  CHECK(test::readFile(dir / "m.fb") != model);
+  weightsOnly();
+  // The imported pair loads and fine-tunes.
+  CHECK(tpc("run " + (dir / "m.fb") + " --threads 2 --train-iters 1 --quiet --finetune --load " + (dir / "m.fb.weights"))
+            .exitCode == 0);
+}
+
 TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped logits", "[sample][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
