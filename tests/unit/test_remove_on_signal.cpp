@@ -245,6 +245,7 @@ TEST_CASE("FileCommit: a signal between two renames ends the process after the l
       FileCommit commit;
       if (!commit.write(dir / "a", "new a").ok() || !commit.write(dir / "b", "new b").ok()) ::_exit(2);
       Status s = commit.commit();
+      ::usleep(500000);  // (a signal still on its way to the other thread, on a loaded machine, lands here)
       ::_exit(s.ok() ? 0 : 3);  // reached only if the signal was lost
     }
     CHECK(waitFor(pid) == 1000 + SIGHUP);
