@@ -1,4 +1,4 @@
-// Indexed dataset writer: tokens streamed to PREFIX.bin.tmp, the index written at the end, both renamed.
+// Indexed dataset writer: tokens streamed to a temporary .bin, the index written at the end, both committed as one.
 #include "frontend/dataset_writer.h"
 
 #include <cerrno>
@@ -49,22 +49,17 @@ Result<DatasetWriter> DatasetWriter::create(const std::string& prefix, TokenDTyp
     return makeError("cannot write tokens as ", tokenDTypeName(uint8_t(dtype)));
   DatasetWriter w;
   w.prefix_ = prefix;
-  w.binTmp_ = prefix + ".bin.tmp";
-  w.idxTmp_ = prefix + ".idx.tmp";
   w.dtype_ = dtype;
-  w.binGuard_ = RemoveOnSignal(w.binTmp_);
-  w.idxGuard_ = RemoveOnSignal(w.idxTmp_);
+  w.binTmp_ = w.output_.stage(prefix + ".bin");
   w.bin_ = std::fopen(w.binTmp_.c_str(), "wb");
-  if (!w.bin_) return makeError("cannot create ", w.binTmp_, ": ", std::strerror(errno));
+  if (!w.bin_) return makeError("cannot create ", prefix, ".bin (its temporary ", w.binTmp_, "): ", std::strerror(errno));
   return w;
 }
 
 DatasetWriter::DatasetWriter(DatasetWriter&& o) noexcept
     : prefix_(std::move(o.prefix_)),
       binTmp_(std::move(o.binTmp_)),
-      idxTmp_(std::move(o.idxTmp_)),
-      binGuard_(std::move(o.binGuard_)),
-      idxGuard_(std::move(o.idxGuard_)),
+      output_(std::move(o.output_)),
       bin_(std::exchange(o.bin_, nullptr)),
       dtype_(o.dtype_),
       lengths_(std::move(o.lengths_)),
@@ -79,8 +74,7 @@ DatasetWriter::~DatasetWriter() {
 void DatasetWriter::discard() {
   if (bin_) std::fclose(bin_);
   bin_ = nullptr;
-  if (!binTmp_.empty()) std::remove(binTmp_.c_str());
-  if (!idxTmp_.empty()) std::remove(idxTmp_.c_str());
+  output_.discard();
   finished_ = true;
 }
 
@@ -103,7 +97,7 @@ Status DatasetWriter::addDocument(std::span<const int32_t> tokens) {
     p += item;
   }
   if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), bin_) != buffer_.size())
-    return makeError("cannot write ", binTmp_, ": ", std::strerror(errno));
+    return makeError("cannot write ", prefix_, ".bin: ", std::strerror(errno));
   lengths_.push_back(static_cast<int32_t>(tokens.size()));
   numTokens_ += tokens.size();
   return Status::success();
@@ -113,31 +107,17 @@ Status DatasetWriter::finish() {
   if (finished_ || !bin_) return makeError("internal: ", prefix_, " was already finished");
   std::FILE* bin = std::exchange(bin_, nullptr);
   if (std::fflush(bin) != 0 || std::fclose(bin) != 0) {
-    Error e = makeError("cannot write ", binTmp_, ": ", std::strerror(errno));
+    Error e = makeError("cannot write ", prefix_, ".bin: ", std::strerror(errno));
     discard();
     return e;
   }
-  std::string index = indexBytes(dtype_, lengths_);
-  std::FILE* idx = std::fopen(idxTmp_.c_str(), "wb");
-  bool ok = idx && std::fwrite(index.data(), 1, index.size(), idx) == index.size();
-  ok = idx && (std::fclose(idx) == 0) && ok;
-  if (!ok) {
-    Error e = makeError("cannot write ", idxTmp_, ": ", std::strerror(errno));
+  const std::string index = indexBytes(dtype_, lengths_);
+  Status s = output_.write(prefix_ + ".idx", index);
+  // .bin first (it was staged first): a reader that finds the new .idx also finds the .bin it describes.
+  if (s.ok()) s = output_.commit();
+  if (!s.ok()) {
     discard();
-    return e;
-  }
-  // .bin first: a reader that finds the new .idx also finds the .bin it describes.
-  const std::string binPath = prefix_ + ".bin", idxPath = prefix_ + ".idx";
-  if (std::rename(binTmp_.c_str(), binPath.c_str()) != 0) {
-    Error e = makeError("cannot rename ", binTmp_, " to ", binPath, ": ", std::strerror(errno));
-    discard();
-    return e;
-  }
-  if (std::rename(idxTmp_.c_str(), idxPath.c_str()) != 0) {
-    Error e = makeError("cannot rename ", idxTmp_, " to ", idxPath, ": ", std::strerror(errno));
-    std::remove(binPath.c_str());  // a .bin without its index would pair with a stale .idx
-    discard();
-    return e;
+    return s;
   }
   finished_ = true;
   return Status::success();

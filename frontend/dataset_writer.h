@@ -1,6 +1,8 @@
 // Writes a Megatron indexed dataset (see indexed_dataset.h) one document at a time, each document one
-// sequence. Output goes to PREFIX.bin.tmp / PREFIX.idx.tmp and is renamed into place by finish(); a writer
-// destroyed before finish() removes its temporary files, so a failed run leaves nothing behind.
+// sequence. Tokens stream to a temporary file of this writer's own (see FileCommit); finish() writes the index
+// beside it and moves both into place as one, so a failed or interrupted run, or another run writing the same
+// PREFIX at the same time, never leaves a .bin paired with another run's .idx. A writer destroyed before finish()
+// removes its temporary files, so a failed run leaves nothing behind.
 #pragma once
 
 #include <cstdint>
@@ -38,8 +40,8 @@ class DatasetWriter {
   DatasetWriter() = default;
   void discard();
 
-  std::string prefix_, binTmp_, idxTmp_;
-  RemoveOnSignal binGuard_, idxGuard_;  // Ctrl-C mid-write leaves no .tmp file either
+  std::string prefix_, binTmp_;
+  FileCommit output_;  // PREFIX.bin (streamed to binTmp_) and PREFIX.idx; Ctrl-C mid-write leaves no temporary either
   std::FILE* bin_ = nullptr;
   TokenDType dtype_ = TokenDType::UInt16;
   std::vector<int32_t> lengths_;

@@ -25,7 +25,8 @@ struct PrepareStats {
 
 // Tokenizes opts.input with tokenizer and writes the dataset. Input must be UTF-8. Blank lines and
 // documents with empty text are skipped. On any error (naming the file and line) nothing is written:
-// the output goes to PREFIX.{bin,idx}.tmp and is renamed only when everything succeeded.
+// the output goes to temporary files of this run's own and PREFIX.bin and PREFIX.idx are replaced together only when
+// everything succeeded (see FileCommit in ir/file_io.h).
 Result<PrepareStats> prepareDataset(const PrepareOptions& opts, const Tokenizer& tokenizer);
 
 }  // namespace tpc

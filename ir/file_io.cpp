@@ -1,16 +1,25 @@
 // Atomic file output.
 #include "ir/file_io.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <set>
 
 namespace tpc {
 
@@ -31,7 +40,37 @@ constexpr int kGuardSlots = 16;
 GuardSlot gGuards[kGuardSlots];
 static_assert(std::atomic<unsigned>::is_always_lock_free);
 
+// How many FileCommits are renaming now, and a signal that came meanwhile on a thread that did not block it: it ends
+// the process when the last commit is done, not between two renames.
+std::atomic<int> gCommitsRunning{0};
+std::atomic<int> gDeferredSignal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+// unlink, or for a folder (a staged checkpoint) its files and then the folder: only system calls, as a signal handler
+// may make (getdents64 rather than readdir, which allocates).
+void removeFileOrFlatFolder(const char* path) {
+  if (::unlink(path) == 0 || (errno != EISDIR && errno != EPERM)) return;
+  int fd = ::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  alignas(8) char buf[4096];
+  for (long n; (n = ::syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0;)
+    for (long at = 0; at < n;) {
+      // struct linux_dirent64: u64 ino, s64 off, u16 reclen, u8 type, char name[]
+      unsigned short reclen;
+      std::memcpy(&reclen, buf + at + 16, sizeof reclen);
+      const char* name = buf + at + 19;
+      if (std::strcmp(name, ".") != 0 && std::strcmp(name, "..") != 0) ::unlinkat(fd, name, 0);
+      at += reclen;
+    }
+  ::close(fd);
+  ::rmdir(path);
+}
+
 void removeGuardedFiles(int sig) {
+  if (gCommitsRunning.load() > 0) {
+    gDeferredSignal.store(sig);
+    return;
+  }
   for (GuardSlot& g : gGuards)
     for (int tries = 0; tries < 8; ++tries) {  // a slot re-filled during the copy holds a file too: copy it again
       const unsigned before = g.word.load(std::memory_order_acquire);
@@ -43,7 +82,7 @@ void removeGuardedFiles(int sig) {
       path[n] = '\0';
       std::atomic_thread_fence(std::memory_order_acquire);
       if (g.word.load(std::memory_order_relaxed) == before) {
-        ::unlink(path);
+        removeFileOrFlatFolder(path);
         break;
       }
     }
@@ -102,23 +141,214 @@ Status writeFileAtomically(const std::string& path, std::string_view contents) {
 }
 
 Status writeFileAtomically(const std::string& path, const std::vector<std::string_view>& pieces) {
-  std::string tmp = path + ".tmp";
-  RemoveOnSignal guard(tmp);
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return makeError(path, ": error: cannot write: ", std::strerror(errno));
-    for (std::string_view piece : pieces) f.write(piece.data(), static_cast<std::streamsize>(piece.size()));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return makeError(path, ": error: write failed: ", std::strerror(errno));
+  FileCommit commit;
+  TPC_TRY(commit.write(path, pieces));
+  return commit.commit();
+}
+
+namespace {
+
+FileCommit::StepHook gStepHook = nullptr;
+bool gMoveAside = false;
+
+// Holds SIGINT, SIGTERM and SIGHUP off while it lives: blocked on this thread, deferred by removeGuardedFiles on
+// any other. Its end delivers one that came meanwhile.
+class SignalsHeld {
+ public:
+  SignalsHeld() {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+    ::pthread_sigmask(SIG_BLOCK, &set, &old_);
+    ++gCommitsRunning;
+  }
+  SignalsHeld(const SignalsHeld&) = delete;
+  SignalsHeld& operator=(const SignalsHeld&) = delete;
+  ~SignalsHeld() {
+    const bool last = --gCommitsRunning == 0;
+    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);  // one pending on this thread is handled here
+    if (int sig = last ? gDeferredSignal.exchange(0) : 0) removeGuardedFiles(sig);
+  }
+
+ private:
+  sigset_t old_;
+};
+
+// An exclusive flock on each folder, taken in one order (by name) so that two commits never wait on each other.
+// Best effort: a file system without flock (some network ones) commits unlocked.
+class FolderLocks {
+ public:
+  explicit FolderLocks(const std::set<std::string>& folders) {
+    for (const std::string& f : folders) {
+      int fd = ::open(f.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (fd < 0) continue;
+      while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+      }
+      fds_.push_back(fd);
     }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  FolderLocks(const FolderLocks&) = delete;
+  FolderLocks& operator=(const FolderLocks&) = delete;
+  ~FolderLocks() {
+    for (int fd : fds_) ::close(fd);  // closing releases the lock
+  }
+
+ private:
+  std::vector<int> fds_;
+};
+
+std::string folderOf(const std::string& path) {
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
+// What is at `path`: 0 nothing, 1 a file (or a link, which rename replaces as a file), 2 a folder.
+int kindAt(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return 0;
+  return S_ISDIR(st.st_mode) ? 2 : 1;
+}
+
+void removeAll(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+}  // namespace
+
+FileCommit& FileCommit::operator=(FileCommit&& o) noexcept {
+  if (this != &o) {
+    discard();
+    entries_ = std::exchange(o.entries_, {});
+  }
+  return *this;
+}
+
+void FileCommit::setStepHookForTesting(StepHook hook) { gStepHook = hook; }
+void FileCommit::setMoveAsideForTesting(bool on) { gMoveAside = on; }
+
+std::string FileCommit::stage(const std::string& path) {
+  static std::atomic<unsigned long> counter{0};
+  Entry e;
+  e.path = path;
+  e.tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  e.guard = RemoveOnSignal(e.tmp);
+  entries_.push_back(std::move(e));
+  return entries_.back().tmp;
+}
+
+Status FileCommit::write(const std::string& path, std::string_view contents) {
+  return write(path, std::vector<std::string_view>{contents});
+}
+
+Status FileCommit::write(const std::string& path, const std::vector<std::string_view>& pieces) {
+  const std::string tmp = stage(path);
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+  if (!f) {
+    Error e = makeError(path, ": error: cannot write: ", std::strerror(errno));
+    entries_.pop_back();
+    return e;
+  }
+  for (std::string_view piece : pieces) f.write(piece.data(), static_cast<std::streamsize>(piece.size()));
+  f.flush();
+  if (!f) {
+    Error e = makeError(path, ": error: write failed: ", std::strerror(errno));
+    f.close();
     std::remove(tmp.c_str());
-    return makeError(path, ": error: cannot rename into place: ", std::strerror(errno));
+    entries_.pop_back();
+    return e;
   }
   return {};
+}
+
+void FileCommit::discard() {
+  for (Entry& e : entries_) removeAll(e.tmp);
+  entries_.clear();  // the guards go with them
+}
+
+Status FileCommit::commit() {
+  // A folder where a file goes (or the reverse) is refused before anything moves: a rename would fail midway, and an
+  // exchange would succeed and put the user's folder where the old copy is removed.
+  for (const Entry& e : entries_) {
+    const int now = kindAt(e.path), next = kindAt(e.tmp);
+    if (next == 0) {
+      Error err = makeError(e.path, ": error: cannot move into place: its temporary ", e.tmp, " is missing");
+      discard();
+      return err;
+    }
+    if (now != 0 && now != next) {
+      Error err = makeError(e.path, now == 2 ? ": error: is a folder where a file is written; remove it or name another"
+                                            : ": error: is a file where a folder is written; remove it or name another");
+      discard();
+      return err;
+    }
+  }
+  std::set<std::string> folders;
+  for (const Entry& e : entries_) folders.insert(folderOf(e.path));
+  FolderLocks locks(folders);
+  // Where each entry's old copy went, for putting it back or removing it.
+  enum Moved { NotYet, Fresh, Exchanged, Aside };
+  std::vector<Moved> moved(entries_.size(), NotYet);
+  std::vector<std::string> aside(entries_.size());
+  Status failed;
+  // Tests of the tools, which run in a process of their own: TPC_TEST_SIGINT_AFTER_RENAME=NAME raises SIGINT right
+  // after a file named NAME is moved into place, as a Ctrl-C there would.
+  const char* interruptAfter = std::getenv("TPC_TEST_SIGINT_AFTER_RENAME");
+  {
+    SignalsHeld held;
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      const Entry& e = entries_[i];
+      if (gStepHook) gStepHook(i);
+      // The old copy swaps places with the new one in one step, so `path` never goes missing; where the file system
+      // cannot exchange, it is moved aside first.
+      const bool replacing = kindAt(e.path) != 0;
+      if (!replacing) {
+        if (std::rename(e.tmp.c_str(), e.path.c_str()) == 0) moved[i] = Fresh;
+      } else if (!gMoveAside && ::renameat2(AT_FDCWD, e.tmp.c_str(), AT_FDCWD, e.path.c_str(), RENAME_EXCHANGE) == 0) {
+        moved[i] = Exchanged;
+      } else if (gMoveAside || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
+        aside[i] = e.tmp + ".old";
+        if (std::rename(e.path.c_str(), aside[i].c_str()) == 0) {
+          if (std::rename(e.tmp.c_str(), e.path.c_str()) == 0) {
+            moved[i] = Aside;
+          } else {
+            const int err = errno;
+            std::rename(aside[i].c_str(), e.path.c_str());
+            errno = err;
+          }
+        }
+      }
+      if (moved[i] != NotYet) {
+        if (interruptAfter && std::filesystem::path(e.path).filename() == interruptAfter) ::raise(SIGINT);
+        continue;
+      }
+      const int err = errno;
+      failed = makeError(e.path, ": error: cannot move into place: ", std::strerror(err));
+      break;
+    }
+    if (!failed.ok()) {
+      // Put back, newest first, what the renames before the failed one replaced.
+      for (size_t i = entries_.size(); i-- > 0;) {
+        const Entry& e = entries_[i];
+        if (moved[i] == Exchanged) {
+          ::renameat2(AT_FDCWD, e.tmp.c_str(), AT_FDCWD, e.path.c_str(), RENAME_EXCHANGE);
+        } else if (moved[i] == Fresh) {
+          std::rename(e.path.c_str(), e.tmp.c_str());
+        } else if (moved[i] == Aside) {
+          std::rename(e.path.c_str(), e.tmp.c_str());
+          std::rename(aside[i].c_str(), e.path.c_str());
+        }
+      }
+    }
+    // The old copies (now at the temporary names) and the temporaries of a failed commit, removed before the
+    // guards go and a held signal may end the process.
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      removeAll(entries_[i].tmp);
+      if (moved[i] == Aside && failed.ok()) removeAll(aside[i]);  // (put back when it failed)
+    }
+    entries_.clear();
+  }
+  return failed;
 }
 
 std::filesystem::path firstMissingFolder(const std::filesystem::path& path) {

@@ -137,6 +137,33 @@ std::vector<std::pair<int64_t, fs::path>> checkpointsIn(const fs::path& dir) {
   return out;
 }
 
+// The files of a checkpoint (tensors, extra files, state.json last: it marks the folder complete) into `folder`.
+Status writeCheckpointFolder(const std::string& folder, const CheckpointState& state,
+                             const std::vector<CheckpointTensor>& tensors,
+                             const std::function<Result<HostTensor>(const std::string&)>& read,
+                             const std::map<std::string, std::string>& extraFiles) {
+  SafetensorsFile file;
+  for (const CheckpointTensor& t : tensors) {
+    TPC_ASSIGN(HostTensor v, read(t.name));
+    // The layout holds all of v or its leading rows (a vocabulary without the padding rows).
+    HostTensor laid(TensorType(v.dtype(), t.shape));
+    if (laid.bytes() > v.bytes() || (laid.bytes() < v.bytes() && !leadingRowsOf(t.shape, v.shape())))
+      return makeError("checkpoint: tensor ", t.name, " is ", v.type().str(), ", which the layout ",
+                       laid.type().str(), " does not hold");
+    std::copy(v.raw(), v.raw() + laid.bytes(), laid.raw());
+    file.tensors.push_back({t.name, std::move(laid)});
+  }
+  file.metadata["format"] = "tpc-checkpoint-1";
+  file.metadata["iteration"] = std::to_string(state.iteration);
+  TPC_TRY(writeSafetensors((fs::path(folder) / "model.safetensors").string(), file));
+  for (const auto& [name, bytes] : extraFiles) TPC_TRY(writeFileAtomically((fs::path(folder) / name).string(), bytes));
+  // A test hook: die like a SIGKILL between the tensors and the state (the state marks completeness).
+  if (const char* crash = std::getenv("TPC_TEST_KILL_DURING_SAVE"); crash && std::stoll(crash) == state.iteration)
+    std::_Exit(137);
+  TPC_TRY(writeFileAtomically((fs::path(folder) / "state.json").string(), stateJson(state)));
+  return {};
+}
+
 }  // namespace
 
 Status saveCheckpoint(const std::string& dir, const CheckpointState& state, const std::vector<CheckpointTensor>& tensors,
@@ -157,25 +184,7 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
   if (ec) return makeError(tmp.string(), ": error: cannot create: ", ec.message());
   // A save that fails (a full disk, a tensor that does not fit its layout) leaves nothing behind.
   RemoveOnError cleanup(tmp);
-  SafetensorsFile file;
-  for (const CheckpointTensor& t : tensors) {
-    TPC_ASSIGN(HostTensor v, read(t.name));
-    // The layout holds all of v or its leading rows (a vocabulary without the padding rows).
-    HostTensor laid(TensorType(v.dtype(), t.shape));
-    if (laid.bytes() > v.bytes() || (laid.bytes() < v.bytes() && !leadingRowsOf(t.shape, v.shape())))
-      return makeError("checkpoint: tensor ", t.name, " is ", v.type().str(), ", which the layout ",
-                       laid.type().str(), " does not hold");
-    std::copy(v.raw(), v.raw() + laid.bytes(), laid.raw());
-    file.tensors.push_back({t.name, std::move(laid)});
-  }
-  file.metadata["format"] = "tpc-checkpoint-1";
-  file.metadata["iteration"] = std::to_string(state.iteration);
-  TPC_TRY(writeSafetensors((tmp / "model.safetensors").string(), file));
-  for (const auto& [name, bytes] : extraFiles) TPC_TRY(writeFileAtomically((tmp / name).string(), bytes));
-  // A test hook: die like a SIGKILL between the tensors and the state (the state marks completeness).
-  if (const char* crash = std::getenv("TPC_TEST_KILL_DURING_SAVE"); crash && std::stoll(crash) == state.iteration)
-    std::_Exit(137);
-  TPC_TRY(writeFileAtomically((tmp / "state.json").string(), stateJson(state)));
+  TPC_TRY(writeCheckpointFolder(tmp.string(), state, tensors, read, extraFiles));
   fs::remove_all(final, ec);
   fs::rename(tmp, final, ec);
   cleanup.keep();  // from here on tmp may be the only complete copy
@@ -196,6 +205,19 @@ Status saveCheckpoint(const std::string& dir, const CheckpointState& state, cons
     for (size_t i = static_cast<size_t>(keep - 1); i < others.size(); ++i) fs::remove_all(others[i].second, ec);
   }
   return {};
+}
+
+Status stageCheckpoint(FileCommit& commit, const std::string& dir, const CheckpointState& state,
+                       const std::vector<CheckpointTensor>& tensors,
+                       const std::function<Result<HostTensor>(const std::string&)>& read,
+                       const std::map<std::string, std::string>& extraFiles) {
+  // DIR/iter_N.tmp.PID.K: not an iter_N name, so no reader takes it for a checkpoint while it is written.
+  const std::string folder = commit.stage((fs::path(dir) / iterName(state.iteration)).string());
+  std::error_code ec;
+  fs::create_directory(folder, ec);
+  if (ec) return makeError(folder, ": error: cannot create: ", ec.message());
+  TPC_TRY(writeCheckpointFolder(folder, state, tensors, read, extraFiles));
+  return commit.write((fs::path(dir) / kLatest).string(), std::to_string(state.iteration) + "\n");
 }
 
 std::string checkpointHeldIn(const std::string& dir) {

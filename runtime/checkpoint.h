@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "ir/file_io.h"
 #include "ir/status.h"
 #include "runtime/safetensors.h"
 
@@ -44,6 +45,14 @@ struct CheckpointTensor {
 Status saveCheckpoint(const std::string& dir, const CheckpointState& state, const std::vector<CheckpointTensor>& tensors,
                       const std::function<Result<HostTensor>(const std::string&)>& read, int64_t keep,
                       const std::map<std::string, std::string>& extraFiles = {});
+
+// The same checkpoint (without pruning) written to temporaries of `commit` in the existing folder DIR: DIR/iter_N
+// and DIR's latest file replace the old ones together with the commit's other files (an imported model file), so
+// that a failure between them leaves the old pair.
+Status stageCheckpoint(FileCommit& commit, const std::string& dir, const CheckpointState& state,
+                       const std::vector<CheckpointTensor>& tensors,
+                       const std::function<Result<HostTensor>(const std::string&)>& read,
+                       const std::map<std::string, std::string>& extraFiles);
 
 struct LoadedCheckpoint {
   std::string path;  // DIR/iter_N

@@ -89,10 +89,16 @@ Result<std::string> serializeSafetensors(const SafetensorsFile& file) {
 }
 
 Status writeSafetensors(const std::string& path, const SafetensorsFile& file) {
+  FileCommit commit;
+  TPC_TRY(writeSafetensors(commit, path, file));
+  return commit.commit();
+}
+
+Status writeSafetensors(FileCommit& commit, const std::string& path, const SafetensorsFile& file) {
   TPC_ASSIGN(std::string header, safetensorsHeader(file));
   std::vector<std::string_view> pieces{header};
   for (const auto& [name, t] : file.tensors) pieces.push_back(bytesOf(t));
-  return writeFileAtomically(path, pieces);
+  return commit.write(path, pieces);
 }
 
 namespace {

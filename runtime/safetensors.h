@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "ir/file_io.h"
 #include "ir/status.h"
 #include "runtime/host_tensor.h"
 
@@ -26,6 +27,8 @@ struct SafetensorsFile {
 Result<std::string> serializeSafetensors(const SafetensorsFile& file);
 // Writes `file` to `path` (a temporary name, then rename).
 Status writeSafetensors(const std::string& path, const SafetensorsFile& file);
+// Writes `file` to a temporary of `commit`'s for `path`: it replaces `path` with the commit's other files.
+Status writeSafetensors(FileCommit& commit, const std::string& path, const SafetensorsFile& file);
 // Parses bytes; errors name `path` and what is wrong.
 Result<SafetensorsFile> parseSafetensors(const std::string& path, std::string_view bytes);
 Result<SafetensorsFile> readSafetensors(const std::string& path);

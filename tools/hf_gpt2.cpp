@@ -178,9 +178,12 @@ Status writeHfGpt2(const std::string& path, const GptConfig& gpt, const std::str
   for (const auto& [name, t] : params) file.tensors.push_back({hfNameOf(name), t.convertTo(DType::f32)});
   if (fs::exists(fs::path(dir) / "config.json", ec)) {
     // An existing model folder keeps what else it holds (tokenizer files, a README), as save_pretrained does: only
-    // the two files of the export are replaced, each written under a temporary name and renamed.
-    TPC_TRY(writeSafetensors(dir + "/model.safetensors", file));
-    return writeFileAtomically(dir + "/config.json", hfConfigJson(gpt, tokenizer));
+    // the two files of the export are replaced, together, so that a failure or Ctrl-C between them never leaves new
+    // weights beside an old config.
+    FileCommit commit;
+    TPC_TRY(writeSafetensors(commit, dir + "/model.safetensors", file));
+    TPC_TRY(commit.write(dir + "/config.json", hfConfigJson(gpt, tokenizer)));
+    return commit.commit();
   }
   // A name of tpc's own beside DIR (never a user's DIR.tmp): debris of an export killed midway with this process id.
   const std::string tmp = cat(dir, ".tpc-export-tmp.", getpid());

@@ -8,6 +8,7 @@
 
 #include "frontend/model_file.h"
 #include "frontend/tokenizer.h"
+#include "ir/file_io.h"
 #include "llvm/ADT/StringRef.h"
 #include "models/gpt.h"
 #include "runtime/checkpoint.h"
@@ -119,18 +120,25 @@ int runImport(std::vector<std::string> args) {
       }
   auto bytes = serializeModel(*model, false);
   if (!bytes) return cli::fail("import", bytes.error());
+  auto outBytes = llvm::StringRef(out).endswith(".json") ? serializeModel(*model, true) : bytes;
+  if (!outBytes) return cli::fail("import", outBytes.error());
   CheckpointState st;
   st.seed = config.seed;
   st.model = out;
   st.config = "imported from " + flags.get("hf");
-  Status s = saveCheckpoint(out + ".weights", st, layout,
-                            [&](const std::string& n) -> Result<HostTensor> { return tensors.at(n); }, 0,
-                            {{"model.fb", *bytes}});
-  if (s.ok()) s = saveModelFile(*model, out);
-  if (!s.ok()) {
-    if (!weightsExisted) std::filesystem::remove_all(weights, ec);  // no weights without their model file
-    return cli::fail("import", s.error());
-  }
+  // The weights (their iter_0000000 folder and latest file) and the model file replace an earlier import's together:
+  // a failure or Ctrl-C between them never leaves new weights beside an old model file, or the reverse.
+  RemoveOnError madeWeights(weightsExisted ? std::filesystem::path() : std::filesystem::path(weights));
+  std::filesystem::create_directories(weights, ec);
+  if (ec) return cli::fail("import", cat(weights, ": error: cannot create: ", ec.message()));
+  FileCommit commit;
+  Status s = stageCheckpoint(commit, weights, st, layout,
+                             [&](const std::string& n) -> Result<HostTensor> { return tensors.at(n); },
+                             {{"model.fb", *bytes}});
+  if (s.ok()) s = commit.write(out, *outBytes);
+  if (s.ok()) s = commit.commit();
+  if (!s.ok()) return cli::fail("import", s.error());  // no weights folder it made left without its model file
+  madeWeights.keep();
   std::cout << "wrote " << out << " (GPT-2: " << gpt.layers << " layers, hidden " << gpt.hidden << ", " << gpt.heads
             << " heads, vocab " << gpt.vocab << "; " << count << " parameters) and its weights " << out
             << ".weights\nfine-tune with: tpc run " << out << " --load " << out << ".weights --finetune\n";

@@ -20,7 +20,8 @@ int runPrepare(std::vector<std::string> args) {
                    "Input is UTF-8. FILE.txt: each non-empty line is a document. FILE.jsonl: one JSON object per\n"
                    "line, its --json-key field holds the document's text (write multi-paragraph documents as\n"
                    "JSONL with \\n in the text). Blank lines and empty texts are skipped. On any error nothing is\n"
-                   "written (output goes to PREFIX.*.tmp and is renamed at the end); the error names the line.");
+                   "written (output goes to temporary files beside PREFIX, moved into place together at the end);\n"
+                   "the error names the line.");
   flags.value("input", "the corpus: FILE.txt or FILE.jsonl")
       .value("tokenizer", "gpt2 (GPT-2 BPE, vocabulary from $TPC_DATA_DIR/gpt2) or byte")
       .value("output-prefix", "write PREFIX.bin and PREFIX.idx")
@@ -51,7 +52,7 @@ int runPrepare(std::vector<std::string> args) {
     return cli::fail("prepare", cat("--output-prefix '", opts.outputPrefix, "' names no file: give the files' name "
                                     "without .bin/.idx, e.g. --output-prefix data/mycorpus"));
   // A missing or unwritable folder, or a PREFIX.bin that is a folder: said now, naming the flag and the fix, not
-  // as a .tmp file the user never named (a missing folder) or after all the tokenizing (a folder, at the rename).
+  // as a temporary file the user never named (a missing folder) or after all the tokenizing (a folder, at the rename).
   for (const char* ext : {".bin", ".idx"})
     if (Status s = cli::checkOutputFile("--output-prefix", opts.outputPrefix + ext); !s.ok())
       return cli::fail("prepare", s.error());

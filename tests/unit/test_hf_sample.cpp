@@ -3,6 +3,8 @@
 // foreign or broken Hugging Face directories give one error naming the file and field.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <set>
@@ -14,8 +16,8 @@
 namespace tpc {
 namespace {
 
-test::CommandResult tpc(const std::string& args) {
-  auto r = test::runCommand(test::tpcBinary() + " " + args);
+test::CommandResult tpc(const std::string& args, const std::string& env = "") {
+  auto r = test::runCommand(env + test::tpcBinary() + " " + args);
   INFO("tpc " << args << "\n" << r.out << r.err);
   return r;
 }
@@ -25,6 +27,12 @@ test::CommandResult tpcIn(const test::TempDir& dir, const std::string& args) {
   auto r = test::runCommand("cd " + dir.path.string() + " && " + test::tpcBinary() + " " + args);
   INFO("tpc " << args << "\n" << r.out << r.err);
   return r;
+}
+
+std::set<std::string> namesIn(const std::string& folder) {
+  std::set<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(folder)) names.insert(e.path().filename().string());
+  return names;
 }
 
 // A checkpoint of the tiny preset after 2 steps.
@@ -383,6 +391,77 @@ TEST_CASE("hf: bad output paths give one error and leave nothing behind", "[hf][
   fails("export --hf fresh1 ck",
         "fresh1/config.json: error: is a folder where the export writes a file; remove it or name another --hf");
   fails("import --hf fresh1 -o y.fb", "fresh1/config.json: error: is a folder, not the model's config file");
+}
+
+TEST_CASE("hf: a re-export replaces config.json and model.safetensors together or not at all", "[hf][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  // The pair a re-export writes, and an old pair (another model's config and weights) in the folder it replaces.
+  REQUIRE(tpc("export --hf " + (dir / "ref") + " " + ck).exitCode == 0);
+  const std::string newConfig = test::readFile(dir / "ref/config.json");
+  const std::string newWeights = test::readFile(dir / "ref/model.safetensors");
+  const std::string oldConfig = "{\"model_type\": \"gpt2\"}", oldWeights = "old weights";
+  auto oldPair = [&] {
+    test::writeFile(dir / "hf/config.json", oldConfig);
+    test::writeFile(dir / "hf/model.safetensors", oldWeights);
+  };
+  std::filesystem::create_directory(dir / "hf");
+  oldPair();
+  // A folder at config.json.tmp (debris, or a user's): an export that wrote the weights, then the config through
+  // that name, failed between the two and left new weights beside the old config.
+  std::filesystem::create_directories(dir / "hf/config.json.tmp/x");
+  auto e = tpc("export --hf " + (dir / "hf") + " " + ck);
+  std::string config = test::readFile(dir / "hf/config.json"), weights = test::readFile(dir / "hf/model.safetensors");
+  CHECK(((config == newConfig && weights == newWeights) || (config == oldConfig && weights == oldWeights)));
+  CHECK(e.exitCode == 0);
+  CHECK(config == newConfig);
+  CHECK(weights == newWeights);
+  CHECK(namesIn(dir / "hf") == std::set<std::string>{"config.json", "config.json.tmp", "model.safetensors"});
+
+  // Ctrl-C right after model.safetensors is in place (a test hook raises SIGINT there): the export ends of it once
+  // config.json is in place too.
+  oldPair();
+  e = tpc("export --hf " + (dir / "hf") + " " + ck, "TPC_TEST_SIGINT_AFTER_RENAME=model.safetensors ");
+  CHECK(e.exitCode == 128 + SIGINT);
+  CHECK(test::readFile(dir / "hf/model.safetensors") == newWeights);
+  CHECK(test::readFile(dir / "hf/config.json") == newConfig);
+  CHECK(namesIn(dir / "hf") == std::set<std::string>{"config.json", "config.json.tmp", "model.safetensors"});
+}
+
+TEST_CASE("hf: a re-import replaces the model file and its weights together or not at all", "[hf][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  REQUIRE(tpc("export --hf " + (dir / "hf") + " " + ck).exitCode == 0);
+  // The model file and the copy of it in its weights are one pair; a re-import with another --lr changes both.
+  REQUIRE(tpc("import --hf " + (dir / "hf") + " -o " + (dir / "m.fb")).exitCode == 0);
+  const std::string firstModel = test::readFile(dir / "m.fb");
+  REQUIRE(test::readFile(dir / "m.fb.weights/iter_0000000/model.fb") == firstModel);
+  auto weightsOnly = [&] {
+    CHECK(namesIn(dir / "m.fb.weights") == std::set<std::string>{"iter_0000000", "latest_checkpointed_iteration.txt"});
+    CHECK(namesIn(dir / "m.fb.weights/iter_0000000") ==
+          std::set<std::string>{"model.fb", "model.safetensors", "state.json"});
+  };
+  // A folder in the way of a model file written through m.fb.tmp: an import that replaced the weights first, then
+  // failed there, left the new weights beside the old model file.
+  std::filesystem::create_directories(dir / "m.fb.tmp/x");
+  auto i = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "m.fb") + " --lr 0.0005");
+  const std::string model = test::readFile(dir / "m.fb");
+  CHECK(model == test::readFile(dir / "m.fb.weights/iter_0000000/model.fb"));
+  CHECK(i.exitCode == 0);
+  CHECK(model != firstModel);
+  weightsOnly();
+
+  // Ctrl-C right after the weights' latest file is in place (a test hook raises SIGINT there): the import ends of
+  // it once the model file is in place too.
+  i = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "m.fb") + " --lr 0.0007",
+          "TPC_TEST_SIGINT_AFTER_RENAME=latest_checkpointed_iteration.txt ");
+  CHECK(i.exitCode == 128 + SIGINT);
+  CHECK(test::readFile(dir / "m.fb") == test::readFile(dir / "m.fb.weights/iter_0000000/model.fb"));
+  CHECK(test::readFile(dir / "m.fb") != model);
+  weightsOnly();
+  // The imported pair loads and fine-tunes.
+  CHECK(tpc("run " + (dir / "m.fb") + " --threads 2 --train-iters 1 --quiet --finetune --load " + (dir / "m.fb.weights"))
+            .exitCode == 0);
 }
 
 TEST_CASE("sample: seeded, and greedy decoding picks the argmax of the dumped logits", "[sample][cli]") {

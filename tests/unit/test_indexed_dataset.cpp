@@ -2,6 +2,10 @@
 // the --split arithmetic, and TokenWindows' order, windows and exact resumption.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -13,6 +17,7 @@
 #include "frontend/dataset_writer.h"
 #include "frontend/indexed_dataset.h"
 #include "frontend/token_windows.h"
+#include "ir/file_io.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -102,8 +107,9 @@ TEST_CASE("the .idx and .bin bytes follow Megatron's MMIDIDX layout", "[dataset]
   const std::vector<uint8_t> expectedBin = {1, 0, 2, 0, 3, 0, 0x34, 0x12};  // little-endian uint16
   std::string bin = readFile(prefix + ".bin");
   CHECK(std::vector<uint8_t>(bin.begin(), bin.end()) == expectedBin);
-  CHECK_FALSE(fs::exists(prefix + ".bin.tmp"));
-  CHECK_FALSE(fs::exists(prefix + ".idx.tmp"));
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path)) names.insert(e.path().filename().string());
+  CHECK(names == std::set<std::string>{"tiny.bin", "tiny.idx"});  // no temporary left
   CHECK(DatasetWriter::indexBytes(TokenDType::UInt16, std::vector<int32_t>{3, 1}) == idx);
 }
 
@@ -191,7 +197,40 @@ TEST_CASE("a writer that does not finish leaves nothing behind", "[dataset][erro
   CHECK(fs::is_empty(dir.path));
   auto noDir = DatasetWriter::create(dir / "no/such/dir/x", TokenDType::UInt16);
   REQUIRE_FALSE(noDir.ok());
-  CHECK_THAT(noDir.error(), Catch::Contains("no/such/dir/x.bin.tmp"));
+  CHECK_THAT(noDir.error(), Catch::StartsWith("cannot create " + (dir / "no/such/dir/x.bin") + " (its temporary " +
+                                              (dir / "no/such/dir/x.bin.tmp.")));
+}
+
+TEST_CASE("a signal between the .bin and the .idx renames still leaves the new pair", "[dataset][errors]") {
+  test::TempDir dir;
+  const std::string prefix = dir / "ds";
+  writeDataset(prefix, {{1, 2, 3}});
+  const std::string oldPair = test::readFile(prefix + ".bin") + test::readFile(prefix + ".idx");
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // SIGHUP, as a closed terminal sends it (the test runner catches SIGINT and SIGTERM itself), right after the
+    // .bin is in place.
+    FileCommit::setStepHookForTesting([](size_t step) {
+      if (step == 1) ::raise(SIGHUP);
+    });
+    auto w = DatasetWriter::create(prefix, TokenDType::UInt16);
+    if (!w.ok() || !w->addDocument(std::vector<int32_t>{4, 5, 6, 7, 8}).ok()) ::_exit(2);
+    Status s = w->finish();
+    ::_exit(s.ok() ? 0 : 3);  // reached only if the signal was lost
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGHUP);
+  auto ds = IndexedDataset::open(prefix);
+  REQUIRE(ds.ok());  // a .bin of 5 tokens with the .idx of 3 would be refused
+  REQUIRE(ds->numDocuments() == 1);
+  CHECK(ds->document(0).size() == 5);
+  CHECK(test::readFile(prefix + ".bin") + test::readFile(prefix + ".idx") != oldPair);
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path)) names.insert(e.path().filename().string());
+  CHECK(names == std::set<std::string>{"ds.bin", "ds.idx"});
 }
 
 TEST_CASE("bad .idx and .bin files are refused with the file named", "[dataset][errors]") {

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -15,8 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "frontend/bpe_tokenizer.h"
+#include "frontend/prepare.h"
+#include "frontend/tokenizer.h"
 #include "frontend/indexed_dataset.h"
 #include "frontend/data_dir.h"
+#include "ir/file_io.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -42,6 +46,17 @@ std::vector<int32_t> bytesPlusEod(const std::string& s) {
   return v;
 }
 
+// Every file beside PREFIX whose name starts "PREFIX." (its .bin and .idx, and any temporary of theirs).
+std::vector<std::string> filesOf(const std::string& prefix) {
+  std::vector<std::string> names;
+  const fs::path p(prefix);
+  const std::string start = p.filename().string() + ".";
+  for (const auto& e : fs::directory_iterator(p.parent_path()))
+    if (std::string n = e.path().filename().string(); n.rfind(start, 0) == 0) names.push_back(n);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 tpc::test::CommandResult prepare(const std::string& flags) {
   return runCommand(tpcBinary() + " prepare --quiet " + flags);
 }
@@ -52,7 +67,7 @@ void expectFailure(const tpc::test::CommandResult& r, const std::string& prefix,
   CHECK(r.exitCode == 1);
   CHECK_THAT(r.err, Catch::StartsWith("tpc prepare: error: "));
   for (const std::string& p : parts) CHECK_THAT(r.err, Catch::Contains(p));
-  for (const char* ext : {".bin", ".idx", ".bin.tmp", ".idx.tmp"}) CHECK_FALSE(fs::exists(prefix + ext));
+  if (fs::exists(fs::path(prefix).parent_path())) CHECK(filesOf(prefix).empty());
 }
 
 }  // namespace
@@ -70,7 +85,7 @@ TEST_CASE("tpc prepare turns text lines into documents", "[prepare][cli]") {
   CHECK(tokensOf(ds->document(0)) == bytesPlusEod("first line"));
   CHECK(tokensOf(ds->document(1)) == bytesPlusEod("second \xc3\xa9"));
   CHECK(tokensOf(ds->document(2)) == bytesPlusEod("third"));
-  CHECK_FALSE(fs::exists(dir / "out.bin.tmp"));
+  CHECK(filesOf(dir / "out") == std::vector<std::string>{"out.bin", "out.idx"});
 }
 
 TEST_CASE("tpc prepare skips a byte order mark at the start of the file", "[prepare][cli]") {
@@ -220,8 +235,7 @@ TEST_CASE("tpc prepare refuses bad input with the file and line, leaving nothing
     CHECK(folder.exitCode == 1);
     CHECK(folder.err == "--output-prefix " + out + ".bin: error: is a directory; name a file to write, not a folder\n");
     CHECK(fs::is_empty(dir / "out.bin"));
-    CHECK_FALSE(fs::exists(out + ".bin.tmp"));
-    CHECK_FALSE(fs::exists(out + ".idx"));
+    CHECK(filesOf(out) == std::vector<std::string>{"out.bin"});  // the folder, and nothing else
   }
   SECTION("--json-key for a .txt input, which is read as text: a JSONL corpus under the wrong name") {
     test::writeFile(dir / "corpus.txt", "{\"text\": \"a\"}\n");
@@ -297,8 +311,7 @@ TEST_CASE("tpc prepare keeps an existing dataset when a new run fails", "[prepar
   auto r = prepare("--input " + (dir / "bad.txt") + " --tokenizer byte --output-prefix " + (dir / "ds"));
   CHECK(r.exitCode == 1);
   CHECK(readFile(dir / "ds.idx") + readFile(dir / "ds.bin") == before);
-  CHECK_FALSE(fs::exists(dir / "ds.bin.tmp"));
-  CHECK_FALSE(fs::exists(dir / "ds.idx.tmp"));
+  CHECK(filesOf(dir / "ds") == std::vector<std::string>{"ds.bin", "ds.idx"});
 }
 
 TEST_CASE("tpc prepare stopped by Ctrl-C leaves no temporary file and keeps the old dataset", "[prepare][cli][errors]") {
@@ -306,7 +319,7 @@ TEST_CASE("tpc prepare stopped by Ctrl-C leaves no temporary file and keeps the 
   test::writeFile(dir / "small.txt", "hello\n");
   REQUIRE(prepare("--input " + (dir / "small.txt") + " --tokenizer byte --output-prefix " + (dir / "ds")).exitCode == 0);
   const std::string before = readFile(dir / "ds.idx") + readFile(dir / "ds.bin");
-  // About 60 MB: a second or more of tokenizing, long after PREFIX.bin.tmp appears.
+  // About 60 MB: a second or more of tokenizing, long after the temporary .bin appears.
   std::string line = "a line of text to keep the tokenizer busy for a while, long enough to interrupt\n", text;
   while (text.size() < 60'000'000) text += line;
   test::writeFile(dir / "big.txt", text);
@@ -321,16 +334,96 @@ TEST_CASE("tpc prepare stopped by Ctrl-C leaves no temporary file and keeps the 
             prefix.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  for (int i = 0; i < 20000 && !fs::exists(prefix + ".bin.tmp"); ++i) ::usleep(500);
+  for (int i = 0; i < 20000 && filesOf(prefix).size() < 3; ++i) ::usleep(500);  // ds.bin, ds.idx, ds.bin.tmp.PID.N
   ::kill(pid, SIGINT);
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   // It died of the signal (had it finished first, the test proves nothing and says so).
   REQUIRE(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGINT);
-  CHECK_FALSE(fs::exists(prefix + ".bin.tmp"));
-  CHECK_FALSE(fs::exists(prefix + ".idx.tmp"));
+  CHECK(filesOf(prefix) == std::vector<std::string>{"ds.bin", "ds.idx"});
   CHECK(readFile(dir / "ds.idx") + readFile(dir / "ds.bin") == before);
+}
+
+TEST_CASE("tpc prepare stopped by Ctrl-C between its .bin and .idx still leaves a pair of one run", "[prepare][cli][errors]") {
+  test::TempDir dir;
+  test::writeFile(dir / "small.txt", "hello\n");
+  REQUIRE(prepare("--input " + (dir / "small.txt") + " --tokenizer byte --output-prefix " + (dir / "ds")).exitCode == 0);
+  test::writeFile(dir / "more.txt", "hello\nand a longer second document\n");
+  // A test hook raises SIGINT right after ds.bin is in place, as a Ctrl-C there would: the run ends of it once ds.idx
+  // is in place too, not with the new .bin beside the old .idx.
+  auto r = runCommand("TPC_TEST_SIGINT_AFTER_RENAME=ds.bin " + tpcBinary() + " prepare --quiet --input " +
+                      (dir / "more.txt") + " --tokenizer byte --output-prefix " + (dir / "ds"));
+  CHECK(r.exitCode == 128 + SIGINT);
+  auto ds = IndexedDataset::open(dir / "ds");
+  REQUIRE(ds.ok());
+  CHECK(ds->numDocuments() == 2);
+  CHECK(readFile(dir / "ds.bin").size() == 2 * (5 + 28));  // the new .bin (two bytes a token)
+  CHECK(filesOf(dir / "ds") == std::vector<std::string>{"ds.bin", "ds.idx"});
+}
+
+TEST_CASE("two tpc prepare runs to one prefix at once leave one run's .bin and .idx, not a mix", "[prepare][errors]") {
+  test::TempDir dir;
+  auto byte = loadTokenizer("byte");
+  REQUIRE(byte.ok());
+  // Two corpora of different sizes (so a .bin of one never fits the .idx of the other), small enough that both runs
+  // reach their commits at about the same time.
+  std::string x, y;
+  while (x.size() < 200'000) x += "the first corpus, line " + std::to_string(x.size()) + "\n";
+  while (y.size() < 300'000) y += "a second corpus with other lines " + std::to_string(y.size()) + "\n";
+  test::writeFile(dir / "x.txt", x);
+  test::writeFile(dir / "y.txt", y);
+  // Each alone, for what a consistent pair is.
+  std::string expected[2];
+  for (int i = 0; i < 2; ++i) {
+    PrepareOptions o;
+    o.input = dir / (i == 0 ? "x.txt" : "y.txt");
+    o.outputPrefix = dir / (i == 0 ? "alone_x" : "alone_y");
+    o.progress = false;
+    REQUIRE(prepareDataset(o, **byte).ok());
+    expected[i] = readFile(o.outputPrefix + ".bin") + readFile(o.outputPrefix + ".idx");
+  }
+  REQUIRE(expected[0] != expected[1]);
+  const std::string prefix = dir / "ds";
+  for (int round = 0; round < 3; ++round) {
+    int go[2];
+    REQUIRE(::pipe(go) == 0);
+    std::vector<pid_t> pids;
+    for (int i = 0; i < 2; ++i) {
+      pid_t pid = fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        ::close(go[1]);
+        char c;
+        if (::read(go[0], &c, 1) != 0) ::_exit(2);  // both start when the parent closes the pipe
+        // Run 0 waits between its .bin and .idx renames, run 1 before its .bin: unless something keeps the two
+        // commits apart, run 1's pair lands between run 0's .bin and .idx.
+        static int run;
+        run = i;
+        FileCommit::setStepHookForTesting([](size_t step) { ::usleep(step == (run == 0 ? 1 : 0) ? 300000 : 0); });
+        PrepareOptions o;
+        o.input = dir / (i == 0 ? "x.txt" : "y.txt");
+        o.outputPrefix = prefix;
+        o.progress = false;
+        auto r = prepareDataset(o, **byte);
+        ::_exit(r.ok() ? 0 : 1);
+      }
+      pids.push_back(pid);
+    }
+    ::close(go[0]);
+    ::close(go[1]);
+    for (pid_t pid : pids) {
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      CHECK(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+    }
+    INFO("round " << round);
+    const std::string got = readFile(prefix + ".bin") + readFile(prefix + ".idx");
+    CHECK((got == expected[0] || got == expected[1]));
+    CHECK(IndexedDataset::open(prefix).ok());
+    CHECK(filesOf(prefix) == std::vector<std::string>{"ds.bin", "ds.idx"});
+  }
 }
 
 TEST_CASE("tpc prepare --help explains the formats", "[prepare][cli]") {

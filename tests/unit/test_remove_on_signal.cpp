@@ -1,13 +1,17 @@
-// RemoveOnSignal (ir/file_io.h): the signal handler that removes guarded temporary files reads each guarded path
-// while other threads may release their guard and guard another path in the same slot.
+// RemoveOnSignal and FileCommit (ir/file_io.h): the signal handler that removes guarded temporary files reads each
+// guarded path while other threads may release their guard and guard another path in the same slot; files committed
+// together are all replaced or none, whatever fails or whichever signal comes between them.
 #include <catch2/catch.hpp>
 
+#include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +64,247 @@ TEST_CASE("RemoveOnSignal: a signal while another thread re-guards its slot remo
     for (const std::string& v : victims)
       if (!std::filesystem::exists(v)) FAIL("the handler removed " << v.substr(base.size()) << ", which no guard named");
   }
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::set<std::string> namesIn(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
+}
+
+// The child's end: how it exited, or which signal ended it.
+int waitFor(pid_t pid) {
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 1000 + WTERMSIG(status) : -1;
+}
+
+struct HookReset {
+  ~HookReset() {
+    FileCommit::setStepHookForTesting(nullptr);
+    FileCommit::setMoveAsideForTesting(false);
+  }
+};
+
+// The folder the hooks below work in, and which of two processes a hook runs in.
+std::string gHookDir;
+char gWho = 0;
+
+}  // namespace
+
+TEST_CASE("FileCommit: temporary names differ between calls and between processes", "[file_io]") {
+  test::TempDir dir;
+  const std::string target = dir / "data.bin";
+  FileCommit a, b;
+  const std::string mine = a.stage(target), again = b.stage(target);
+  CHECK(mine != again);
+  CHECK(mine.rfind(target + ".tmp." + std::to_string(::getpid()) + ".", 0) == 0);
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    FileCommit c;
+    const std::string theirs = c.stage(target);
+    ssize_t n = ::write(fds[1], theirs.data(), theirs.size());
+    ::_exit(n == static_cast<ssize_t>(theirs.size()) ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::string theirs;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) theirs.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  CHECK(waitFor(pid) == 0);
+  CHECK(theirs.rfind(target + ".tmp.", 0) == 0);
+  CHECK(theirs != mine);
+  CHECK(theirs != again);
+}
+
+TEST_CASE("FileCommit: replaces every file, or none when a write fails", "[file_io]") {
+  test::TempDir dir;
+  HookReset reset;
+  const bool aside = GENERATE(false, true);  // exchanged in one step, or (where that fails) moved aside first
+  INFO((aside ? "moved aside" : "exchanged"));
+  FileCommit::setMoveAsideForTesting(aside);
+  test::writeFile(dir / "a", "old a");
+  test::writeFile(dir / "b", "old b");
+  {
+    FileCommit commit;
+    REQUIRE(commit.write(dir / "a", "new a").ok());
+    REQUIRE(commit.write(dir / "b", "new b").ok());
+    CHECK(test::readFile(dir / "a") == "old a");  // nothing moves before commit()
+    REQUIRE(commit.commit().ok());
+  }
+  CHECK(test::readFile(dir / "a") == "new a");
+  CHECK(test::readFile(dir / "b") == "new b");
+  CHECK(namesIn(dir.path) == std::set<std::string>{"a", "b"});
+
+  // The second file fails midway (a full disk: here a file size limit, in a child): the first stays old too, and
+  // neither temporary is left.
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead of killing
+    struct rlimit limit {4096, 4096};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    int rc = 0;
+    {
+      FileCommit commit;
+      if (!commit.write(dir / "a", "newer a").ok()) rc = 2;
+      Status s = commit.write(dir / "b", std::string(100000, 'b'));
+      if (s.ok()) rc = 3;
+      else if (s.error().rfind((dir / "b") + ": error: ", 0) != 0) rc = 4;  // the error names the file
+    }  // not committed: its temporaries go
+    ::_exit(rc);
+  }
+  CHECK(waitFor(pid) == 0);
+  CHECK(test::readFile(dir / "a") == "new a");
+  CHECK(test::readFile(dir / "b") == "new b");
+  CHECK(namesIn(dir.path) == std::set<std::string>{"a", "b"});
+}
+
+TEST_CASE("FileCommit: a folder in the way of the second file is refused before the first is replaced", "[file_io]") {
+  test::TempDir dir;
+  test::writeFile(dir / "a", "old a");
+  fs::create_directories(dir / "b/inside");
+  test::writeFile(dir / "b/inside/keep", "mine");
+  FileCommit commit;
+  REQUIRE(commit.write(dir / "a", "new a").ok());
+  REQUIRE(commit.write(dir / "b", "new b").ok());
+  Status s = commit.commit();
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.error() == (dir / "b") + ": error: is a folder where a file is written; remove it or name another");
+  CHECK(test::readFile(dir / "a") == "old a");
+  CHECK(test::readFile(dir / "b/inside/keep") == "mine");
+  CHECK(namesIn(dir.path) == std::set<std::string>{"a", "b"});
+}
+
+TEST_CASE("FileCommit: a rename that fails midway puts back the files already replaced", "[file_io]") {
+  test::TempDir dir;
+  HookReset reset;
+  const bool aside = GENERATE(false, true);  // exchanged in one step, or (where that fails) moved aside first
+  INFO((aside ? "moved aside" : "exchanged"));
+  FileCommit::setMoveAsideForTesting(aside);
+  for (const char* n : {"a", "b", "c"}) test::writeFile(dir / n, std::string("old ") + n);
+  gHookDir = dir.path.string();
+  // Before the third rename, its temporary vanishes: the rename fails after a and b were replaced.
+  FileCommit::setStepHookForTesting([](size_t step) {
+    if (step != 2) return;
+    for (const auto& e : fs::directory_iterator(gHookDir))
+      if (e.path().filename().string().rfind("c.tmp.", 0) == 0) fs::remove(e.path());
+  });
+  FileCommit commit;
+  for (const char* n : {"a", "b", "c"}) REQUIRE(commit.write(dir / n, std::string("new ") + n).ok());
+  Status s = commit.commit();
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.error(), Catch::StartsWith((dir / "c") + ": error: cannot move into place: "));
+  for (const char* n : {"a", "b", "c"}) CHECK(test::readFile(dir / n) == std::string("old ") + n);
+  CHECK(namesIn(dir.path) == std::set<std::string>{"a", "b", "c"});
+
+  // A commit of new files only: on failure none of them is left.
+  fs::remove_all(dir.path / "a"), fs::remove_all(dir.path / "b"), fs::remove_all(dir.path / "c");
+  FileCommit fresh;
+  for (const char* n : {"a", "b", "c"}) REQUIRE(fresh.write(dir / n, "new").ok());
+  REQUIRE_FALSE(fresh.commit().ok());
+  CHECK(fs::is_empty(dir.path));
+}
+
+TEST_CASE("FileCommit: a signal between two renames ends the process after the last one", "[file_io]") {
+  test::TempDir dir;
+  HookReset reset;
+  for (bool otherThread : {false, true}) {
+    INFO((otherThread ? "the signal handled on another thread" : "the signal sent to the committing thread"));
+    test::writeFile(dir / "a", "old a");
+    test::writeFile(dir / "b", "old b");
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      // SIGHUP: the test runner catches SIGINT and SIGTERM itself, so RemoveOnSignal leaves those alone here.
+      static pthread_t other;
+      static bool toOther;
+      toOther = otherThread;
+      std::atomic<bool> stop{false};
+      std::thread idle([&] {
+        while (!stop) ::usleep(1000);
+      });
+      other = idle.native_handle();
+      FileCommit::setStepHookForTesting([](size_t step) {
+        if (step != 1) return;
+        // On another thread (which does not block it), the handler runs at once and must wait for the commit.
+        if (toOther) {
+          ::pthread_kill(other, SIGHUP);
+          ::usleep(20000);
+        } else {
+          ::raise(SIGHUP);
+        }
+      });
+      FileCommit commit;
+      if (!commit.write(dir / "a", "new a").ok() || !commit.write(dir / "b", "new b").ok()) ::_exit(2);
+      Status s = commit.commit();
+      ::usleep(500000);  // (a signal still on its way to the other thread, on a loaded machine, lands here)
+      ::_exit(s.ok() ? 0 : 3);  // reached only if the signal was lost
+    }
+    CHECK(waitFor(pid) == 1000 + SIGHUP);
+    CHECK(test::readFile(dir / "a") == "new a");
+    CHECK(test::readFile(dir / "b") == "new b");
+    CHECK(namesIn(dir.path) == std::set<std::string>{"a", "b"});
+  }
+}
+
+TEST_CASE("FileCommit: two processes committing the same files leave one's pair, not a mix", "[file_io]") {
+  test::TempDir dir;
+  HookReset reset;
+  for (int round = 0; round < 5; ++round) {
+    int go[2];
+    REQUIRE(::pipe(go) == 0);
+    std::vector<pid_t> pids;
+    for (char who : {'x', 'y'}) {
+      pid_t pid = fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        ::close(go[1]);
+        char c;
+        if (::read(go[0], &c, 1) != 0) ::_exit(2);  // both start when the parent closes the pipe
+        // x waits between its two renames, y before its first: without the lock, y's pair lands between x's a and
+        // x's b (a of y, b of x).
+        gWho = who;
+        FileCommit::setStepHookForTesting([](size_t step) { ::usleep(step == (gWho == 'x' ? 1 : 0) ? 100000 : 0); });
+        FileCommit commit;
+        if (!commit.write(dir / "a", std::string("a of ") + who).ok()) ::_exit(3);
+        if (!commit.write(dir / "b", std::string("b of ") + who).ok()) ::_exit(3);
+        ::_exit(commit.commit().ok() ? 0 : 4);
+      }
+      pids.push_back(pid);
+    }
+    ::close(go[0]);
+    ::close(go[1]);
+    for (pid_t pid : pids) CHECK(waitFor(pid) == 0);
+    const std::string a = test::readFile(dir / "a"), b = test::readFile(dir / "b");
+    INFO("round " << round << ": " << a << ", " << b);
+    CHECK((a == "a of x" || a == "a of y"));
+    CHECK(b.substr(5) == a.substr(5));
+    CHECK(namesIn(dir.path) == std::set<std::string>{"a", "b"});
+  }
+}
+
+TEST_CASE("RemoveOnSignal: a guarded folder of files is removed by the signal", "[file_io]") {
+  test::TempDir dir;
+  const std::string folder = dir / "iter_0000000.tmp.1.0";
+  fs::create_directory(folder);
+  for (const char* n : {"model.safetensors", "state.json", "model.fb"}) test::writeFile(folder + "/" + n, n);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    RemoveOnSignal guard(folder);
+    ::raise(SIGHUP);
+    ::_exit(2);
+  }
+  CHECK(waitFor(pid) == 1000 + SIGHUP);
+  CHECK(fs::is_empty(dir.path));
 }
 
 }  // namespace tpc
