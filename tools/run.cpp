@@ -36,6 +36,7 @@
 #include "runtime/gpu_peaks.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/metrics_server.h"
+#include "runtime/tensorboard_writer.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_mesh_backend.h"
 #include "runtime/cpu/mpi_communicator.h"
@@ -273,6 +274,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       .value("keep", "keep K checkpoints in --save: the one just written and the newest before it; 0: all", "0")
       .value("load", "resume from this checkpoint directory, under any --tp/--dp/--sp")
       .value("metrics-port", "serve the run's figures for Prometheus at http://127.0.0.1:PORT/metrics")
+      .value("tensorboard-dir", "also write the run's figures as TensorBoard event files in this folder (made if missing), under Megatron-LM's tags (lm loss, learning-rate, grad-norm, lm loss validation, ...)")
       .value("eval-interval", "steps between evaluations on the validation split, and one after the last step; 0: none "
                               "(default: the model file's eval_interval)")
       .value("eval-iters", "batches per evaluation (validation, and test after the last step) (default: the model "
@@ -564,7 +566,14 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     }
     if (flags.has("dump-batches")) batches.dumpTo(flags.get("dump-batches"));
   }
-  // The metrics server before the backend's compile: a port that is taken is found now.
+  // The metrics server and the TensorBoard folder before the backend's compile: a port that is taken or a folder
+  // that cannot be written is found now.
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+  if (flags.has("tensorboard-dir") && speaks) {
+    auto t = TensorBoardWriter::open(flags.get("tensorboard-dir"));
+    if (!t) return cli::fail("run", t.error());
+    tensorboard = std::move(*t);
+  }
   std::unique_ptr<MetricsServer> metrics;
   if (flags.has("metrics-port") && speaks) {
     auto port = flags.getInt("metrics-port", 1, 65535);
@@ -714,10 +723,19 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     }
   }
   settings.lossScaling = lossScaling;
-  if (metrics) {
-    settings.publish = [&](const std::map<std::string, double>& f) { metrics->publish(f); };
-    std::cout << "metrics: http://127.0.0.1:" << metrics->port() << "/metrics" << std::endl;
+  if (metrics || tensorboard) {
+    settings.publish = [&](const std::map<std::string, double>& f) {
+      if (metrics) metrics->publish(f);
+      // A full disk costs the event file, not the run (the JSONL log, when asked for, still fails the run).
+      if (tensorboard)
+        if (Status s = tensorboard->publish(f); !s.ok())
+          std::cerr << "tpc run: warning: " << s.error() << "; no more TensorBoard events are written" << std::endl;
+    };
   }
+  if (metrics) std::cout << "metrics: http://127.0.0.1:" << metrics->port() << "/metrics" << std::endl;
+  if (tensorboard)
+    std::cout << "tensorboard: event files in " << flags.get("tensorboard-dir") << " (tensorboard --logdir "
+              << flags.get("tensorboard-dir") << ")" << std::endl;
   std::unique_ptr<Evaluator> evaluator;
   if (*evalInterval > 0) {
     Result<std::unique_ptr<Evaluator>> e = makeError("no evaluator");
@@ -857,6 +875,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (!test) return cli::fail("run", test.error());
     std::printf("test loss %.4f | test ppl %.3f (%lld batches of the test split)\n", *test, std::exp(*test),
                 static_cast<long long>(*evalIters));
+    if (settings.publish)
+      settings.publish({{"step", double(config.trainIters)}, {"test_loss", *test}, {"test_ppl", std::exp(*test)}});
     if (!settings.logJsonl.empty())
       std::ofstream(settings.logJsonl, std::ios::app) << std::setprecision(9) << "{\"step\": " << config.trainIters << ", \"test_loss\": " << *test
                                                       << ", \"test_ppl\": " << std::exp(*test) << "}\n";
