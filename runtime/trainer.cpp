@@ -222,6 +222,15 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
   auto closeStep = [&](int64_t it) {
     if (it >= settings.firstIter + 2) times.add(it, msSince(stepStart) - stepAsideMs, stepBatchMs, backend.lastStepTiming());
   };
+  // After each step, skipped ones too: the caller's checkpoint (TrainerSettings::afterStep).
+  auto runAfterStep = [&](int64_t it) -> Status {
+    if (!settings.afterStep) return {};
+    if (settings.afterStepPrintsAt && settings.afterStepPrintsAt(it)) TPC_TRY(flushLog());
+    const auto asideStart = Clock::now();
+    TPC_TRY(settings.afterStep(it, currentProgress(), it < settings.trainIters ? rows : 0));
+    stepAsideMs += msSince(asideStart);
+    return {};
+  };
   if (settings.firstIter <= settings.trainIters)
     TPC_TRY(data.next(nextTokens.data<int32_t>(), nextTargets.data<int32_t>(), rows, seq));
   for (int64_t it = settings.firstIter; it <= settings.trainIters; ++it) {
@@ -288,6 +297,16 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       }
       if (settings.publish && scaler) settings.publish({{"loss_scale", scaler->scale()}});
       ++stepsSinceLog;
+      // A skipped step is still an iteration: a checkpoint or an early stop due here happens here.
+      bool stop = false;
+      if (settings.stopAfter && it < settings.trainIters) {
+        TPC_ASSIGN(stop, settings.stopAfter(it));
+      }
+      TPC_TRY(runAfterStep(it));
+      if (stop) {
+        lastIter = it;
+        break;
+      }
       continue;
     }
     report.losses.push_back(loss);
@@ -359,8 +378,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         return {};
       };
     }
-    if (settings.evaluate && settings.evalInterval > 0 && !stop &&
-        (it % settings.evalInterval == 0 || it == settings.trainIters)) {
+    if (settings.evaluate && settings.evalInterval > 0 && (it % settings.evalInterval == 0 || it == settings.trainIters)) {
       TPC_TRY(flushLog());  // this step's line before its evaluation
       auto evalStart = Clock::now();
       TPC_ASSIGN(double valid, settings.evaluate());
@@ -382,12 +400,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         TPC_TRY(jsonlLine(j.str()));
       }
     }
-    if (settings.afterStep) {
-      if (settings.afterStepPrintsAt && settings.afterStepPrintsAt(it)) TPC_TRY(flushLog());
-      const auto asideStart = Clock::now();
-      TPC_TRY(settings.afterStep(it, currentProgress(), it < settings.trainIters ? rows : 0));
-      stepAsideMs += msSince(asideStart);
-    }
+    TPC_TRY(runAfterStep(it));
     if (stop) {
       lastIter = it;
       break;

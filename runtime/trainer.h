@@ -58,17 +58,17 @@ struct TrainerSettings {
   // Receives every step's figures (step, loss, lr, grad_norm; tokens_per_s and elapsed_s when logged;
   // valid_loss after an evaluation): the --metrics-port endpoint.
   std::function<void(const std::map<std::string, double>&)> publish;
-  // Called after each step's update, with the iteration just completed, the optimizer's progress after it
-  // and how many batch rows the trainer has already read for the next step (it reads the next batch while
-  // the backend runs this one; 0 after the last step), which a checkpoint's data position leaves out
-  // (checkpoints hang here).
+  // Called after each step (a skipped one too: its iteration counts), with the iteration just completed, the
+  // optimizer's progress after it and how many batch rows the trainer has already read for the next step (it
+  // reads the next batch while the backend runs this one; 0 after the last step), which a checkpoint's data
+  // position leaves out (checkpoints hang here).
   std::function<Status(int64_t iteration, const OptimizerProgress&, int64_t rowsReadAhead)> afterStep;
   // The iterations at which afterStep prints (a checkpoint's "saved checkpoint" line): the step's own line is
   // written before it there, not after the next step has started, so that the console reads in order.
   std::function<bool(int64_t iteration)> afterStepPrintsAt;
-  // Asked after each applied step before the last (tpc run --exit-interval, --exit-duration-in-mins,
-  // --exit-signal-handler): true ends the run after this step. The step is logged, and afterStep runs for it as for
-  // any other, so that a checkpoint can be written there; there is no evaluation at such a stop.
+  // Asked after each step before the last, skipped ones too (tpc run --exit-interval, --exit-duration-in-mins,
+  // --exit-signal-handler): true ends the run after this step. The step is logged, evaluated where evalInterval says,
+  // and afterStep runs for it as for any other, so that a checkpoint can be written there.
   std::function<Result<bool>(int64_t iteration)> stopAfter;
   OnNonFinite onNonFinite = OnNonFinite::Stop;
   // Dynamic loss scaling (fp16), for a step graph with input %loss_scale: a non-finite step is an overflow,

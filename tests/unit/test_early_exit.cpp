@@ -38,6 +38,7 @@ TEST_CASE("tpc run --exit-interval: stops with a checkpoint, and going on gives 
   INFO(second.out << second.err);
   REQUIRE(second.exitCode == 0);
   CHECK(second.out.find(std::string(kStop) + "6 of 7") != std::string::npos);
+  CHECK(second.out.find("eval at step 6") != std::string::npos);  // evaluated before it stops, as Megatron-LM does
   auto third = test::runTiny(common + "--exit-interval 3 --save " + d + "/ck --load " + d + "/ck --log-jsonl " + d + "/c.jsonl");
   INFO(third.out << third.err);
   REQUIRE(third.exitCode == 0);
@@ -52,6 +53,20 @@ TEST_CASE("tpc run --exit-interval: stops with a checkpoint, and going on gives 
   REQUIRE(unsaved.exitCode == 0);
   CHECK(unsaved.out.find("stopped after step 2 of 5: --exit-interval 2 (step 2); nothing saved (no --save)") !=
         std::string::npos);
+}
+
+TEST_CASE("tpc run --exit-interval: a skipped step still stops the run and is saved", "[run][cli][exit]") {
+  test::TempDir dir;
+  const std::string ck = dir.path.string() + "/ck";
+  // Step 3's loss is a NaN (--on-nan skip drops its update); the run stops there all the same, with a checkpoint.
+  auto r = test::runCommand("TPC_TEST_FAULT=step=3,nan=%d.wte " + test::tpcBinary() + " run " +
+                            test::binaryPath("models/tiny.fb") + " --threads 2 --log-interval 1 --train-iters 8 "
+                            "--eval-interval 0 --on-nan skip --exit-interval 3 --save " + ck);
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  CHECK(r.out.find("step      3/8 | skipped") != std::string::npos);
+  CHECK(r.out.find("stopped after step 3 of 8: --exit-interval 3 (step 3)") != std::string::npos);
+  CHECK(test::readFile(ck + "/latest_checkpointed_iteration.txt").find('3') != std::string::npos);
 }
 
 TEST_CASE("tpc run --exit-duration-in-mins stops once the run has taken that long", "[run][cli][exit]") {
