@@ -31,8 +31,21 @@ bool isNumber(const std::string& w, double& value) {
 
 }  // namespace
 
-Result<std::vector<DataBlendEntry>> parseDataBlend(std::string_view spec) {
-  const std::vector<std::string> ws = words(spec);
+Result<std::vector<DataBlendEntry>> parseDataBlend(std::string_view spec,
+                                                   const std::function<bool(const std::string&)>& isDataset) {
+  std::vector<std::string> ws;
+  if (spec.find('\n') != std::string_view::npos) {
+    for (size_t start = 0; start <= spec.size();) {
+      size_t end = std::min(spec.find('\n', start), spec.size());
+      if (end > start) ws.emplace_back(spec.substr(start, end - start));
+      start = end + 1;
+    }
+  } else if (isDataset && !spec.empty() && isDataset(std::string(spec))) {
+    return std::vector<DataBlendEntry>{{std::string(spec), 0}};
+  } else {
+    ws = words(spec);
+  }
+  if (ws.size() == 1) return std::vector<DataBlendEntry>{{ws[0], 0}};  // Megatron-LM: one word is a prefix
   if (ws.empty()) return makeError("--data-path: no dataset prefix given (expected PREFIX, or weight-prefix pairs such as "
                                    "'0.3 web 0.7 books')");
   double first = 0;
@@ -64,6 +77,12 @@ Result<std::vector<DataBlendEntry>> parseDataBlend(std::string_view spec) {
     entries.push_back({ws[i + 1], w});
   }
   return entries;
+}
+
+bool looksLikeModelFile(const std::string& word) {
+  for (std::string_view ext : {".fb", ".json"})
+    if (word.size() > ext.size() && word.compare(word.size() - ext.size(), ext.size(), ext) == 0) return true;
+  return false;
 }
 
 BlendOrder::BlendOrder(std::vector<double> weights) : weights_(std::move(weights)), taken_(weights_.size(), 0) {

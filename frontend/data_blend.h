@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -20,10 +21,17 @@ struct DataBlendEntry {
   double weight = 0;  // as given (not normalized); 0 when the blend has no weights
 };
 
-// The words of a --data-path value (or of a model file's data_path), split at whitespace: one prefix, prefixes
-// alone, or weight-prefix pairs ("0.3 A 0.7 B"). Weights must be positive and finite; a blend gives all of them or
-// none. Errors name the word and the expected form.
-Result<std::vector<DataBlendEntry>> parseDataBlend(std::string_view spec);
+// The words of a --data-path value (or of a model file's data_path): one prefix, prefixes alone, or weight-prefix
+// pairs ("0.3 A 0.7 B"). Words are split at newlines where the value has any (Flags::words joins words that hold
+// spaces so), else at whitespace, except that a value `isDataset` accepts whole is one prefix ("my data/web"). One
+// word is a prefix, even a number. Weights must be positive and finite; a blend gives all of them or none. Errors
+// name the word and the expected form.
+Result<std::vector<DataBlendEntry>> parseDataBlend(std::string_view spec,
+                                                   const std::function<bool(const std::string&)>& isDataset = {});
+
+// A word that names a model file (.fb or .json), which a --data-path prefix does not: the commands say when one
+// landed among --data-path's words.
+bool looksLikeModelFile(const std::string& word);
 
 // Megatron's build_blending_indices: sample s goes to the dataset furthest below its share, the dataset i with the
 // largest weight_i * max(s, 1) - taken_i (the first such on a tie). Deterministic, so a position alone resumes it.

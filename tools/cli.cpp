@@ -132,8 +132,15 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
         return false;
       }
       val = args[++i];
-      if (spec->severalWords)
-        while (i + 1 < args.size() && !args[i + 1].empty() && args[i + 1][0] != '-') val += " " + args[++i];
+      if (spec->severalWords) {
+        // Joined by spaces, or by newlines where a word holds a space itself ("my data/web"), so that the words
+        // can be told apart again (parseDataBlend).
+        std::vector<std::string> words{val};
+        while (i + 1 < args.size() && !args[i + 1].empty() && args[i + 1][0] != '-') words.push_back(args[++i]);
+        bool spaced = false;
+        for (const std::string& w : words) spaced |= w.find_first_of(" \t") != std::string::npos;
+        for (size_t w = 1; w < words.size(); ++w) val += (spaced ? "\n" : " ") + words[w];
+      }
     }
     if (!spec->repeated && values_.count(name)) {
       exitCode = fail(command_, "option " + dashed(name) + " is given twice");

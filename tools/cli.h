@@ -39,7 +39,8 @@ class Flags {
   // A value flag that may be given several times.
   Flags& list(const std::string& name, const std::string& help);
   // A value of several words, as Megatron-LM's `--data-path 0.3 web 0.7 books`: the words up to the next one that
-  // starts with '-' are the value, joined by spaces (--name=VALUE takes one word).
+  // starts with '-' are the value, joined by spaces, or by newlines when a word holds a space or a tab
+  // (--name=VALUE takes one word).
   Flags& words(const std::string& name, const std::string& help);
 
   // Parses; on --help prints the help and returns false with exitCode 0; on a bad flag prints one

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "frontend/byte_tokenizer.h"
+#include "frontend/data_blend.h"
 #include "frontend/model_file.h"
 #include "models/gpt.h"
 #include "tools/cli.h"
@@ -36,6 +37,14 @@ int runNew(std::vector<std::string> args) {
       .words("data-path", "indexed dataset prefix, or a blend as in Megatron-LM ('0.3 web 0.7 books', 'web books')");
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
+  // --data-path takes the words up to the next option: a word of the command line that landed there is named.
+  if (flags.has("data-path"))
+    if (auto blend = parseDataBlend(flags.get("data-path")); blend)
+      for (const DataBlendEntry& e : *blend)
+        if (e.prefix == "gpt" || looksLikeModelFile(e.prefix))
+          return cli::fail("new", cat("'", e.prefix, "' was read as a dataset prefix of --data-path (the words after it up "
+                                      "to the next option are all prefixes); put it before --data-path: tpc new gpt "
+                                      "--preset tiny --data-path PREFIX -o gpt.fb"));
   if (flags.positional().empty() || flags.positional()[0] != "gpt")
     return cli::fail("new", "expected the architecture 'gpt' (tpc new gpt --preset tiny -o gpt.fb)");
   if (flags.positional().size() > 1)

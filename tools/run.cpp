@@ -199,7 +199,7 @@ std::string describeData(const TrainingData& data, const BlendedWindows& train) 
 Result<TrainingData> openTrainingData(const TrainConfig& config, const std::string& splitName,
                                       const std::optional<GptConfig>& gpt) {
   TrainingData d;
-  TPC_ASSIGN(d.entries, parseDataBlend(config.dataPath));
+  TPC_ASSIGN(d.entries, parseDataBlend(config.dataPath, [](const std::string& p) { return resolveDataPath(p).ok(); }));
   for (DataBlendEntry& e : d.entries) {
     TPC_ASSIGN(e.prefix, resolveDataPath(e.prefix));
     TPC_ASSIGN(IndexedDataset dataset, IndexedDataset::open(e.prefix));
@@ -313,7 +313,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (!flags.parse(args, rc)) return rc;
   if (auto blend = parseDataBlend(flags.get("data-path")); flags.positional().empty() && blend)
     for (const DataBlendEntry& e : *blend)
-      if (llvm::StringRef(e.prefix).endswith(".fb") || llvm::StringRef(e.prefix).endswith(".json"))
+      if (looksLikeModelFile(e.prefix))
         return cli::fail("run", cat("expected one model file, and '", e.prefix, "' was read as a dataset prefix of "
                                     "--data-path (the words after it up to the next option are all prefixes); put the "
                                     "model file first: tpc run ", e.prefix, " --data-path ..."));

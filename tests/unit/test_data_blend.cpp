@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,26 @@ TEST_CASE("a --data-path value is one prefix, prefixes, or weight-prefix pairs",
   REQUIRE(weighted->size() == 2);
   CHECK(((*weighted)[0].prefix == "web" && (*weighted)[0].weight == 0.3));
   CHECK(((*weighted)[1].prefix == "books" && (*weighted)[1].weight == 0.7));
+
+  // One word is a prefix, even a number (Megatron-LM's get_blend_from_list); words joined by newlines keep their
+  // spaces; a value a dataset check accepts whole is one prefix.
+  auto numeric = parseDataBlend("7");
+  REQUIRE(numeric.ok());
+  CHECK(((*numeric).size() == 1 && (*numeric)[0].prefix == "7"));
+  auto spaced = parseDataBlend("0.5\nmy data/web\n0.5\nbooks");
+  REQUIRE(spaced.ok());
+  REQUIRE(spaced->size() == 2);
+  CHECK((*spaced)[0].prefix == "my data/web");
+  auto whole = parseDataBlend("my data/web", [](const std::string& p) { return p == "my data/web"; });
+  REQUIRE(whole.ok());
+  CHECK(((*whole).size() == 1 && (*whole)[0].prefix == "my data/web"));
+  auto split = parseDataBlend("my data/web", [](const std::string&) { return false; });
+  REQUIRE(split.ok());
+  CHECK(split->size() == 2);
+  CHECK(looksLikeModelFile("gpt.fb"));
+  CHECK(looksLikeModelFile("m.json"));
+  CHECK_FALSE(looksLikeModelFile("data/web"));
+  CHECK_FALSE(looksLikeModelFile(".fb"));
 
   struct Case {
     const char* spec;
@@ -240,4 +261,30 @@ TEST_CASE("tpc new/run: --data-path takes the words up to the next option, and a
   auto odd = test::runCommand(run + "--train-iters 1 --data-path 0.3 " + a + " 0.7");
   CHECK(odd.exitCode == 1);
   CHECK(odd.err.find("weights and prefixes do not pair up") != std::string::npos);
+  // `tpc new`: the architecture or the output given after --data-path is named, not swallowed.
+  for (const std::string& args : {" new gpt --data-path " + a + " gpt -o " + d + "/x.json",
+                                  " new --data-path " + a + " gpt --preset tiny -o " + d + "/x.json"}) {
+    auto swallowed = test::runCommand(test::tpcBinary() + args);
+    INFO(args << ": " << swallowed.err);
+    CHECK(swallowed.exitCode == 1);
+    CHECK(swallowed.err.find("'gpt' was read as a dataset prefix of --data-path") != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(d + "/x.json"));
+  }
+
+  // A dataset folder with a space in its name: one word, with other words, or in the model file.
+  std::filesystem::create_directories(d + "/my data");
+  writeTagged(d + "/my data/c", 2, 300);
+  const std::string spacedPrefix = d + "/my data/c";
+  for (const std::string& flag : {"--data-path '" + spacedPrefix + "'", "'--data-path=" + spacedPrefix + "'",
+                                  "--data-path 0.5 '" + spacedPrefix + "' 0.5 " + a}) {
+    auto r = test::runCommand(run + "--train-iters 1 " + flag);
+    INFO(flag << ": " << r.err);
+    CHECK(r.exitCode == 0);
+    CHECK(r.out.find(spacedPrefix + " (300 documents") != std::string::npos);
+  }
+  REQUIRE(test::runCommand(test::tpcBinary() + " new gpt --preset tiny --vocab 4000 --seq 16 --data-path '" +
+                           spacedPrefix + "' -o " + d + "/spaced.json").exitCode == 0);
+  auto fromFile = test::runCommand(test::tpcBinary() + " run " + d + "/spaced.json --micro-batch-size 2 --eval-interval 0 --train-iters 1");
+  INFO(fromFile.err);
+  CHECK(fromFile.exitCode == 0);
 }
