@@ -15,12 +15,16 @@ SamplingCandidates samplingCandidates(std::span<const float> logits, const Sampl
     c.weights = {1.0};
     return c;
   }
-  const int64_t k = options.topK > 0 ? std::min(options.topK, n) : n;
+  int64_t k = options.topK > 0 ? std::min(options.topK, n) : n;
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
+  auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  // Hugging Face's TopKLogitsWarper removes only the tokens below the k-th logit: tokens tied with it stay.
+  const int64_t topK = k;
+  for (int64_t j = topK; j < n; ++j)
+    if (logits[order[j]] == logits[order[topK - 1]]) std::swap(order[k++], order[j]);
+  std::sort(order.begin() + topK, order.begin() + k, before);
   order.resize(k);
   std::vector<double> w(k);
   double sum = 0;

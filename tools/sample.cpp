@@ -66,7 +66,7 @@ int runSample(std::vector<std::string> args) {
       .value("prompt", "the text to continue (empty: start from the end-of-document token)", "")
       .value("max-tokens", "tokens to generate", "64")
       .value("temperature", "softmax temperature; 0: greedy (always the most likely token)", "1.0")
-      .value("top-k", "sample among the K most likely tokens only; 0: all", "0")
+      .value("top-k", "sample among the K most likely tokens only (and those tied with the K-th, as Hugging Face keeps them); 0: all", "0")
       .value("top-p", "nucleus sampling: among the fewest most likely tokens whose probability reaches P, "
                       "in (0, 1]; 1: all", "1.0")
       .value("seed", "random seed of the sampler", "1234")

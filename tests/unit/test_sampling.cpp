@@ -49,8 +49,12 @@ TEST_CASE("sampling: temperature first, then top-k, then top-p over what top-k k
   // 0.6 is reached by id 2 alone, where over all four tokens it would take two.
   CHECK(kept(kLogits, topP(0.6, 1.0, 2)) == Ids{2});
   CHECK(kept(kLogits, topP(0.7, 1.0, 2)) == Ids{2, 1});
-  // top-k alone, equal logits at its edge: the lower id.
-  CHECK(kept(kLogits, topP(1.0, 1.0, 3)) == Ids{2, 1, 0});
+  // top-k alone, equal logits at its edge: both stay, as Hugging Face's TopKLogitsWarper removes only the tokens
+  // below the k-th logit.
+  CHECK(kept(kLogits, topP(1.0, 1.0, 3)) == Ids{2, 1, 0, 3});
+  CHECK(kept({1.f, 2.f, 2.f, 0.f}, topP(1.0, 1.0, 1)) == Ids{1, 2});
+  CHECK(kept({2.f, 0.f, 2.f, 2.f, 1.f}, topP(1.0, 1.0, 2)) == Ids{0, 2, 3});
+  CHECK(kept({3.f, 1.f, 2.f, 1.f}, topP(1.0, 1.0, 2)) == Ids{0, 2});
   // Greedy ignores both.
   CHECK(kept(kLogits, topP(0.9, 0.0, 3)) == Ids{2});
 }
