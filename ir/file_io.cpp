@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -41,9 +42,12 @@ GuardSlot gGuards[kGuardSlots];
 static_assert(std::atomic<unsigned>::is_always_lock_free);
 
 // How many FileCommits are renaming now, and a signal that came meanwhile on a thread that did not block it: it ends
-// the process when the last commit is done, not between two renames.
+// the process when the last commit is done, not between two renames. gHandlersActive counts the handlers running
+// now: a commit starts its renames only when none is, so that a handler that found no commit running does not
+// remove the temporaries and end the process while a commit that started after its check renames.
 std::atomic<int> gCommitsRunning{0};
 std::atomic<int> gDeferredSignal{0};
+std::atomic<int> gHandlersActive{0};
 static_assert(std::atomic<int>::is_always_lock_free);
 
 // unlink, or for a folder (a staged checkpoint) its files and then the folder: only system calls, as a signal handler
@@ -67,8 +71,13 @@ void removeFileOrFlatFolder(const char* path) {
 }
 
 void removeGuardedFiles(int sig) {
-  if (gCommitsRunning.load() > 0) {
-    gDeferredSignal.store(sig);
+  ++gHandlersActive;
+  // The signal is recorded first: a commit ending between this store and the check below delivers it itself (its
+  // exchange finds it), and then this handler's exchange finds 0 and leaves it to that commit. Exactly one of them
+  // takes it, so none is lost.
+  gDeferredSignal.store(sig);
+  if (gCommitsRunning.load() > 0 || gDeferredSignal.exchange(0) == 0) {
+    --gHandlersActive;
     return;
   }
   for (GuardSlot& g : gGuards)
@@ -91,18 +100,18 @@ void removeGuardedFiles(int sig) {
   ::raise(sig);
 }
 
+// Looked at again for every guard, not once: another handler (tpc run --exit-signal-handler) may have given a signal
+// back to the default action since.
 void installSignalCleanup() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
-      struct sigaction old {};
-      if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;  // ignored, or another's
-      struct sigaction sa {};
-      sa.sa_handler = removeGuardedFiles;
-      sigemptyset(&sa.sa_mask);
-      ::sigaction(sig, &sa, nullptr);
-    }
-  });
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;  // ignored, ours, or another's
+    struct sigaction sa {};
+    sa.sa_handler = removeGuardedFiles;
+    sa.sa_flags = SA_RESTART;  // a write the signal interrupts on another thread goes on (stdio does not retry EINTR)
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, nullptr);
+  }
 }
 
 }  // namespace
@@ -161,6 +170,9 @@ class SignalsHeld {
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
     ::pthread_sigmask(SIG_BLOCK, &set, &old_);
     ++gCommitsRunning;
+    // A handler already past its check on another thread ends the process (this commit has renamed nothing) or
+    // returns soon: wait for it.
+    while (gHandlersActive.load() > 0) ::sched_yield();
   }
   SignalsHeld(const SignalsHeld&) = delete;
   SignalsHeld& operator=(const SignalsHeld&) = delete;
@@ -227,11 +239,35 @@ FileCommit& FileCommit::operator=(FileCommit&& o) noexcept {
 void FileCommit::setStepHookForTesting(StepHook hook) { gStepHook = hook; }
 void FileCommit::setMoveAsideForTesting(bool on) { gMoveAside = on; }
 
+// PATH.tmp.HOST.PID.N temporaries of PATH left by processes of this machine that no longer run (killed by SIGKILL or
+// the OOM killer, which no handler sees): removed, so that they do not pile up (a dataset's is gigabytes). Another
+// machine's, on a shared file system, are left alone: its PIDs mean nothing here.
+void removeStaleTemporaries(const std::string& path, const std::string& host) {
+  const std::string folder = folderOf(path), prefix = std::filesystem::path(path).filename().string() + ".tmp." + host + ".";
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    char* stop = nullptr;
+    const long pid = std::strtol(name.c_str() + prefix.size(), &stop, 10);
+    if (pid <= 0 || *stop != '.' || pid == ::getpid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) removeAll(it->path().string());
+  }
+}
+
 std::string FileCommit::stage(const std::string& path) {
   static std::atomic<unsigned long> counter{0};
+  static const std::string host = [] {
+    char h[256] = "host";
+    ::gethostname(h, sizeof h - 1);
+    std::string s = h;
+    std::replace(s.begin(), s.end(), '/', '_');
+    return s;
+  }();
+  removeStaleTemporaries(path, host);
   Entry e;
   e.path = path;
-  e.tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  e.tmp = path + ".tmp." + host + "." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   e.guard = RemoveOnSignal(e.tmp);
   entries_.push_back(std::move(e));
   return entries_.back().tmp;

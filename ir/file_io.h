@@ -36,8 +36,9 @@ class RemoveOnSignal {
 
 // Files (or folders) replaced together, as one: a dataset's .bin and .idx, a model file and its weights, a Hugging
 // Face model's config and tensors. A failure or a signal between two separate atomic writes would pair a new file with
-// an old one. Each is first written in full under a temporary name of its own, PATH.tmp.PID.N (unique to this process
-// and call, so two runs writing one PATH never share a temporary), guarded by RemoveOnSignal. commit() then moves them
+// an old one. Each is first written in full under a temporary name of its own, PATH.tmp.HOST.PID.N (unique to this
+// process and call, so two runs writing one PATH never share a temporary), guarded by RemoveOnSignal; staging one
+// removes PATH's temporaries that processes of this machine which no longer run left behind (a SIGKILL). commit() then moves them
 // all into place in the order they were added:
 //  - with SIGINT, SIGTERM and SIGHUP held off until the last is in place (one that comes meanwhile ends the process
 //    after the commit, not between two of its renames);

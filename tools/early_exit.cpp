@@ -24,6 +24,7 @@ void installExitSignalHandler() {
   for (int sig : {SIGTERM, SIGINT}) {
     struct sigaction sa {};
     sa.sa_handler = onExitSignal;
+    sa.sa_flags = SA_RESTART;  // the write it interrupts goes on (stdio does not retry EINTR: `tpc run | tee`)
     sigemptyset(&sa.sa_mask);
     ::sigaction(sig, &sa, nullptr);
   }

@@ -102,7 +102,9 @@ TEST_CASE("FileCommit: temporary names differ between calls and between processe
   FileCommit a, b;
   const std::string mine = a.stage(target), again = b.stage(target);
   CHECK(mine != again);
-  CHECK(mine.rfind(target + ".tmp." + std::to_string(::getpid()) + ".", 0) == 0);
+  char host[256] = "host";
+  ::gethostname(host, sizeof host - 1);
+  CHECK(mine.rfind(target + ".tmp." + host + "." + std::to_string(::getpid()) + ".", 0) == 0);
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
   pid_t pid = fork();
@@ -122,6 +124,33 @@ TEST_CASE("FileCommit: temporary names differ between calls and between processe
   CHECK(theirs.rfind(target + ".tmp.", 0) == 0);
   CHECK(theirs != mine);
   CHECK(theirs != again);
+}
+
+// Review: a SIGKILLed `tpc prepare` left its multi-gigabyte PREFIX.bin.tmp.PID.N behind for good, one per run.
+TEST_CASE("FileCommit: staging removes the temporaries of this machine's processes that no longer run", "[file_io]") {
+  test::TempDir dir;
+  const std::string target = dir / "data.bin";
+  char host[256] = "host";
+  ::gethostname(host, sizeof host - 1);
+  pid_t dead = fork();  // a PID that no longer runs: a child that exited and was reaped
+  REQUIRE(dead >= 0);
+  if (dead == 0) ::_exit(0);
+  REQUIRE(waitFor(dead) == 0);
+  const std::string base = target + ".tmp." + host + ".";
+  const std::string deadFile = base + std::to_string(dead) + ".0", deadFolder = base + std::to_string(dead) + ".1",
+                    live = base + std::to_string(::getppid()) + ".0", other = target + ".tmp.elsewhere." +
+                                                                           std::to_string(dead) + ".0",
+                    otherTarget = dir / "other.bin.tmp." + host + "." + std::to_string(dead) + ".0";
+  for (const std::string& f : {deadFile, live, other, otherTarget}) test::writeFile(f, "x");
+  fs::create_directories(deadFolder);
+  test::writeFile(deadFolder + "/model.safetensors", "x");
+  FileCommit c;
+  c.stage(target);
+  CHECK_FALSE(fs::exists(deadFile));
+  CHECK_FALSE(fs::exists(deadFolder));
+  CHECK(fs::exists(live));         // its process runs
+  CHECK(fs::exists(other));        // another machine's
+  CHECK(fs::exists(otherTarget));  // another file's
 }
 
 TEST_CASE("FileCommit: replaces every file, or none when a write fails", "[file_io]") {
