@@ -32,7 +32,6 @@ const MegatronFlag kMegatronFlags[] = {
     {"sequence-parallel", Kind::Flag, "sp", false, "", ""},
     {"recompute-activations", Kind::Flag, "recompute", false, "selective", ""},
     {"recompute-granularity", Kind::Flag, "recompute", true, "selective|full", ""},
-    {"lr-warmup-fraction", Kind::Flag, "lr-warmup-iters", false, "N", "; a number of steps, not a fraction of --train-iters"},
     {"seq-length", Kind::Flag, "seq", true, "N", ""},  // `tpc new` (tpc run has --seq-length)
     {"num-layers", Kind::ModelFile, "layers", true, "N", ""},
     {"hidden-size", Kind::ModelFile, "hidden", true, "N", ""},

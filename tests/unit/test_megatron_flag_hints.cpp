@@ -25,9 +25,6 @@ TEST_CASE("unknown options: Megatron-LM's names and typos get a did-you-mean", "
        "'--recompute-activations'; did you mean --recompute selective? (tpc's name for Megatron-LM's --recompute-activations)"},
       {"run M --recompute-granularity full",
        "'--recompute-granularity'; did you mean --recompute full? (tpc's name for Megatron-LM's --recompute-granularity)"},
-      {"run M --lr-warmup-fraction 0.01",
-       "'--lr-warmup-fraction'; did you mean --lr-warmup-iters N? (tpc's name for Megatron-LM's --lr-warmup-fraction; a "
-       "number of steps, not a fraction of --train-iters)"},
       {"run M --use-flash-attn",
        "'--use-flash-attn': Megatron-LM's flag is not needed: tpc's attention is always one fused flash/cuDNN kernel; drop it"},
       {"run M --ffn-hidden-size 3072",
