@@ -170,4 +170,41 @@ TEST_CASE("unknown options: Megatron-LM's implementation and architecture flags 
   runCases(cases, tiny);
 }
 
+TEST_CASE("unknown options: all of a command line's are one error, each with its hint", "[cli][megatron]") {
+  const std::string tiny = test::binaryPath("models/tiny.fb");
+  // A pasted Megatron-LM command: each unknown option's value ("2", "local", "-0.5") is taken as its own, neither a
+  // second model file nor an option.
+  auto r = test::runCommand(test::tpcBinary() + " run " + tiny + " --use-mcore-models --num-workers 2 --tp 1 "
+                            "--tensor-model-parallel-size 2 --lr-warmup-init -0.5 --DDP-impl local --tarin-iters 5");
+  INFO(r.err);
+  CHECK(r.exitCode == 1);
+  CHECK(r.out.empty());
+  CHECK(r.err ==
+        "tpc run: error: 6 unknown options:\n"
+        "  unknown option '--use-mcore-models': Megatron-LM's flag is not needed: tpc builds its GPT as a graph of its own "
+        "(no legacy or Megatron-Core model to pick); drop it\n"
+        "  unknown option '--num-workers': Megatron-LM's flag is not needed: tpc reads the memory-mapped dataset in the "
+        "training process, with no loader workers; drop it\n"
+        "  unknown option '--tensor-model-parallel-size'; did you mean --tp 2? (tpc's name for Megatron-LM's "
+        "--tensor-model-parallel-size)\n"
+        "  unknown option '--lr-warmup-init' (see 'tpc run --help')\n"
+        "  unknown option '--DDP-impl': Megatron-LM's flag is not needed: tpc's --dp reduces the gradients inside its "
+        "training step (collectives in the graph), with no DDP wrapper to pick; drop it\n"
+        "  unknown option '--tarin-iters'; did you mean --train-iters? (see 'tpc run --help')\n");
+  // Other bad options join them in the same error.
+  auto mixed = test::runCommand(test::tpcBinary() + " run " + tiny + " --zzz --save --quiet --log-interval");
+  CHECK(mixed.exitCode == 1);
+  CHECK(mixed.err ==
+        "tpc run: error: 3 bad options:\n"
+        "  unknown option '--zzz' (see 'tpc run --help')\n"
+        "  option --save needs a value, but the next argument is the option '--quiet' (write --save=VALUE for a value "
+        "that starts with --)\n"
+        "  option --log-interval needs a value\n");
+  // One unknown option is the one line it always was.
+  auto one = test::runCommand(test::tpcBinary() + " run " + tiny + " --num-workers 2");
+  CHECK(one.err == "tpc run: error: unknown option '--num-workers': Megatron-LM's flag is not needed: tpc reads the "
+                   "memory-mapped dataset in the training process, with no loader workers; drop it\n");
+}
+
 }  // namespace tpc
+
