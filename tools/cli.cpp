@@ -1,6 +1,7 @@
 // Sub-command registry and flag parsing for the `tpc` command line.
 #include "tools/cli.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <iostream>
@@ -16,6 +17,13 @@ std::map<std::string, Subcommand>& registry() {
 }
 // "-o" for one-letter flags, "--name" otherwise: the flag as the user types it.
 std::string dashed(const std::string& name) { return (name.size() == 1 ? "-" : "--") + name; }
+
+// The word after an unknown option, taken for its value: not an option, but a negative number is one ("-0.5").
+bool looksLikeValue(const std::string& word) {
+  if (word.empty()) return false;
+  if (word[0] != '-') return true;
+  return word.size() > 1 && (std::isdigit(static_cast<unsigned char>(word[1])) || word[1] == '.');
+}
 }  // namespace
 
 void registerSubcommand(Subcommand s) { registry()[s.name] = std::move(s); }
@@ -73,6 +81,9 @@ std::string Flags::help() const {
 }
 
 bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
+  // Every bad option of the command line, so that a pasted Megatron-LM command is fixed in one round.
+  std::vector<std::string> errors;
+  size_t unknown = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -97,27 +108,26 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
     }
     const Spec* spec = find(name);
     if (!spec) {
+      // The next word is taken for the option's value ("--num-workers 2"): not a positional, and shown in the hint.
       std::optional<std::string> given;
       if (hasEq) given = val;
-      else if (i + 1 < args.size() && !args[i + 1].empty() && args[i + 1][0] != '-') given = args[i + 1];
+      else if (i + 1 < args.size() && looksLikeValue(args[i + 1])) given = args[++i];
       std::vector<std::string> known;
       for (const auto& [n, s] : specs_) known.push_back(n);
       std::string hint = unknownOptionHint(command_, name, given, known);
-      exitCode = fail(command_, "unknown option '" + a + "'" + (hint.empty() ? " (see 'tpc " + command_ + " --help')" : hint));
-      return false;
+      errors.push_back("unknown option '" + a + "'" + (hint.empty() ? " (see 'tpc " + command_ + " --help')" : hint));
+      ++unknown;
+      continue;
     }
     if (!spec->takesValue) {
-      if (hasEq) {
-        exitCode = fail(command_, "option " + dashed(name) + " takes no value");
-        return false;
-      }
-      values_[name].push_back("true");
+      if (hasEq) errors.push_back("option " + dashed(name) + " takes no value");
+      else values_[name].push_back("true");
       continue;
     }
     if (!hasEq) {
       if (i + 1 >= args.size()) {
-        exitCode = fail(command_, "option " + dashed(name) + " needs a value");
-        return false;
+        errors.push_back("option " + dashed(name) + " needs a value");
+        continue;
       }
       // "--save --quiet": the next word is a flag, not the value; "--x=--y" passes a value that starts with "--".
       // So is one of this command's one-letter flags ("--preset -o m.fb" took -o as the preset, then blamed m.fb);
@@ -126,10 +136,9 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
       const bool longFlag = next.size() > 2 && next.compare(0, 2, "--") == 0;
       const std::string shortName = next.size() >= 2 && next[0] == '-' && next[1] != '-' ? next.substr(1, next.find('=') - 1) : "";
       if (longFlag || (shortName.size() == 1 && (shortName == "h" || find(shortName)))) {
-        exitCode = fail(command_, "option " + dashed(name) + " needs a value, but the next argument is the option '" +
-                                      next + "' (write " + dashed(name) + "=VALUE for a value that starts with " +
-                                      (longFlag ? "--" : "-") + ")");
-        return false;
+        errors.push_back("option " + dashed(name) + " needs a value, but the next argument is the option '" + next +
+                         "' (write " + dashed(name) + "=VALUE for a value that starts with " + (longFlag ? "--" : "-") + ")");
+        continue;
       }
       val = args[++i];
       if (spec->severalWords) {
@@ -143,10 +152,20 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
       }
     }
     if (!spec->repeated && values_.count(name)) {
-      exitCode = fail(command_, "option " + dashed(name) + " is given twice");
-      return false;
+      errors.push_back("option " + dashed(name) + " is given twice");
+      continue;
     }
     values_[name].push_back(val);
+  }
+  if (errors.size() == 1) {
+    exitCode = fail(command_, errors[0]);
+    return false;
+  }
+  if (!errors.empty()) {
+    std::string message = unknown == errors.size() ? cat(unknown, " unknown options:") : cat(errors.size(), " bad options:");
+    for (const std::string& e : errors) message += "\n  " + e;
+    exitCode = fail(command_, message);
+    return false;
   }
   exitCode = 0;
   return true;

@@ -43,8 +43,9 @@ class Flags {
   // (--name=VALUE takes one word).
   Flags& words(const std::string& name, const std::string& help);
 
-  // Parses; on --help prints the help and returns false with exitCode 0; on a bad flag prints one
-  // error line and returns false with exitCode 1.
+  // Parses; on --help prints the help and returns false with exitCode 0; on bad flags prints one error (a line,
+  // or with several bad flags a line for each, all unknown options of the command line among them, each with its
+  // hint) and returns false with exitCode 1. An unknown option's next word is taken for its value.
   bool parse(const std::vector<std::string>& args, int& exitCode);
 
   bool has(const std::string& name) const;

@@ -12,7 +12,7 @@ namespace {
 enum class Kind {
   Flag,       // a flag of the sub-command (only suggested where it has it)
   ModelFile,  // a model-file field: `tpc new` has the flag, the other sub-commands read the file
-  Note,       // no tpc flag: the note says why
+  Note,       // no tpc flag: the note says why ("{value}" in it: the user's value, or `value`)
 };
 
 struct MegatronFlag {
@@ -32,7 +32,6 @@ const MegatronFlag kMegatronFlags[] = {
     {"sequence-parallel", Kind::Flag, "sp", false, "", ""},
     {"recompute-activations", Kind::Flag, "recompute", false, "selective", ""},
     {"recompute-granularity", Kind::Flag, "recompute", true, "selective|full", ""},
-    {"lr-warmup-fraction", Kind::Flag, "lr-warmup-iters", false, "N", "; a number of steps, not a fraction of --train-iters"},
     {"seq-length", Kind::Flag, "seq", true, "N", ""},  // `tpc new` (tpc run has --seq-length)
     {"num-layers", Kind::ModelFile, "layers", true, "N", ""},
     {"hidden-size", Kind::ModelFile, "hidden", true, "N", ""},
@@ -45,6 +44,80 @@ const MegatronFlag kMegatronFlags[] = {
      "Megatron-LM's flag has no equivalent in tpc, whose GPT has an MLP of 4 x hidden (as GPT-2's)"},
     {"use-flash-attn", Kind::Note, "", false, "",
      "Megatron-LM's flag is not needed: tpc's attention is always one fused flash/cuDNN kernel; drop it"},
+    // Megatron-LM's speed and implementation switches: tpc has one way, and says which.
+    {"use-mcore-models", Kind::Note, "", false, "",
+     "Megatron-LM's flag is not needed: tpc builds its GPT as a graph of its own (no legacy or Megatron-Core model to "
+     "pick); drop it"},
+    {"transformer-impl", Kind::Note, "", true, "",
+     "Megatron-LM's flag is not needed: tpc compiles its own kernels (no Transformer Engine or local implementation to "
+     "pick); drop it"},
+    {"no-masked-softmax-fusion", Kind::Note, "", false, "",
+     "Megatron-LM's flag is not needed: tpc's attention is always one fused flash/cuDNN kernel, mask and softmax "
+     "inside it; drop it"},
+    {"attention-softmax-in-fp32", Kind::Note, "", false, "",
+     "Megatron-LM's flag is not needed: tpc's attention kernels compute the softmax in fp32 in every precision; drop it"},
+    {"num-workers", Kind::Note, "", true, "",
+     "Megatron-LM's flag is not needed: tpc reads the memory-mapped dataset in the training process, with no loader "
+     "workers; drop it"},
+    {"DDP-impl", Kind::Note, "", true, "",
+     "Megatron-LM's flag is not needed: tpc's --dp reduces the gradients inside its training step (collectives in the "
+     "graph), with no DDP wrapper to pick; drop it"},
+    {"overlap-grad-reduce", Kind::Note, "", false, "",
+     "Megatron-LM's flag is not needed: tpc overlaps its collectives with compute on a communication stream by default "
+     "(--one-stream turns that off); drop it"},
+    {"overlap-param-gather", Kind::Note, "", false, "",
+     "Megatron-LM's flag is not needed: tpc overlaps its collectives with compute on a communication stream by default "
+     "(--one-stream turns that off); drop it"},
+    {"accumulate-allreduce-grads-in-fp32", Kind::Note, "", false, "",
+     "Megatron-LM's flag is not needed: tpc's parameter gradients are always fp32 (the fp32 master weights'), "
+     "accumulated and all-reduced in fp32; drop it"},
+    {"ckpt-format", Kind::Note, "", true, "",
+     "Megatron-LM's flag is not needed: tpc writes one checkpoint format (iter_N/model.safetensors and state.json, "
+     "loadable under any --tp/--dp/--sp; `tpc export --hf` writes a Hugging Face GPT-2); drop it"},
+    {"use-checkpoint-args", Kind::Note, "", false, "",
+     "Megatron-LM's flag is not needed: tpc takes the model's sizes from the model file, and --load checks the "
+     "checkpoint against them; drop it"},
+    {"log-throughput", Kind::Note, "", false, "",
+     "Megatron-LM's flag is not needed: tpc logs tokens/s (and MFU on a GPU) every --log-interval; drop it"},
+    {"timing-log-level", Kind::Note, "", true, "",
+     "Megatron-LM's flag is not needed: tpc prints its startup times, and --profile-step N times one step kernel by "
+     "kernel; drop it"},
+    {"log-num-zeros-in-grad", Kind::Note, "", false, "",
+     "Megatron-LM's flag has no equivalent in tpc, which logs the gradient norm every --log-interval; drop it"},
+    {"log-validation-ppl-to-tensorboard", Kind::Note, "", false, "",
+     "Megatron-LM's flag is not needed: tpc logs the validation loss and perplexity at every evaluation (the console, "
+     "--log-jsonl, --metrics-port); drop it"},
+    {"init-method-std", Kind::Note, "", true, "X",
+     "the model file holds Megatron-LM's --init-method-std as arch.init_std (GPT-2's 0.02 by default): write a .json "
+     "one with `tpc new gpt --preset NAME -o MODEL.json`, set its arch.init_std to {value}, and run that"},
+    // Megatron-LM's other architectures: tpc's GPT is GPT-2's.
+    {"untie-embeddings-and-output-weights", Kind::Note, "", false, "",
+     "Megatron-LM's flag has no equivalent in tpc, whose GPT is GPT-2's architecture: the output layer is the word "
+     "embedding (tied); drop it"},
+    {"swiglu", Kind::Note, "", false, "",
+     "Megatron-LM's flag has no equivalent in tpc, whose GPT is GPT-2's architecture: a GELU MLP of 4 x hidden; drop it"},
+    {"normalization", Kind::Note, "", true, "",
+     "Megatron-LM's flag has no equivalent in tpc, whose GPT is GPT-2's architecture: LayerNorm; drop it"},
+    {"position-embedding-type", Kind::Note, "", true, "",
+     "Megatron-LM's flag has no equivalent in tpc, whose GPT is GPT-2's architecture: learned absolute position "
+     "embeddings (Megatron-LM's learned_absolute); drop it"},
+    {"no-position-embedding", Kind::Note, "", false, "",
+     "Megatron-LM's flag has no equivalent in tpc, whose GPT is GPT-2's architecture: learned absolute position "
+     "embeddings; drop it"},
+    {"group-query-attention", Kind::Note, "", false, "",
+     "Megatron-LM's flag has no equivalent in tpc, whose GPT is GPT-2's architecture: multi-head attention, a key and "
+     "value head per query head; drop it"},
+    {"num-query-groups", Kind::Note, "", true, "",
+     "Megatron-LM's flag has no equivalent in tpc, whose GPT is GPT-2's architecture: multi-head attention, a key and "
+     "value head per query head; drop it"},
+    // Megatron-LM starts from a checkpoint's weights alone with these two (the step goes on) or with --finetune (the
+    // step starts at 0): tpc has --finetune only, so these are not an alias of it.
+    {"no-load-optim", Kind::Note, "", false, "",
+     "to start from a checkpoint's parameters only, give --load DIR --finetune, as in Megatron-LM (the AdamW state, "
+     "step and data order start anew; tpc does not go on from the checkpoint's step without its AdamW state); drop it"},
+    {"no-load-rng", Kind::Note, "", false, "",
+     "to start from a checkpoint's parameters only, give --load DIR --finetune, as in Megatron-LM (the AdamW state, "
+     "step and data order start anew; tpc does not go on from the checkpoint's step without its AdamW state); drop it"},
     // tools/preprocess_data.py's, met by `tpc prepare` and `tpc tokenize`.
     {"json-keys", Kind::Flag, "json-key", true, "KEY",
      "; one key, whose documents go to PREFIX.bin/.idx (Megatron-LM names them PREFIX_KEY_document)"},
@@ -107,8 +180,12 @@ std::string unknownOptionHint(const std::string& command, const std::string& nam
   for (const MegatronFlag& m : kMegatronFlags) {
     if (spelled != m.name) continue;
     const std::string theirs = cat("Megatron-LM's --", m.name);
-    if (m.kind == Kind::Note) return cat(": ", m.note);
     const std::string v = m.keepsValue && value ? *value : m.value;
+    if (m.kind == Kind::Note) {
+      std::string note = m.note;
+      if (size_t at = note.find("{value}"); at != std::string::npos) note.replace(at, 7, v);
+      return cat(": ", note);
+    }
     const std::string suggestion = cat(dashed(m.flag), v.empty() ? "" : " ", v);
     if (has(m.flag)) return cat("; did you mean ", suggestion, "? (tpc's name for ", theirs, m.note, ")");
     if (m.kind == Kind::ModelFile)

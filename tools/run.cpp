@@ -287,6 +287,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                              "tpc's batches");
   flags.value("backend", "auto | cpu | cuda", "auto")
       .value("collectives", "CUDA with --tp/--dp: nccl (a GPU per rank) | virtual (all ranks on one GPU) | auto", "auto")
+      .value("distributed-backend", "as Megatron-LM, but only nccl (what tpc's GPU ranks use; CPU ranks use MPI)")
       .value("threads", "CPU backend threads (0: all cores)", "0")
       .value("log-jsonl", "also write one JSON object per logged step to this file")
       .value("on-nan", "a step with a NaN/inf loss or gradient norm: stop (fail naming the step and the first "
@@ -392,6 +393,13 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     }
   }
 
+  // Megatron-LM's scripts pass --distributed-backend nccl: tpc's GPU ranks talk over NCCL anyway.
+  if (const std::string b = flags.get("distributed-backend"); flags.has("distributed-backend") && b != "nccl")
+    return cli::fail("run", b == "gloo" ? "--distributed-backend gloo: tpc has no gloo; its CPU ranks talk over MPI (mpirun "
+                                          "-np N tpc run MODEL.fb --backend cpu ...), its GPU ranks over NCCL; drop the flag "
+                                          "(and give --backend cpu for ranks on the CPU)"
+                                        : cat("--distributed-backend ", b, ": expected nccl, what tpc's GPU ranks use (its "
+                                              "CPU ranks use MPI); drop the flag"));
   if (const std::string c = flags.get("collectives"); c != "auto" && c != "nccl" && c != "virtual")
     return cli::fail("run", "--collectives=" + c + " is not a collectives mode (expected auto, nccl or virtual)");
   auto onNan = parseOnNonFinite(flags.get("on-nan"));

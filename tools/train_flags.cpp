@@ -2,6 +2,8 @@
 #include "tools/train_flags.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 
@@ -55,6 +57,45 @@ const StringFlag kStringFlags[] = {
     {"precision", &TrainConfig::precision, "auto | fp32 | bf16 | fp16 (auto: bf16 on the GPU, fp32 on the CPU)"},
 };
 
+// Megatron-LM's sample counts (a run of --train-samples, --lr-decay-samples, --lr-warmup-samples instead of the -iters
+// flags), each refused together with its iterations flag, as Megatron-LM asserts.
+struct SamplesFlag {
+  const char* name;
+  const char* itersFlag;
+  long long lo;
+  const char* help;
+};
+const SamplesFlag kSamplesFlags[] = {
+    {"train-samples", "train-iters", 1,
+     "as Megatron-LM: --train-iters of samples / global batch (rounded down, as Megatron-LM divides)"},
+    {"lr-decay-samples", "lr-decay-iters", 1,
+     "as Megatron-LM: --lr-decay-iters of samples / global batch (to the nearest step)"},
+    {"lr-warmup-samples", "lr-warmup-iters", 0,
+     "as Megatron-LM: --lr-warmup-iters of samples / global batch (to the nearest step)"},
+};
+
+// "the global batch of 8 sequences": samples count sequences, and the batch may come from the flags or the model file.
+std::string globalBatchWords(const TrainConfig& config) { return cat("the global batch of ", config.globalBatch, " sequences"); }
+
+// The steps a count of samples gives: --train-samples rounds down as Megatron-LM's update_train_iters does; the
+// schedule's counts go to the nearest step (Megatron-LM's scheduler counts samples, tpc's whole steps).
+int64_t stepsOfSamples(const std::string& flag, long long samples, int64_t globalBatch) {
+  if (flag == "train-samples") return samples / globalBatch;
+  return std::llround(static_cast<double>(samples) / static_cast<double>(globalBatch));
+}
+
+// The decay's length in steps: --lr-decay-iters, or --train-iters when that is 0.
+int64_t decaySteps(const TrainConfig& config) { return config.decayIters > 0 ? config.decayIters : config.trainIters; }
+
+// How the user gave a count of steps, for errors: "--lr-warmup-iters 5", "--lr-warmup-samples 40 (5 steps)".
+std::string givenAs(const Flags& flags, const std::string& itersFlag, int64_t steps) {
+  for (const SamplesFlag& f : kSamplesFlags)
+    if (itersFlag == f.itersFlag && flags.has(f.name)) return cat("--", f.name, " ", flags.get(f.name), " (", steps, " steps)");
+  if (itersFlag == "lr-warmup-iters" && flags.has("lr-warmup-fraction"))
+    return cat("--lr-warmup-fraction ", flags.get("lr-warmup-fraction"), " (", steps, " steps)");
+  return cat("--", itersFlag, " ", steps);
+}
+
 }  // namespace
 
 void declareTrainingFlags(Flags& flags) {
@@ -64,6 +105,10 @@ void declareTrainingFlags(Flags& flags) {
     if (std::string(f.name) == "data-path") flags.words(f.name, f.help);
     else flags.value(f.name, f.help);
   }
+  flags.value("lr-warmup-fraction", "as Megatron-LM: the warmup as a fraction of the decay steps (--lr-decay-iters, or "
+                                    "--train-iters when that is 0), to the nearest step");
+  for (const SamplesFlag& f : kSamplesFlags) flags.value(f.name, f.help);
+  flags.value("pipeline-model-parallel-size", "as Megatron-LM, but only 1: tpc has no pipeline parallelism (use --tp/--dp)");
   flags.value("seed", "random seed (initialization, data order, dropout)");
   flags.toggle("sp", "sequence parallelism (with --tp)");
   flags.toggle("use-distributed-optimizer", "ZeRO-1: shard the AdamW moments and the update over dp (with --dp)");
@@ -93,19 +138,60 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
   }
   if (flags.on("sp")) config.sp = true;
   if (flags.on("use-distributed-optimizer")) config.distributedOptimizer = true;
+  if (flags.has("pipeline-model-parallel-size")) {
+    TPC_ASSIGN(long long pp, flags.getInt("pipeline-model-parallel-size", 1, int64_t(1) << 24));
+    if (pp != 1) {
+      // Megatron-LM's GPUs are tp x pp x dp; tpc's are tp x dp, so the pp ranks go to one of the two.
+      const int64_t tp = config.tp, dp = config.dp, gpus = tp * pp * dp;
+      return makeError("--pipeline-model-parallel-size ", pp, ": tpc has no pipeline parallelism; spread the same ", gpus,
+                       " GPUs (tp ", tp, " x pp ", pp, " x dp ", dp, ") over --tp and --dp instead, with tp x dp = ", gpus,
+                       ": e.g. ", tp > 1 ? cat("--tp ", tp, " ") : std::string(), "--dp ", pp * dp, ", or --tp ", tp * pp,
+                       dp > 1 ? cat(" --dp ", dp) : std::string());
+    }
+  }
   if (flags.on("bf16") && flags.on("fp16")) return makeError("--bf16 and --fp16 exclude each other; give one");
   for (const char* alias : {"bf16", "fp16"})
     if (flags.on(alias) && flags.has("precision") && flags.get("precision") != alias)
       return makeError("--", alias, " and --precision ", flags.get("precision"), " exclude each other; give one");
+  // Megatron-LM counts a run in samples or in iterations, and its warmup as a fraction or a count: one of each pair.
+  for (const SamplesFlag& f : kSamplesFlags)
+    if (flags.has(f.name) && flags.has(f.itersFlag))
+      return makeError("--", f.name, " and --", f.itersFlag, " exclude each other; give one");
+  for (const char* warmup : {"lr-warmup-iters", "lr-warmup-samples"})
+    if (flags.has("lr-warmup-fraction") && flags.has(warmup))
+      return makeError("--lr-warmup-fraction and --", warmup, " exclude each other; give one");
+  for (const SamplesFlag& f : kSamplesFlags) {
+    if (!flags.has(f.name)) continue;
+    TPC_ASSIGN(long long samples, flags.getInt(f.name, f.lo, int64_t(1) << 50));
+    if (config.globalBatch < 1) break;  // validateTrainConfig names the batch
+    const int64_t steps = stepsOfSamples(f.name, samples, config.globalBatch);
+    if (steps < f.lo) {
+      const bool train = std::string(f.name) == "train-samples";
+      return makeError("--", f.name, " ", samples, " is less than ", train ? "" : "half ", globalBatchWords(config),
+                       ": no step to ", train ? "train" : "decay over");
+    }
+    if (std::string(f.itersFlag) == "train-iters") config.trainIters = steps;
+    if (std::string(f.itersFlag) == "lr-decay-iters") config.decayIters = steps;
+    if (std::string(f.itersFlag) == "lr-warmup-iters") config.warmupIters = steps;
+  }
+  // Megatron-LM's lr_warmup_steps = lr_warmup_fraction x lr_decay_steps.
+  if (flags.has("lr-warmup-fraction")) {
+    TPC_ASSIGN(double fraction, flags.getDouble("lr-warmup-fraction"));
+    if (!(fraction >= 0 && fraction <= 1))
+      return makeError("--lr-warmup-fraction=", flags.get("lr-warmup-fraction"), " must be in [0, 1] (a fraction of the decay steps)");
+    config.warmupIters = std::llround(fraction * static_cast<double>(decaySteps(config)));
+  }
+  const bool warmupGiven = flags.has("lr-warmup-iters") || flags.has("lr-warmup-samples") || flags.has("lr-warmup-fraction");
+  const std::string warmup = warmupGiven ? givenAs(flags, "lr-warmup-iters", config.warmupIters)
+                                         : cat("the model file's lr_warmup_iters ", config.warmupIters);
   // Megatron-LM asserts the same: warmup inside the decay (an explicit --lr-decay-iters; 0 is --train-iters).
-  if (flags.has("lr-decay-iters") && config.decayIters > 0 && config.warmupIters >= config.decayIters)
-    return makeError(flags.has("lr-warmup-iters") ? "--lr-warmup-iters " : "the model file's lr_warmup_iters ", config.warmupIters,
-                     " must be less than --lr-decay-iters ", config.decayIters);
+  if ((flags.has("lr-decay-iters") || flags.has("lr-decay-samples")) && config.decayIters > 0 &&
+      config.warmupIters >= config.decayIters)
+    return makeError(warmup, " must be less than ", givenAs(flags, "lr-decay-iters", config.decayIters));
   // The same when the decay's length is --train-iters: a warmup given on the command line must end inside it (the
   // model file's warmup is left to short trial runs, which warm up only).
-  if (flags.has("lr-warmup-iters") && config.decayIters == 0 && config.warmupIters > 0 &&
-      config.warmupIters >= config.trainIters)
-    return makeError("--lr-warmup-iters ", config.warmupIters, " must be less than --train-iters ", config.trainIters,
+  if (warmupGiven && config.decayIters == 0 && config.warmupIters > 0 && config.warmupIters >= config.trainIters)
+    return makeError(warmup, " must be less than ", givenAs(flags, "train-iters", config.trainIters),
                      " (the lr decays over the steps after the warmup; or give --lr-decay-iters)");
   if (flags.on("bf16")) config.precision = "bf16";
   if (flags.on("fp16")) config.precision = "fp16";
@@ -129,6 +215,26 @@ ConfigFieldName flagOrFieldName(const Flags& flags, const RenamedFlags& renamed)
 }
 
 void warnIneffectiveFlags(const std::string& command, const Flags& flags, const TrainConfig& config) {
+  const std::string warning = cat("tpc ", command, ": warning: ");
+  for (const SamplesFlag& f : kSamplesFlags) {
+    if (!flags.has(f.name) || config.globalBatch < 1) continue;
+    const long long samples = std::strtoll(flags.get(f.name).c_str(), nullptr, 10);
+    if (samples % config.globalBatch == 0) continue;
+    const int64_t steps = stepsOfSamples(f.name, samples, config.globalBatch);
+    if (std::string(f.name) == "train-samples")
+      std::cerr << warning << "--train-samples " << samples << " is not a multiple of " << globalBatchWords(config) << ": "
+                << steps << " steps (" << steps * config.globalBatch << " samples), as Megatron-LM rounds down\n";
+    else
+      std::cerr << warning << "--" << f.name << " " << samples << " is not a multiple of " << globalBatchWords(config)
+                << ": " << steps << " steps, the nearest (Megatron-LM's schedule counts samples, tpc's whole steps)\n";
+  }
+  if (flags.has("lr-warmup-fraction")) {
+    const double exact = std::strtod(flags.get("lr-warmup-fraction").c_str(), nullptr) * static_cast<double>(decaySteps(config));
+    if (std::abs(exact - static_cast<double>(config.warmupIters)) > 1e-6 * std::max(1.0, exact))
+      std::cerr << warning << "--lr-warmup-fraction " << flags.get("lr-warmup-fraction") << " of " << decaySteps(config)
+                << " decay steps is " << exact << " steps: a warmup of " << config.warmupIters
+                << ", the nearest (tpc's schedule counts whole steps)\n";
+  }
   if (flags.on("sp") && config.tp == 1)
     std::cerr << "tpc " << command << ": warning: --sp does nothing with tp 1 (it splits the sequence over the tp ranks); "
               << "add --tp N\n";

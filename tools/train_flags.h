@@ -13,7 +13,9 @@ namespace tpc::cli {
 
 // Declares --micro-batch-size, --global-batch-size, --seq-length, --train-iters, --lr, --min-lr,
 // --lr-warmup-iters, --lr-decay-iters, --lr-decay-style, --weight-decay, --clip-grad, --adam-beta1/2,
-// --adam-eps, --log-interval, --seed, --data-path, --split, --tp, --dp, --sp.
+// --adam-eps, --log-interval, --seed, --data-path, --split, --tp, --dp, --sp; and Megatron-LM's other ways to give
+// the schedule (--lr-warmup-fraction, --train-samples, --lr-decay-samples, --lr-warmup-samples) and
+// --pipeline-model-parallel-size 1.
 void declareTrainingFlags(Flags& flags);
 // Applies the flags that were given; an unparsable or out-of-range value is an error naming the flag.
 Status applyTrainingFlags(const Flags& flags, TrainConfig& config);
@@ -23,7 +25,8 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config);
 using RenamedFlags = std::map<std::string, std::string>;
 ConfigFieldName flagOrFieldName(const Flags& flags, const RenamedFlags& renamed = {});
 // One warning line on stderr for each flag given that does nothing in this config: --sp with tp 1,
-// --use-distributed-optimizer with dp 1 (accepted, as Megatron-LM does, so that one command line serves a sweep).
+// --use-distributed-optimizer with dp 1 (accepted, as Megatron-LM does, so that one command line serves a sweep);
+// and for each count of samples or warmup fraction that is not a whole number of steps (saying the steps taken).
 void warnIneffectiveFlags(const std::string& command, const Flags& flags, const TrainConfig& config);
 // validateTrainConfig, and validateGpt where the model has an arch block, with errors naming the flags given.
 Status validateTrainingFlags(const Flags& flags, const TrainConfig& config, const GptConfig* gpt,
