@@ -222,6 +222,32 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
   auto closeStep = [&](int64_t it) {
     if (it >= settings.firstIter + 2) times.add(it, msSince(stepStart) - stepAsideMs, stepBatchMs, backend.lastStepTiming());
   };
+  // Every evalInterval steps and after the last, skipped steps too (as Megatron-LM evaluates every iteration).
+  auto evaluateAt = [&](int64_t it) -> Status {
+    if (!settings.evaluate || settings.evalInterval <= 0 || (it % settings.evalInterval != 0 && it != settings.trainIters))
+      return {};
+    TPC_TRY(flushLog());  // this step's line before its evaluation
+    auto evalStart = Clock::now();
+    TPC_ASSIGN(double valid, settings.evaluate());
+    if (settings.publish) settings.publish({{"valid_loss", valid}, {"valid_ppl", std::exp(valid)}});
+    const auto evalTime = Clock::now() - evalStart;
+    lastLog += evalTime;  // tokens/s counts training time only
+    report.evalSeconds += std::chrono::duration<double>(evalTime).count();
+    stepAsideMs += std::chrono::duration<double, std::milli>(evalTime).count();
+    if (settings.console) {
+      char line[160];
+      std::snprintf(line, sizeof line, "eval at step %lld | valid loss %.4f | valid ppl %.3f",
+                    static_cast<long long>(it), valid, std::exp(valid));
+      console << line << std::endl;
+    }
+    if (jsonl.is_open()) {
+      std::ostringstream j;
+      j << std::setprecision(9) << "{\"step\": " << it << ", \"valid_loss\": " << valid
+        << ", \"valid_ppl\": " << std::exp(valid) << "}";
+      TPC_TRY(jsonlLine(j.str()));
+    }
+    return {};
+  };
   // After each step, skipped ones too: the caller's checkpoint (TrainerSettings::afterStep).
   auto runAfterStep = [&](int64_t it) -> Status {
     if (!settings.afterStep) return {};
@@ -302,6 +328,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       if (settings.stopAfter && it < settings.trainIters) {
         TPC_ASSIGN(stop, settings.stopAfter(it));
       }
+      TPC_TRY(evaluateAt(it));
       TPC_TRY(runAfterStep(it));
       if (stop) {
         lastIter = it;
@@ -378,28 +405,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         return {};
       };
     }
-    if (settings.evaluate && settings.evalInterval > 0 && (it % settings.evalInterval == 0 || it == settings.trainIters)) {
-      TPC_TRY(flushLog());  // this step's line before its evaluation
-      auto evalStart = Clock::now();
-      TPC_ASSIGN(double valid, settings.evaluate());
-      if (settings.publish) settings.publish({{"valid_loss", valid}, {"valid_ppl", std::exp(valid)}});
-      const auto evalTime = Clock::now() - evalStart;
-      lastLog += evalTime;  // tokens/s counts training time only
-      report.evalSeconds += std::chrono::duration<double>(evalTime).count();
-      stepAsideMs += std::chrono::duration<double, std::milli>(evalTime).count();
-      if (settings.console) {
-        char line[160];
-        std::snprintf(line, sizeof line, "eval at step %lld | valid loss %.4f | valid ppl %.3f",
-                      static_cast<long long>(it), valid, std::exp(valid));
-        console << line << std::endl;
-      }
-      if (jsonl.is_open()) {
-        std::ostringstream j;
-        j << std::setprecision(9) << "{\"step\": " << it << ", \"valid_loss\": " << valid
-          << ", \"valid_ppl\": " << std::exp(valid) << "}";
-        TPC_TRY(jsonlLine(j.str()));
-      }
-    }
+    TPC_TRY(evaluateAt(it));
     TPC_TRY(runAfterStep(it));
     if (stop) {
       lastIter = it;
@@ -409,7 +415,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
   TPC_TRY(flushLog());
   if (total > 0) closeStep(lastIter);
   if (!times.empty() && settings.console) console << times.line() << std::endl;
-  if (report.losses.empty())
+  if (report.losses.empty() && lastIter == settings.trainIters)
     return makeError("every one of the ", total, " steps had a non-finite loss or gradient norm and was skipped "
                      "(lower --lr, raise --lr-warmup-iters, or --on-nan stop to find the first non-finite value)");
   report.end = currentProgress();

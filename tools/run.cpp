@@ -891,12 +891,14 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   }
   const auto& losses = report->losses;
   // Every step run is counted, the skipped ones too (they read their batch and took their time).
-  std::printf("done: %zu steps in %s%s, %.0f tokens/s; loss %.4f -> %.4f (%.1f%% lower)",
-              losses.size() + report->skippedSteps.size(),
+  std::printf("done: %zu steps in %s%s, %.0f tokens/s", losses.size() + report->skippedSteps.size(),
               formatDuration(report->seconds).c_str(),
               report->evalSeconds > 0 ? cat(" (", formatDuration(report->evalSeconds), " of it evaluating)").c_str() : "",
-              report->tokensPerSecond, losses.front(), losses.back(),
-              100.0 * (1.0 - losses.back() / losses.front()));
+              report->tokensPerSecond);
+  // (An early stop may come before any step was applied: every one so far skipped.)
+  if (!losses.empty())
+    std::printf("; loss %.4f -> %.4f (%.1f%% lower)", losses.front(), losses.back(),
+                100.0 * (1.0 - losses.back() / losses.front()));
   if (!report->skippedSteps.empty())
     std::printf("; %zu of them skipped (non-finite), their updates dropped", report->skippedSteps.size());
   std::printf("\n");

@@ -67,6 +67,16 @@ TEST_CASE("tpc run --exit-interval: a skipped step still stops the run and is sa
   CHECK(r.out.find("step      3/8 | skipped") != std::string::npos);
   CHECK(r.out.find("stopped after step 3 of 8: --exit-interval 3 (step 3)") != std::string::npos);
   CHECK(test::readFile(ck + "/latest_checkpointed_iteration.txt").find('3') != std::string::npos);
+
+  // A stop before any step was applied (step 1 skipped) is a stop, not the "every step was skipped" failure.
+  auto first = test::runCommand("TPC_TEST_FAULT=step=1,nan=%d.wte " + test::tpcBinary() + " run " +
+                                test::binaryPath("models/tiny.fb") + " --threads 2 --log-interval 1 --train-iters 6 "
+                                "--eval-interval 0 --on-nan skip --exit-interval 1 --save " + ck + "1");
+  INFO(first.out << first.err);
+  CHECK(first.exitCode == 0);
+  CHECK(first.out.find("stopped after step 1 of 6: --exit-interval 1 (step 1)") != std::string::npos);
+  CHECK(first.out.find("done: 1 steps in ") != std::string::npos);
+  CHECK(test::readFile(ck + "1/latest_checkpointed_iteration.txt").find('1') != std::string::npos);
 }
 
 TEST_CASE("tpc run --exit-duration-in-mins stops once the run has taken that long", "[run][cli][exit]") {
