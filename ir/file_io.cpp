@@ -95,9 +95,12 @@ void removeGuardedFiles(int sig) {
         break;
       }
     }
-  // Then the default action, as if never caught: the process ends by the signal and its exit status says so.
+  // Then the default action, as if never caught: the process ends by the signal and its exit status says so. Sent to
+  // the process, not this thread, which may block it (a commit's end calls this directly); should it come back
+  // (every thread blocks the signal), no commit may wait on this handler.
   ::signal(sig, SIG_DFL);
-  ::raise(sig);
+  ::kill(::getpid(), sig);
+  --gHandlersActive;
 }
 
 // Looked at again for every guard, not once: another handler (tpc run --exit-signal-handler) may have given a signal
@@ -248,20 +251,31 @@ void removeStaleTemporaries(const std::string& path, const std::string& host) {
   for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    // Exactly PATH.tmp.HOST.PID.N, digits only: a user's "data.bin.tmp.HOST.12.orig" is not ours.
     char* stop = nullptr;
     const long pid = std::strtol(name.c_str() + prefix.size(), &stop, 10);
-    if (pid <= 0 || *stop != '.' || pid == ::getpid()) continue;
+    if (pid <= 0 || *stop != '.' || pid == ::getpid() || stop[1] == '\0' ||
+        std::strspn(stop + 1, "0123456789") != std::strlen(stop + 1))
+      continue;
     if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) removeAll(it->path().string());
   }
 }
 
 std::string FileCommit::stage(const std::string& path) {
   static std::atomic<unsigned long> counter{0};
+  // The host and its PID namespace (containers on the host's name have PIDs of their own): a PID in a name is only
+  // looked up where it means the same process.
   static const std::string host = [] {
     char h[256] = "host";
     ::gethostname(h, sizeof h - 1);
     std::string s = h;
+    char ns[64] = {0};
+    if (::readlink("/proc/self/ns/pid", ns, sizeof ns - 1) > 0) {  // "pid:[4026531836]"
+      const char* digits = std::strchr(ns, '[');
+      if (digits) s += "-" + std::string(digits + 1, std::strcspn(digits + 1, "]"));
+    }
     std::replace(s.begin(), s.end(), '/', '_');
+    std::replace(s.begin(), s.end(), '.', '_');  // no dot inside the host part: the name splits at dots
     return s;
   }();
   removeStaleTemporaries(path, host);

@@ -77,6 +77,13 @@ std::set<std::string> namesIn(const fs::path& dir) {
 }
 
 // The child's end: how it exited, or which signal ended it.
+// The HOST part of a staged name TARGET.tmp.HOST.PID.N.
+std::string hostPart(const std::string& staged, const std::string& target) {
+  const std::string rest = staged.substr(target.size() + 5);  // after ".tmp."
+  const size_t pidDot = rest.rfind('.', rest.rfind('.') - 1);
+  return rest.substr(0, pidDot);
+}
+
 int waitFor(pid_t pid) {
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
@@ -102,8 +109,10 @@ TEST_CASE("FileCommit: temporary names differ between calls and between processe
   FileCommit a, b;
   const std::string mine = a.stage(target), again = b.stage(target);
   CHECK(mine != again);
-  char host[256] = "host";
-  ::gethostname(host, sizeof host - 1);
+  // PATH.tmp.HOST.PID.N, HOST without dots (the host name and its PID namespace).
+  const std::string host = hostPart(mine, target);
+  CHECK_FALSE(host.empty());
+  CHECK(host.find('.') == std::string::npos);
   CHECK(mine.rfind(target + ".tmp." + host + "." + std::to_string(::getpid()) + ".", 0) == 0);
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
@@ -130,8 +139,7 @@ TEST_CASE("FileCommit: temporary names differ between calls and between processe
 TEST_CASE("FileCommit: staging removes the temporaries of this machine's processes that no longer run", "[file_io]") {
   test::TempDir dir;
   const std::string target = dir / "data.bin";
-  char host[256] = "host";
-  ::gethostname(host, sizeof host - 1);
+  const std::string host = hostPart(FileCommit().stage(dir / "probe"), dir / "probe");
   pid_t dead = fork();  // a PID that no longer runs: a child that exited and was reaped
   REQUIRE(dead >= 0);
   if (dead == 0) ::_exit(0);
@@ -141,7 +149,10 @@ TEST_CASE("FileCommit: staging removes the temporaries of this machine's process
                     live = base + std::to_string(::getppid()) + ".0", other = target + ".tmp.elsewhere." +
                                                                            std::to_string(dead) + ".0",
                     otherTarget = dir / "other.bin.tmp." + host + "." + std::to_string(dead) + ".0";
-  for (const std::string& f : {deadFile, live, other, otherTarget}) test::writeFile(f, "x");
+  // A user's files that only begin like a temporary are not ours.
+  const std::string usersFile = base + std::to_string(dead) + ".orig", usersFolder = base + std::to_string(dead) + ".0.notes";
+  for (const std::string& f : {deadFile, live, other, otherTarget, usersFile}) test::writeFile(f, "x");
+  fs::create_directories(usersFolder);
   fs::create_directories(deadFolder);
   test::writeFile(deadFolder + "/model.safetensors", "x");
   FileCommit c;
@@ -151,6 +162,8 @@ TEST_CASE("FileCommit: staging removes the temporaries of this machine's process
   CHECK(fs::exists(live));         // its process runs
   CHECK(fs::exists(other));        // another machine's
   CHECK(fs::exists(otherTarget));  // another file's
+  CHECK(fs::exists(usersFile));
+  CHECK(fs::exists(usersFolder));
 }
 
 TEST_CASE("FileCommit: replaces every file, or none when a write fails", "[file_io]") {
