@@ -157,8 +157,9 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
   for (const SamplesFlag& f : kSamplesFlags)
     if (flags.has(f.name) && flags.has(f.itersFlag))
       return makeError("--", f.name, " and --", f.itersFlag, " exclude each other; give one");
+  // Megatron-LM asserts on the values: a warmup of 0 steps or samples given beside the fraction is no conflict.
   for (const char* warmup : {"lr-warmup-iters", "lr-warmup-samples"})
-    if (flags.has("lr-warmup-fraction") && flags.has(warmup))
+    if (flags.has("lr-warmup-fraction") && flags.has(warmup) && std::strtod(flags.get(warmup).c_str(), nullptr) != 0)
       return makeError("--lr-warmup-fraction and --", warmup, " exclude each other; give one");
   for (const SamplesFlag& f : kSamplesFlags) {
     if (!flags.has(f.name)) continue;

@@ -40,6 +40,12 @@ TEST_CASE("tpc run: --train-samples and --lr-warmup-fraction give Megatron-LM's 
   CHECK(r.out.find("(cosine, warmup 2), 3 steps\n") != std::string::npos);
   REQUIRE(ofDecay.size() == 3);
   CHECK(ofDecay[0] == Approx(0.0005));
+
+  // Megatron-LM asserts lr_warmup_iters == 0 beside the fraction, by value: an explicit 0 is no conflict.
+  const std::vector<double> zero = stepLrs("--train-samples 32 --lr-warmup-iters 0 --lr-warmup-fraction 0.5", r);
+  INFO(r.err);
+  REQUIRE(r.exitCode == 0);
+  CHECK(zero == lrs);
 }
 
 TEST_CASE("tpc run: --lr-decay-samples and --lr-warmup-samples are steps of the global batch, with a warning when not "
