@@ -48,6 +48,10 @@ static_assert(std::atomic<unsigned>::is_always_lock_free);
 std::atomic<int> gCommitsRunning{0};
 std::atomic<int> gDeferredSignal{0};
 std::atomic<int> gHandlersActive{0};
+// Set by the handler before it gives the signal back to its default action to end the process: from then on no guard
+// installs the handler again (a guard made on another thread meanwhile would turn the ending signal into another call
+// of the handler on that thread, while this one returns and goes on).
+std::atomic<bool> gTerminating{false};
 static_assert(std::atomic<int>::is_always_lock_free);
 
 // unlink, or for a folder (a staged checkpoint) its files and then the folder: only system calls, as a signal handler
@@ -98,6 +102,7 @@ void removeGuardedFiles(int sig) {
   // Then the default action, as if never caught: the process ends by the signal and its exit status says so. Sent to
   // the process, not this thread, which may block it (a commit's end calls this directly); should it come back
   // (every thread blocks the signal), no commit may wait on this handler.
+  gTerminating = true;
   ::signal(sig, SIG_DFL);
   ::kill(::getpid(), sig);
   --gHandlersActive;
@@ -109,6 +114,7 @@ void installSignalCleanup() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
     struct sigaction old {};
     if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;  // ignored, ours, or another's
+    if (gTerminating) return;  // the default action was given back to end the process (read after the action)
     struct sigaction sa {};
     sa.sa_handler = removeGuardedFiles;
     sa.sa_flags = SA_RESTART;  // a write the signal interrupts on another thread goes on (stdio does not retry EINTR)
