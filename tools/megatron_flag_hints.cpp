@@ -86,7 +86,7 @@ const MegatronFlag kMegatronFlags[] = {
      "Megatron-LM's flag has no equivalent in tpc, which logs the gradient norm every --log-interval; drop it"},
     {"log-validation-ppl-to-tensorboard", Kind::Note, "", false, "",
      "Megatron-LM's flag is not needed: tpc logs the validation loss and perplexity at every evaluation (the console, "
-     "--log-jsonl, --metrics-port); drop it"},
+     "--log-jsonl, --tensorboard-dir as 'lm loss validation ppl', --metrics-port); drop it"},
     {"init-method-std", Kind::Note, "", true, "X",
      "the model file holds Megatron-LM's --init-method-std as arch.init_std (GPT-2's 0.02 by default): write a .json "
      "one with `tpc new gpt --preset NAME -o MODEL.json`, set its arch.init_std to {value}, and run that"},

@@ -142,7 +142,8 @@ TEST_CASE("unknown options: Megatron-LM's implementation and architecture flags 
        "--log-interval; drop it"},
       {"run M --log-validation-ppl-to-tensorboard",
        "'--log-validation-ppl-to-tensorboard': Megatron-LM's flag is not needed: tpc logs the validation loss and "
-       "perplexity at every evaluation (the console, --log-jsonl, --metrics-port); drop it"},
+       "perplexity at every evaluation (the console, --log-jsonl, --tensorboard-dir as 'lm loss validation ppl', "
+       "--metrics-port); drop it"},
       // The model file has the init std (tpc new has no flag for it): the note points there, with the user's value.
       {"run M --init-method-std 0.006",
        "'--init-method-std': the model file holds Megatron-LM's --init-method-std as arch.init_std (GPT-2's 0.02 by "
