@@ -13,6 +13,17 @@ namespace {
 
 const char* kStop = "stopped after step ";
 
+// tiny.fb trained in the background with `flags`, its output in `log`, sent SIGTERM once its second step is logged;
+// the result's exit status is the run's.
+test::CommandResult runUntilSigterm(const std::string& flags, const std::string& log) {
+  const std::string script =
+      test::tpcBinary() + " run " + test::binaryPath("models/tiny.fb") + " --threads 2 --log-interval 1 --train-iters 100000 "
+      "--eval-interval 0 " + flags + " > " + log + " 2>&1 & pid=$!; "
+      "for i in $(seq 600); do grep -q \"step      2/\" " + log + " && break; sleep 0.1; done; "
+      "kill -TERM $pid; wait $pid";
+  return test::runCommand("bash -c '" + script + "'");
+}
+
 TEST_CASE("tpc run --exit-interval: stops with a checkpoint, and going on gives the uninterrupted losses",
           "[run][cli][exit]") {
   test::TempDir dir;
@@ -101,13 +112,7 @@ TEST_CASE("tpc run --exit-duration-in-mins stops once the run has taken that lon
 TEST_CASE("tpc run --exit-signal-handler: SIGTERM ends the run after the step, with a checkpoint", "[run][cli][exit]") {
   test::TempDir dir;
   const std::string d = dir.path.string();
-  // The run in the background; SIGTERM once its second step is logged; its exit status is the script's.
-  const std::string script =
-      test::tpcBinary() + " run " + test::binaryPath("models/tiny.fb") + " --threads 2 --log-interval 1 --train-iters 100000 "
-      "--eval-interval 0 --exit-signal-handler --save " + d + "/ck > " + d + "/out.log 2>&1 & pid=$!; "
-      "for i in $(seq 600); do grep -q \"step      2/\" " + d + "/out.log && break; sleep 0.1; done; "
-      "kill -TERM $pid; wait $pid";
-  auto r = test::runCommand("bash -c '" + script + "'");
+  auto r = runUntilSigterm("--exit-signal-handler --save " + d + "/ck", d + "/out.log");
   const std::string out = test::readFile(d + "/out.log");
   INFO(out << r.err);
   REQUIRE(r.exitCode == 0);
@@ -119,12 +124,7 @@ TEST_CASE("tpc run --exit-signal-handler: SIGTERM ends the run after the step, w
   CHECK(test::readFile(d + "/ck/latest_checkpointed_iteration.txt").find(std::to_string(step)) != std::string::npos);
 
   // Without the flag SIGTERM ends the run at once, as before: killed by the signal, no checkpoint.
-  const std::string plain =
-      test::tpcBinary() + " run " + test::binaryPath("models/tiny.fb") + " --threads 2 --log-interval 1 --train-iters 100000 "
-      "--eval-interval 0 --save " + d + "/ck2 > " + d + "/plain.log 2>&1 & pid=$!; "
-      "for i in $(seq 600); do grep -q \"step      2/\" " + d + "/plain.log && break; sleep 0.1; done; "
-      "kill -TERM $pid; wait $pid";
-  auto killed = test::runCommand("bash -c '" + plain + "'");
+  auto killed = runUntilSigterm("--save " + d + "/ck2", d + "/plain.log");
   CHECK(killed.exitCode == 128 + 15);
   CHECK(test::readFile(d + "/plain.log").find(kStop) == std::string::npos);
   CHECK_FALSE(std::filesystem::exists(dir.path / "ck2/latest_checkpointed_iteration.txt"));
