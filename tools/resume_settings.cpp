@@ -3,6 +3,7 @@
 #include <iomanip>
 
 #include "ir/status.h"
+#include "tools/train_flags.h"
 
 namespace tpc::cli {
 namespace {
@@ -27,14 +28,22 @@ std::map<std::string, std::string> resumeSettings(const TrainConfig& c) {
 }
 
 std::vector<std::string> resumeDifferences(const std::map<std::string, std::string>& checkpoint,
-                                           const TrainConfig& config) {
+                                           const TrainConfig& config, const Flags* flags) {
   std::vector<std::string> lines;
   for (const auto& [flag, now] : resumeSettings(config)) {
     auto was = checkpoint.find(flag);
     if (was == checkpoint.end() || was->second == now) continue;
     std::string line = "--" + flag + " is " + now;
-    // --lr-decay-iters 0 means --train-iters: extending a run stretches its decay.
-    if (flag == "lr-decay-iters" && config.decayIters == 0) line += " (--train-iters)";
+    if (flag == "lr-decay-iters" || flag == "lr-warmup-iters") {
+      // --lr-decay-iters 0 means --train-iters: extending a run stretches its decay.
+      const bool ofTrain = flag == "lr-decay-iters" && config.decayIters == 0;
+      // The flag the user gave for the steps ("--lr-decay-samples 4000"), without its "(N steps)".
+      const std::string source = ofTrain ? "train-iters" : flag;
+      std::string given = flags ? givenAs(*flags, source, std::stoll(now)) : "--" + source;
+      given = given.substr(0, given.find(" ("));
+      if (ofTrain) line += " (" + (given.rfind("--train-iters", 0) == 0 ? std::string("--train-iters") : given) + ")";
+      else if (given.rfind("--" + flag, 0) != 0) line = given + " is " + now + " steps";
+    }
     line += "; the checkpoint's run had " + was->second;
     if (flag == "lr-decay-iters" || flag == "lr-warmup-iters" || flag == "lr-decay-style")
       line += ": the learning rate schedule changes from this step on";

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "frontend/train_config.h"
+#include "tools/cli.h"
 
 namespace tpc::cli {
 
@@ -15,8 +16,9 @@ namespace tpc::cli {
 std::map<std::string, std::string> resumeSettings(const TrainConfig& config);
 
 // One line for each setting whose value differs from the checkpoint's (settings missing from an older checkpoint
-// are not compared), e.g. "--lr is 0.01; the checkpoint's run had 0.001".
+// are not compared), e.g. "--lr is 0.01; the checkpoint's run had 0.001". With `flags`, a schedule given in
+// samples or as a fraction is named by the flag the user gave ("--lr-decay-samples 4000 is 500 steps; ...").
 std::vector<std::string> resumeDifferences(const std::map<std::string, std::string>& checkpoint,
-                                           const TrainConfig& config);
+                                           const TrainConfig& config, const Flags* flags = nullptr);
 
 }  // namespace tpc::cli

@@ -672,7 +672,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   }
   if (checkpoint && !flags.on("finetune")) {
     if (!job || job->world.rank == 0)
-      for (const std::string& line : cli::resumeDifferences(checkpoint->state.settings, config))
+      for (const std::string& line : cli::resumeDifferences(checkpoint->state.settings, config, &flags))
         std::cerr << "tpc run: warning: resuming " << checkpoint->path << ": " << line << std::endl;
     batches.seek(checkpoint->state.dataPosition);
     std::cout << "resuming from " << checkpoint->path << " (iteration " << checkpoint->state.iteration << ")\n";

@@ -87,7 +87,8 @@ int64_t stepsOfSamples(const std::string& flag, long long samples, int64_t globa
 // The decay's length in steps: --lr-decay-iters, or --train-iters when that is 0.
 int64_t decaySteps(const TrainConfig& config) { return config.decayIters > 0 ? config.decayIters : config.trainIters; }
 
-// How the user gave a count of steps, for errors: "--lr-warmup-iters 5", "--lr-warmup-samples 40 (5 steps)".
+}  // namespace
+
 std::string givenAs(const Flags& flags, const std::string& itersFlag, int64_t steps) {
   for (const SamplesFlag& f : kSamplesFlags)
     if (itersFlag == f.itersFlag && flags.has(f.name)) return cat("--", f.name, " ", flags.get(f.name), " (", steps, " steps)");
@@ -95,8 +96,6 @@ std::string givenAs(const Flags& flags, const std::string& itersFlag, int64_t st
     return cat("--lr-warmup-fraction ", flags.get("lr-warmup-fraction"), " (", steps, " steps)");
   return cat("--", itersFlag, " ", steps);
 }
-
-}  // namespace
 
 void declareTrainingFlags(Flags& flags) {
   for (const IntFlag& f : kIntFlags) flags.value(f.name, f.help);

@@ -237,6 +237,26 @@ TEST_CASE("checkpoint: a resume under another lr, schedule or window length says
   CHECK(tuned.err.empty());
 }
 
+TEST_CASE("checkpoint: a resume's warnings name the schedule flags as the user gave them", "[checkpoint][cli][megatron]") {
+  test::TempDir dir;
+  const std::string ck = dir.path.string() + "/ck";
+  REQUIRE(test::runTiny("--train-iters 4 --save " + ck).exitCode == 0);
+  const std::string at = "tpc run: warning: resuming " + ck + "/iter_0000004: ";
+  const std::string changes = ": the learning rate schedule changes from this step on\n";
+  // tiny's global batch is 8: 48 samples are 6 steps, and a warmup of 16 samples 2.
+  auto samples = test::runTiny("--train-samples 48 --lr-warmup-samples 16 --load " + ck);
+  INFO(samples.err);
+  CHECK(samples.exitCode == 0);
+  CHECK(samples.err == at + "--lr-decay-iters is 6 (--train-samples 48); the checkpoint's run had 4" + changes + at +
+                           "--lr-warmup-samples 16 is 2 steps; the checkpoint's run had 20" + changes);
+  // A decay in samples and a warmup as a fraction of it (0.25 x 8 steps).
+  auto fraction = test::runTiny("--train-iters 6 --lr-decay-samples 64 --lr-warmup-fraction 0.25 --load " + ck);
+  INFO(fraction.err);
+  CHECK(fraction.exitCode == 0);
+  CHECK(fraction.err == at + "--lr-decay-samples 64 is 8 steps; the checkpoint's run had 4" + changes + at +
+                            "--lr-warmup-fraction 0.25 is 2 steps; the checkpoint's run had 20" + changes);
+}
+
 TEST_CASE("checkpoint: a save killed halfway leaves the previous checkpoint as the latest", "[checkpoint][cli]") {
   test::TempDir dir;
   std::string ck = dir.path.string() + "/ck";
