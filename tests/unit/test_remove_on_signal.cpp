@@ -76,7 +76,6 @@ std::set<std::string> namesIn(const fs::path& dir) {
   return names;
 }
 
-// The child's end: how it exited, or which signal ended it.
 // The HOST part of a staged name TARGET.tmp.HOST.PID.N.
 std::string hostPart(const std::string& staged, const std::string& target) {
   const std::string rest = staged.substr(target.size() + 5);  // after ".tmp."
@@ -84,6 +83,7 @@ std::string hostPart(const std::string& staged, const std::string& target) {
   return rest.substr(0, pidDot);
 }
 
+// The child's end: how it exited, or which signal ended it.
 int waitFor(pid_t pid) {
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
@@ -96,6 +96,19 @@ struct HookReset {
     FileCommit::setMoveAsideForTesting(false);
   }
 };
+
+// Waits (up to 10 s) until signal `sig`, sent to thread `tid` of this process, is no longer pending there: its
+// handler has started on that thread. From /proc/self/task/TID/status's SigPnd mask (bit sig - 1).
+bool handlerStarted(pid_t tid, int sig) {
+  for (int i = 0; i < 10000; ++i) {
+    const std::string status = test::readFile("/proc/self/task/" + std::to_string(tid) + "/status");
+    const size_t at = status.find("SigPnd:");
+    if (at == std::string::npos) return false;
+    if (((std::stoull(status.substr(at + 7), nullptr, 16) >> (sig - 1)) & 1) == 0) return true;
+    ::usleep(1000);
+  }
+  return false;
+}
 
 // The folder the hooks below work in, and which of two processes a hook runs in.
 std::string gHookDir;
@@ -267,19 +280,24 @@ TEST_CASE("FileCommit: a signal between two renames ends the process after the l
     if (pid == 0) {
       // SIGHUP: the test runner catches SIGINT and SIGTERM itself, so RemoveOnSignal leaves those alone here.
       static pthread_t other;
+      static std::atomic<pid_t> otherTid{0};
       static bool toOther;
       toOther = otherThread;
       std::atomic<bool> stop{false};
       std::thread idle([&] {
+        otherTid = static_cast<pid_t>(::gettid());
         while (!stop) ::usleep(1000);
       });
       other = idle.native_handle();
+      while (otherTid == 0) ::usleep(1000);
       FileCommit::setStepHookForTesting([](size_t step) {
         if (step != 1) return;
-        // On another thread (which does not block it), the handler runs at once and must wait for the commit.
+        // On another thread (which does not block it), the handler runs at once and must wait for the commit: the
+        // second rename goes on only once the handler is known to have started, and some time after.
         if (toOther) {
           ::pthread_kill(other, SIGHUP);
-          ::usleep(20000);
+          if (!handlerStarted(otherTid, SIGHUP)) ::_exit(4);
+          ::usleep(50000);
         } else {
           ::raise(SIGHUP);
         }
