@@ -155,7 +155,9 @@ class DatasetBatches final : public BatchSource {
 struct TrainingData {
   std::vector<DataBlendEntry> entries;  // prefixes resolved
   std::vector<DocSplits> splits;
-  std::vector<size_t> numDocs;
+
+  // Dataset i's documents: its splits end at the last one (splitDocuments).
+  uint64_t numDocs(size_t i) const { return splits[i].test.end; }
 
   uint64_t documents(DocRange DocSplits::*split) const {
     uint64_t n = 0;
@@ -180,7 +182,7 @@ struct TrainingData {
 std::string describeData(const TrainingData& data, const BlendedWindows& train) {
   std::ostringstream out;
   auto counts = [&](size_t i) {
-    return cat(data.numDocs[i], " documents, ", data.splits[i].train.size(), " for training, ",
+    return cat(data.numDocs(i), " documents, ", data.splits[i].train.size(), " for training, ",
                train.windows(i).windowsPerEpoch(), " windows per epoch");
   };
   if (data.entries.size() == 1) {
@@ -211,7 +213,6 @@ Result<TrainingData> openTrainingData(const TrainConfig& config, const std::stri
     auto split = splitDocuments(config.split, dataset.numDocuments());
     if (!split) return makeError(splitName, ": ", split.error());
     d.splits.push_back(*split);
-    d.numDocs.push_back(dataset.numDocuments());
   }
   return d;
 }
@@ -538,7 +539,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     for (size_t i = 0; i < data->entries.size(); ++i)
       if (data->splits[i].train.size() == 0)
         return cli::fail("run", cat("the training split (", splitSetting, ") of ", data->entries[i].prefix, " is empty (",
-                                    data->numDocs[i], " documents); give it a share (", splitName, ")"));
+                                    data->numDocs(i), " documents); give it a share (", splitName, ")"));
   DatasetBatches batches(std::move(*trainParts), static_cast<uint32_t>(config.seqLength), config.seed);
   if (Status s = batches.status(); !s.ok())
     return cli::fail("run", cat("the training split (", splitSetting, "): ", s.error(), "; give it more documents (",
