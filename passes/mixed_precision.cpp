@@ -21,6 +21,11 @@ class MixedPrecisionPass final : public Pass {
   std::string_view name() const override { return "mixed-precision"; }
 
   Result<bool> run(Graph& g) override {
+    // On a training step the backward's values would be cast like the forward's, against the f32 gradients.
+    for (Node* n : g.nodes())
+      if (n->has(traits::Optimizer))
+        return makeError("mixed-precision: run it before autodiff (it casts the forward graph's matmul operands; "
+                         "autodiff then derives the backward in the same precision)");
     // Values computed from a loss keep f32.
     std::set<const Value*> lossRegion;
     for (Node* n : g.nodes()) {

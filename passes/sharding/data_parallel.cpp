@@ -59,6 +59,7 @@ class SequenceParallelPass final : public Pass {
     int64_t tp = g.mesh().axisSize("tp");
     if (g.mesh().axisIndex("tp") < 0)
       return makeError(kSp, ": the graph has no tp mesh axis; run megatron-tp(tp=N) first");
+    TPC_TRY(checkNotPartitioned(g, kSp));
     for (Node* n : g.nodes()) {
       if (n->op() != OpKind::LayerNorm) continue;
       Value* x = n->operand(0);
@@ -81,6 +82,7 @@ class PartitionPass final : public Pass {
   std::string_view name() const override { return "partition"; }
   Result<bool> run(Graph& g) override {
     if (g.mesh().empty()) return false;
+    TPC_TRY(checkNotPartitioned(g, "partition"));
     TPC_TRY(propagatePlacements(g));
     TPC_ASSIGN(std::unique_ptr<Graph> local, partitionForRank(g, rank_));
     replaceGraph(g, *local);

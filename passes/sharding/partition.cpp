@@ -152,10 +152,16 @@ Result<Value*> Sweep::step(Value* x, const std::string& axis, AP from, AP to, co
 Result<Value*> Sweep::convert(const Value* v, const Placement& toIn) {
   Placement to = canonical(toIn, mesh_);
   if (freeParams_.count(v)) {  // an unplaced param takes the placement its first consumer needs
+    // ... but never a partial one, which would sum the ranks' copies of the parameter each step: it is replicated
+    // on such an axis, and the consumer gets the zero share below (rank 0 the value, the others zeros).
+    Placement adopt = to;
+    for (const MeshAxis& a : mesh_.axes)
+      if (adopt.get(a.name).isP()) adopt.set(a.name, AP::replicated());
+    adopt = canonical(adopt, mesh_);
     freeParams_.erase(v);
-    cur_[v].pl = to;
-    placed[v] = to;
-    if (emitting()) cur_[v].local->setType(TensorType(v->dtype(), sharding::localShape(v->shape(), to, mesh_)));
+    cur_[v].pl = adopt;
+    placed[v] = adopt;
+    if (emitting()) cur_[v].local->setType(TensorType(v->dtype(), sharding::localShape(v->shape(), adopt, mesh_)));
   }
   Cur& c = cur_.at(v);
   if (c.pl == to) return c.local;
@@ -514,8 +520,18 @@ Status annotatePlacement(Value* v, const std::string& axis, AxisPlacement p, con
   return {};
 }
 
+Status checkNotPartitioned(const Graph& g, const std::string& pass) {
+  for (const Node* n : g.nodes())
+    if (n->has(traits::Collective))
+      return makeError(pass, ": the graph holds collectives (", n->opName(), "), which partition inserts: it is one rank's "
+                       "program already (its shapes are the rank's blocks); run ", pass, " on the graph partition takes "
+                       "(e.g. tpc dump --after=dce), not on what it gave");
+  return {};
+}
+
 Status ensureMeshAxis(Graph& g, const std::string& name, int64_t size, const std::string& policy) {
   if (size < 1) return makeError(policy, ": mesh axis ", name, "=", size, " must be >= 1");
+  TPC_TRY(checkNotPartitioned(g, policy));
   Mesh m = g.mesh();
   int idx = m.axisIndex(name);
   if (idx >= 0) {

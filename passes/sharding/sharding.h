@@ -78,7 +78,12 @@ Status annotatePlacement(Value* v, const std::string& axis, AxisPlacement p, con
 // the params whose moments stay replicated over dp (no such dim).
 Result<std::vector<std::string>> shardOptimizerStateOverDp(Graph& g, int64_t dp);
 
-// Adds axis `name` of `size` to `g`'s mesh, or checks that an existing one has that size.
+// An error naming `pass` when `g` holds collectives: a rank's program (partition's output), whose shapes are already
+// its blocks; sharding it again would split them again.
+Status checkNotPartitioned(const Graph& g, const std::string& pass);
+
+// Adds axis `name` of `size` to `g`'s mesh, or checks that an existing one has that size (and that `g` is not a
+// rank's program).
 Status ensureMeshAxis(Graph& g, const std::string& name, int64_t size, const std::string& policy);
 
 }  // namespace tpc

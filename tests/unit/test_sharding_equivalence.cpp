@@ -10,6 +10,8 @@
 #include <random>
 
 #include "gpt_step_support.h"
+#include "passes/pass_registry.h"
+#include "passes/sharding/sharding.h"
 #include "worst_error.h"
 
 namespace tpc {
@@ -18,6 +20,7 @@ namespace {
 struct Setup {
   int64_t tp = 1, dp = 1;
   bool sp = false, dropout = false, zero1 = false;
+  std::string policy = "megatron-tp";
 };
 
 GptConfig smallGpt(bool dropout) {
@@ -75,7 +78,7 @@ Trace train(const Graph& g, int64_t steps, uint64_t seed, bool fp64 = false, flo
 
 std::unique_ptr<Graph> stepGraph(const Setup& s) {
   std::string passes;
-  if (s.tp > 1 || s.sp) passes += "megatron-tp(tp=" + std::to_string(s.tp) + "),";
+  if (s.tp > 1 || s.sp) passes += s.policy + "(tp=" + std::to_string(s.tp) + "),";
   if (s.sp) passes += "sequence-parallel,";
   passes += test::kTrainPasses;
   if (s.dp > 1) passes += ",data-parallel(dp=" + std::to_string(s.dp) + (s.zero1 ? ", zero1=true" : "") + ")";
@@ -179,6 +182,46 @@ TEST_CASE("sharding equivalence: dp 2 x tp 1, 2, 4, 8, sp off and on, match one 
   for (bool dropout : {false, true})
     for (bool sp : {false, true})
       for (int64_t tp : {1, 2, 4, 8}) checkEquivalent(Setup{tp, 2, sp, dropout});
+}
+
+// A policy that places the MLPs' weights alone (fc1 and its bias by column, fc2 by row, as the plugin of a user's
+// might) and leaves the rest to the engine. fc2's output is partial where its bias is added: the bias must stay
+// whole on every rank and be added on one (the zero share), not adopt the partial placement (summed over the ranks
+// each step, which the backends then refused as a partial parameter).
+class MlpRowsOnly final : public Pass {
+ public:
+  explicit MlpRowsOnly(int64_t tp) : tp_(tp) {}
+  std::string_view name() const override { return "test-mlp-rows-only"; }
+  Result<bool> run(Graph& g) override {
+    TPC_TRY(ensureMeshAxis(g, "tp", tp_, "test-mlp-rows-only"));
+    auto endsWith = [](const std::string& n, const std::string& tail) {
+      return n.size() >= tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    for (Value* p : g.params()) {
+      if (endsWith(p->name(), ".mlp.c_fc.weight")) TPC_TRY(annotatePlacement(p, "tp", AxisPlacement::split(1), "test"));
+      if (endsWith(p->name(), ".mlp.c_fc.bias")) TPC_TRY(annotatePlacement(p, "tp", AxisPlacement::split(0), "test"));
+      if (endsWith(p->name(), ".mlp.c_proj.weight")) TPC_TRY(annotatePlacement(p, "tp", AxisPlacement::split(0), "test"));
+    }
+    return true;
+  }
+
+ private:
+  int64_t tp_;
+};
+
+TEST_CASE("sharding equivalence: a policy that leaves the row-parallel bias unplaced matches one rank",
+          "[sharding][equivalence]") {
+  if (!PassRegistry::global().find("test-mlp-rows-only"))
+    REQUIRE(PassRegistry::global()
+                .add({"test-mlp-rows-only", "the MLPs' weights alone (a test)", {{"tp", "tensor-parallel size"}},
+                      [](const PassOptions& o) -> Result<std::unique_ptr<Pass>> {
+                        TPC_ASSIGN(int64_t tp, o.getInt("tp", 0));
+                        return std::unique_ptr<Pass>(new MlpRowsOnly(tp));
+                      }})
+                .ok());
+  // (Before the fix, the CPU mesh backend refused the step: "parameter %h.0.mlp.c_proj.bias: placement [tp:P] is
+  // partial".)
+  for (int64_t tp : {2, 4}) checkEquivalent(Setup{tp, 1, false, false, false, "test-mlp-rows-only"});
 }
 
 TEST_CASE("sharding equivalence: ZeRO-1 (dp 2, zero1) x tp 1, 2, 4, sp off and on, matches one rank",
