@@ -35,7 +35,14 @@ Status loadPassPlugin(const std::string& path, PassRegistry& registry) {
     dlclose(handle);
     return makeError(path, ": error: not a tpc pass plugin (it does not export `extern \"C\" ", TPC_PASS_PLUGIN_ENTRY, "()`)");
   }
-  TpcPassPluginInfo info = entry();
+  TpcPassPluginInfo info{};
+  try {  // plugin code, like registerPasses below: what it throws is said to be the plugin's
+    info = entry();
+  } catch (const std::exception& e) {
+    return makeError(path, ": error: pass plugin threw in ", TPC_PASS_PLUGIN_ENTRY, "(): ", e.what());
+  } catch (...) {
+    return makeError(path, ": error: pass plugin threw in ", TPC_PASS_PLUGIN_ENTRY, "(): an exception that is not a std::exception");
+  }
   // Copied now: the plugin's strings live in its image, which dlclose unmaps.
   std::string pluginName = info.pluginName ? info.pluginName : "?";
   if (info.apiVersion != TPC_PASS_PLUGIN_API_VERSION) {

@@ -56,6 +56,7 @@ class Flags {
   Result<long long> getInt(const std::string& name, long long lo, long long hi) const;
   Result<double> getDouble(const std::string& name) const;
   const std::vector<std::string>& positional() const { return positional_; }
+  const std::string& command() const { return command_; }  // "run", for messages: "tpc run: warning: ..."
   std::string help() const;
 
  private:

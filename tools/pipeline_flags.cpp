@@ -1,6 +1,9 @@
 // --pass-plugin and --sharding-policy for the sub-commands that compile a training step.
 #include "tools/pipeline_flags.h"
 
+#include <iostream>
+#include <set>
+
 #include "passes/plugin.h"
 #include "tools/train_flags.h"
 
@@ -27,8 +30,22 @@ void declarePipelineFlags(Flags& flags) {
 
 Result<std::string> applyPipelineFlags(const Flags& flags, const TrainConfig& config, PassRegistry& registry,
                                        const GptConfig* gpt) {
-  for (const std::string& plugin : flags.getList("pass-plugin")) TPC_TRY(loadPassPlugin(plugin, registry));
   std::string policy = flags.get("sharding-policy");
+  for (const std::string& plugin : flags.getList("pass-plugin")) {
+    std::set<std::string> before;
+    for (const PassInfo* p : registry.all()) before.insert(p->name);
+    TPC_TRY(loadPassPlugin(plugin, registry));
+    // Without a pass list of the user's (`tpc dump --passes`), a plugin's pass runs only as the policy: say so where
+    // none of the plugin's is, rather than load it for nothing.
+    std::string added;
+    bool policyAmong = false;
+    for (const PassInfo* p : registry.all())
+      if (!before.count(p->name)) added += cat(added.empty() ? "" : ", ", p->name), policyAmong |= p->name == policy;
+    if (!added.empty() && !policyAmong && !flags.has("passes"))  // (a library named twice adds nothing the second time)
+      std::cerr << "tpc " << flags.command() << ": warning: --pass-plugin " << plugin << " registers " << added
+                << ", but none is the --sharding-policy (" << policy << "), the one place a plugin's pass runs here: "
+                << "the plugin does nothing; give --sharding-policy NAME --tp N" << std::endl;
+  }
   const PassInfo* info = registry.find(policy);
   if (!info)
     return makeError("--sharding-policy=", policy, ": no pass of that name is registered (known: ", registry.knownNames(),

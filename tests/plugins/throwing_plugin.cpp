@@ -1,6 +1,7 @@
 // A pass plugin whose code throws, to see tpc name the plugin and the pass: `throwing-tp(tp=N)` (a sharding
 // policy by its options) throws std::runtime_error from run(); with TPC_TEST_PLUGIN_THROW=register its
-// registerPasses throws instead, with =create its factory, and with =run-int run() throws an int. Half-way
+// registerPasses throws instead, with =create its factory, with =info the entry point, and with =run-int run() throws
+// an int. Half-way
 // registrations, which must leave nothing registered: with =register-after-add registerPasses adds throwing-tp and
 // then throws, with =clash it adds throwing-tp and then a pass named cse (a built-in's name).
 #include <cstdlib>
@@ -42,5 +43,6 @@ void registerPasses(tpc::PassRegistry* registry) {
 }  // namespace
 
 extern "C" TpcPassPluginInfo tpcPassPluginInfo() {
+  if (throwIn() == "info") throw std::runtime_error("boom in info");
   return {TPC_PASS_PLUGIN_API_VERSION, "throwing", "1.0", &registerPasses};
 }

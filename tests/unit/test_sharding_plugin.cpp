@@ -113,6 +113,22 @@ TEST_CASE("sharding plugin: one library named twice loads once, two libraries wi
                          plugin() + "\n");
 }
 
+TEST_CASE("sharding plugin: a plugin none of whose passes is the policy is said to do nothing", "[sharding][plugin][cli]") {
+  test::TempDir dir;
+  auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " --train-iters 1 --eval-interval 0 --pass-plugin " +
+                            plugin() + " --log-jsonl " + (dir / "log.jsonl"));
+  INFO(r.err);
+  CHECK(r.exitCode == 0);
+  CHECK(r.err == "tpc run: warning: --pass-plugin " + plugin() + " registers mlp-tp, but none is the --sharding-policy "
+                 "(megatron-tp), the one place a plugin's pass runs here: the plugin does nothing; give "
+                 "--sharding-policy NAME --tp N\n");
+  // Named as the policy, or in dump's own pass list, it runs: nothing to say.
+  auto used = test::runCommand(test::tpcBinary() + " dump " + tiny() + " --tp 2 --pass-plugin " + plugin() +
+                               " --sharding-policy mlp-tp --summary");
+  CHECK(used.exitCode == 0);
+  CHECK(used.err.empty());
+}
+
 TEST_CASE("sharding plugin: a plugin that throws is named in the one error line", "[sharding][plugin][cli]") {
   const std::string throwing = std::string(TPC_TEST_BAD_PLUGIN_DIR) + "/libtpc_throwing_plugin.so";
   const std::string args = " --tp 2 --pass-plugin " + throwing + " --sharding-policy throwing-tp";
@@ -122,6 +138,9 @@ TEST_CASE("sharding plugin: a plugin that throws is named in the one error line"
   auto reg = test::runCommand("TPC_TEST_PLUGIN_THROW=register " + test::tpcBinary() + " run " + tiny() + args);
   CHECK(reg.exitCode == 1);
   CHECK(reg.err == throwing + ": error: pass plugin 'throwing' threw in registerPasses: boom in registerPasses\n");
+  auto info = test::runCommand("TPC_TEST_PLUGIN_THROW=info " + test::tpcBinary() + " run " + tiny() + args);
+  CHECK(info.exitCode == 1);
+  CHECK(info.err == throwing + ": error: pass plugin threw in tpcPassPluginInfo(): boom in info\n");
   // Its factory: tpc run built the pipeline itself, so no place in a --passes text the user never gave.
   auto create = test::runCommand("TPC_TEST_PLUGIN_THROW=create " + test::tpcBinary() + " run " + tiny() + args);
   CHECK(create.exitCode == 1);
