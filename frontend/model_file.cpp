@@ -111,6 +111,7 @@ TrainConfig configFromFb(const fb::TrainConfig* c) {
   t.saveInterval = c->save_interval();
   t.seed = c->seed();
   t.precision = str(c->precision(), "auto");
+  t.recompute = str(c->recompute(), "none");
   return t;
 }
 
@@ -702,7 +703,7 @@ std::string toBuffer(const ModelFile& m) {
       b, c.optimizer.c_str(), c.beta1, c.beta2, c.eps, c.weightDecay, c.clipGrad, c.lr, c.minLr, c.warmupIters,
       c.decayStyle.c_str(), c.decayIters, c.microBatch, c.globalBatch, c.seqLength, c.trainIters, c.dataPath.c_str(),
       c.split.c_str(), c.tokenizer.c_str(), c.tp, c.dp, c.sp, c.logInterval, c.evalInterval, c.evalIters, c.saveInterval,
-      c.seed, c.precision.c_str(), c.distributedOptimizer);
+      c.seed, c.precision.c_str(), c.distributedOptimizer, c.recompute == "none" ? nullptr : c.recompute.c_str());
   fb::Architecture archType = fb::Architecture::NONE;
   flatbuffers::Offset<void> arch;
   if (m.gpt) {
@@ -760,6 +761,10 @@ Result<ModelFile> loadModelFile(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     return makeError(path, ": error: is a directory, not a model file (MODEL.fb or MODEL.json; tpc new writes one)");
+  // A FIFO would block the open until some writer came; a model file is read whole, from a regular file.
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    return makeError(path, ": error: is not a regular file (a pipe, device or socket); give a model file (MODEL.fb or "
+                     "MODEL.json; tpc new writes one)");
   std::ifstream f(path, std::ios::binary);
   if (!f) return makeError(path, ": error: cannot open: ", std::strerror(errno));
   f.seekg(0, std::ios::end);

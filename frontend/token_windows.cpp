@@ -2,6 +2,7 @@
 #include "frontend/token_windows.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
@@ -9,25 +10,38 @@
 
 namespace tpc {
 
-Result<DocSplits> splitDocuments(std::string_view spec, uint64_t numDocuments) {
-  char sep = spec.find(',') != std::string_view::npos ? ',' : spec.find('/') != std::string_view::npos ? '/' : '\0';
+Result<std::array<double, 3>> parseSplitWeights(std::string_view spec) {
+  // As Megatron-LM's get_train_valid_test_split_: parts by ',' (else '/'), each a Python float (spaces around it
+  // allowed), missing ones 0.
+  const char sep = spec.find(',') != std::string_view::npos ? ',' : spec.find('/') != std::string_view::npos ? '/' : '\0';
   std::vector<double> weights;
   size_t pos = 0;
   while (true) {
-    size_t end = sep ? spec.find(sep, pos) : std::string_view::npos;
+    const size_t end = sep ? spec.find(sep, pos) : std::string_view::npos;
     std::string part(spec.substr(pos, end == std::string_view::npos ? std::string_view::npos : end - pos));
+    const size_t first = part.find_first_not_of(" \t"), last = part.find_last_not_of(" \t");
+    part = first == std::string::npos ? std::string() : part.substr(first, last - first + 1);
     char* stop = nullptr;
-    double w = std::strtod(part.c_str(), &stop);
+    const double w = std::strtod(part.c_str(), &stop);
     if (part.empty() || *stop != '\0' || !std::isfinite(w) || w < 0)
-      return makeError("--split '", spec, "': '", part, "' is not a non-negative number (expected e.g. 949,50,1)");
+      return makeError("'", part, "' is not a non-negative number (expected train,valid,test weights, e.g. 949,50,1)");
     weights.push_back(w);
     if (end == std::string_view::npos) break;
     pos = end + 1;
   }
-  if (weights.size() > 3) return makeError("--split '", spec, "': at most three parts (train,valid,test)");
+  if (weights.size() > 3) return makeError("has ", weights.size(), " parts; at most three (train,valid,test, e.g. 949,50,1)");
   weights.resize(3, 0.0);
-  double sum = weights[0] + weights[1] + weights[2];
-  if (!(sum > 0)) return makeError("--split '", spec, "': the parts add up to 0");
+  const double sum = weights[0] + weights[1] + weights[2];
+  if (!(sum > 0)) return makeError("its parts add up to 0 (e.g. 949,50,1)");
+  if (!std::isfinite(sum)) return makeError("its parts add up to more than a double holds (e.g. 949,50,1)");
+  return std::array<double, 3>{weights[0], weights[1], weights[2]};
+}
+
+Result<DocSplits> splitDocuments(std::string_view spec, uint64_t numDocuments) {
+  auto parsed = parseSplitWeights(spec);
+  if (!parsed) return makeError("--split '", spec, "': ", parsed.error());
+  const std::array<double, 3>& weights = *parsed;
+  const double sum = weights[0] + weights[1] + weights[2];
   // get_train_valid_test_split_: index[i+1] = index[i] + int(round(w[i] / sum * size)), then shifted.
   int64_t index[4] = {0, 0, 0, 0};
   for (int i = 0; i < 3; ++i)

@@ -2,6 +2,7 @@
 // TokenWindows, the seq+1-token training windows in a seeded shuffled order that resumes exactly.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -26,6 +27,9 @@ struct DocSplits {
 // and the document boundaries computed as Megatron's get_train_valid_test_split_ does (each part
 // rounded half-to-even, then all boundaries shifted so the last is numDocuments).
 Result<DocSplits> splitDocuments(std::string_view spec, uint64_t numDocuments);
+// The train, valid and test weights of a --split spec, as splitDocuments reads them (not yet normalized); an
+// error says what is wrong with the spec, to follow the field's name.
+Result<std::array<double, 3>> parseSplitWeights(std::string_view spec);
 
 // The tokens of a document range, shuffled by document and concatenated, cut into windows of seqLen + 1
 // tokens that overlap by one token (window j covers tokens [j*seqLen, j*seqLen + seqLen]), the windows

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "frontend/token_windows.h"
 #include "ir/attr.h"
 
 namespace tpc {
@@ -14,29 +15,9 @@ bool oneOf(const std::string& v, std::initializer_list<const char*> allowed) {
   return false;
 }
 
-// "949,50,1": three non-negative integers, not all zero.
+// "949,50,1" as Megatron-LM reads it (splitDocuments): up to three non-negative numbers, not all zero.
 Status checkSplit(const std::string& s, const std::string& field) {
-  constexpr long long kMaxPart = 999999999;  // 9 digits: the sum stays far from overflow
-  int parts = 0;
-  long long total = 0;
-  size_t i = 0;
-  while (true) {
-    size_t start = i;
-    long long v = 0;
-    while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
-      if (v <= kMaxPart) v = v * 10 + (s[i] - '0');
-      ++i;
-    }
-    if (i == start) break;
-    if (v > kMaxPart)
-      return makeError(field, " part ", s.substr(start, i - start), " is out of range [0, ", kMaxPart, "] (in '", s, "')");
-    total += v;
-    ++parts;
-    if (i == s.size() || s[i] != ',') break;
-    ++i;
-  }
-  if (i != s.size() || parts != 3 || total == 0)
-    return makeError(field, " must be three integers like 949,50,1, at least one of them > 0, got '", s, "'");
+  if (auto parsed = parseSplitWeights(s); !parsed) return makeError(field, "='", s, "' ", parsed.error());
   return {};
 }
 
@@ -67,7 +48,7 @@ Status validateTrainConfig(const TrainConfig& c, const ConfigFieldName& name) {
   TPC_TRY(finiteAtLeast("adam_eps", c.eps, 0, true));
   TPC_TRY(finiteAtLeast("weight_decay", c.weightDecay, 0, false));
   TPC_TRY(finiteAtLeast("clip_grad", c.clipGrad, 0, false));
-  TPC_TRY(finiteAtLeast("lr", c.lr, 0, false));
+  TPC_TRY(finiteAtLeast("lr", c.lr, 0, true));  // the schedule needs a peak (LrSchedule::validate)
   TPC_TRY(finiteAtLeast("min_lr", c.minLr, 0, false));
   if (c.minLr > c.lr) return makeError(name("min_lr"), "=", formatFloat(c.minLr), " must be <= ", name("lr"), "=", formatFloat(c.lr));
   TPC_TRY(nonNegative("lr_warmup_iters", c.warmupIters));
@@ -94,7 +75,7 @@ Status validateTrainConfig(const TrainConfig& c, const ConfigFieldName& name) {
   }
   TPC_TRY(checkSplit(c.split, name("split")));
   if (!oneOf(c.tokenizer, {"gpt2", "byte"})) return makeError(name("tokenizer_type"), " must be gpt2 or byte, got '", c.tokenizer, "'");
-  TPC_TRY(nonNegative("log_interval", c.logInterval));
+  TPC_TRY(positive("log_interval", c.logInterval));  // as --log-interval (0 would log nothing)
   TPC_TRY(nonNegative("eval_interval", c.evalInterval));
   TPC_TRY(nonNegative("eval_iters", c.evalIters));
   TPC_TRY(nonNegative("save_interval", c.saveInterval));

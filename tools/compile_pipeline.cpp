@@ -1,6 +1,8 @@
 // The standard compile pipeline.
 #include "tools/compile_pipeline.h"
 
+#include "ir/printer.h"
+
 #include <algorithm>
 
 #include "ir/attr.h"
@@ -58,6 +60,24 @@ Status checkGraphMatchesArch(const ModelFile& model, const Value* tokens, const 
   }
   if (diff.empty() && attentionShapes(*model.forward) != attentionShapes(*rebuilt->forward))
     diff = "the graph's attention splits the hidden size into other heads than arch.heads";
+  if (diff.empty()) {
+    // The rest of the graph too (ops, attributes such as dropout, eps and init): a run that rebuilds the graph from
+    // arch (another tp, batch or sequence) would otherwise train another model than the one a tp 1 run trains.
+    const std::string haveText = printGraph(*model.forward), wantText = printGraph(*rebuilt->forward);
+    if (haveText != wantText) {
+      size_t at = 0, line = 1;
+      for (; at < haveText.size() && at < wantText.size() && haveText[at] == wantText[at]; ++at) line += haveText[at] == '\n';
+      // The differing line of each text, trimmed: "%2 = layer_norm(...) {eps=1e-05} : f32[8,64,128]".
+      auto lineAt = [&](const std::string& t) {
+        const size_t b = at == 0 ? 0 : t.rfind('\n', at - 1) + 1, e = std::min(t.find('\n', at), t.size());
+        std::string l = t.substr(b, e - b);
+        l.erase(0, l.find_first_not_of(' '));
+        return l.size() > 160 ? l.substr(0, 157) + "..." : l;
+      };
+      diff = cat("line ", line, " of the printed graph is '", lineAt(haveText), "' where arch builds '", lineAt(wantText),
+                 "' (a run that rebuilds the graph from arch, at another --tp, batch or sequence, would train arch's)");
+    }
+  }
   if (diff.empty()) return {};
   return makeError(path, ": error: the graph does not match the file's arch block (arch.layers=", gpt.layers, ", arch.hidden=",
                    gpt.hidden, ", arch.heads=", gpt.heads, "): ", diff, "; write the file again with 'tpc new' or fix arch");

@@ -144,6 +144,14 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
   TPC_TRY(number("initializer_range", 0.02, g.initStd, nonNegative, ">= 0"));
   TPC_TRY(number("resid_pdrop", 0.1, g.hiddenDropout, probability, "in [0, 1)"));
   TPC_TRY(number("attn_pdrop", 0.1, g.attentionDropout, probability, "in [0, 1)"));
+  // One dropout of tpc's GPT (arch.hidden_dropout) is both of these: the export writes it to both.
+  if (const llvm::json::Value* e = o->get("embd_pdrop"); e && e->kind() != llvm::json::Value::Null) {
+    if (!e->getAsNumber()) return makeError(path, ": error: embd_pdrop is not a number");
+    if (*e->getAsNumber() != g.hiddenDropout)
+      return makeError(path, ": error: embd_pdrop ", formatFloat(*e->getAsNumber()), " differs from resid_pdrop ",
+                       formatFloat(g.hiddenDropout), "; tpc's GPT applies one dropout (arch.hidden_dropout) to the "
+                       "embeddings and the residual branches: set both to one value in config.json");
+  }
   // The defaults of the fields whose other values tpc refuses (above): named too, as the model rests on them.
   for (auto [key, def] : {std::pair{"activation_function", "\"gelu_new\""}, std::pair{"tie_word_embeddings", "true"},
                           std::pair{"scale_attn_weights", "true"}, std::pair{"n_inner", "null (4 x n_embd)"}})

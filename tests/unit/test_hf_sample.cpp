@@ -65,6 +65,11 @@ TEST_CASE("hf: export, import and export again give the same Hugging Face files"
   auto imp = tpc("import --hf " + (dir / "hf1") + " -o " + (dir / "re.fb"));
   REQUIRE(imp.exitCode == 0);
   CHECK(imp.out.find("fine-tune with: tpc run") != std::string::npos);
+  // The import's training flags go into the model file, --recompute too.
+  REQUIRE(tpc("import --hf " + (dir / "hf1") + " -o " + (dir / "full.json") + " --recompute full").exitCode == 0);
+  CHECK(test::readFile(dir / "full.json").find("\"recompute\": \"full\"") != std::string::npos);
+  CHECK(tpc("dump " + (dir / "full.json") + " --print-pipeline").out.find(",recompute(mode=full)") != std::string::npos);
+  CHECK(tpc("dump " + (dir / "re.fb") + " --print-pipeline").out.find("recompute") == std::string::npos);
   REQUIRE(tpc("export --hf " + (dir / "hf2") + " " + (dir / "re.fb.weights")).exitCode == 0);
   CHECK(test::readFile(dir / "hf1/model.safetensors") == test::readFile(dir / "hf2/model.safetensors"));
 
@@ -130,7 +135,7 @@ TEST_CASE("hf: foreign or broken Hugging Face directories are refused by name", 
            {" --tokenizer gpt-2", "tpc import: error: --tokenizer gpt-2: expected gpt2 or byte\n"},
            {" --tp 99999999999999999999", "tpc import: error: --tp=99999999999999999999 is out of range [1, 1099511627776]"},
            // Named as the flag given, not as the model file's config.* field.
-           {" --lr -1", "tpc import: error: --lr must be >= 0.0, got -1.0\n"},
+           {" --lr -1", "tpc import: error: --lr must be > 0.0, got -1.0\n"},
            {" --seq-length 2048", "tpc import: error: --seq-length=2048 is longer than the position table"}}) {
     auto r = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.fb") + flags);
     CHECK(r.exitCode == 1);
@@ -167,6 +172,9 @@ TEST_CASE("hf: config.json fields are checked as config.json names them, and a w
            {"\"n_head\": 4", "\"n_head\": 5", "n_head=5 must divide n_embd=128"},
            {"\"resid_pdrop\": 0", "\"resid_pdrop\": 1", "resid_pdrop must be in [0, 1), got 1.0"},
            {"\"attn_pdrop\": 0", "\"attn_pdrop\": -0.5", "attn_pdrop must be in [0, 1), got -0.5"},
+           // One dropout of tpc's (arch.hidden_dropout) is both embd_pdrop and resid_pdrop.
+           {"\"embd_pdrop\": 0", "\"embd_pdrop\": 0.2", "embd_pdrop 0.2 differs from resid_pdrop 0.0; tpc's GPT applies one "
+            "dropout (arch.hidden_dropout) to the embeddings and the residual branches: set both to one value in config.json"},
            {"\"layer_norm_epsilon\": ", "\"layer_norm_epsilon\": 0, \"x\": ", "layer_norm_epsilon must be > 0, got 0.0"},
            {"\"initializer_range\": ", "\"initializer_range\": -1, \"x\": ", "initializer_range must be >= 0, got -1.0"}}) {
     std::string changed = good;

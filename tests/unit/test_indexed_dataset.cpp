@@ -402,7 +402,11 @@ TEST_CASE("the split string divides documents as Megatron's get_train_valid_test
   check("1,1", 3, {0, 1, 3, 3});  // 1.5 rounds half to even
   check("1,1,1", 1, {0, 1, 1, 1});
   check("80,10,10", 12345, {0, 9877, 11111, 12345});
-  for (const char* bad : {"0,0,0", "a,b", "1,2,3,4", "-1,2", "", "1,,2"}) {
+  // Megatron-LM reads each part as a Python float: fractions, and spaces around a part.
+  check("0.8,0.1,0.1", 100, {0, 80, 90, 100});
+  check("969, 30, 1", 1000, {0, 969, 999, 1000});
+  check(" 100 ", 5, {0, 5, 5, 5});
+  for (const char* bad : {"0,0,0", "a,b", "1,2,3,4", "-1,2", "", "1,,2", "1e400,1", "nan,1", "1 2,3"}) {
     auto s = splitDocuments(bad, 10);
     INFO(bad);
     REQUIRE_FALSE(s.ok());

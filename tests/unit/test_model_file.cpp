@@ -173,9 +173,12 @@ TEST_CASE("model file: bad files give one line naming file and field", "[model_f
   SECTION("loss that is not an output") { expectError(replaceOnce(json, "\"loss\": \"loss\"", "\"loss\": \"nope\""), "gpt.json", {"loss 'nope'"}); }
   SECTION("bad config strings") {
     expectError(replaceOnce(json, "\"tokenizer_type\": \"byte\"", "\"tokenizer_type\": \"bpe\""), "gpt.json", {"config.tokenizer_type"});
-    expectError(replaceOnce(json, "\"split\": \"949,50,1\"", "\"split\": \"949,50\""), "gpt.json", {"config.split"});
-    expectError(replaceOnce(json, "\"split\": \"949,50,1\"", "\"split\": \"99999999999,1,1\""), "gpt.json",
-                {"config.split part 99999999999 is out of range [0, 999999999]"});
+    expectError(replaceOnce(json, "\"split\": \"949,50,1\"", "\"split\": \"949,50,1,1\""), "gpt.json",
+                {"config.split='949,50,1,1' has 4 parts; at most three"});
+    expectError(replaceOnce(json, "\"split\": \"949,50,1\"", "\"split\": \"1e400,1,1\""), "gpt.json",
+                {"config.split='1e400,1,1' '1e400' is not a non-negative number"});
+    expectError(replaceOnce(json, "\"split\": \"949,50,1\"", "\"split\": \"0,0\""), "gpt.json",
+                {"config.split='0,0' its parts add up to 0"});
   }
 }
 
@@ -271,7 +274,7 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
            {"--preset", "tpc new: error: option --preset needs a value, but the next argument is the option '-o' (write "
                         "--preset=VALUE for a value that starts with -)\n"},
            // A negative number is a value, not a flag; the error names the flag, not the model file's config.lr.
-           {"--lr -1", "tpc new: error: --lr must be >= 0.0, got -1.0\n"},
+           {"--lr -1", "tpc new: error: --lr must be > 0.0, got -1.0\n"},
            {"--micro-batch-size 3 --global-batch-size 8",
             "tpc new: error: --global-batch-size=8 must be a multiple of --micro-batch-size=3 (a step is whole micro "
             "batches on every data-parallel rank), e.g. 6 or 9\n"},
@@ -335,7 +338,12 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
   std::string text = test::readFile(dir + "/cli_tiny.json");
   for (auto [from, to, expected] : std::vector<std::array<std::string, 3>>{
            {"\"heads\": 4", "\"heads\": 8", "other heads than arch.heads"},
-           {"\"layers\": 1", "\"layers\": 3", "h.1.ln_1.weight in arch's model"}}) {
+           {"\"layers\": 1", "\"layers\": 3", "h.1.ln_1.weight in arch's model"},
+           // The rest of the graph too: a run at another tp or batch would rebuild it from arch and train arch's model.
+           {"\"hidden_dropout\": 0.0", "\"hidden_dropout\": 0.1", "where arch builds '%2 = dropout(%1) {p=0.1, key=1}"},
+           {"\"layer_norm_eps\": 1e-05", "\"layer_norm_eps\": 0.1", "{eps=1e-05} : f32[8,64,128]' where arch builds "},
+           {"\"init_std\": 0.02", "\"init_std\": 0.5", "init=normal(0.02),' where arch builds 'params(%wte: f32[384,128] "
+                                                          "init=normal(0.5),'"}}) {
     std::string edited = text;
     REQUIRE(edited.find(from) != std::string::npos);
     edited.replace(edited.find(from), from.size(), to);
