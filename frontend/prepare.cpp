@@ -158,7 +158,7 @@ void tokenizeBatch(Batch& b, InputFormat format, const PrepareOptions& opts, con
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     // A byte order mark (Windows editors write one) marks the file as UTF-8; it is not the first document's text.
     if (lineNo == 1 && line.starts_with("\xEF\xBB\xBF")) line.remove_prefix(3);
-    if (line.empty()) continue;
+    if (line.find_first_not_of(" \t\v\f") == std::string_view::npos) continue;  // a blank line: spaces and tabs alone
     auto where = [&] { return cat(opts.input, ":", lineNo, ": "); };
     if (size_t bad = unicode::findInvalidUtf8(line); bad != std::string_view::npos) {
       b.error = makeError(where(), "invalid UTF-8 at byte ", bad + 1, " of the line (input must be UTF-8 text)");

@@ -2,6 +2,7 @@
 // fields a scalar needs), so that tpc needs neither protobuf nor TensorFlow.
 #include "runtime/tensorboard_writer.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -92,7 +93,9 @@ uint32_t maskedCrc32c(std::string_view bytes) {
 Result<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::open(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  fs::path p = fs::absolute(dir.empty() ? "." : dir, ec);
+  if (dir.empty()) return makeError("--tensorboard-dir is empty; name a folder (made if missing) for the event files");
+  fs::path p = fs::absolute(dir, ec).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();  // "runs/" is "runs"
   if (fs::exists(p, ec) && !fs::is_directory(p, ec))
     return makeError("--tensorboard-dir ", dir, " is a file; name a folder (made if missing) for the event files");
   fs::path existing = p;  // the folder, or the nearest ancestor that exists: the one that must be writable
@@ -103,6 +106,21 @@ Result<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::open(const std::st
   if (::access(existing.c_str(), W_OK) != 0)
     return makeError("--tensorboard-dir ", dir, ": cannot write in ", existing.string(), " (", std::strerror(errno),
                      "); pick a folder you can write");
+  // A folder that is missing is made at the first event, so that a run failing before it leaves none; whether it
+  // can be made (a writable folder may still refuse it: /sys, /proc) is tried now, and the try undone.
+  if (existing != p) {
+    fs::path made = existing;
+    for (const fs::path& part : p.lexically_relative(existing)) {
+      made /= part;
+      if (::mkdir(made.c_str(), 0755) != 0) {
+        const int err = errno;
+        for (fs::path q = made.parent_path(); q != existing; q = q.parent_path()) ::rmdir(q.c_str());
+        return makeError("--tensorboard-dir ", dir, ": cannot make ", made.string(), " (", std::strerror(err),
+                         "); pick a folder you can write");
+      }
+    }
+    for (fs::path q = p; q != existing; q = q.parent_path()) ::rmdir(q.c_str());
+  }
   std::unique_ptr<TensorBoardWriter> w(new TensorBoardWriter);
   w->dir_ = p.string();
   return w;

@@ -1,4 +1,5 @@
 // `tpc new gpt`: writes a model file (.fb or .json) from a preset, with hyperparameters overridden by flags.
+#include <filesystem>
 #include <iostream>
 
 #include "frontend/byte_tokenizer.h"
@@ -38,13 +39,19 @@ int runNew(std::vector<std::string> args) {
   int rc = 0;
   if (!flags.parse(args, rc)) return rc;
   // --data-path takes the words up to the next option: a word of the command line that landed there is named.
-  if (flags.has("data-path"))
-    if (auto blend = parseDataBlend(flags.get("data-path")); blend)
-      for (const DataBlendEntry& e : *blend)
+  if (flags.has("data-path")) {
+    // The blend's form is checked here rather than at the first run of the file (its datasets may not exist yet).
+    auto blend = parseDataBlend(flags.get("data-path"), [](const std::string& p) {
+      std::error_code ec;
+      return std::filesystem::is_regular_file(p + ".idx", ec);
+    });
+    if (!blend) return cli::fail("new", blend.error());
+    for (const DataBlendEntry& e : *blend)
         if (e.prefix == "gpt" || looksLikeModelFile(e.prefix))
           return cli::fail("new", cat("'", e.prefix, "' was read as a dataset prefix of --data-path (the words after it up "
                                       "to the next option are all prefixes); put it before --data-path: tpc new gpt "
                                       "--preset tiny --data-path PREFIX -o gpt.fb"));
+  }
   if (flags.positional().empty() || flags.positional()[0] != "gpt")
     return cli::fail("new", "expected the architecture 'gpt' (tpc new gpt --preset tiny -o gpt.fb)");
   if (flags.positional().size() > 1)

@@ -17,9 +17,9 @@ int runPrepare(std::vector<std::string> args) {
                    "                   [--json-key text] [--append-eod] [--workers N]\n\n"
                    "Writes PREFIX.bin and PREFIX.idx in Megatron-LM's indexed dataset layout (MMIDIDX version 1,\n"
                    "uint16 tokens), one document per sequence, as Megatron's preprocess_data.py does.\n"
-                   "Input is UTF-8. FILE.txt: each non-empty line is a document. FILE.jsonl: one JSON object per\n"
+                   "Input is UTF-8. FILE.txt: each line that is not blank is a document. FILE.jsonl: one JSON object per\n"
                    "line, its --json-key field holds the document's text (write multi-paragraph documents as\n"
-                   "JSONL with \\n in the text). Blank lines and empty texts are skipped. On any error nothing is\n"
+                   "JSONL with \\n in the text). Blank lines (spaces and tabs alone) and empty texts are skipped. On any error nothing is\n"
                    "written (output goes to temporary files beside PREFIX, moved into place together at the end);\n"
                    "the error names the line.");
   flags.value("input", "the corpus: FILE.txt or FILE.jsonl")

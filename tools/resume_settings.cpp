@@ -24,6 +24,8 @@ std::map<std::string, std::string> resumeSettings(const TrainConfig& c) {
           {"adam-beta2", number(c.beta2)},
           {"adam-eps", number(c.eps)},
           {"seq-length", std::to_string(c.seqLength)},
+          {"data-path", c.dataPath},
+          {"split", c.split},
           {"precision", c.precision}};
 }
 
@@ -49,6 +51,9 @@ std::vector<std::string> resumeDifferences(const std::map<std::string, std::stri
       line += ": the learning rate schedule changes from this step on";
     else if (flag == "seq-length")
       line += ": the data goes on after the windows trained so far, counted in windows of the new length";
+    else if (flag == "data-path" || flag == "split")
+      line += ": the data order is another from this step on (the run goes on at the same count of windows in the "
+              "new data, not where the checkpoint's run left off)";
     else if (flag == "precision" && was->second == "fp16")
       line += ": the checkpoint's loss scale is not used";
     lines.push_back(line);

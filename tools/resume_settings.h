@@ -1,5 +1,5 @@
 // What a resumed `tpc run --load` compares with the checkpoint's run: the lr and its schedule, AdamW's constants,
-// the window length and the precision. A resume may change them (a longer run, a lower lr), as Megatron-LM allows
+// the window length, the data (--data-path, --split) and the precision. A resume may change them (a longer run, a lower lr), as Megatron-LM allows
 // with --override-opt_param-scheduler; tpc says which changed, and what that does, in one warning line each.
 #pragma once
 

@@ -97,7 +97,8 @@ Status checkSaveFolderIsFree(const std::string& dir, const std::optional<LoadedC
 }
 
 // The dataset prefix as given, or (for the shipped default "data/...") inside tpc's data folder.
-Result<std::string> resolveDataPath(const std::string& prefix) {
+// `dataName`: where the prefix came from, for errors ("--data-path", or "m.json: config.data_path").
+Result<std::string> resolveDataPath(const std::string& prefix, const std::string& dataName = "--data-path") {
   if (prefix.empty())
     return makeError("no training data: the model file has no data_path; pass --data-path PREFIX (a dataset made by "
                      "'tpc prepare')");
@@ -106,8 +107,12 @@ Result<std::string> resolveDataPath(const std::string& prefix) {
     std::string inData = dataDir() + "/" + prefix.substr(5);
     if (fileExists(inData + ".idx")) return inData;
   }
-  return makeError("--data-path ", prefix, ": ", prefix, ".idx not found (run scripts/fetch_data.sh build/bin/tpc for the "
-                   "Brown corpus, or make a dataset with 'tpc prepare')");
+  for (const char* ext : {".bin", ".idx"})
+    if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, ext) == 0 && fileExists(prefix.substr(0, prefix.size() - 4) + ".idx"))
+      return makeError(dataName, " ", prefix, ": give the dataset's prefix, without ", ext, ": ", prefix.substr(0, prefix.size() - 4));
+  return makeError(dataName, " ", prefix, ": ", prefix, ".idx not found",
+                   dataName.rfind("--", 0) == 0 || prefix.rfind('/', 0) == 0 ? "" : " (relative to the current folder)",
+                   " (run scripts/fetch_data.sh build/bin/tpc for the Brown corpus, or make a dataset with 'tpc prepare')");
 }
 
 // Training windows from one split of the datasets of --data-path (one dataset, or a Megatron-style blend). With
@@ -117,8 +122,21 @@ class DatasetBatches final : public BatchSource {
  public:
   DatasetBatches(std::vector<BlendedWindows::Part> parts, uint32_t seq, uint64_t seed)
       : windows_(std::move(parts), seq, seed), buf_(seq + 1) {}
-  // The file is made at the first window read, so that a run failing before its first step leaves none.
+  // The file is made at the first window read, so that a run failing before its first step leaves none. A resumed
+  // run (reading from a position past 0) keeps the rows before that position of a file that holds them (the file of
+  // the run it resumes, as a resumed --log-jsonl keeps its lines) and appends after them; any other file is written
+  // anew, from the resumed step's rows.
   void dumpTo(const std::string& path) { dumpPath_ = path; }
+  // At the run's end: the rows read past `trained` (the windows of the steps trained; a step read ahead of an early
+  // stop was not) are cut off, so that the file holds exactly the trained steps' rows.
+  Status finishDump(uint64_t trained) {
+    if (!dump_.is_open()) return {};
+    dump_.close();
+    std::error_code ec;
+    std::filesystem::resize_file(dumpPath_, (trained - std::min(trained, dumpStart_)) * buf_.size() * sizeof(int32_t), ec);
+    if (ec) return makeError("--dump-batches ", dumpPath_, ": cannot cut off the rows read ahead of the stop: ", ec.message());
+    return {};
+  }
   Status status() const { return windows_.status(); }
   const BlendedWindows& windows() const { return windows_; }
   uint64_t position() const { return windows_.position(); }
@@ -126,7 +144,13 @@ class DatasetBatches final : public BatchSource {
 
   Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
     if (!dumpPath_.empty() && !dump_.is_open()) {
-      dump_.open(dumpPath_, std::ios::binary | std::ios::trunc);
+      const uint64_t rowBytes = buf_.size() * sizeof(int32_t), at = windows_.position();
+      std::error_code ec;
+      const uint64_t size = at > 0 ? std::filesystem::file_size(dumpPath_, ec) : 0;
+      const bool keep = at > 0 && !ec && size >= at * rowBytes && size % rowBytes == 0;
+      if (keep) std::filesystem::resize_file(dumpPath_, at * rowBytes, ec);
+      dumpStart_ = keep && !ec ? 0 : at;
+      dump_.open(dumpPath_, std::ios::binary | (dumpStart_ == 0 && at > 0 ? std::ios::app : std::ios::trunc));
       if (!dump_) return makeError("--dump-batches ", dumpPath_, ": cannot write the file (does its folder exist and is it writable?)");
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -148,6 +172,7 @@ class DatasetBatches final : public BatchSource {
   std::vector<int32_t> buf_;
   std::string dumpPath_;
   std::ofstream dump_;
+  uint64_t dumpStart_ = 0;  // the window position of the file's first row
 };
 
 // The datasets of --data-path: one, or a Megatron-style blend, each resolved, opened, checked against the model's
@@ -198,18 +223,33 @@ std::string describeData(const TrainingData& data, const BlendedWindows& train) 
   return out.str();
 }
 
-Result<TrainingData> openTrainingData(const TrainConfig& config, const std::string& splitName,
+Result<TrainingData> openTrainingData(const TrainConfig& config, const std::string& splitName, const std::string& dataName,
                                       const std::optional<GptConfig>& gpt) {
   TrainingData d;
-  TPC_ASSIGN(d.entries, parseDataBlend(config.dataPath, [](const std::string& p) { return resolveDataPath(p).ok(); }));
+  auto entries = parseDataBlend(config.dataPath, [](const std::string& p) { return resolveDataPath(p).ok(); });
+  if (!entries) {
+    // Its errors name --data-path: the value may be the model file's.
+    std::string e = entries.error();
+    if (e.rfind("--data-path", 0) == 0) e.replace(0, 11, dataName);
+    return makeError(e);
+  }
+  d.entries = std::move(*entries);
   for (DataBlendEntry& e : d.entries) {
-    TPC_ASSIGN(e.prefix, resolveDataPath(e.prefix));
+    TPC_ASSIGN(e.prefix, resolveDataPath(e.prefix, dataName));
     TPC_ASSIGN(IndexedDataset dataset, IndexedDataset::open(e.prefix));
     if (gpt)
-      if (Status s = dataset.checkTokenRange(gpt->vocab); !s.ok())
+      if (Status s = dataset.checkTokenRange(gpt->vocab); !s.ok()) {
+        // A tokenizer with more ids than the model has rows: no dataset of it fits; the model file is what to fix.
+        const int64_t tokenizerIds = config.tokenizer == "gpt2" ? 50257 : 257;
+        if (gpt->vocab < tokenizerIds)
+          return makeError(s.error(), ": the model's tokenizer '", config.tokenizer, "' has ", tokenizerIds,
+                           " ids, more than its vocabulary of ", gpt->vocab, " (arch.vocab): write the model file again "
+                           "with `tpc new` (--vocab ", tokenizerIds, ", or a preset of the ", config.tokenizer,
+                           " tokenizer), or set its config.tokenizer_type to the tokenizer the vocabulary is for");
         return makeError(s.error(), ": the model's tokenizer is '", config.tokenizer, "' (vocabulary ", gpt->vocab,
                          "); make the dataset with it (tpc prepare --tokenizer ", config.tokenizer,
                          ") or give --data-path of one that was");
+      }
     auto split = splitDocuments(config.split, dataset.numDocuments());
     if (!split) return makeError(splitName, ": ", split.error());
     d.splits.push_back(*split);
@@ -278,14 +318,14 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       .value("tensorboard-dir", "also write the run's figures as TensorBoard event files in this folder (made if missing), under Megatron-LM's tags (lm loss, learning-rate, grad-norm, lm loss validation, ...)")
       .value("eval-interval", "steps between evaluations on the validation split, and one after the last step; 0: none "
                               "(default: the model file's eval_interval)")
-      .value("eval-iters", "batches per evaluation (validation, and test after the last step) (default: the model "
-                           "file's eval_iters)")
+      .value("eval-iters", "batches per evaluation (validation, and test after the last step), each a global batch as "
+                           "in Megatron-LM (default: the model file's eval_iters)")
       .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew; a new run, so --save goes to another folder)")
       .toggle("save-initial", "with --save: also write the initial state, before step 1, as iteration 0 (a comparison "
                               "aid: another trainer can start from tpc's initial weights)")
       .value("dump-batches", "write every training window read (seq-length + 1 int32 tokens per row, the rows of "
                              "step 1, then step 2, ...) to this file: a comparison aid to feed another trainer "
-                             "tpc's batches");
+                             "tpc's batches (a resumed run appends to the file of the run it resumes)");
   flags.value("backend", "auto | cpu | cuda", "auto")
       .value("collectives", "CUDA with --tp/--dp: nccl (a GPU per rank) | virtual (all ranks on one GPU) | auto", "auto")
       .value("distributed-backend", "as Megatron-LM, but only nccl (what tpc's GPU ranks use; CPU ranks use MPI)")
@@ -350,6 +390,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (!evalInterval) return cli::fail("run", evalInterval.error());
   auto evalIters = flagOrFile("eval-iters", config.evalIters, 1);
   if (!evalIters) return cli::fail("run", evalIters.error());
+  // As Megatron-LM's eval_iters, each a global batch: the micro-batches of `accum` steps, the same loss whatever the
+  // micro batch size.
+  const int64_t evalMicroBatches = *evalIters * *accum;
   if (*evalInterval > 0 && *evalIters == 0) {
     if (flags.has("eval-interval"))
       return cli::fail("run", cat(path, ": error: config.eval_iters=0 leaves the evaluations of --eval-interval ", *evalInterval,
@@ -505,7 +548,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
 
   // Data.
   const std::string splitName = cli::flagOrFieldName(flags)("split"), splitSetting = cat(splitName, "=", config.split);
-  auto data = openTrainingData(config, splitName, model->gpt);
+  const std::string dataField = cli::flagOrFieldName(flags)("data_path");
+  auto data = openTrainingData(config, splitName, dataField.rfind("--", 0) == 0 ? dataField : cat(path, ": ", dataField),
+                               model->gpt);
   if (!data) return cli::fail("run", data.error());
   // Evaluation reads its own copy of the datasets (the windows of the valid and test splits).
   std::optional<DatasetBatches> validBatches, testBatches;
@@ -538,8 +583,11 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (trainParts->size() != data->entries.size())
     for (size_t i = 0; i < data->entries.size(); ++i)
       if (data->splits[i].train.size() == 0)
-        return cli::fail("run", cat("the training split (", splitSetting, ") of ", data->entries[i].prefix, " is empty (",
-                                    data->numDocs(i), " documents); give it a share (", splitName, ")"));
+        return cli::fail("run", data->numDocs(i) == 0
+                                    ? cat("the dataset ", data->entries[i].prefix, " holds no documents; make it again from "
+                                          "text that has some (tpc prepare), or leave it out of ", dataField)
+                                    : cat("the training split (", splitSetting, ") of ", data->entries[i].prefix, " is empty (",
+                                          data->numDocs(i), " documents); give it a share (", splitName, ")"));
   DatasetBatches batches(std::move(*trainParts), static_cast<uint32_t>(config.seqLength), config.seed);
   if (Status s = batches.status(); !s.ok())
     return cli::fail("run", cat("the training split (", splitSetting, "): ", s.error(), "; give it more documents (",
@@ -693,7 +741,14 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
             << config.globalBatch << " sequences of " << config.seqLength << " tokens\n"
             << describeData(*data, batches.windows())
             << "  lr " << config.lr << " -> " << config.minLr << " (" << config.decayStyle << ", warmup "
-            << config.warmupIters << "), " << config.trainIters << " steps\n"
+            << config.warmupIters << "), " << config.trainIters << " steps"
+            // The model file's warmup may outlast a short trial run (a longer one given by flag is refused).
+            << (config.warmupIters > config.trainIters
+                    ? cat("; the warmup is longer than the run: the lr rises to ",
+                          config.lr * static_cast<double>(config.trainIters) / static_cast<double>(config.warmupIters),
+                          " and does not decay (--lr-warmup-iters sets a shorter one)")
+                    : std::string())
+            << "\n"
             << std::fixed << std::setprecision(1) << "  startup: step built in " << buildSeconds << "s, initial state in "
             << stateSeconds << "s, backend prepared in " << prepareSeconds << "s" << std::defaultfloat
             << std::setprecision(6) << std::endl;
@@ -789,12 +844,13 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                                                              : cat(" (the model file's eval_interval ", *evalInterval,
                                                                    " asks for it; --eval-interval 0 turns it off)")));
     evaluator = std::move(*e);
-    std::cout << "  eval: every " << *evalInterval << " steps, " << *evalIters << " batches of the validation split, on "
+    std::cout << "  eval: every " << *evalInterval << " steps, " << *evalIters << " batches of the validation split"
+              << (*accum > 1 ? cat(" (global batches: ", evalMicroBatches, " micro-batches)") : std::string()) << ", on "
               << evaluator->where() << std::endl;
     settings.evalInterval = *evalInterval;
     settings.evaluate = [&]() -> Result<double> {
       validBatches->seek(0);  // the same batches every time: comparable numbers
-      return evaluator->meanLoss(*backend, *validBatches, *evalIters);
+      return evaluator->meanLoss(*backend, *validBatches, evalMicroBatches);
     };
   }
   const std::string saveDir = flags.get("save");
@@ -867,10 +923,18 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (lossScaling) initial.lossScale = lossScaling->initial;
     if (Status s = saveAt(0, initial, 0); !s.ok()) return cli::fail("run", s.error());
   }
+  // The windows of the steps trained so far (the data position a checkpoint would record), for --dump-batches.
+  uint64_t trainedPosition = batches.position();
+  settings.afterStep = [&, save = settings.afterStep](int64_t it, const OptimizerProgress& progress,
+                                                      int64_t rowsReadAhead) -> Status {
+    trainedPosition = batches.position() - static_cast<uint64_t>(rowsReadAhead);
+    return save ? save(it, progress, rowsReadAhead) : Status{};
+  };
   settings.onNonFinite = *onNan;
   if (job) job->training = true;
   auto report = train(*backend, *step, batches, settings, std::cout);
   if (!report) return cli::fail("run", report.error());
+  if (Status s = batches.finishDump(trainedPosition); !s.ok()) return cli::fail("run", s.error());
   if (report->lastIteration < config.trainIters) {
     // No test evaluation at an early stop (the run is not over): say where it stopped and how to go on.
     std::printf("stopped after step %lld of %lld: %s; %s\n", static_cast<long long>(report->lastIteration),
@@ -880,7 +944,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   } else if (evaluator && !testBatches)
     std::printf("no test evaluation: the test split of %s is empty\n", splitSetting.c_str());
   if (evaluator && testBatches && report->lastIteration == config.trainIters) {
-    auto test = evaluator->meanLoss(*backend, *testBatches, *evalIters);
+    auto test = evaluator->meanLoss(*backend, *testBatches, evalMicroBatches);
     if (!test) return cli::fail("run", test.error());
     std::printf("test loss %.4f | test ppl %.3f (%lld batches of the test split)\n", *test, std::exp(*test),
                 static_cast<long long>(*evalIters));

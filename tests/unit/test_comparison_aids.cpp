@@ -40,6 +40,32 @@ TEST_CASE("tpc run --dump-batches writes the trainer's windows in order", "[run]
   CHECK(!std::equal(got.begin(), got.begin() + window, got.begin() + window));
 }
 
+TEST_CASE("tpc run --dump-batches: an early stop leaves the trained steps' rows, and a resume appends to them",
+          "[run][cli][compare][exit]") {
+  test::TempDir dir;
+  const std::string d = dir.path.string(), common = "--train-iters 5 --eval-interval 0 --seq-length 32 --seed 7 ";
+  const size_t stepBytes = 8 * 33 * sizeof(int32_t);  // tiny's global batch of 8 windows of 32 + 1 tokens
+  REQUIRE(test::runTiny(common + "--dump-batches " + d + "/whole.i32").exitCode == 0);
+  const std::string whole = test::readFile(d + "/whole.i32");
+  REQUIRE(whole.size() == 5 * stepBytes);
+  // Stopped after step 2: step 3's rows, read ahead while step 2 ran, were not trained on and are not in the file.
+  auto first = test::runTiny(common + "--exit-interval 2 --save " + d + "/ck --dump-batches " + d + "/b.i32");
+  INFO(first.out << first.err);
+  REQUIRE(first.exitCode == 0);
+  CHECK(test::readFile(d + "/b.i32") == whole.substr(0, 2 * stepBytes));
+  // Going on with the same file appends steps 3-5: the whole run's file.
+  auto second = test::runTiny(common + "--save " + d + "/ck --load " + d + "/ck --dump-batches " + d + "/b.i32");
+  INFO(second.out << second.err);
+  REQUIRE(second.exitCode == 0);
+  CHECK(test::readFile(d + "/b.i32") == whole);
+  // Another file for the resumed run holds its own steps alone; a file of the whole run given again is cut back to
+  // the resumed step first (as a resumed --log-jsonl drops its later lines).
+  REQUIRE(test::runTiny(common + "--load " + d + "/ck/iter_0000002 --dump-batches " + d + "/rest.i32").exitCode == 0);
+  CHECK(test::readFile(d + "/rest.i32") == whole.substr(2 * stepBytes));
+  REQUIRE(test::runTiny(common + "--load " + d + "/ck/iter_0000002 --dump-batches " + d + "/whole.i32").exitCode == 0);
+  CHECK(test::readFile(d + "/whole.i32") == whole);
+}
+
 TEST_CASE("tpc run --save-initial: iteration 0 is the state a fresh run starts from", "[run][cli][compare][checkpoint]") {
   test::TempDir dir;
   auto fresh = test::runTiny("--train-iters 3 --save " + dir / "ck" + " --save-initial --log-jsonl " + dir / "fresh.jsonl");

@@ -41,6 +41,23 @@ TEST_CASE("eval: validation loss and perplexity every N steps, test loss at the 
   CHECK(empty.err.find("the validation split is empty") != std::string::npos);
 }
 
+TEST_CASE("eval: --eval-iters counts global batches, so the loss does not depend on the micro batch", "[eval][cli]") {
+  test::TempDir dir;
+  std::vector<double> valid;
+  for (const char* layout : {"--micro-batch-size 8", "--micro-batch-size 2", "--micro-batch-size 2 --dp 2"}) {
+    const std::string log = dir / "log.jsonl";
+    auto r = test::runTiny(std::string(layout) + " --global-batch-size 8 --seq-length 32 --train-iters 2 --split 80,10,10 "
+                           "--eval-interval 2 --eval-iters 1 --log-jsonl " + log);
+    INFO(layout << ": " << r.out << r.err);
+    REQUIRE(r.exitCode == 0);
+    const auto v = test::jsonlField(test::readFile(log), "valid_loss");
+    REQUIRE(v.size() == 1);
+    valid.push_back(v[0]);
+  }
+  CHECK(std::abs(valid[1] - valid[0]) <= 1e-6 * valid[0]);  // one global batch of 8 sequences each time
+  CHECK(std::abs(valid[2] - valid[0]) <= 1e-6 * valid[0]);
+}
+
 TEST_CASE("eval: the model file's eval_interval, eval_iters and save_interval are the flags' defaults", "[eval][cli]") {
   test::TempDir dir;
   const std::string model = dir / "m.json", noIters = dir / "no_iters.json";

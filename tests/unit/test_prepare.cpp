@@ -74,7 +74,8 @@ void expectFailure(const tpc::test::CommandResult& r, const std::string& prefix,
 
 TEST_CASE("tpc prepare turns text lines into documents", "[prepare][cli]") {
   test::TempDir dir;
-  test::writeFile(dir / "in.txt", "first line\n\nsecond \xc3\xa9\r\nthird");
+  // Blank lines, spaces and tabs alone among them, are no documents; a line's own spaces stay.
+  test::writeFile(dir / "in.txt", "first line\n\n   \n\t \r\nsecond \xc3\xa9\r\nthird");
   auto r = prepare("--input " + (dir / "in.txt") + " --tokenizer byte --append-eod --output-prefix " + (dir / "out"));
   INFO(r.err);
   REQUIRE(r.exitCode == 0);
@@ -429,6 +430,6 @@ TEST_CASE("two tpc prepare runs to one prefix at once leave one run's .bin and .
 TEST_CASE("tpc prepare --help explains the formats", "[prepare][cli]") {
   auto r = runCommand(tpcBinary() + " prepare --help");
   CHECK(r.exitCode == 0);
-  CHECK_THAT(r.out, Catch::Contains("each non-empty line is a document") && Catch::Contains("--json-key") &&
+  CHECK_THAT(r.out, Catch::Contains("each line that is not blank is a document") && Catch::Contains("--json-key") &&
                         Catch::Contains("--append-eod") && Catch::Contains("--workers"));
 }

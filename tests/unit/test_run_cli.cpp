@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
 #include "frontend/data_dir.h"
 #include "test_support.h"
 
@@ -45,6 +47,10 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
        "--seq-length that is\n"},
       {tiny() + " --seq-length 65", ""},  // checked below: longer than the position table
       {tiny() + " --lr abc", "tpc run: error: --lr=abc is not a number\n"},
+      {tiny() + " --lr 0 --min-lr 0", "tpc run: error: --lr must be > 0.0, got 0.0\n"},  // before the run's header
+      {tiny() + " --data-path " + dataDir() + "/brown/brown_byte.bin",
+       "tpc run: error: --data-path " + dataDir() + "/brown/brown_byte.bin: give the dataset's prefix, without .bin: " +
+           dataDir() + "/brown/brown_byte\n"},
       {tiny() + " --train-iters 0", "tpc run: error: --train-iters=0 is out of range [1, 1099511627776]\n"},
       {tiny() + " --backend tpu", "tpc run: error: --backend=tpu is not a backend (expected auto, cpu or cuda)\n"},
       {"/nonexistent/model.fb", ""},
@@ -144,6 +150,41 @@ TEST_CASE("tpc run/sample: an output that is an input, inside the checkpoint rea
   }
   CHECK(test::readFile(tensors) == saved);
   CHECK_FALSE(std::filesystem::exists(d + "/ck/logits.safetensors"));
+}
+
+// The data audit of the thirty-eighth session: errors that blamed a flag the user never gave or suggested a fix that
+// could not work, a FIFO that hung the run, Megatron-LM's --split forms refused.
+TEST_CASE("tpc run: data errors name where the value came from and a fix that works", "[run][cli][data]") {
+  test::TempDir dir;
+  const std::string d = dir.path.string(), tpc = test::tpcBinary();
+  // A model file's data_path is named as the file's field, not as --data-path.
+  REQUIRE(test::runCommand(tpc + " new gpt --preset tiny --data-path " + d + "/missing -o " + d + "/m.json").exitCode == 0);
+  auto missing = test::runCommand(tpc + " run " + d + "/m.json --train-iters 1");
+  CHECK(missing.exitCode == 1);
+  CHECK(missing.err.find("tpc run: error: " + d + "/m.json: config.data_path " + d + "/missing: " + d +
+                         "/missing.idx not found") == 0);
+  // tpc new checks a blend's form (weights and prefixes in pairs) when it writes the file.
+  auto blend = test::runCommand(tpc + " new gpt --preset tiny --data-path 0.3 a 0.7 -o " + d + "/b.json");
+  CHECK(blend.exitCode == 1);
+  CHECK(blend.err.find("tpc new: error: --data-path '0.3 a 0.7': weights and prefixes do not pair up") == 0);
+  CHECK_FALSE(std::filesystem::exists(d + "/b.json"));
+  // A FIFO where the .idx or the model file should be is refused at once, not waited on.
+  std::filesystem::copy_file(dataDir() + "/brown/brown_byte.bin", d + "/fifo.bin");
+  REQUIRE(::mkfifo((d + "/fifo.idx").c_str(), 0600) == 0);
+  REQUIRE(::mkfifo((d + "/fifo.fb").c_str(), 0600) == 0);
+  auto fifo = test::runCommand("timeout 20 " + tpc + " run " + tiny() + " --train-iters 1 --data-path " + d + "/fifo");
+  CHECK(fifo.exitCode == 1);
+  CHECK(fifo.err.find(d + "/fifo.idx is not a regular file") != std::string::npos);
+  auto fifoModel = test::runCommand("timeout 20 " + tpc + " run " + d + "/fifo.fb");
+  CHECK(fifoModel.exitCode == 1);
+  CHECK(fifoModel.err == d + "/fifo.fb: error: is not a regular file (a pipe, device or socket); give a model file "
+                             "(MODEL.fb or MODEL.json; tpc new writes one)\n");
+  // Megatron-LM's --split forms: fractions, spaces, fewer than three parts.
+  for (const char* split : {"98,2", "0.9, 0.05, 0.05", "100"}) {
+    auto r = test::runTiny(std::string("--train-iters 1 --eval-interval 0 --split '") + split + "'");
+    INFO(split << ": " << r.err);
+    CHECK(r.exitCode == 0);
+  }
 }
 
 TEST_CASE("tpc run: a short run logs JSONL and lowers the loss", "[run][cli]") {

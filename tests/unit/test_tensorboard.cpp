@@ -169,6 +169,22 @@ TEST_CASE("tpc run --tensorboard-dir: a file in the way is one error, and a fail
     CHECK(r.err.find("tpc run: error: --tensorboard-dir " + bad) == 0);
     CHECK(r.out.find("step ") == std::string::npos);
   }
+  // An empty name, and a folder that cannot be made though its parent looks writable (/proc refuses new entries):
+  // refused before the run starts, nothing made.
+  for (const std::string& bad : {std::string("''"), std::string("/proc/tpc_tensorboard_test/runs")}) {
+    auto r = test::runTiny("--train-iters 1 --tensorboard-dir " + bad);
+    INFO(bad << ": " << r.err);
+    CHECK(r.exitCode == 1);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.err.find("tpc run: error: --tensorboard-dir") == 0);
+    CHECK(r.out.find("step ") == std::string::npos);
+  }
+  CHECK_FALSE(std::filesystem::exists("/proc/tpc_tensorboard_test"));
+  // A missing folder that can be made is tried and undone at the start, and made at the first event.
+  auto made = test::runTiny("--train-iters 1 --tensorboard-dir " + d + "/new/runs/");
+  INFO(made.err);
+  CHECK(made.exitCode == 0);
+  CHECK(std::filesystem::is_directory(d + "/new/runs"));
   // A run that fails before its first step (a --log-jsonl that is a folder) leaves no TensorBoard folder.
   auto failed = test::runTiny("--train-iters 1 --tensorboard-dir " + d + "/tb --log-jsonl " + d);
   CHECK(failed.exitCode == 1);
