@@ -23,7 +23,8 @@ Result<std::array<double, 3>> parseSplitWeights(std::string_view spec) {
     part = first == std::string::npos ? std::string() : part.substr(first, last - first + 1);
     char* stop = nullptr;
     const double w = std::strtod(part.c_str(), &stop);
-    if (part.empty() || *stop != '\0' || !std::isfinite(w) || w < 0)
+    // The whole part is the number (strtod would stop at a NUL byte inside it, and take what came before).
+    if (part.empty() || stop != part.c_str() + part.size() || !std::isfinite(w) || w < 0)
       return makeError("'", part, "' is not a non-negative number (expected train,valid,test weights, e.g. 949,50,1)");
     weights.push_back(w);
     if (end == std::string_view::npos) break;

@@ -406,6 +406,9 @@ TEST_CASE("the split string divides documents as Megatron's get_train_valid_test
   check("0.8,0.1,0.1", 100, {0, 80, 90, 100});
   check("969, 30, 1", 1000, {0, 969, 999, 1000});
   check(" 100 ", 5, {0, 5, 5, 5});
+  // A NUL byte in a part is not the end of it (a model file's string may hold one; written back, it would be cut).
+  CHECK_FALSE(splitDocuments(std::string("949,50,\0", 8), 10).ok());
+  CHECK_FALSE(splitDocuments(std::string("949,5\0", 6), 10).ok());
   for (const char* bad : {"0,0,0", "a,b", "1,2,3,4", "-1,2", "", "1,,2", "1e400,1", "nan,1", "1 2,3"}) {
     auto s = splitDocuments(bad, 10);
     INFO(bad);
