@@ -32,7 +32,8 @@ bool isNumber(const std::string& w, double& value) {
 }  // namespace
 
 Result<std::vector<DataBlendEntry>> parseDataBlend(std::string_view spec,
-                                                   const std::function<bool(const std::string&)>& isDataset) {
+                                                   const std::function<bool(const std::string&)>& isDataset,
+                                                   const std::string& name) {
   std::vector<std::string> ws;
   if (spec.find('\n') != std::string_view::npos) {
     for (size_t start = 0; start <= spec.size();) {
@@ -46,7 +47,7 @@ Result<std::vector<DataBlendEntry>> parseDataBlend(std::string_view spec,
     ws = words(spec);
   }
   if (ws.size() == 1) return std::vector<DataBlendEntry>{{ws[0], 0}};  // Megatron-LM: one word is a prefix
-  if (ws.empty()) return makeError("--data-path: no dataset prefix given (expected PREFIX, or weight-prefix pairs such as "
+  if (ws.empty()) return makeError(name, ": no dataset prefix given (expected PREFIX, or weight-prefix pairs such as "
                                    "'0.3 web 0.7 books')");
   double first = 0;
   std::vector<DataBlendEntry> entries;
@@ -54,25 +55,25 @@ Result<std::vector<DataBlendEntry>> parseDataBlend(std::string_view spec,
     for (const std::string& w : ws) {
       double ignored = 0;
       if (isNumber(w, ignored))
-        return makeError("--data-path '", spec, "': '", w, "' is a number among prefixes; give a weight before every "
+        return makeError(name, " '", spec, "': '", w, "' is a number among prefixes; give a weight before every "
                          "prefix (e.g. '0.3 web 0.7 books') or none");
       entries.push_back({w, 0});
     }
     return entries;
   }
   if (ws.size() % 2 != 0)
-    return makeError("--data-path '", spec, "': weights and prefixes do not pair up (", ws.size(), " words); give "
+    return makeError(name, " '", spec, "': weights and prefixes do not pair up (", ws.size(), " words); give "
                      "'WEIGHT PREFIX' for every dataset, e.g. '0.3 web 0.7 books'");
   for (size_t i = 0; i < ws.size(); i += 2) {
     double w = 0, ignored = 0;
     if (!isNumber(ws[i], w))
-      return makeError("--data-path '", spec, "': '", ws[i], "' should be the weight of '", ws[i + 1], "' (a positive "
+      return makeError(name, " '", spec, "': '", ws[i], "' should be the weight of '", ws[i + 1], "' (a positive "
                        "number); give 'WEIGHT PREFIX' for every dataset");
     if (!std::isfinite(w) || w <= 0)
-      return makeError("--data-path '", spec, "': the weight ", ws[i], " of '", ws[i + 1], "' is not a positive number "
+      return makeError(name, " '", spec, "': the weight ", ws[i], " of '", ws[i + 1], "' is not a positive number "
                        "(leave a dataset out rather than weigh it 0)");
     if (isNumber(ws[i + 1], ignored))
-      return makeError("--data-path '", spec, "': '", ws[i + 1], "' stands where a prefix should; give 'WEIGHT PREFIX' "
+      return makeError(name, " '", spec, "': '", ws[i + 1], "' stands where a prefix should; give 'WEIGHT PREFIX' "
                        "for every dataset");
     entries.push_back({ws[i + 1], w});
   }

@@ -25,9 +25,10 @@ struct DataBlendEntry {
 // pairs ("0.3 A 0.7 B"). Words are split at newlines where the value has any (Flags::words joins words that hold
 // spaces so), else at whitespace, except that a value `isDataset` accepts whole is one prefix ("my data/web"). One
 // word is a prefix, even a number. Weights must be positive and finite; a blend gives all of them or none. Errors
-// name the word and the expected form.
+// name the word and the expected form, and the value as `name` ("--data-path", or a model file's field).
 Result<std::vector<DataBlendEntry>> parseDataBlend(std::string_view spec,
-                                                   const std::function<bool(const std::string&)>& isDataset = {});
+                                                   const std::function<bool(const std::string&)>& isDataset = {},
+                                                   const std::string& name = "--data-path");
 
 // A word that names a model file (.fb or .json), which a --data-path prefix does not: the commands say when one
 // landed among --data-path's words.

@@ -9,6 +9,8 @@ namespace tpc {
 
 std::vector<std::string> tokenizerNames() { return {"gpt2", "byte"}; }
 
+int64_t tokenizerIdCount(std::string_view name) { return name == "byte" ? ByteTokenizer::kEod + 1 : 50257; }
+
 Result<std::unique_ptr<Tokenizer>> loadTokenizer(std::string_view name) {
   if (name == "byte") return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>());
   if (name == "gpt2") {

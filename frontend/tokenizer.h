@@ -30,6 +30,9 @@ class Tokenizer {
 // The names loadTokenizer accepts.
 std::vector<std::string> tokenizerNames();
 
+// The ids a tokenizer of that name gives, without loading its files: gpt2 50257 (GPT-2's BPE), byte 257.
+int64_t tokenizerIdCount(std::string_view name);
+
 // Loads a tokenizer by name; a missing or malformed vocabulary file is an error naming the file.
 Result<std::unique_ptr<Tokenizer>> loadTokenizer(std::string_view name);
 

@@ -74,7 +74,7 @@ int runImport(std::vector<std::string> args) {
   if (!(out.size() > 3 && out.compare(out.size() - 3, 3, ".fb") == 0) && !(out.size() > 5 && out.compare(out.size() - 5, 5, ".json") == 0))
     return cli::fail("import", cat("-o ", out, ": error: unknown model file extension (expected .fb or .json)"));
   // The tokenizer's ids must all be rows of the embedding (tpc sample and tpc run refuse the model otherwise).
-  const int64_t tokenizerIds = config.tokenizer == "gpt2" ? 50257 : 257;
+  const int64_t tokenizerIds = tokenizerIdCount(config.tokenizer);
   if (flags.has("tokenizer") && gpt.vocab < tokenizerIds)
     return cli::fail("import", cat("--tokenizer ", config.tokenizer, " needs a vocabulary of at least ", tokenizerIds,
                                    " tokens; this model has ", gpt.vocab,

@@ -2,7 +2,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "frontend/byte_tokenizer.h"
+#include "frontend/tokenizer.h"
 #include "frontend/data_blend.h"
 #include "frontend/model_file.h"
 #include "models/gpt.h"
@@ -13,7 +13,6 @@
 namespace tpc {
 namespace {
 
-constexpr int64_t kGpt2Tokens = 50257;  // GPT-2's BPE vocabulary
 
 int runNew(std::vector<std::string> args) {
   std::string presets;
@@ -47,10 +46,10 @@ int runNew(std::vector<std::string> args) {
     });
     if (!blend) return cli::fail("new", blend.error());
     for (const DataBlendEntry& e : *blend)
-        if (e.prefix == "gpt" || looksLikeModelFile(e.prefix))
-          return cli::fail("new", cat("'", e.prefix, "' was read as a dataset prefix of --data-path (the words after it up "
-                                      "to the next option are all prefixes); put it before --data-path: tpc new gpt "
-                                      "--preset tiny --data-path PREFIX -o gpt.fb"));
+      if (e.prefix == "gpt" || looksLikeModelFile(e.prefix))
+        return cli::fail("new", cat("'", e.prefix, "' was read as a dataset prefix of --data-path (the words after it up "
+                                    "to the next option are all prefixes); put it before --data-path: tpc new gpt "
+                                    "--preset tiny --data-path PREFIX -o gpt.fb"));
   }
   if (flags.positional().empty() || flags.positional()[0] != "gpt")
     return cli::fail("new", "expected the architecture 'gpt' (tpc new gpt --preset tiny -o gpt.fb)");
@@ -82,7 +81,7 @@ int runNew(std::vector<std::string> args) {
     // A new vocabulary gets its own padding: the preset's padded vocab is for the preset's vocab.
     if (!flags.has("padded-vocab")) gpt.paddedVocab = 0;
     // Every id of the preset's tokenizer needs an embedding row (byte: 256 bytes + end of document).
-    const int64_t tokens = config.tokenizer == "byte" ? ByteTokenizer::kEod + 1 : kGpt2Tokens;
+    const int64_t tokens = tokenizerIdCount(config.tokenizer);
     if (gpt.vocab < tokens)
       return cli::fail("new", cat("--vocab ", gpt.vocab, " is smaller than the ", config.tokenizer, " tokenizer's ", tokens,
                                   " tokens (preset ", flags.get("preset"), "); give --vocab ", tokens, " or more"));

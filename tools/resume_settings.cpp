@@ -39,12 +39,11 @@ std::vector<std::string> resumeDifferences(const std::map<std::string, std::stri
     if (flag == "lr-decay-iters" || flag == "lr-warmup-iters") {
       // --lr-decay-iters 0 means --train-iters: extending a run stretches its decay.
       const bool ofTrain = flag == "lr-decay-iters" && config.decayIters == 0;
-      // The flag the user gave for the steps ("--lr-decay-samples 4000"), without its "(N steps)".
       const std::string source = ofTrain ? "train-iters" : flag;
-      std::string given = flags ? givenAs(*flags, source, std::stoll(now)) : "--" + source;
-      given = given.substr(0, given.find(" ("));
-      if (ofTrain) line += " (" + (given.rfind("--train-iters", 0) == 0 ? std::string("--train-iters") : given) + ")";
-      else if (given.rfind("--" + flag, 0) != 0) line = given + " is " + now + " steps";
+      // Named as the user gave it: "--lr-decay-samples 4000 is 500 steps", "(--train-samples 48)".
+      const std::string by = flags ? stepsFlagGiven(*flags, source) : source;
+      if (ofTrain) line += " (--" + (by == source ? source : by + " " + flags->get(by)) + ")";
+      else if (by != flag) line = "--" + by + " " + flags->get(by) + " is " + now + " steps";
     }
     line += "; the checkpoint's run had " + was->second;
     if (flag == "lr-decay-iters" || flag == "lr-warmup-iters" || flag == "lr-decay-style")

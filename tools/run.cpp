@@ -25,6 +25,7 @@
 #include "frontend/indexed_dataset.h"
 #include "frontend/model_file.h"
 #include "frontend/token_windows.h"
+#include "frontend/tokenizer.h"
 #include "ir/file_io.h"
 #include "models/gpt.h"
 #include "passes/builtin_passes.h"
@@ -147,10 +148,10 @@ class DatasetBatches final : public BatchSource {
       const uint64_t rowBytes = buf_.size() * sizeof(int32_t), at = windows_.position();
       std::error_code ec;
       const uint64_t size = at > 0 ? std::filesystem::file_size(dumpPath_, ec) : 0;
-      const bool keep = at > 0 && !ec && size >= at * rowBytes && size % rowBytes == 0;
-      if (keep) std::filesystem::resize_file(dumpPath_, at * rowBytes, ec);
-      dumpStart_ = keep && !ec ? 0 : at;
-      dump_.open(dumpPath_, std::ios::binary | (dumpStart_ == 0 && at > 0 ? std::ios::app : std::ios::trunc));
+      bool append = at > 0 && !ec && size >= at * rowBytes && size % rowBytes == 0;
+      if (append) std::filesystem::resize_file(dumpPath_, at * rowBytes, ec), append = !ec;
+      dumpStart_ = append ? 0 : at;
+      dump_.open(dumpPath_, std::ios::binary | (append ? std::ios::app : std::ios::trunc));
       if (!dump_) return makeError("--dump-batches ", dumpPath_, ": cannot write the file (does its folder exist and is it writable?)");
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -226,21 +227,15 @@ std::string describeData(const TrainingData& data, const BlendedWindows& train) 
 Result<TrainingData> openTrainingData(const TrainConfig& config, const std::string& splitName, const std::string& dataName,
                                       const std::optional<GptConfig>& gpt) {
   TrainingData d;
-  auto entries = parseDataBlend(config.dataPath, [](const std::string& p) { return resolveDataPath(p).ok(); });
-  if (!entries) {
-    // Its errors name --data-path: the value may be the model file's.
-    std::string e = entries.error();
-    if (e.rfind("--data-path", 0) == 0) e.replace(0, 11, dataName);
-    return makeError(e);
-  }
-  d.entries = std::move(*entries);
+  TPC_ASSIGN(d.entries,
+             parseDataBlend(config.dataPath, [](const std::string& p) { return resolveDataPath(p).ok(); }, dataName));
   for (DataBlendEntry& e : d.entries) {
     TPC_ASSIGN(e.prefix, resolveDataPath(e.prefix, dataName));
     TPC_ASSIGN(IndexedDataset dataset, IndexedDataset::open(e.prefix));
     if (gpt)
       if (Status s = dataset.checkTokenRange(gpt->vocab); !s.ok()) {
         // A tokenizer with more ids than the model has rows: no dataset of it fits; the model file is what to fix.
-        const int64_t tokenizerIds = config.tokenizer == "gpt2" ? 50257 : 257;
+        const int64_t tokenizerIds = tokenizerIdCount(config.tokenizer);
         if (gpt->vocab < tokenizerIds)
           return makeError(s.error(), ": the model's tokenizer '", config.tokenizer, "' has ", tokenizerIds,
                            " ids, more than its vocabulary of ", gpt->vocab, " (arch.vocab): write the model file again "

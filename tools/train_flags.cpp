@@ -89,13 +89,23 @@ int64_t decaySteps(const TrainConfig& config) { return config.decayIters > 0 ? c
 
 }  // namespace
 
-std::string givenAs(const Flags& flags, const std::string& itersFlag, int64_t steps) {
+std::string stepsFlagGiven(const Flags& flags, const std::string& itersFlag) {
   for (const SamplesFlag& f : kSamplesFlags)
-    if (itersFlag == f.itersFlag && flags.has(f.name)) return cat("--", f.name, " ", flags.get(f.name), " (", steps, " steps)");
-  if (itersFlag == "lr-warmup-iters" && flags.has("lr-warmup-fraction"))
-    return cat("--lr-warmup-fraction ", flags.get("lr-warmup-fraction"), " (", steps, " steps)");
-  return cat("--", itersFlag, " ", steps);
+    if (itersFlag == f.itersFlag && flags.has(f.name)) return f.name;
+  if (itersFlag == "lr-warmup-iters" && flags.has("lr-warmup-fraction")) return "lr-warmup-fraction";
+  return itersFlag;
 }
+
+namespace {
+
+// How the user gave a count of steps, for errors: "--lr-warmup-iters 5", "--lr-warmup-samples 40 (5 steps)".
+std::string givenAs(const Flags& flags, const std::string& itersFlag, int64_t steps) {
+  const std::string by = stepsFlagGiven(flags, itersFlag);
+  if (by == itersFlag) return cat("--", itersFlag, " ", steps);
+  return cat("--", by, " ", flags.get(by), " (", steps, " steps)");
+}
+
+}  // namespace
 
 void declareTrainingFlags(Flags& flags) {
   for (const IntFlag& f : kIntFlags) flags.value(f.name, f.help);

@@ -17,9 +17,9 @@ namespace tpc::cli {
 // the schedule (--lr-warmup-fraction, --train-samples, --lr-decay-samples, --lr-warmup-samples) and
 // --pipeline-model-parallel-size 1.
 void declareTrainingFlags(Flags& flags);
-// How the user gave a count of steps (train-iters, lr-decay-iters or lr-warmup-iters, `steps` of them), for errors
-// and warnings: "--lr-warmup-iters 5", "--lr-warmup-samples 40 (5 steps)", "--lr-warmup-fraction 0.1 (5 steps)".
-std::string givenAs(const Flags& flags, const std::string& itersFlag, int64_t steps);
+// The flag that gave a count of steps (train-iters, lr-decay-iters or lr-warmup-iters), as the user chose it:
+// "lr-warmup-samples", "lr-warmup-fraction", "train-samples", ..., or `itersFlag` itself.
+std::string stepsFlagGiven(const Flags& flags, const std::string& itersFlag);
 // Applies the flags that were given; an unparsable or out-of-range value is an error naming the flag.
 Status applyTrainingFlags(const Flags& flags, TrainConfig& config);
 // Names a config field as the user set it: the flag where one was given (`--seq-length`), else the model

@@ -357,6 +357,15 @@ TEST_CASE("tpc new and tpc dump", "[model_file][cli]") {
     }
   }
 
+  // A tp 4 run pads wte to a multiple of 128 x 4 rows, and its checkpoint keeps that graph beside the arch it came
+  // from: the pair still loads.
+  test::TempDir ck;
+  REQUIRE(test::runTiny("--train-iters 1 --eval-interval 0 --tp 4 --quiet --save " + ck.path.string()).exitCode == 0);
+  auto padded = test::runCommand(tpc + " dump " + ck.path.string() + "/iter_0000001/model.fb");
+  INFO(padded.err);
+  CHECK(padded.exitCode == 0);
+  CHECK(padded.out.find("%wte: f32[128,128] init=normal(0.02) place=[tp:S(0)]") != std::string::npos);  // 512 rows / 4
+
   std::string junk = dir + "/cli_junk.fb";
   { std::ofstream(junk) << "hello"; }
   auto junkDump = test::runCommand(tpc + " dump " + junk);
