@@ -30,6 +30,8 @@ constexpr size_t kMaxRank = 16;
 constexpr int64_t kMaxDim = int64_t(1) << 40;
 constexpr int64_t kMaxNumel = int64_t(1) << 50;
 constexpr size_t kMaxIntsAttr = 64;
+// The schema's name for the IR's `bool` (a keyword in flatbuffers' language).
+constexpr std::string_view fbBoolName = "boolean";
 
 bool endsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -145,7 +147,11 @@ Result<std::optional<GptConfig>> archFromFb(fb::Architecture archType, const voi
 Result<DType> dtypeFromFb(fb::DType d) {
   if (static_cast<uint8_t>(d) > static_cast<uint8_t>(fb::DType::MAX))
     return makeError("dtype ", static_cast<int>(d), " is not a dtype");
-  return *parseDType(fb::EnumNameDType(d));
+  const std::string_view name = fb::EnumNameDType(d);
+  if (name == fbBoolName) return DType::boolean;
+  auto parsed = parseDType(name);
+  TPC_ASSERT(parsed.has_value(), "dtype of model.fbs missing from the IR: " + std::string(name));
+  return *parsed;
 }
 
 Result<Attr> attrFromFb(const fb::Attribute* a) {
@@ -634,8 +640,9 @@ class JsonWriter {
 // ---- ModelFile -> flatbuffers ------------------------------------------------------------------
 
 fb::DType dtypeToFb(DType d) {
+  const std::string_view name = d == DType::boolean ? fbBoolName : dtypeName(d);
   for (auto v : fb::EnumValuesDType())
-    if (fb::EnumNameDType(v) == dtypeName(d)) return v;
+    if (fb::EnumNameDType(v) == name) return v;
   TPC_ASSERT(false, "dtype missing from model.fbs: " + std::string(dtypeName(d)));
 }
 
