@@ -13,6 +13,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "ir/assert.h"
 #include "ir/file_io.h"
 #include "ir/json_text.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -283,6 +284,15 @@ Result<HostTensor> checkpointTensor(const LoadedCheckpoint& ckpt, const std::str
                      " does not fit this model's ", want.str());
   std::copy(t->raw(), t->raw() + t->bytes(), out.raw());
   return out;
+}
+
+Status requireFiniteWeights(const HostTensor& t, const std::string& file, const std::string& name,
+                            std::string_view consequence) {
+  TPC_ASSERT(t.dtype() == DType::f32, "requireFiniteWeights takes f32 tensors, got " + t.type().str());
+  const float* v = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(v[i])) return makeError(file, ": error: tensor ", name, " holds ", v[i], " at element ", i, "; ", consequence);
+  return {};
 }
 
 }  // namespace tpc

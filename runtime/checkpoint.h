@@ -76,4 +76,9 @@ std::string checkpointHeldIn(const std::string& dir);
 Result<HostTensor> checkpointTensor(const LoadedCheckpoint& ckpt, const std::string& name, const Shape& layout,
                                     const TensorType& want);
 
+// Weights read from `file` (an f32 tensor `name`): an error naming the file, the tensor and its first NaN or infinity,
+// then `consequence` (what cannot be done with it, and the fix); none when every element is finite.
+Status requireFiniteWeights(const HostTensor& t, const std::string& file, const std::string& name,
+                            std::string_view consequence);
+
 }  // namespace tpc

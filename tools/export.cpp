@@ -34,6 +34,12 @@ int runExport(std::vector<std::string> args) {
     Shape layout = gptStoredShape(*model->gpt, p->name(), p->shape());
     auto t = checkpointTensor(*ck, p->name(), layout, TensorType(DType::f32, layout));
     if (!t) return cli::fail("export", t.error());
+    // A diverged run's weights: transformers would load them and compute NaN logits.
+    if (Status s = requireFiniteWeights(*t, ck->path + "/model.safetensors", p->name(),
+                                        "a model with non-finite weights is not exported (export an earlier iter_N "
+                                        "folder of the checkpoint, from before the run diverged)");
+        !s.ok())
+      return cli::fail("export", s.error());
     count += t->numel();
     params[p->name()] = std::move(*t);
   }

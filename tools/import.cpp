@@ -53,6 +53,11 @@ int runImport(std::vector<std::string> args) {
                                    out, " go there: remove it or name another -o"));
   auto hf = readHfGpt2(flags.get("hf"));
   if (!hf) return cli::fail("import", hf.error());
+  for (const auto& [name, t] : hf->tensors)
+    if (Status s = requireFiniteWeights(t, flags.get("hf") + "/model.safetensors", hf->hfNames.at(name),
+                                        "a model with non-finite weights cannot be trained or sampled");
+        !s.ok())
+      return cli::fail("import", s.error());
   if (!hf->defaults.empty()) {
     std::string list;
     for (const std::string& d : hf->defaults) list += (list.empty() ? "" : ", ") + d;

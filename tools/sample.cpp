@@ -135,10 +135,10 @@ int runSample(std::vector<std::string> args) {
     if (!t) return cli::fail("sample", t.error());
     // A NaN or infinite weight makes every logit NaN, and the sampler would then print one id over and over.
     if (t->dtype() == DType::f32)
-      for (int64_t i = 0; i < t->numel(); ++i)
-        if (float v = t->data<float>()[i]; !std::isfinite(v))
-          return cli::fail("sample", cat(ck->path, "/model.safetensors: error: tensor ", p->name(), " holds ", v,
-                                         " at element ", i, "; a model with non-finite weights cannot be sampled"));
+      if (Status s = requireFiniteWeights(*t, ck->path + "/model.safetensors", p->name(),
+                                          "a model with non-finite weights cannot be sampled");
+          !s.ok())
+        return cli::fail("sample", s.error());
     params.push_back(std::move(*t));
   }
 

@@ -604,6 +604,34 @@ TEST_CASE("sample: non-finite weights or logits stop sampling with one error, no
   }
 }
 
+// The audit of the thirty-ninth session: export and import passed NaN weights on without a word, while sample refused
+// them; transformers (or a fine-tune) then computes NaN logits.
+TEST_CASE("hf: export and import refuse non-finite weights by tensor and element, writing nothing", "[hf][cli]") {
+  test::TempDir dir;
+  std::string ck = trainedCheckpoint(dir);
+  REQUIRE(tpc("export --hf " + (dir / "hf") + " " + ck).exitCode == 0);
+  const std::string hfSt = dir / "hf/model.safetensors";
+  auto hfOriginal = readSafetensors(hfSt);
+  REQUIRE(hfOriginal.ok());
+  writeFilled(hfSt, *hfOriginal, {{"transformer.h.1.mlp.c_fc.bias", 7, 1, -INFINITY}});
+  auto imp = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "m.fb"));
+  CHECK(imp.exitCode == 1);
+  CHECK(imp.err == hfSt + ": error: tensor transformer.h.1.mlp.c_fc.bias holds -inf at element 7; a model with "
+                          "non-finite weights cannot be trained or sampled\n");
+  CHECK_FALSE(std::filesystem::exists(dir / "m.fb"));
+  CHECK_FALSE(std::filesystem::exists(dir / "m.fb.weights"));
+
+  const std::string st = ck + "/iter_0000002/model.safetensors";
+  auto original = readSafetensors(st);
+  REQUIRE(original.ok());
+  writeFilled(st, *original, {{"wpe", 5, 2, std::nanf("")}});
+  auto exp = tpc("export --hf " + (dir / "hf2") + " " + ck);
+  CHECK(exp.exitCode == 1);
+  CHECK(exp.err == st + ": error: tensor wpe holds nan at element 5; a model with non-finite weights is not exported "
+                        "(export an earlier iter_N folder of the checkpoint, from before the run diverged)\n");
+  CHECK_FALSE(std::filesystem::exists(dir / "hf2"));
+}
+
 TEST_CASE("sample: --dump-logits is written only when sampling succeeds", "[sample][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
