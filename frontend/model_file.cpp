@@ -19,6 +19,7 @@
 
 #include "frontend/model_generated.h"
 #include "frontend/model_schema.inc"
+#include "frontend/unicode_classes.h"
 #include "ir/assert.h"
 #include "tpc/version.h"
 
@@ -504,8 +505,15 @@ class JsonWriter {
     return render(t, sd, indent, false);
   }
 
+  // The first string field that is not UTF-8, which JSON cannot hold ("" when none): "FIELD (byte N of 'TEXT')".
+  const std::string& notUtf8() const { return notUtf8_; }
+
  private:
-  static std::string quote(std::string_view s) {
+  std::string notUtf8_;
+
+  std::string quote(std::string_view s, std::string_view field = {}) {
+    if (size_t at = unicode::findInvalidUtf8(s); at != std::string_view::npos && notUtf8_.empty())
+      notUtf8_ = cat(field, " (byte ", at, " of '", shown(s), "')");
     std::string o = "\"";
     for (unsigned char c : s) {
       if (c == '"' || c == '\\') {
@@ -531,8 +539,8 @@ class JsonWriter {
   }
 
   // The text of a scalar at `p` (a vector element) or of a table field (present or default).
-  static std::string scalar(flatbuffers::BaseType bt, const flatbuffers::EnumDef* ed, const uint8_t* p,
-                            const flatbuffers::Table* t, const flatbuffers::FieldDef* f) {
+  std::string scalar(flatbuffers::BaseType bt, const flatbuffers::EnumDef* ed, const uint8_t* p,
+                     const flatbuffers::Table* t, const flatbuffers::FieldDef* f) {
     auto read = [&](auto zero) {
       using T = decltype(zero);
       if (p) return flatbuffers::ReadScalar<T>(p);
@@ -576,7 +584,7 @@ class JsonWriter {
       } else if (!t->CheckField(off)) {
         continue;
       } else if (ty.base_type == BASE_TYPE_STRING) {
-        items.emplace_back(f->name, quote(t->GetPointer<const String*>(off)->string_view()));
+        items.emplace_back(f->name, quote(t->GetPointer<const String*>(off)->string_view(), f->name));
       } else if (ty.base_type == BASE_TYPE_STRUCT) {
         TPC_ASSERT(!ty.struct_def->fixed, "structs are not used by model.fbs");
         items.emplace_back(f->name, sub(t->GetPointer<const Table*>(off), *ty.struct_def, indent, flat));
@@ -622,7 +630,7 @@ class JsonWriter {
     }
     if (elem.base_type == BASE_TYPE_STRING) {
       const auto* v = reinterpret_cast<const Vector<Offset<String>>*>(raw);
-      for (uoffset_t i = 0; i < n; ++i) o += (i ? ", " : "") + quote(v->Get(i)->string_view());
+      for (uoffset_t i = 0; i < n; ++i) o += (i ? ", " : "") + quote(v->Get(i)->string_view(), f.name);
       return o + "]";
     }
     TPC_ASSERT(elem.base_type == BASE_TYPE_STRUCT && !elem.struct_def->fixed, "unsupported vector in model.fbs: " + f.name);
@@ -789,14 +797,20 @@ Result<std::string> serializeModel(const ModelFile& model, bool json) {
   if (!json) return bin;
   auto parser = schemaParser();
   const auto* root = flatbuffers::GetRoot<flatbuffers::Table>(bin.data());
-  return JsonWriter().table(root, *parser->root_struct_def_, 0) + "\n";
+  JsonWriter writer;
+  std::string text = writer.table(root, *parser->root_struct_def_, 0) + "\n";
+  if (!writer.notUtf8().empty())
+    return makeError("the field ", writer.notUtf8(), " is not UTF-8, which a .json model file cannot hold; write a .fb "
+                     "model file instead, or give the value in UTF-8");
+  return text;
 }
 
 Status saveModelFile(const ModelFile& model, const std::string& path) {
   bool json = endsWith(path, ".json");
   if (!json && !endsWith(path, ".fb")) return makeError(path, ": error: unknown model file extension (expected .fb or .json)");
-  TPC_ASSIGN(std::string bytes, serializeModel(model, json));
-  return writeFileAtomically(path, bytes);
+  auto bytes = serializeModel(model, json);
+  if (!bytes) return makeError(path, ": error: ", bytes.error());
+  return writeFileAtomically(path, *bytes);
 }
 
 Result<ModelPreset> parsePresetJson(std::string_view json, const std::string& file) {

@@ -33,7 +33,7 @@ Result<ModelFile> loadModelFromBytes(std::string_view bytes, const std::string& 
 
 // Writes `.fb` or `.json` (by extension) to PATH.tmp, then renames it to PATH.
 Status saveModelFile(const ModelFile& model, const std::string& path);
-// The file's bytes in either format.
+// The file's bytes in either format. JSON cannot hold a string that is not UTF-8: the error names its field (no file).
 Result<std::string> serializeModel(const ModelFile& model, bool json);
 
 // A preset (models/presets/*.json, schema table Preset): an architecture and a training config.

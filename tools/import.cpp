@@ -126,7 +126,7 @@ int runImport(std::vector<std::string> args) {
   auto bytes = serializeModel(*model, false);
   if (!bytes) return cli::fail("import", bytes.error());
   auto outBytes = llvm::StringRef(out).endswith(".json") ? serializeModel(*model, true) : bytes;
-  if (!outBytes) return cli::fail("import", outBytes.error());
+  if (!outBytes) return cli::fail("import", cat(out, ": error: ", outBytes.error()));
   CheckpointState st;
   st.seed = config.seed;
   st.model = out;

@@ -101,6 +101,27 @@ TEST_CASE("model file: a bool tensor round trips in both formats", "[model_file]
   }
 }
 
+// The audit of the thirty-ninth session: `tpc new --data-path` with bytes that are not UTF-8 wrote a .json that tpc then
+// refused to read ("illegal UTF-8 sequence"). .fb holds any bytes; .json is refused before anything is written.
+TEST_CASE("model file: a string that is not UTF-8 saves as .fb and is refused as .json", "[model_file]") {
+  ModelFile m = tinyModel();
+  m.config.dataPath = "data/\xff\xfe" "abc";
+  auto back = loadModelFromBytes(bytesOf(m, false), "u.fb");
+  REQUIRE(back.ok());
+  CHECK(back->config.dataPath == m.config.dataPath);
+  test::TempDir dir;
+  const std::string path = dir / "u.json";
+  Status s = saveModelFile(m, path);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.error() == path + ": error: the field data_path (byte 5 of 'data/??abc') is not UTF-8, which a .json model "
+                            "file cannot hold; write a .fb model file instead, or give the value in UTF-8");
+  CHECK_FALSE(std::filesystem::exists(path));
+  m.config.dataPath = "data/caf\xc3\xa9";  // UTF-8 is kept as it is
+  auto json = loadModelFromBytes(bytesOf(m, true), "u.json");
+  REQUIRE(json.ok());
+  CHECK(json->config.dataPath == m.config.dataPath);
+}
+
 TEST_CASE("model file: save writes atomically and loads by extension", "[model_file]") {
   ModelFile m = tinyModel();
   std::string dir = test::binaryPath("tests");
