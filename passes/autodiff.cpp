@@ -8,6 +8,7 @@
 #include "ir/assert.h"
 #include "passes/builtin_passes.h"
 #include "passes/pass_registry.h"
+#include "passes/random_space.h"
 #include "passes/vjp_rules.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
@@ -219,7 +220,9 @@ Status buildTrainingStep(Graph& g, const TrainingStepOptions& o) {
         if (!needed) continue;
         llvm::SmallVector<Value*, 4> ops;
         for (Value* v : n->operands()) ops.push_back(map.count(v) ? map[v] : v);
-        TPC_ASSIGN(Node * c, g.create(n->op(), ops, n->attrs()));
+        AttrDict attrs = n->attrs();
+        stackRandomSpace(attrs, *n, i, o.accumSteps);  // micro-batch i draws its own block of the step's masks
+        TPC_ASSIGN(Node * c, g.create(n->op(), ops, std::move(attrs)));
         micro.push_back(c);
         for (unsigned r = 0; r < n->numResults(); ++r) {
           map[n->result(r)] = c->result(r);

@@ -8,6 +8,7 @@
 #include "ir/assert.h"
 #include "ir/printer.h"
 #include "passes/builtin_passes.h"
+#include "passes/random_space.h"
 #include "passes/sharding/sharding.h"
 
 namespace tpc {
@@ -224,10 +225,7 @@ Status Sweep::emitLocal(const Node& n, llvm::ArrayRef<Value*> ops, const std::ve
       a.set("shape", vec(localOf(n.result(), out[0])));
       break;
     case OpKind::Dropout:
-      if (anyS) {
-        a.set("global_shape", vec(n.result()->shape()));
-        a.set("offsets", offsetsOf(n.result()->shape(), out[0]));
-      }
+      if (anyS) placeRandomShard(a, vec(n.result()->shape()), offsetsOf(n.result()->shape(), out[0]));
       break;
     case OpKind::Attention:
     case OpKind::AttentionGrad: {
@@ -237,8 +235,7 @@ Status Sweep::emitLocal(const Node& n, llvm::ArrayRef<Value*> ops, const std::ve
       for (const auto& [ax, ap] : qp.axes) split |= ap.isS();
       if (split) {
         auto off = offsetsOf(q->shape(), qp);
-        a.set("global_shape", std::vector<int64_t>{q->shape()[0], q->shape()[1]});
-        a.set("offsets", std::vector<int64_t>{off[0], off[1]});
+        placeRandomShard(a, {q->shape()[0], q->shape()[1]}, {off[0], off[1]});
       }
       break;
     }
