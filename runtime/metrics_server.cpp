@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -55,7 +56,12 @@ std::string MetricsServer::render() const {
   out.precision(10);
   for (const auto& [k, v] : figures_) {
     out << "# TYPE tpc_" << k << " gauge\n";
-    out << "tpc_" << k << " " << v << "\n";
+    out << "tpc_" << k << " ";
+    // Prometheus' text format spells these NaN, +Inf and -Inf (C++ streams print nan and inf).
+    if (std::isnan(v)) out << "NaN";
+    else if (std::isinf(v)) out << (v > 0 ? "+Inf" : "-Inf");
+    else out << v;
+    out << "\n";
   }
   return out.str();
 }

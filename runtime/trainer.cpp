@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "ir/file_io.h"
+#include "ir/json_text.h"
 
 namespace tpc {
 
@@ -242,8 +243,8 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     }
     if (jsonl.is_open()) {
       std::ostringstream j;
-      j << std::setprecision(9) << "{\"step\": " << it << ", \"valid_loss\": " << valid
-        << ", \"valid_ppl\": " << std::exp(valid) << "}";
+      j << "{\"step\": " << it << ", \"valid_loss\": " << jsonNumber(valid) << ", \"valid_ppl\": " << jsonNumber(std::exp(valid))
+        << "}";
       TPC_TRY(jsonlLine(j.str()));
     }
     return {};
@@ -313,14 +314,14 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       }
       if (jsonl.is_open()) {
         std::ostringstream j;
-        // The values as the console shows them; JSON has no NaN or inf, so a non-finite one is null.
-        auto number = [](double v) { return std::isfinite(v) ? cat(std::setprecision(9), v) : std::string("null"); };
-        j << "{\"step\": " << it << ", \"skipped\": true, \"loss\": " << number(loss) << ", \"lr\": "
-          << std::setprecision(9) << lr << ", \"grad_norm\": " << number(gradNorm);
+        // The values as the console shows them (a non-finite one as null).
+        j << "{\"step\": " << it << ", \"skipped\": true, \"loss\": " << jsonNumber(loss) << ", \"lr\": "
+          << std::setprecision(9) << lr << ", \"grad_norm\": " << jsonNumber(gradNorm);
         if (scaler) j << ", \"loss_scale\": " << scaler->scale();
         j << "}";
         TPC_TRY(jsonlLine(j.str()));
       }
+      if (settings.publish) settings.publish({{"step", double(it)}});
       if (settings.publish && scaler) settings.publish({{"loss_scale", scaler->scale()}});
       ++stepsSinceLog;
       // A skipped step is still an iteration: a checkpoint or an early stop due here happens here.

@@ -27,6 +27,7 @@
 #include "frontend/token_windows.h"
 #include "frontend/tokenizer.h"
 #include "ir/file_io.h"
+#include "ir/json_text.h"
 #include "models/gpt.h"
 #include "passes/builtin_passes.h"
 #include "passes/pipeline.h"
@@ -946,8 +947,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (settings.publish)
       settings.publish({{"step", double(config.trainIters)}, {"test_loss", *test}, {"test_ppl", std::exp(*test)}});
     if (!settings.logJsonl.empty())
-      std::ofstream(settings.logJsonl, std::ios::app) << std::setprecision(9) << "{\"step\": " << config.trainIters << ", \"test_loss\": " << *test
-                                                      << ", \"test_ppl\": " << std::exp(*test) << "}\n";
+      std::ofstream(settings.logJsonl, std::ios::app) << "{\"step\": " << config.trainIters << ", \"test_loss\": " << jsonNumber(*test)
+                                                      << ", \"test_ppl\": " << jsonNumber(std::exp(*test)) << "}\n";
   }
   const auto& losses = report->losses;
   // Every step run is counted, the skipped ones too (they read their batch and took their time).

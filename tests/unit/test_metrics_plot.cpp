@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "runtime/metrics_server.h"
@@ -43,6 +44,12 @@ TEST_CASE("metrics: the latest figures in Prometheus text format at /metrics", "
   CHECK(reply.find("# TYPE tpc_loss gauge\ntpc_loss 3\n") != std::string::npos);
   CHECK(reply.find("tpc_step 7\n") != std::string::npos);
   CHECK(httpGet((*server)->port(), "/other").rfind("HTTP/1.1 404", 0) == 0);
+  // Prometheus' spellings of the non-finite values (a C++ stream's nan and inf fail its parser).
+  (*server)->publish({{"valid_loss", -std::nan("")}, {"valid_ppl", HUGE_VAL}, {"lowest", -HUGE_VAL}});
+  reply = httpGet((*server)->port(), "/metrics");
+  CHECK(reply.find("tpc_valid_loss NaN\n") != std::string::npos);
+  CHECK(reply.find("tpc_valid_ppl +Inf\n") != std::string::npos);
+  CHECK(reply.find("tpc_lowest -Inf\n") != std::string::npos);
   // A port in use is one clear error.
   auto again = MetricsServer::start((*server)->port());
   REQUIRE(!again.ok());

@@ -3,9 +3,11 @@
 // error naming rank, op and step instead of a hang.
 #include <algorithm>
 #include <chrono>
+#include <sstream>
 
 #include <catch2/catch.hpp>
 
+#include "ir/json_text.h"
 #include "test_support.h"
 
 namespace tpc {
@@ -66,6 +68,29 @@ TEST_CASE("tpc run --on-nan skip: the step is logged as skipped and training goe
     return s;
   };
   CHECK(losses(again.out) == losses(r.out));
+}
+
+// The audit of the thirty-ninth session: a diverged run's validation loss went into the log as -nan, which no JSON
+// reader takes (tpc plot refused the log), and /metrics showed it as -nan, which Prometheus refuses. JSON has no NaN:
+// the log says null, as for a skipped step's values; Prometheus spells it NaN.
+TEST_CASE("tpc run: a diverged run's log is JSON on every line, a non-finite figure null", "[run][cli][nonfinite]") {
+  test::TempDir dir;
+  const std::string log = dir / "nan.jsonl";
+  auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " --train-iters 4 --seq-length 16 --micro-batch-size 2 "
+                            "--eval-interval 2 --eval-iters 1 --log-interval 1 --lr-warmup-iters 0 --clip-grad 0 --lr 1e30 "
+                            "--min-lr 0 --on-nan skip --log-jsonl " + log);
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  const std::string text = test::readFile(log);
+  std::istringstream in(text);
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    INFO(line);
+    CHECK(parseJsonText(line).ok());
+  }
+  CHECK(lines >= 6);  // 4 steps, 2 evaluations
+  CHECK_THAT(text, Catch::Matchers::Contains("{\"step\": 2, \"valid_loss\": null, \"valid_ppl\": null}"));
+  CHECK(test::runCommand(test::tpcBinary() + " plot " + log + " -o " + (dir / "nan.svg")).exitCode == 0);
 }
 
 TEST_CASE("tpc run: a huge learning rate diverges and --on-nan stop names the step", "[run][cli][nonfinite]") {
