@@ -523,6 +523,17 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
   std::vector<std::unique_ptr<Graph>> rankGraphs;
   if (!step->mesh().empty()) {
+    // One process running every rank on the CPU: what cannot fit is refused from rank 0's program before all are
+    // partitioned (at --dp 65536 that alone took minutes and 12 GB before any message).
+    if (!job && *backendKind == BackendKind::Cpu && step->mesh().numRanks() > 1) {
+      auto first = partitionRanks(*step, 0);
+      if (!first) return cli::fail("run", cat(path, ": ", first.error()));
+      const MemoryEstimate one = estimateMemory(*first->front(), 4);
+      MemoryEstimate all;
+      for (int64_t r = 0; r < step->mesh().numRanks(); ++r) all += one;
+      if (Status s = checkHostMemory(all, hostMemoryLimit(0), cat("--tp ", config.tp, " --dp ", config.dp), step->mesh().numRanks()); !s.ok())
+        return cli::fail("run", s.error());
+    }
     auto ranks = partitionRanks(*step, ownRank);
     if (!ranks) return cli::fail("run", cat(path, ": ", ranks.error()));
     rankGraphs = std::move(*ranks);
@@ -958,8 +969,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
               report->tokensPerSecond);
   // (An early stop may come before any step was applied: every one so far skipped.)
   if (!losses.empty())
-    std::printf("; loss %.4f -> %.4f (%.1f%% lower)", losses.front(), losses.back(),
-                100.0 * (1.0 - losses.back() / losses.front()));
+    std::printf("; loss %.4f -> %.4f (%.1f%% %s)", losses.front(), losses.back(),
+                100.0 * std::abs(1.0 - losses.back() / losses.front()), losses.back() > losses.front() ? "higher" : "lower");
   if (!report->skippedSteps.empty())
     std::printf("; %zu of them skipped (non-finite), their updates dropped", report->skippedSteps.size());
   std::printf("\n");

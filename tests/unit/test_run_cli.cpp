@@ -1,5 +1,6 @@
 // `tpc run` on bad input: one clear error line, exit 1; and a short real run with its JSONL log.
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include <catch2/catch.hpp>
@@ -87,6 +88,14 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
   CHECK(save.out.find("step ") == std::string::npos);  // no step ran
   auto seq = test::runCommand(test::tpcBinary() + " run " + tiny() + " --seq-length 65");
   CHECK(seq.err == "tpc run: error: --seq-length=65 is longer than the position table arch.positions=64\n");
+  // The audit of the thirty-ninth session: --dp 65536 partitioned every rank's program before its memory was checked
+  // (minutes and 12 GB, no message). Rank 0's program is partitioned alone first.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto wide = test::runCommand(test::tpcBinary() + " run " + tiny() + " --micro-batch-size 1 --seq-length 16 --dp 65536");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+  CHECK(wide.exitCode == 1);
+  CHECK_THAT(wide.err, Catch::Matchers::StartsWith("tpc run: error: --tp 1 --dp 65536: one training step needs about ") &&
+                           Catch::Matchers::Contains(" of host memory for the 65536 ranks of this process"));
   // --save-interval 0 says what happens without --save: not an error.
   auto noSave = test::runCommand(test::tpcBinary() + " run " + tiny() + " --save-interval 0 --train-iters 1 --eval-interval 0");
   CHECK(noSave.exitCode == 0);
