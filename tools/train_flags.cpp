@@ -194,10 +194,13 @@ Status applyTrainingFlags(const Flags& flags, TrainConfig& config) {
   const bool warmupGiven = flags.has("lr-warmup-iters") || flags.has("lr-warmup-samples") || flags.has("lr-warmup-fraction");
   const std::string warmup = warmupGiven ? givenAs(flags, "lr-warmup-iters", config.warmupIters)
                                          : cat("the model file's lr_warmup_iters ", config.warmupIters);
-  // Megatron-LM asserts the same: warmup inside the decay (an explicit --lr-decay-iters; 0 is --train-iters).
-  if ((flags.has("lr-decay-iters") || flags.has("lr-decay-samples")) && config.decayIters > 0 &&
-      config.warmupIters >= config.decayIters)
-    return makeError(warmup, " must be less than ", givenAs(flags, "lr-decay-iters", config.decayIters));
+  // Megatron-LM asserts the same: warmup inside the decay (an explicit decay length, by a flag or the model file; 0 is
+  // --train-iters). A warmup past it would drop the lr from its peak straight to min-lr.
+  if (config.decayIters > 0 && config.warmupIters >= config.decayIters)
+    return makeError(warmup, " must be less than ",
+                     flags.has("lr-decay-iters") || flags.has("lr-decay-samples")
+                         ? givenAs(flags, "lr-decay-iters", config.decayIters)
+                         : cat("the model file's lr_decay_iters ", config.decayIters));
   // The same when the decay's length is --train-iters: a warmup given on the command line must end inside it (the
   // model file's warmup is left to short trial runs, which warm up only).
   if (warmupGiven && config.decayIters == 0 && config.warmupIters > 0 && config.warmupIters >= config.trainIters)

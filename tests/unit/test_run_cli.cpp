@@ -96,6 +96,16 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
   CHECK(wide.exitCode == 1);
   CHECK_THAT(wide.err, Catch::Matchers::StartsWith("tpc run: error: --tp 1 --dp 65536: one training step needs about ") &&
                            Catch::Matchers::Contains(" of host memory for the 65536 ranks of this process"));
+  // A model file's lr_decay_iters bounds the warmup too (the audit of the thirty-ninth session: warmup 15 of a decay of
+  // 10 ran, the lr falling from its peak straight to min-lr).
+  test::TempDir dir;
+  REQUIRE(test::runCommand(test::tpcBinary() + " new gpt --preset tiny -o " + (dir / "d.json")).exitCode == 0);
+  std::string json = test::readFile(dir / "d.json");
+  REQUIRE(json.find("\"lr_decay_iters\": 0") != std::string::npos);
+  test::writeFile(dir / "d.json", json.replace(json.find("\"lr_decay_iters\": 0"), 19, "\"lr_decay_iters\": 10"));
+  auto past = test::runCommand(test::tpcBinary() + " run " + (dir / "d.json") + " --lr-warmup-iters 15");
+  CHECK(past.exitCode == 1);
+  CHECK(past.err == "tpc run: error: --lr-warmup-iters 15 must be less than the model file's lr_decay_iters 10\n");
   // --save-interval 0 says what happens without --save: not an error.
   auto noSave = test::runCommand(test::tpcBinary() + " run " + tiny() + " --save-interval 0 --train-iters 1 --eval-interval 0");
   CHECK(noSave.exitCode == 0);
