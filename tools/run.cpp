@@ -315,7 +315,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       .value("eval-interval", "steps between evaluations on the validation split, and one after the last step; 0: none "
                               "(default: the model file's eval_interval)")
       .value("eval-iters", "batches per evaluation (validation, and test after the last step), each a global batch as "
-                           "in Megatron-LM (default: the model file's eval_iters)")
+                           "in Megatron-LM; 0: none (default: the model file's eval_iters)")
       .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew; a new run, so --save goes to another folder)")
       .toggle("save-initial", "with --save: also write the initial state, before step 1, as iteration 0 (a comparison "
                               "aid: another trainer can start from tpc's initial weights)")
@@ -384,17 +384,19 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   if (!keep) return cli::fail("run", keep.error());
   auto evalInterval = flagOrFile("eval-interval", config.evalInterval, 0);
   if (!evalInterval) return cli::fail("run", evalInterval.error());
-  auto evalIters = flagOrFile("eval-iters", config.evalIters, 1);
+  auto evalIters = flagOrFile("eval-iters", config.evalIters, 0);
   if (!evalIters) return cli::fail("run", evalIters.error());
   // As Megatron-LM's eval_iters, each a global batch: the micro-batches of `accum` steps, the same loss whatever the
   // micro batch size.
   const int64_t evalMicroBatches = *evalIters * *accum;
   if (*evalInterval > 0 && *evalIters == 0) {
-    if (flags.has("eval-interval"))
+    if (flags.has("eval-iters")) {  // Megatron-LM's --eval-iters 0: no evaluation
+      if (!job || job->world.rank == 0) std::cout << "no evaluation: --eval-iters 0" << std::endl;
+    } else if (flags.has("eval-interval"))
       return cli::fail("run", cat(path, ": error: config.eval_iters=0 leaves the evaluations of --eval-interval ", *evalInterval,
                                   " no batches; give --eval-iters N"));
     // As in Megatron-LM, eval_iters 0 means no evaluation.
-    if (!job || job->world.rank == 0)
+    else if (!job || job->world.rank == 0)
       std::cout << "no evaluation: the model file's eval_iters is 0 (its eval_interval " << *evalInterval
                 << " is not applied)" << std::endl;
     *evalInterval = 0;

@@ -260,6 +260,18 @@ TEST_CASE("tpc run: a model file without an arch block names what its graph cann
   CHECK(r.err.find("give that split more documents (--split), a shorter --seq-length, or --eval-interval 0") != std::string::npos);
 }
 
+// As in Megatron-LM, --eval-iters 0 turns evaluation off (it was refused as out of range).
+TEST_CASE("tpc run --eval-iters 0: no evaluation, with or without --eval-interval", "[run][cli]") {
+  for (const char* interval : {"", " --eval-interval 1"}) {
+    auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " --train-iters 2 --seq-length 16 --eval-iters 0" + interval);
+    INFO(r.out << r.err);
+    CHECK(r.exitCode == 0);
+    CHECK(r.out.find("no evaluation: --eval-iters 0\n") != std::string::npos);
+    CHECK(r.out.find("valid loss") == std::string::npos);
+    CHECK(r.out.find("test loss") == std::string::npos);
+  }
+}
+
 TEST_CASE("tpc run --quiet: no step lines on the console, every logged step still in the JSONL log", "[run][cli]") {
   test::TempDir dir;
   const std::string log = dir.path.string() + "/q.jsonl";
