@@ -89,6 +89,14 @@ bool looksLikeModelFile(const std::string& word) {
 BlendOrder::BlendOrder(std::vector<double> weights) : weights_(std::move(weights)), taken_(weights_.size(), 0) {
   double sum = 0;
   for (double w : weights_) sum += w;
+  // Weights near the double's maximum (1e308 1e308) sum to infinity, which made every share 0 and the order pick the
+  // first dataset whatever the weights: scaled by the largest first. (Only then: Megatron divides by the sum, and
+  // the order's ties depend on those bits.)
+  if (!std::isfinite(sum)) {
+    const double largest = *std::max_element(weights_.begin(), weights_.end());
+    sum = 0;
+    for (double& w : weights_) sum += (w /= largest);
+  }
   for (double& w : weights_) w /= sum;
 }
 

@@ -122,6 +122,15 @@ TEST_CASE("the blending order is Megatron's build_blending_indices", "[dataset][
   CHECK(order.taken() == std::vector<uint64_t>{2, 6});  // Megatron's own test of this helper: [2, 6]
   BlendOrder halves({0.5, 0.5});
   for (int i = 0; i < 6; ++i) CHECK(halves.next() == size_t(i % 2));
+  // Weights whose sum overflows a double keep their proportions (every share was 0 and the first dataset was drawn).
+  BlendOrder huge({1e308, 1e308, 1});
+  CHECK(huge.weights()[0] == 0.5);
+  CHECK(huge.weights()[1] == 0.5);
+  CHECK(huge.weights()[2] < 1e-300);
+  for (int i = 0; i < 1000; ++i) huge.next();
+  CHECK(huge.taken()[0] >= 499);
+  CHECK(huge.taken()[1] >= 499);
+  CHECK(huge.taken()[2] <= 1);  // Megatron's rule draws it once, where the other two meet their shares exactly
 
   // Every prefix of the order keeps each dataset within one sample of its share, and seek(k) is k calls of next().
   const std::vector<double> weights{0.2, 0.5, 0.3};
