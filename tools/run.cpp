@@ -726,6 +726,13 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (!t && moment && !checkpoint->tensors.find(p->name()))
       return cli::fail("run", t.error() + "; to start training from its parameters alone, add --finetune");
     if (!t) return cli::fail("run", t.error());
+    // A NaN read here showed only steps later, as a divergence of this run's.
+    if (t->dtype() == DType::f32)
+      if (Status s = requireFiniteWeights(*t, checkpoint->path + "/model.safetensors", p->name(),
+                                          "a checkpoint with non-finite values cannot be trained on; load an earlier "
+                                          "iter_N folder, from before the run diverged");
+          !s.ok())
+        return cli::fail("run", s.error());
     state[p->name()] = std::move(*t);
   }
   if (checkpoint && !flags.on("finetune")) {

@@ -606,7 +606,7 @@ TEST_CASE("sample: non-finite weights or logits stop sampling with one error, no
 
 // The audit of the thirty-ninth session: export and import passed NaN weights on without a word, while sample refused
 // them; transformers (or a fine-tune) then computes NaN logits.
-TEST_CASE("hf: export and import refuse non-finite weights by tensor and element, writing nothing", "[hf][cli]") {
+TEST_CASE("hf: export, import and run --load refuse non-finite weights by tensor and element, writing nothing", "[hf][cli]") {
   test::TempDir dir;
   std::string ck = trainedCheckpoint(dir);
   REQUIRE(tpc("export --hf " + (dir / "hf") + " " + ck).exitCode == 0);
@@ -630,6 +630,12 @@ TEST_CASE("hf: export and import refuse non-finite weights by tensor and element
   CHECK(exp.err == st + ": error: tensor wpe holds nan at element 5; a model with non-finite weights is not exported "
                         "(export an earlier iter_N folder of the checkpoint, from before the run diverged)\n");
   CHECK_FALSE(std::filesystem::exists(dir / "hf2"));
+  // A resumed run: the NaN showed only steps later, as a divergence of the new run's.
+  auto run = tpc("run " + test::binaryPath("models/tiny.fb") + " --threads 2 --train-iters 4 --load " + ck);
+  CHECK(run.exitCode == 1);
+  CHECK(run.err == st + ": error: tensor wpe holds nan at element 5; a checkpoint with non-finite values cannot be "
+                        "trained on; load an earlier iter_N folder, from before the run diverged\n");
+  CHECK(run.out.find("step ") == std::string::npos);
 }
 
 TEST_CASE("sample: --dump-logits is written only when sampling succeeds", "[sample][cli]") {
