@@ -326,8 +326,8 @@ Result<Types> inferReshape(const Ctx& c) {
       infer = static_cast<int64_t>(k);
     } else if (out[k] < 0) {
       return c.err("shape ", shapeStr(want), " has a negative size");
-    } else {
-      known *= out[k];
+    } else if (__builtin_mul_overflow(known, out[k], &known)) {
+      return c.err("shape ", shapeStr(want), " has too many elements (the count overflows int64)");
     }
   }
   int64_t n = c.in[0].numel();
@@ -518,7 +518,14 @@ Status checkAttrs(OpKind op, const AttrDict& attrs) {
 Result<std::vector<TensorType>> inferTypes(OpKind op, llvm::ArrayRef<TensorType> operands, const AttrDict& attrs,
                                            const Mesh& mesh) {
   Ctx c{op, operands, attrs, mesh};
-  return kRules[static_cast<size_t>(op)](c);
+  TPC_ASSIGN(Types types, kRules[static_cast<size_t>(op)](c));
+  // A shape taken from an attribute (broadcast_to's, full's) may hold more elements than an int64 counts.
+  for (const TensorType& t : types) {
+    int64_t n = 1;
+    for (int64_t d : t.shape)
+      if (__builtin_mul_overflow(n, d, &n)) return c.err("result shape ", shapeStr(t.shape), " has too many elements (the count overflows int64)");
+  }
+  return types;
 }
 
 Result<PackedQkv> packedQkv(llvm::ArrayRef<int64_t> qkvShape, llvm::ArrayRef<int64_t> perm) {

@@ -2,6 +2,8 @@
 // before def, bad placements, wrong declared types), clone is deep, parser errors are one located line.
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include "ir/graph.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
@@ -86,6 +88,17 @@ TEST_CASE("Graph::create reports the user's errors naming the op", "[ir][graph]"
   auto wrongKind = g.create(OpKind::Scale, {a}, attrs({{"factor", "two"}}));
   REQUIRE_FALSE(wrongKind.ok());
   CHECK(wrongKind.error() == "scale: attribute 'factor' must be a float, got two");
+
+  // Shapes from attributes whose element count overflows int64 (reshape's message showed the wrapped product).
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  auto reshape = g.create(OpKind::Reshape, {a}, attrs({{"shape", std::vector<int64_t>{big, big}}}));
+  REQUIRE_FALSE(reshape.ok());
+  CHECK(reshape.error() == "reshape: shape [9223372036854775807,9223372036854775807] has too many elements (the count "
+                           "overflows int64)");
+  auto broadcast = g.create(OpKind::BroadcastTo, {b}, attrs({{"shape", std::vector<int64_t>{int64_t(1) << 62, 4}}}));
+  REQUIRE_FALSE(broadcast.ok());
+  CHECK(broadcast.error() == "broadcast_to: result shape [4611686018427387904,4] has too many elements (the count "
+                             "overflows int64)");
 
   // Collectives check their axis against the graph's mesh.
   auto noMesh = g.create(OpKind::AllReduce, {a}, attrs({{"axis", "tp"}}));
