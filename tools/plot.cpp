@@ -1,6 +1,6 @@
 // `tpc plot run.jsonl [more.jsonl ...] -o curves.svg`: training curves from `tpc run --log-jsonl` logs as
 // one SVG with two panels: loss (training, and validation where logged) and throughput, against the step.
-// Several logs overlay, one colour each, so runs compare at a glance.
+// Several logs overlay, one colour each (a run's validation loss dashed), so runs compare at a glance.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -23,6 +23,8 @@ namespace {
 struct Series {
   std::string label;
   std::vector<std::pair<double, double>> points;
+  size_t run = 0;       // the log it came from: its colour in both panels
+  bool dashed = false;  // a run's validation loss, beside its training loss
 };
 
 // In step order, one point a step: a log a resumed run appended to (older tpc kept the lines past the checkpoint)
@@ -104,12 +106,14 @@ void panel(std::ostream& svg, double top, const std::string& title, const std::v
     svg << "<text x='" << left + 10 << "' y='" << top + 20 << "' font-size='12'>(nothing logged)</text>\n";
     return;
   }
-  const double lowest = y0, highest = y1;
+  const double lowest = y0, highest = y1, lowestStep = x0, highestStep = x1;
   widenRange(x0, x1);
   widenRange(y0, y1);
   if (!std::isfinite(x1 - x0) || !std::isfinite(2 * (y1 - y0))) {  // 1e308 and -1e308: no scale spans them
-    svg << "<text x='" << left + 10 << "' y='" << top + 20 << "' font-size='12'>(values too large to plot: "
-        << fmt(lowest) << " to " << fmt(highest) << ")</text>\n";
+    const bool steps = !std::isfinite(x1 - x0);
+    svg << "<text x='" << left + 10 << "' y='" << top + 20 << "' font-size='12'>(" << (steps ? "steps" : "values")
+        << " too large to plot: " << fmt(steps ? lowestStep : lowest) << " to " << fmt(steps ? highestStep : highest)
+        << ")</text>\n";
     return;
   }
   double pad = 0.05 * (y1 - y0);
@@ -128,8 +132,9 @@ void panel(std::ostream& svg, double top, const std::string& title, const std::v
       << "' font-size='12' text-anchor='middle'>step</text>\n";
   for (size_t i = 0; i < series.size(); ++i) {
     const Series& s = series[i];
-    const char* c = kColours[i % 6];
-    svg << "<polyline fill='none' stroke='" << c << "' stroke-width='1.5' points='";
+    const char* c = kColours[s.run % 6];
+    svg << "<polyline fill='none' stroke='" << c << "' stroke-width='1.5'" << (s.dashed ? " stroke-dasharray='6,3'" : "")
+        << " points='";
     for (auto [x, y] : s.points) svg << X(x) << "," << Y(y) << " ";
     svg << "'/>\n";
     if (s.points.size() == 1)
@@ -165,7 +170,7 @@ int runPlot(std::vector<std::string> args) {
     std::ifstream in(path);
     if (!in) return cli::fail("plot", path + ": error: cannot open");
     std::string name = path.substr(path.find_last_of('/') + 1);
-    Series train{name + " loss", {}}, valid{name + " valid loss", {}}, tps{name, {}};
+    Series train{name + " loss", {}, colour}, valid{name + " valid loss", {}, colour, true}, tps{name, {}, colour};
     std::string line;
     for (int lineNo = 1; std::getline(in, line); ++lineNo) {
       if (line.empty()) continue;
@@ -176,8 +181,15 @@ int runPlot(std::vector<std::string> args) {
         auto it = o.find(key);  // end() where o is not an object
         return it != o.end() && it->is_number() ? std::optional<double>(it->get<double>()) : std::nullopt;
       };
-      if (!o.is_object() || !number("step"))
+      if (!o.is_object() || !number("step")) {
+        // The last line, without its newline: a run writing it now, or one killed while it wrote.
+        if (in.eof() && o.is_discarded()) {
+          std::cerr << "tpc plot: note: " << path << ":" << lineNo << ": the last line is cut short (a run still "
+                    << "writing the log?); it is left out\n";
+          break;
+        }
         return cli::fail("plot", cat(path, ":", lineNo, ": error: not a tpc run log line (a JSON object with \"step\")"));
+      }
       double step = *number("step");
       // Skipped steps log null; a diverged run may log a non-number: neither is a point.
       auto finite = [&](const char* key) {

@@ -140,6 +140,35 @@ TEST_CASE("plot: loss, validation loss and tokens/s of one or more logs as SVG",
   CHECK(hsvg.find("nan") == std::string::npos);
   CHECK(hsvg.find("inf") == std::string::npos);
   CHECK(hsvg.find("(values too large to plot") != std::string::npos);
+  // Steps no scale spans name the steps, not the losses (it said "values too large: 4 to 5").
+  test::writeFile(dir / "far.jsonl", "{\"step\": 1e308, \"loss\": 5}\n{\"step\": -1e308, \"loss\": 4}\n");
+  REQUIRE(test::runCommand(test::tpcBinary() + " plot " + (dir / "far.jsonl") + " -o " + (dir / "f.svg")).exitCode == 0);
+  CHECK(test::readFile(dir / "f.svg").find("(steps too large to plot: -1e+308 to 1e+308)") != std::string::npos);
+}
+
+// The audit of the thirty-ninth session: a run's colour differed between the panels when an earlier run had a
+// validation curve, and a log whose last line a running tpc had half written could not be plotted.
+TEST_CASE("plot: one colour a run in both panels, and a cut-short last line is left out with a note", "[plot][cli]") {
+  test::TempDir dir;
+  test::writeFile(dir / "a.jsonl", "{\"step\": 2, \"loss\": 5, \"tokens_per_s\": 9}\n{\"step\": 2, \"valid_loss\": 5.1}\n"
+                                   "{\"step\": 3, \"loss\": 4, \"tokens_per_s\": 9}\n");
+  test::writeFile(dir / "b.jsonl", "{\"step\": 2, \"loss\": 4.5, \"tokens_per_s\": 8}\n{\"step\": 3, \"loss\": 4.2, \"to");
+  auto r = test::runCommand(test::tpcBinary() + " plot " + (dir / "a.jsonl") + " " + (dir / "b.jsonl") + " -o " + (dir / "c.svg"));
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  CHECK(r.err == "tpc plot: note: " + (dir / "b.jsonl") + ":2: the last line is cut short (a run still writing the log?); "
+                 "it is left out\n");
+  const std::string svg = test::readFile(dir / "c.svg");
+  auto colourOf = [&](const std::string& label) {  // the legend entry's fill
+    size_t at = svg.find("'>" + label + "</text>");
+    REQUIRE(at != std::string::npos);
+    return svg.substr(svg.rfind("fill='", at) + 6, 7);
+  };
+  CHECK(colourOf("a.jsonl loss") == colourOf("a.jsonl"));
+  CHECK(colourOf("a.jsonl valid loss") == colourOf("a.jsonl"));
+  CHECK(colourOf("b.jsonl loss") == colourOf("b.jsonl"));
+  CHECK(colourOf("a.jsonl") != colourOf("b.jsonl"));
+  CHECK(svg.find("stroke-dasharray") != std::string::npos);  // the validation curve
 }
 
 TEST_CASE("plot: values closer than a double can tell apart or one huge value draw finite coordinates", "[plot][cli]") {
