@@ -86,4 +86,48 @@ void appendUtf8(char32_t cp, std::string& out) {
   }
 }
 
+namespace {
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+// The length of the sequence lead byte b starts (2-4), or 0 for a byte no well-formed sequence starts with.
+int leadLength(unsigned char b) {
+  if (b >= 0xC2 && b <= 0xDF) return 2;
+  if (b >= 0xE0 && b <= 0xEF) return 3;
+  if (b >= 0xF0 && b <= 0xF4) return 4;
+  return 0;
+}
+
+}  // namespace
+
+std::string Utf8Stream::push(std::string_view bytes) {
+  pending_.append(bytes);
+  std::string out;
+  const char* p = pending_.data();
+  const char* end = p + pending_.size();
+  while (p < end) {
+    char32_t cp;
+    if (int len = decodeUtf8(p, end, cp); len > 0) {
+      out.append(p, static_cast<size_t>(len));
+      p += len;
+      continue;
+    }
+    // A lead byte whose continuation bytes so far are all there is: wait for the rest.
+    const int want = leadLength(static_cast<unsigned char>(*p));
+    bool cut = want > end - p;
+    for (const char* q = p + 1; cut && q < end; ++q) cut = (static_cast<unsigned char>(*q) & 0xC0) == 0x80;
+    if (cut) break;
+    out.append(kReplacement);
+    ++p;
+  }
+  pending_.erase(0, static_cast<size_t>(p - pending_.data()));
+  return out;
+}
+
+std::string Utf8Stream::finish() {
+  std::string out = pending_.empty() ? "" : std::string(kReplacement);
+  pending_.clear();
+  return out;
+}
+
 }  // namespace tpc::unicode

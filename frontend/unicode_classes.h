@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace tpc::unicode {
@@ -48,5 +49,17 @@ size_t findInvalidUtf8(std::string_view text);
 
 // Appends the UTF-8 encoding of cp (a valid scalar value) to out.
 void appendUtf8(char32_t cp, std::string& out);
+
+// Bytes decoded a token at a time, shown as valid UTF-8, as Hugging Face's decode (errors="replace") shows them: a
+// character a token boundary cuts waits for the next token's bytes; a byte that cannot start or continue one is
+// U+FFFD. (A GPT-2 token may hold part of a character; the byte tokenizer's tokens are single bytes.)
+class Utf8Stream {
+ public:
+  std::string push(std::string_view bytes);  // the text that can be shown now
+  std::string finish();                      // the rest: a cut character as U+FFFD
+
+ private:
+  std::string pending_;
+};
 
 }  // namespace tpc::unicode

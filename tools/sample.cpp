@@ -12,6 +12,7 @@
 
 #include "frontend/model_file.h"
 #include "frontend/tokenizer.h"
+#include "frontend/unicode_classes.h"
 #include "models/gpt.h"
 #include "models/sampling.h"
 #include "passes/builtin_passes.h"
@@ -244,6 +245,7 @@ int runSample(std::vector<std::string> args) {
   std::mt19937_64 rng(static_cast<uint64_t>(*seed));
   const SamplingOptions sampling{*temperature, *topK, *topP};
   std::cout << flags.get("prompt") << std::flush;
+  unicode::Utf8Stream shown;
   for (int64_t i = 0; i < *maxTokens; ++i) {
     int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), window == "fixed" ? fixedLen : gpt.positions);
     auto logits = forward(len);
@@ -255,7 +257,7 @@ int runSample(std::vector<std::string> args) {
                                      "): the model's forward overflowed; its output would be meaningless"));
     const int32_t next = sampleToken(std::span<const float>(last, choices), sampling, rng);
     if (next == (*tokenizer)->eod() && !flags.on("ignore-eod")) {
-      std::cout << "\n" << std::flush;
+      std::cout << shown.finish() << "\n" << std::flush;
       std::cerr << "stopped at the end-of-document token after " << i << " generated token" << (i == 1 ? "" : "s")
                 << " (--ignore-eod goes on past it)\n";
       return finish();
@@ -264,9 +266,9 @@ int runSample(std::vector<std::string> args) {
     std::string text;
     if (Status s = (*tokenizer)->decode(std::span<const int32_t>(&next, 1), text); !s.ok())
       return cli::fail("sample", s.error());
-    std::cout << text << std::flush;
+    std::cout << shown.push(text) << std::flush;
   }
-  std::cout << "\n";
+  std::cout << shown.finish() << "\n";
   return finish();
 }
 

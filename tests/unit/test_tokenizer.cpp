@@ -228,6 +228,25 @@ TEST_CASE("UTF-8 validation rejects malformed sequences", "[tokenizer][unicode]"
   CHECK(findInvalidUtf8(std::string_view("\0ok", 3)) == npos);      // NUL is valid UTF-8
 }
 
+// tpc sample prints a token at a time: a character split over tokens waits for its end, and bytes that are no
+// UTF-8 show as U+FFFD (sample wrote them raw: invalid UTF-8 on the terminal).
+TEST_CASE("a UTF-8 stream joins characters split over tokens and replaces bytes that are no UTF-8", "[tokenizer][unicode]") {
+  unicode::Utf8Stream s;
+  CHECK(s.push("h") == "h");
+  CHECK(s.push("\xe6") == "");          // the first byte of U+65E5: nothing to show yet
+  CHECK(s.push("\x97") == "");
+  CHECK(s.push("\xa5!") == "\u65e5!");
+  CHECK(s.push("\x80") == "\ufffd");    // a stray continuation byte
+  CHECK(s.push("\xc3x") == "\ufffdx");  // a lead byte another character follows
+  CHECK(s.push("\xff\xc0\x80") == "\ufffd\ufffd\ufffd");
+  CHECK(s.push("\xf0\x9f") == "");
+  CHECK(s.finish() == "\ufffd");         // cut off by the end of the text
+  CHECK(s.finish() == "");
+  std::string all;
+  for (char c : std::string("\xf0\x9f\x98\x80 ok")) all += s.push(std::string(1, c));
+  CHECK(all == "\U0001F600 ok");
+}
+
 TEST_CASE("the byte tokenizer maps bytes to ids 0-255 and EOD to 256", "[tokenizer][byte]") {
   ByteTokenizer t;
   CHECK(t.vocabSize() == 257);
