@@ -255,7 +255,10 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     if (settings.afterStepPrintsAt && settings.afterStepPrintsAt(it)) TPC_TRY(flushLog());
     const auto asideStart = Clock::now();
     TPC_TRY(settings.afterStep(it, currentProgress(), it < settings.trainIters ? rows : 0));
-    stepAsideMs += msSince(asideStart);
+    const auto asideTime = Clock::now() - asideStart;
+    lastLog += asideTime;  // tokens/s counts training time only, as Megatron-LM's interval timer stops around a save
+    report.saveSeconds += std::chrono::duration<double>(asideTime).count();
+    stepAsideMs += std::chrono::duration<double, std::milli>(asideTime).count();
     return {};
   };
   if (settings.firstIter <= settings.trainIters)
@@ -421,7 +424,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
                      "(lower --lr, raise --lr-warmup-iters, or --on-nan stop to find the first non-finite value)");
   report.end = currentProgress();
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  const double trainSeconds = report.seconds - report.evalSeconds;
+  const double trainSeconds = report.seconds - report.evalSeconds - report.saveSeconds;
   const int64_t run = lastIter - settings.firstIter + 1;
   report.tokensPerSecond = trainSeconds > 0 ? static_cast<double>(run * tokensPerStep) / trainSeconds : 0;
   report.lastIteration = lastIter;

@@ -83,7 +83,8 @@ struct TrainReport {
   OptimizerProgress end;
   double seconds = 0;
   double evalSeconds = 0;       // the part of `seconds` spent in evaluations
-  double tokensPerSecond = 0;   // training tokens over the training's share of `seconds`
+  double saveSeconds = 0;       // the part spent in TrainerSettings::afterStep (the caller's checkpoints)
+  double tokensPerSecond = 0;   // training tokens over the training's share of `seconds` (neither of the above)
   int64_t lastIteration = 0;    // the last step run: trainIters, or where stopAfter ended the run
 };
 

@@ -972,9 +972,12 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   }
   const auto& losses = report->losses;
   // Every step run is counted, the skipped ones too (they read their batch and took their time).
+  std::string aside;
+  if (report->evalSeconds > 0) aside = formatDuration(report->evalSeconds) + " of it evaluating";
+  if (report->saveSeconds >= 0.05)
+    aside += (aside.empty() ? "" : ", ") + formatDuration(report->saveSeconds) + (aside.empty() ? " of it" : "") + " saving";
   std::printf("done: %zu steps in %s%s, %.0f tokens/s", losses.size() + report->skippedSteps.size(),
-              formatDuration(report->seconds).c_str(),
-              report->evalSeconds > 0 ? cat(" (", formatDuration(report->evalSeconds), " of it evaluating)").c_str() : "",
+              formatDuration(report->seconds).c_str(), aside.empty() ? "" : cat(" (", aside, ")").c_str(),
               report->tokensPerSecond);
   // (An early stop may come before any step was applied: every one so far skipped.)
   if (!losses.empty())

@@ -4,7 +4,9 @@
 // written once the next step has started, so the device does not wait for it.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include <filesystem>
 
@@ -179,6 +181,33 @@ TEST_CASE("trainer: a run that fails before its first log line leaves no JSONL f
   REQUIRE_FALSE(r2.ok());
   REQUIRE(std::filesystem::exists(s.logJsonl));
   CHECK(test::jsonlField(test::readFile(s.logJsonl), "loss").size() >= 2);
+}
+
+}  // namespace tpc
+
+namespace tpc {
+
+// The audit of the thirty-ninth session: tokens/s counted the checkpoints' time (Megatron-LM's interval timer stops
+// around a save, as ours did around evaluations).
+TEST_CASE("trainer: tokens/s leaves out the time of the caller's checkpoints, and the report counts it", "[run]") {
+  auto g = test::gptStep(test::smallGpt(), 4, "autodiff(clip-grad=1.0),cse,dce");
+  CpuOptions o;
+  o.threads = 2;
+  auto b = test::preparedCpuBackend(*g, o, 1);
+  test::LearnableBatches data(20, 3);
+  TrainerSettings s = constantLr(4, 1);
+  s.afterStep = [](int64_t, const OptimizerProgress&, int64_t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return Status{};
+  };
+  std::ostringstream console;
+  auto r = train(*b, *g, data, s, console);
+  INFO(console.str());
+  REQUIRE(r.ok());
+  CHECK(r->saveSeconds >= 1.2);
+  CHECK(r->seconds - r->saveSeconds < 1.0);  // 4 steps of a 2-layer GPT at hidden 64
+  // At most the training's own time in the rate: 4 steps x 64 tokens over seconds - saveSeconds.
+  CHECK(r->tokensPerSecond >= 0.99 * 4 * 64 / (r->seconds - r->saveSeconds));
 }
 
 }  // namespace tpc
