@@ -403,6 +403,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   }
   auto profileStep = flags.getInt("profile-step", 0, int64_t(1) << 40);
   if (!profileStep) return cli::fail("run", profileStep.error());
+  for (const char* folder : {"save", "load"})
+    if (flags.has(folder) && flags.get(folder).empty())
+      return cli::fail("run", cat("--", folder, " is empty; name the checkpoint folder"));
   if (flags.on("save-initial") && !flags.has("save"))
     return cli::fail("run", "--save-initial writes iteration 0 into the --save folder; add --save DIR");
   if (flags.on("save-initial") && flags.has("load"))
@@ -756,7 +759,9 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
             << (step->mesh().empty() ? "" : "  passes: " + pipeline + "\n") << "  batch: micro " << config.microBatch << " x accumulation " << *accum << " x dp " << config.dp << " = global "
             << config.globalBatch << " sequences of " << config.seqLength << " tokens\n"
             << describeData(*data, batches.windows())
-            << "  lr " << config.lr << " -> " << config.minLr << " (" << config.decayStyle << ", warmup "
+            << "  lr " << config.lr
+            << (config.decayStyle == "constant" ? std::string() : cat(" -> ", config.minLr))  // constant: no decay
+            << " (" << config.decayStyle << ", warmup "
             << config.warmupIters << "), " << config.trainIters << " steps"
             // The model file's warmup may outlast a short trial run (a longer one given by flag is refused).
             << (config.warmupIters > config.trainIters

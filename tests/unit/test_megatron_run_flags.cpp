@@ -151,3 +151,18 @@ TEST_CASE("tpc run: Megatron-LM's schedule and parallelism flags that cannot be 
 }
 
 }  // namespace tpc
+
+namespace tpc {
+
+// A constant schedule's header names no decay target (it said "lr 0.001 -> 0.0001" while the lr stayed 0.001).
+TEST_CASE("tpc run: --lr-decay-style constant holds the lr after the warmup, and the header says so", "[run][cli][megatron]") {
+  test::CommandResult r;
+  const std::vector<double> lrs = stepLrs("--train-iters 4 --lr-warmup-iters 1 --lr-decay-style constant", r);
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  CHECK(r.out.find("  lr 0.001 (constant, warmup 1), 4 steps\n") != std::string::npos);
+  REQUIRE(lrs.size() == 4);
+  for (double lr : lrs) CHECK(lr == Approx(0.001));
+}
+
+}  // namespace tpc

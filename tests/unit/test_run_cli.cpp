@@ -57,6 +57,8 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
       {"/nonexistent/model.fb", ""},
       {"/tmp", "/tmp: error: is a directory, not a model file (MODEL.fb or MODEL.json; tpc new writes one)\n"},
       {tiny() + " --keep 2", "tpc run: error: --keep applies to the checkpoints of --save; add --save DIR\n"},
+      {tiny() + " --save ''", "tpc run: error: --save is empty; name the checkpoint folder\n"},
+      {tiny() + " --load ''", "tpc run: error: --load is empty; name the checkpoint folder\n"},
       {tiny() + " --bf16 --precision fp32", "tpc run: error: --bf16 and --precision fp32 exclude each other; give one\n"},
       {tiny() + " --collectives foo", "tpc run: error: --collectives=foo is not a collectives mode (expected auto, nccl or virtual)\n"},
       {tiny() + " --lr-warmup-iters 5 --lr-decay-iters 1",
