@@ -112,13 +112,22 @@ std::string Utf8Stream::push(std::string_view bytes) {
       p += len;
       continue;
     }
-    // A lead byte whose continuation bytes so far are all there is: wait for the rest.
-    const int want = leadLength(static_cast<unsigned char>(*p));
-    bool cut = want > end - p;
-    for (const char* q = p + 1; cut && q < end; ++q) cut = (static_cast<unsigned char>(*q) & 0xC0) == 0x80;
-    if (cut) break;
+    // As Python's decode(errors="replace"): the longest start of a well-formed character here (a lead byte and the
+    // continuation bytes that may follow it) is one U+FFFD, or waits for the next token's bytes where the text ends.
+    const auto b0 = static_cast<unsigned char>(*p);
+    const int want = leadLength(b0);
+    int k = 0;  // continuation bytes after the lead that fit
+    while (want > 0 && k < want - 1 && p + 1 + k < end) {
+      const auto b = static_cast<unsigned char>(p[1 + k]);
+      // The second byte's range excludes overlong forms, surrogates and values past U+10FFFF.
+      const unsigned char lo = k > 0 ? 0x80 : b0 == 0xE0 ? 0xA0 : b0 == 0xF0 ? 0x90 : 0x80;
+      const unsigned char hi = k > 0 ? 0xBF : b0 == 0xED ? 0x9F : b0 == 0xF4 ? 0x8F : 0xBF;
+      if (b < lo || b > hi) break;
+      ++k;
+    }
+    if (want > 0 && p + 1 + k == end) break;  // cut by the end of what came so far
     out.append(kReplacement);
-    ++p;
+    p += 1 + k;
   }
   pending_.erase(0, static_cast<size_t>(p - pending_.data()));
   return out;

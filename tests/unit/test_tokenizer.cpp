@@ -239,8 +239,14 @@ TEST_CASE("a UTF-8 stream joins characters split over tokens and replaces bytes 
   CHECK(s.push("\x80") == "\ufffd");    // a stray continuation byte
   CHECK(s.push("\xc3x") == "\ufffdx");  // a lead byte another character follows
   CHECK(s.push("\xff\xc0\x80") == "\ufffd\ufffd\ufffd");
+  // The start of a character another one interrupts is one U+FFFD, as Python's decode(errors="replace") makes it.
+  CHECK(s.push("\xe6\x97") == "");
+  CHECK(s.push("x") == "\ufffdx");
+  // A second byte no well-formed character has (a surrogate, an overlong form) does not wait: each byte is U+FFFD.
+  CHECK(s.push("\xed\xa0") == "\ufffd\ufffd");
+  CHECK(s.push("\xe0\x80") == "\ufffd\ufffd");
   CHECK(s.push("\xf0\x9f") == "");
-  CHECK(s.finish() == "\ufffd");         // cut off by the end of the text
+  CHECK(s.finish() == "\ufffd");         // cut off by the end of the text: one U+FFFD, as Python's
   CHECK(s.finish() == "");
   std::string all;
   for (char c : std::string("\xf0\x9f\x98\x80 ok")) all += s.push(std::string(1, c));
