@@ -252,19 +252,15 @@ class Parser {
     bump();
     TPC_TRY(expectPunct("["));
     Shape shape;
-    int64_t numel = 1;
-    bool tooLarge = false;
     if (!isPunct("]")) {
       do {
         Loc l = tok_.loc;
         TPC_ASSIGN(int64_t d, parseInt("a dimension"));
         if (d < 0) return errAt(l, "negative dimension " + std::to_string(d));
-        // Element counts must fit int64 (numel() and every shape rule multiply dims).
-        tooLarge = tooLarge || __builtin_mul_overflow(numel, d, &numel);
         shape.push_back(d);
       } while (acceptPunct(","));
     }
-    if (tooLarge) return errAt(typeLoc, "tensor shape " + shapeStr(shape) + " has too many elements (the count overflows int64)");
+    if (numelOverflows(shape)) return errAt(typeLoc, "tensor shape " + shapeStr(shape) + " has too many elements (the count overflows int64)");
     TPC_TRY(expectPunct("]"));
     return TensorType(*dt, shape);
   }

@@ -520,11 +520,8 @@ Result<std::vector<TensorType>> inferTypes(OpKind op, llvm::ArrayRef<TensorType>
   Ctx c{op, operands, attrs, mesh};
   TPC_ASSIGN(Types types, kRules[static_cast<size_t>(op)](c));
   // A shape taken from an attribute (broadcast_to's, full's) may hold more elements than an int64 counts.
-  for (const TensorType& t : types) {
-    int64_t n = 1;
-    for (int64_t d : t.shape)
-      if (__builtin_mul_overflow(n, d, &n)) return c.err("result shape ", shapeStr(t.shape), " has too many elements (the count overflows int64)");
-  }
+  for (const TensorType& t : types)
+    if (numelOverflows(t.shape)) return c.err("result shape ", shapeStr(t.shape), " has too many elements (the count overflows int64)");
   return types;
 }
 

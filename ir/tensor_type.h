@@ -28,5 +28,7 @@ struct TensorType {
 };
 
 std::string shapeStr(llvm::ArrayRef<int64_t> shape);  // "[8,1024]"
+// Whether the product of the dims (non-negative) overflows int64: numel() and every shape rule multiply them.
+bool numelOverflows(llvm::ArrayRef<int64_t> shape);
 
 }  // namespace tpc

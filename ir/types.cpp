@@ -45,6 +45,13 @@ int64_t TensorType::numel() const {
   return n;
 }
 
+bool numelOverflows(llvm::ArrayRef<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n)) return true;
+  return false;
+}
+
 std::string shapeStr(llvm::ArrayRef<int64_t> shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);

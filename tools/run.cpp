@@ -528,20 +528,28 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   // Sharded (--tp/--dp/--sp): the annotated global step, partitioned into one program per rank.
   std::vector<std::unique_ptr<Graph>> rankGraphs;
   if (!step->mesh().empty()) {
-    // One process running every rank on the CPU: what cannot fit is refused from rank 0's program before all are
-    // partitioned (at --dp 65536 that alone took minutes and 12 GB before any message).
+    // One process running every rank on the CPU: what cannot fit is refused from rank 0's program before the others
+    // are partitioned (at --dp 65536 that alone took minutes and 12 GB before any message).
     if (!job && *backendKind == BackendKind::Cpu && step->mesh().numRanks() > 1) {
-      auto first = partitionRanks(*step, 0);
+      if (Status s = propagatePlacements(*step); !s.ok()) return cli::fail("run", cat(path, ": ", s.error()));
+      auto first = partitionForRank(*step, 0);
       if (!first) return cli::fail("run", cat(path, ": ", first.error()));
-      const MemoryEstimate one = estimateMemory(*first->front(), 4);
+      const MemoryEstimate one = estimateMemory(**first, 4);
       MemoryEstimate all;
       for (int64_t r = 0; r < step->mesh().numRanks(); ++r) all += one;
       if (Status s = checkHostMemory(all, hostMemoryLimit(0), cat("--tp ", config.tp, " --dp ", config.dp), step->mesh().numRanks()); !s.ok())
         return cli::fail("run", s.error());
+      rankGraphs.push_back(std::move(*first));
+      for (int64_t r = 1; r < step->mesh().numRanks(); ++r) {
+        auto rank = partitionForRank(*step, r);
+        if (!rank) return cli::fail("run", cat(path, ": ", rank.error()));
+        rankGraphs.push_back(std::move(*rank));
+      }
+    } else {
+      auto ranks = partitionRanks(*step, ownRank);
+      if (!ranks) return cli::fail("run", cat(path, ": ", ranks.error()));
+      rankGraphs = std::move(*ranks);
     }
-    auto ranks = partitionRanks(*step, ownRank);
-    if (!ranks) return cli::fail("run", cat(path, ": ", ranks.error()));
-    rankGraphs = std::move(*ranks);
   }
   // The fused classifier and the fusion groups for the CUDA backend, on the program each rank runs (after
   // partition).
