@@ -1,4 +1,6 @@
-// A read-only memory mapping of a whole file (RAII, move-only).
+// A read-only memory mapping of a whole file (RAII, move-only). A file that shrinks while it is mapped (a dataset
+// rewritten under a run) makes reads past its new end fault with SIGBUS; the process then ends with one error that
+// names the file, exit code 1, instead of a crash.
 #pragma once
 
 #include <cstddef>

@@ -221,6 +221,10 @@ Status stageCheckpoint(FileCommit& commit, const std::string& dir, const Checkpo
   return commit.write((fs::path(dir) / kLatest).string(), std::to_string(state.iteration) + "\n");
 }
 
+bool ownedBySave(const std::string& name) {
+  return name == kLatest || name.rfind("iter_", 0) == 0 || name.rfind(".tmp.", 0) == 0;
+}
+
 std::string checkpointHeldIn(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(fs::path(dir) / kLatest, ec)) return kLatest;

@@ -66,6 +66,10 @@ Result<CheckpointState> parseCheckpointState(const std::string& text, const std:
 // Loads the checkpoint DIR's `latest` file names (or DIR itself when it is an iter_N directory).
 Result<LoadedCheckpoint> loadCheckpoint(const std::string& dir);
 
+// Whether an entry named `name` at the top of a --save folder is the checkpoints' own, which saves replace or delete:
+// the latest-iteration file, iter_* folders (and what they hold) and the .tmp.* folders of saves in progress.
+bool ownedBySave(const std::string& name);
+
 // What in `dir` shows that it holds checkpoints (its latest-iteration file, else its newest iter_N folder); empty
 // when nothing does.
 std::string checkpointHeldIn(const std::string& dir);

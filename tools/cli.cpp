@@ -145,7 +145,8 @@ bool Flags::parse(const std::vector<std::string>& args, int& exitCode) {
         // Joined by spaces, or by newlines where a word holds a space itself ("my data/web"), so that the words
         // can be told apart again (parseDataBlend).
         std::vector<std::string> words{val};
-        while (i + 1 < args.size() && !args[i + 1].empty() && args[i + 1][0] != '-') words.push_back(args[++i]);
+        // A negative number is a word too ("0.5 web -0.5 books"), for parseDataBlend to refuse as a weight.
+        while (i + 1 < args.size() && looksLikeValue(args[i + 1])) words.push_back(args[++i]);
         bool spaced = false;
         for (const std::string& w : words) spaced |= w.find_first_of(" \t") != std::string::npos;
         for (size_t w = 1; w < words.size(); ++w) val += (spaced ? "\n" : " ") + words[w];

@@ -20,14 +20,17 @@ bool sameFile(const fs::path& a, const fs::path& b) {
 }
 
 // Whether `file` is inside the folder `dir` (at any depth).
-bool insideFolder(const fs::path& file, const fs::path& dir) {
+fs::path pathInFolder(const fs::path& file, const fs::path& dir) {
   std::error_code ef, ed;
   const fs::path f = fs::weakly_canonical(fs::absolute(file), ef);
   fs::path d = fs::weakly_canonical(fs::absolute(dir), ed);
-  if (ef || ed || d.empty()) return false;
+  if (ef || ed || d.empty()) return {};
   if (d.filename().empty()) d = d.parent_path();  // "ck/" ends in an empty element
-  return std::mismatch(d.begin(), d.end(), f.begin(), f.end()).first == d.end() && f != d;
+  if (std::mismatch(d.begin(), d.end(), f.begin(), f.end()).first != d.end() || f == d) return {};
+  return f.lexically_relative(d);
 }
+
+bool insideFolder(const fs::path& file, const fs::path& dir) { return !pathInFolder(file, dir).empty(); }
 
 Status checkOutputFile(const std::string& flag, const std::string& path) {
   if (path.empty()) return makeError(flag, " is empty; name the file to write");

@@ -14,6 +14,8 @@ bool sameFile(const std::filesystem::path& a, const std::filesystem::path& b);
 
 // Whether `file` is inside the folder `dir` (at any depth).
 bool insideFolder(const std::filesystem::path& file, const std::filesystem::path& dir);
+// `file`'s path relative to `dir` when it is inside it ("iter_0000002/state.json"), else empty.
+std::filesystem::path pathInFolder(const std::filesystem::path& file, const std::filesystem::path& dir);
 
 // An output file checked before anything is written: not empty, not a folder, its folder existing and writable.
 // `flag` names it in the error as the user typed it ("-o", "--log-jsonl").

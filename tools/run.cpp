@@ -624,6 +624,11 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       for (const char* ext : {".bin", ".idx"}) inputs.push_back({"the dataset", e.prefix + ext});
     for (size_t i = 0; i < outputs.size(); ++i) {
       const auto& [flag, file] = outputs[i];
+      // A file inside the --save folder is kept, unless a save would replace or delete it.
+      if (const auto rel = flags.has("save") ? cli::pathInFolder(file, flags.get("save")) : std::filesystem::path();
+          !rel.empty() && ownedBySave(rel.begin()->string()))
+        return cli::fail("run", cat("--", flag, " ", file, " is where --save ", flags.get("save"), " keeps its checkpoints (",
+                                    rel.begin()->string(), "): a save would replace or delete it; pick another file"));
       if (Status s = cli::checkOutputFile("--" + flag, file); !s.ok()) return cli::fail("run", s.error());
       for (const auto& [what, in] : inputs)
         if (cli::sameFile(file, in))

@@ -270,6 +270,11 @@ TEST_CASE("tpc new/run: --data-path takes the words up to the next option, and a
   auto odd = test::runCommand(run + "--train-iters 1 --data-path 0.3 " + a + " 0.7");
   CHECK(odd.exitCode == 1);
   CHECK(odd.err.find("weights and prefixes do not pair up") != std::string::npos);
+  // A negative weight is one of --data-path's words, refused as a weight (it was "unknown option '-0.7'").
+  auto negative = test::runCommand(run + "--train-iters 1 --data-path 0.3 " + a + " -0.7 " + b);
+  INFO(negative.err);
+  CHECK(negative.exitCode == 1);
+  CHECK(negative.err.find("the weight -0.7 of '" + b + "' is not a positive number") != std::string::npos);
   // `tpc new`: the architecture or the output given after --data-path is named, not swallowed.
   for (const std::string& args : {" new gpt --data-path " + a + " gpt -o " + d + "/x.json",
                                   " new --data-path " + a + " gpt --preset tiny -o " + d + "/x.json"}) {

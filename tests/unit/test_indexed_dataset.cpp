@@ -233,6 +233,47 @@ TEST_CASE("a signal between the .bin and the .idx renames still leaves the new p
   CHECK(names == std::set<std::string>{"ds.bin", "ds.idx"});
 }
 
+TEST_CASE("a dataset truncated while it is mapped ends the reader with one error naming the file", "[dataset][errors]") {
+  test::TempDir dir;
+  const std::string prefix = dir / "ds";
+  std::vector<int32_t> doc(100000);
+  for (size_t i = 0; i < doc.size(); ++i) doc[i] = int32_t(i % 60000);
+  writeDataset(prefix, {doc});
+  const std::string err = dir / "stderr.txt";
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (!std::freopen(err.c_str(), "w", stderr)) ::_exit(2);
+    auto ds = IndexedDataset::open(prefix);
+    if (!ds.ok()) ::_exit(3);
+    // Another program cuts the file under the mapping; the pages past the new end are gone.
+    if (::truncate((prefix + ".bin").c_str(), 100) != 0) ::_exit(4);
+    int64_t sum = 0;
+    for (int32_t t : tokensOf(ds->document(0))) sum += t;
+    ::_exit(sum == 0 ? 6 : 5);  // reached only if the read did not fault
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(test::readFile(err) == "tpc: error: " + prefix + ".bin shrank while tpc read it (it was truncated or rewritten "
+                               "during the run); restore the file and run again, and make new data under another name\n");
+
+  // A SIGBUS outside every mapping is still the signal.
+  writeDataset(dir / "whole", {{1, 2, 3}});
+  pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    auto ds = IndexedDataset::open(dir / "whole");  // installs the handler
+    if (!ds.ok()) ::_exit(3);
+    ::raise(SIGBUS);
+    ::_exit(5);
+  }
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGBUS);
+}
+
 TEST_CASE("bad .idx and .bin files are refused with the file named", "[dataset][errors]") {
   test::TempDir dir;
   const std::string prefix = dir / "d";

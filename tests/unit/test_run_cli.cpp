@@ -138,6 +138,11 @@ TEST_CASE("tpc run/sample: an output that is an input, inside the checkpoint rea
       {"--save " + d + "/new/ck --metrics-port 0", "--metrics-port=0 is out of range"},
       {"--save " + d + "/new/ck --dump-batches " + d + "/b.bin --log-jsonl " + model + "/x.jsonl",
        "m.fb is a file, not a folder"},
+      // Files the saves write or delete.
+      {"--save " + d + "/new/ck --log-jsonl " + d + "/new/ck/latest_checkpointed_iteration.txt",
+       "is where --save " + d + "/new/ck keeps its checkpoints (latest_checkpointed_iteration.txt): a save would "
+       "replace or delete it"},
+      {"--save " + d + "/new/ck/ --dump-batches " + d + "/new/ck/iter_0000002/b.bin", "keeps its checkpoints (iter_0000002)"},
   };
   for (const Case& c : cases) {
     auto r = test::runCommand(run + c.args);
@@ -154,6 +159,14 @@ TEST_CASE("tpc run/sample: an output that is an input, inside the checkpoint rea
   CHECK_FALSE(std::filesystem::exists(d + "/new"));
   CHECK_FALSE(std::filesystem::exists(d + "/b.bin"));
   CHECK_FALSE(std::filesystem::exists(d + "/x"));
+  // A log beside the checkpoints in the --save folder is kept by the saves.
+  std::filesystem::create_directory(d + "/ck2");
+  auto beside = test::runCommand(run + "--save " + d + "/ck2 --save-interval 1 --log-jsonl " + d + "/ck2/run.jsonl");
+  INFO(beside.err);
+  REQUIRE(beside.exitCode == 0);
+  const std::string log = test::readFile(d + "/ck2/run.jsonl");
+  CHECK(std::count(log.begin(), log.end(), '\n') >= 1);  // written before the saves, kept by them
+  CHECK(std::filesystem::exists(d + "/ck2/iter_0000002"));
 
   // A checkpoint, then outputs inside it while it is read.
   REQUIRE(test::runCommand(run + "--save " + d + "/ck").exitCode == 0);
