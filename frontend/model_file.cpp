@@ -332,6 +332,11 @@ Result<ModelFile> modelFromFb(const fb::Model* m) {
   if (!loss) return makeError("loss '", shown(out.lossOutput), "' is not one of graph.outputs");
   if (loss->shape().size() != 0 || !isFloat(loss->dtype()))
     return makeError("loss '", out.lossOutput, "' must be a float scalar, got ", loss->type().str());
+  // Without the table every field would take its default (seq_length 1024, ...), which the graph's inputs do not
+  // have; an empty table asks for the defaults.
+  if (!m->config())
+    return makeError("config is missing: a model file holds its training configuration (tpc new writes one; "
+                     "\"config\": {} takes every field's default)");
   out.config = configFromFb(m->config());
   TPC_TRY(validateTrainConfig(out.config));
   TPC_ASSIGN(out.gpt, archFromFb(m->arch_type(), m->arch()));
@@ -448,6 +453,62 @@ std::string schemaHint(const std::string& what, const std::string& key, const st
   return "";
 }
 
+// The keys of the JSON object that ends at or just before offset `at` (its own keys, not its members' keys), with
+// the offset of its '{' (npos if none). Brackets inside strings are skipped.
+std::pair<std::vector<std::string>, size_t> objectKeysBefore(const std::string& text, size_t at) {
+  size_t close = std::min(at, text.size() - 1);
+  if (text.empty() || text[close] != '}') close = text.find_last_not_of(" \t\r\n", close == 0 ? 0 : close - 1);
+  if (close == std::string::npos || text[close] != '}') return {{}, std::string::npos};
+  std::vector<std::pair<size_t, size_t>> strings;  // [open quote, close quote] at depth 1, in reverse order
+  int depth = 0;
+  bool inString = false;
+  size_t stringEnd = 0;
+  for (size_t i = close + 1; i-- > 0;) {
+    char c = text[i];
+    if (c == '"') {
+      size_t slashes = 0;
+      while (i > slashes && text[i - 1 - slashes] == '\\') ++slashes;
+      if (slashes % 2 != 0) continue;
+      inString = !inString;
+      if (inString) stringEnd = i;
+      else if (depth == 1) strings.push_back({i, stringEnd});
+      continue;
+    }
+    if (inString) continue;
+    if (c == '}' || c == ']') ++depth;
+    if ((c == '{' || c == '[') && --depth == 0) {
+      std::vector<std::string> keys;
+      for (auto [open, end] : strings) {  // a string followed by ':' is a key
+        size_t next = text.find_first_not_of(" \t\r\n", end + 1);
+        if (next != std::string::npos && text[next] == ':') keys.push_back(text.substr(open + 1, end - open - 1));
+      }
+      return {keys, i};
+    }
+  }
+  return {{}, std::string::npos};
+}
+
+// flatbuffers' "expecting: , instead got: }" at the end of an object that holds a union without its type field
+// (arch without arch_type, an attribute's value without value_type): which field, and the types it may name.
+std::string missingUnionType(const std::string& text, size_t at, const flatbuffers::Parser& schema) {
+  auto [keys, open] = objectKeysBefore(text, at);
+  if (open == std::string::npos) return "";
+  for (const flatbuffers::StructDef* sd : tablesOf(enclosingKey(text, open + 1), schema))
+    for (const flatbuffers::FieldDef* f : sd->fields.vec) {
+      const flatbuffers::EnumDef* e = f->value.type.enum_def;
+      if (!e || !e->is_union || f->value.type.base_type != flatbuffers::BASE_TYPE_UNION) continue;
+      const std::string typeField = f->name + "_type";  // flatbuffers' name for a union's type field
+      if (std::find(keys.begin(), keys.end(), f->name) == keys.end() ||
+          std::find(keys.begin(), keys.end(), typeField) != keys.end())
+        continue;
+      std::string values;
+      for (const flatbuffers::EnumVal* v : e->Vals())
+        if (v->union_type.struct_def) values += (values.empty() ? "" : ", ") + v->name;
+      return "\"" + f->name + "\" needs \"" + typeField + "\" beside it, naming its type (one of: " + values + ")";
+    }
+  return "";
+}
+
 // flatbuffers reports "LINE: COL: error: what" (possibly after warnings); we say "FILE:LINE:COL: error: what",
 // with a hint from the schema where it has one.
 std::string parserError(const flatbuffers::Parser& parser, const std::string& text, const std::string& file) {
@@ -472,6 +533,8 @@ std::string parserError(const flatbuffers::Parser& parser, const std::string& te
   const size_t at = offsetOf(text, line, col);
   auto [key, keyAt] = keyBefore(text, at);
   const std::string table = enclosingKey(text, keyAt == std::string::npos ? at : keyAt);
+  if (what.rfind("expecting: , instead got: }", 0) == 0)
+    if (std::string union_ = missingUnionType(text, at, parser); !union_.empty()) what = union_;
   return file + (pos.empty() ? "" : ":" + pos) + ": error: " + what + schemaHint(what, key, table, parser);
 }
 

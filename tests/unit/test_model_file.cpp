@@ -216,6 +216,24 @@ TEST_CASE("model file: bad files give one line naming file and field", "[model_f
     expectError(replaceOnce(json, "\"layers\": 2", "\"layers\": -1"), "gpt.json", {"arch.layers must be > 0, got -1"});
     expectError(replaceOnce(json, "\"shape\": [8, 64]", "\"shape\": [8, -64]"), "gpt.json", {"graph.tensors[0] 'tokens'.shape"});
   }
+  SECTION("a union without its type field: which field, and the types it names") {
+    // It was flatbuffers' own "expecting: , instead got: }".
+    expectError(replaceOnce(json, "\"arch_type\": \"GptArch\",", ""), "gpt.json",
+                {"gpt.json:", ": error: \"arch\" needs \"arch_type\" beside it, naming its type (one of: GptArch)"});
+    expectError(replaceOnce(json, "\"value_type\": \"FloatAttr\", ", ""), "gpt.json",
+                {"\"value\" needs \"value_type\" beside it, naming its type (one of: IntAttr, FloatAttr, BoolAttr, "
+                 "StringAttr, IntsAttr, DTypeAttr)"});
+  }
+  SECTION("no config table") {
+    // Every field's default would be taken, seq_length 1024 among them, and blamed on the position table.
+    const size_t from = json.find("\"config\": {"), to = json.find("},", from);
+    REQUIRE(to != std::string::npos);
+    const std::string noConfig = json.substr(0, from) + json.substr(json.find('"', to));
+    expectError(noConfig, "gpt.json", {"gpt.json: error: config is missing"});
+    auto defaults = loadModelFromBytes(noConfig.substr(0, from) + "\"config\": {}, " + noConfig.substr(from), "gpt.json");
+    REQUIRE_FALSE(defaults.ok());
+    CHECK(defaults.error().find("config.seq_length=1024 is longer than the position table") != std::string::npos);
+  }
   SECTION("loss that is not an output") { expectError(replaceOnce(json, "\"loss\": \"loss\"", "\"loss\": \"nope\""), "gpt.json", {"loss 'nope'"}); }
   SECTION("bad config strings") {
     expectError(replaceOnce(json, "\"tokenizer_type\": \"byte\"", "\"tokenizer_type\": \"bpe\""), "gpt.json", {"config.tokenizer_type"});
