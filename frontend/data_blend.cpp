@@ -111,19 +111,61 @@ size_t BlendOrder::next() {
       best = i;
     }
   }
+  if (!recent_.empty()) {
+    recent_[position_ % recent_.size()] = static_cast<uint32_t>(best);
+    if (position_ - recentFrom_ >= recent_.size()) ++recentFrom_;
+  }
   ++taken_[best];
   ++position_;
   return best;
 }
 
-void BlendOrder::seek(uint64_t position) {
+void BlendOrder::keepRecent(size_t samples) {
+  recent_.assign(samples, 0);
+  recentFrom_ = position_;
+}
+
+std::vector<uint64_t> BlendOrder::takenAt(uint64_t position) const {
+  if (position > position_) return {};
+  if (position == position_) return taken_;
+  if (position < recentFrom_) return {};
+  std::vector<uint64_t> taken = taken_;
+  for (uint64_t p = position; p < position_; ++p) --taken[recent_[p % recent_.size()]];
+  return taken;
+}
+
+Status BlendOrder::seek(uint64_t position, const std::vector<uint64_t>& taken) {
+  recentFrom_ = position;
   if (weights_.size() == 1) {  // the common case, without the replay
     taken_[0] = position_ = position;
-    return;
+    return {};
   }
+  if (!taken.empty()) {
+    // The greedy order keeps each count within the number of datasets of its share (weight x position).
+    uint64_t sum = 0;
+    bool fits = taken.size() == taken_.size();
+    for (size_t i = 0; fits && i < taken.size(); ++i) {
+      sum += taken[i];
+      fits = std::abs(weights_[i] * static_cast<double>(position) - static_cast<double>(taken[i])) <=
+             static_cast<double>(taken_.size());
+    }
+    if (!fits || sum != position)
+      return makeError("the per-dataset counts (", taken.size(), " of them) do not fit a blend of ", taken_.size(),
+                       " datasets at position ", position);
+    taken_ = taken;
+    position_ = position;
+    return {};
+  }
+  if (position > kMaxReplay)
+    return makeError("position ", position, " is past any run's end (", kMaxReplay, " samples)");
   std::fill(taken_.begin(), taken_.end(), 0);
   position_ = 0;
+  const std::vector<uint32_t> recent = std::move(recent_);
+  recent_.clear();  // not recorded during the replay
   while (position_ < position) next();
+  recent_.assign(recent.size(), 0);
+  recentFrom_ = position_;
+  return {};
 }
 
 BlendedWindows::BlendedWindows(std::vector<Part> parts, uint32_t seqLen, uint64_t seed) {
@@ -148,10 +190,15 @@ Status BlendedWindows::next(int32_t* out) {
   return parts_[order_->next()]->windows.next(out);
 }
 
-void BlendedWindows::seek(uint64_t position) {
-  if (!order_) return;
-  order_->seek(position);
+Status BlendedWindows::seek(uint64_t position, const std::vector<uint64_t>& taken) {
+  if (!order_) return status_;
+  TPC_TRY(order_->seek(position, parts_.size() == 1 ? std::vector<uint64_t>{} : taken));
   for (size_t i = 0; i < parts_.size(); ++i) parts_[i]->windows.seek(order_->taken()[i]);
+  return {};
+}
+
+std::vector<uint64_t> BlendedWindows::takenAt(uint64_t position) const {
+  return order_ && parts_.size() > 1 ? order_->takenAt(position) : std::vector<uint64_t>{};
 }
 
 uint64_t BlendedWindows::windowsPerEpoch() const {

@@ -39,6 +39,11 @@ std::string stateJson(const CheckpointState& s) {
                        {"skipped_steps", s.skippedSteps},
                        {"model", s.model},
                        {"config", s.config}};
+  if (!s.dataTaken.empty()) {
+    llvm::json::Array taken;
+    for (uint64_t t : s.dataTaken) taken.push_back(int64_t(t));
+    o["data_taken"] = std::move(taken);
+  }
   if (!s.settings.empty()) {
     llvm::json::Object settings;
     for (const auto& [k, v] : s.settings) settings[k] = v;
@@ -97,6 +102,19 @@ Result<CheckpointState> parseCheckpointState(const std::string& text, const std:
       return makeError(path, ": error: loss_scale must be a positive number and loss_scale_good_steps >= 0");
     s.lossScale = *scale;
     s.lossScaleGoodSteps = *good;
+  }
+  if (const llvm::json::Value* taken = o->get("data_taken")) {
+    const llvm::json::Array* a = taken->getAsArray();
+    for (size_t i = 0; a && i < a->size(); ++i) {
+      auto t = (*a)[i].getAsInteger();
+      if (!t || *t < 0) {
+        a = nullptr;
+        break;
+      }
+      s.dataTaken.push_back(static_cast<uint64_t>(*t));
+    }
+    if (!a || s.dataTaken.empty())
+      return makeError(path, ": error: data_taken must be a list of integers >= 0, one a dataset of the blend");
   }
   if (auto m = o->getString("model")) s.model = m->str();
   if (auto c = o->getString("config")) s.config = c->str();

@@ -22,6 +22,9 @@ namespace tpc {
 struct CheckpointState {
   int64_t iteration = 0;      // optimizer steps completed
   uint64_t dataPosition = 0;  // training windows consumed (TokenWindows::position)
+  // With a blend of datasets, the windows each has given (BlendedWindows::takenAt), so that a resume needs no
+  // replay of the blending order. Empty with one dataset, and in checkpoints written before it existed.
+  std::vector<uint64_t> dataTaken;
   uint64_t seed = 0;          // init, data order and dropout seed of the run
   int64_t skippedSteps = 0;   // non-finite steps dropped (Adam's step is iteration - skippedSteps)
   double lossScale = 0;       // the dynamic loss scale (fp16); 0: the run had none

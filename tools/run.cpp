@@ -142,7 +142,9 @@ class DatasetBatches final : public BatchSource {
   Status status() const { return windows_.status(); }
   const BlendedWindows& windows() const { return windows_; }
   uint64_t position() const { return windows_.position(); }
-  void seek(uint64_t position) { windows_.seek(position); }
+  Status seek(uint64_t position, const std::vector<uint64_t>& taken) { return windows_.seek(position, taken); }
+  std::vector<uint64_t> takenAt(uint64_t position) const { return windows_.takenAt(position); }
+  void keepRecent(size_t samples) { windows_.keepRecent(samples); }
 
   Status next(int32_t* tokens, int32_t* targets, int64_t rows, int64_t seq) override {
     if (!dumpPath_.empty() && !dump_.is_open()) {
@@ -609,6 +611,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                                     : cat("the training split (", splitSetting, ") of ", data->entries[i].prefix, " is empty (",
                                           data->numDocs(i), " documents); give it a share (", splitName, ")"));
   DatasetBatches batches(std::move(*trainParts), static_cast<uint32_t>(config.seqLength), config.seed);
+  batches.keepRecent(static_cast<size_t>(2 * config.globalBatch));  // a step read ahead of a save, for takenAt
   if (Status s = batches.status(); !s.ok())
     return cli::fail("run", cat("the training split (", splitSetting, "): ", s.error(), "; give it more documents (",
                                 splitName, ") or a shorter --seq-length"));
@@ -755,7 +758,10 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (!job || job->world.rank == 0)
       for (const std::string& line : cli::resumeDifferences(checkpoint->state.settings, config, &flags))
         std::cerr << "tpc run: warning: resuming " << checkpoint->path << ": " << line << std::endl;
-    batches.seek(checkpoint->state.dataPosition);
+    if (Status s = batches.seek(checkpoint->state.dataPosition, checkpoint->state.dataTaken); !s.ok())
+      return cli::fail("run", cat(checkpoint->path, "/state.json: error: data_position ", checkpoint->state.dataPosition,
+                                  checkpoint->state.dataTaken.empty() ? "" : " with data_taken", " cannot resume the "
+                                  "training data: ", s.error(), "; the file is damaged: load an earlier iter_N folder"));
     std::cout << "resuming from " << checkpoint->path << " (iteration " << checkpoint->state.iteration << ")\n";
   } else if (checkpoint) {
     std::cout << "fine-tuning from " << checkpoint->path << ": its parameters (step, AdamW state and data order start "
@@ -883,7 +889,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
               << evaluator->where() << std::endl;
     settings.evalInterval = *evalInterval;
     settings.evaluate = [&]() -> Result<double> {
-      validBatches->seek(0);  // the same batches every time: comparable numbers
+      TPC_TRY(validBatches->seek(0, {}));  // the same batches every time: comparable numbers
       return evaluator->meanLoss(*backend, *validBatches, evalMicroBatches);
     };
   }
@@ -901,6 +907,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     cs.lossScale = progress.lossScale;
     cs.lossScaleGoodSteps = progress.lossScaleGoodSteps;
     cs.dataPosition = batches.position() - static_cast<uint64_t>(rowsReadAhead);
+    cs.dataTaken = batches.takenAt(cs.dataPosition);
     cs.seed = config.seed;
     cs.model = path;
     cs.config = cat("tp=", config.tp, " dp=", config.dp, " sp=", config.sp, " micro=", config.microBatch,

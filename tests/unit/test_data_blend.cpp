@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "frontend/data_blend.h"
 #include "frontend/dataset_writer.h"
 #include "frontend/indexed_dataset.h"
@@ -142,10 +144,34 @@ TEST_CASE("the blending order is Megatron's build_blending_indices", "[dataset][
   }
   for (uint64_t at : {uint64_t(0), uint64_t(1), uint64_t(17), uint64_t(4000)}) {
     BlendOrder b(weights);
-    b.seek(at);
+    REQUIRE(b.seek(at).ok());
     CHECK(b.position() == at);
     for (uint64_t s = at; s < at + 200; ++s) REQUIRE(b.next() == stream[s]);
   }
+
+  // The counts at a recent position, as a checkpoint stores them, set the state without the replay.
+  BlendOrder c(weights);
+  c.keepRecent(64);
+  for (int s = 0; s < 3000; ++s) c.next();
+  CHECK(c.takenAt(3000 - 65).empty());  // further back than it keeps
+  CHECK(c.takenAt(3001).empty());
+  for (uint64_t at : {uint64_t(3000 - 64), uint64_t(2990), uint64_t(3000)}) {
+    const std::vector<uint64_t> taken = c.takenAt(at);
+    BlendOrder replayed(weights);
+    REQUIRE(replayed.seek(at).ok());
+    CHECK(taken == replayed.taken());
+    BlendOrder d(weights);
+    REQUIRE(d.seek(at, taken).ok());
+    for (uint64_t s = at; s < at + 200; ++s) REQUIRE(d.next() == stream[s]);
+  }
+  // Counts that cannot be the position's, and a position no run reaches (a damaged state.json), are errors, not a
+  // replay that does not end.
+  BlendOrder e(weights);
+  const std::vector<uint64_t> at3000 = c.takenAt(3000);
+  CHECK_THAT(e.seek(2999, at3000).error(), Catch::Contains("do not fit a blend of 3 datasets at position 2999"));
+  CHECK_FALSE(e.seek(3000, {at3000[0] + 5, at3000[1] - 5, at3000[2]}).ok());
+  CHECK_FALSE(e.seek(3000, {at3000[0], at3000[1] + at3000[2]}).ok());
+  CHECK_THAT(e.seek(uint64_t(1) << 50).error(), Catch::Contains("is past any run's end"));
 }
 
 TEST_CASE("blended windows come from each dataset in the blending order, and resume exactly", "[dataset][blend]") {
@@ -193,7 +219,7 @@ TEST_CASE("blended windows come from each dataset in the blending order, and res
 
   for (uint64_t at : {uint64_t(0), uint64_t(5), uint64_t(n / 2), uint64_t(n - 3)}) {
     BlendedWindows resumed(parts(part(a, 0.25, {0, 38}), part(b, 0.75, {0, 85})), seq, 5);
-    resumed.seek(at);
+    REQUIRE(resumed.seek(at).ok());
     CHECK(resumed.position() == at);
     auto rest = read(resumed, n - at, seq);
     for (size_t s = at; s < n; ++s) REQUIRE(rest[s - at] == stream[s]);
@@ -262,6 +288,49 @@ TEST_CASE("tpc new/run: --data-path takes the words up to the next option, and a
   INFO(resumed.err);
   REQUIRE(resumed.exitCode == 0);
   CHECK(test::readFile(d + "/first.bin") + test::readFile(d + "/rest.bin") == batches);
+  // The checkpoint holds each dataset's windows taken: the blend's state at its position, so that a resume needs no
+  // replay of the order.
+  const std::string statePath = d + "/ck/iter_0000002/state.json", state = test::readFile(statePath);
+  const nlohmann::json saved = nlohmann::json::parse(state);
+  INFO(state);
+  const uint64_t position = saved.at("data_position").get<uint64_t>();
+  const std::vector<uint64_t> taken = saved.at("data_taken").get<std::vector<uint64_t>>();
+  REQUIRE(taken.size() == 2);
+  CHECK(taken[0] + taken[1] == position);
+  BlendOrder order({0.3, 0.7});
+  REQUIRE(order.seek(position).ok());
+  CHECK(order.taken() == taken);
+  // A damaged state.json: one error naming it, at once (a position far past any run's end was replayed for hours).
+  auto resumeFrom = [&](const nlohmann::json& bad) {
+    test::writeFile(statePath, bad.dump(2));
+    auto r = test::runCommand("timeout 60 " + run + "--train-iters 4 --load " + d + "/ck");
+    test::writeFile(statePath, state);
+    return r;
+  };
+  nlohmann::json threeCounts = saved;
+  threeCounts["data_taken"] = {taken[0], taken[1], 0};
+  auto wrongCounts = resumeFrom(threeCounts);
+  CHECK(wrongCounts.exitCode == 1);
+  CHECK(wrongCounts.err.find(cat(statePath, ": error: data_position ", position, " with data_taken cannot resume the "
+                                 "training data: the per-dataset counts (3 of them) do not fit a blend of 2 datasets at "
+                                 "position ", position, "; the file is damaged: load an earlier iter_N folder")) !=
+        std::string::npos);
+  nlohmann::json far = saved;
+  far.erase("data_taken");  // as a checkpoint from before data_taken: the order is replayed
+  far["data_position"] = 1000000000000000ull;
+  auto farPosition = resumeFrom(far);
+  CHECK(farPosition.exitCode == 1);
+  CHECK(farPosition.err.find("data_position 1000000000000000 cannot resume the training data: position "
+                             "1000000000000000 is past any run's end") != std::string::npos);
+  // Without data_taken, the replay resumes the same windows.
+  nlohmann::json old = saved;
+  old.erase("data_taken");
+  test::writeFile(statePath, old.dump(2));
+  auto replayed = test::runCommand(run + "--train-iters 4 --load " + d + "/ck --dump-batches " + d + "/replayed.bin");
+  test::writeFile(statePath, state);
+  INFO(replayed.err);
+  REQUIRE(replayed.exitCode == 0);
+  CHECK(test::readFile(d + "/first.bin") + test::readFile(d + "/replayed.bin") == batches);
 
   // The model file given after --data-path was read as a prefix: one error that says so.
   auto late = test::runCommand(test::tpcBinary() + " run --data-path " + a + " " + model);
