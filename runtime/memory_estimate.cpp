@@ -111,8 +111,9 @@ Status checkHostMemory(const MemoryEstimate& need, int64_t available, const std:
                    ranks > 1 ? cat(" for the ", ranks, " ranks of this process") : std::string(), " (parameters and optimizer state ",
                    formatBytes(need.stateBytes), ", the batch ", formatBytes(need.inputBytes), ", activations ",
                    formatBytes(need.peakActivationBytes), peak, "), but this machine has ", formatBytes(available),
-                   " available: lower --micro-batch-size or --seq-length, add --recompute full, or run on a GPU "
-                   "(--backend cuda) (TPC_HOST_MEMORY_CHECK=0 skips this check)");
+                   " available: lower --micro-batch-size or --seq-length, add --recompute full, ",
+                   ranks > 1 ? "give fewer ranks (--tp, --dp) or a process each (mpirun -np N), " : "",
+                   "or run on a GPU (--backend cuda) (TPC_HOST_MEMORY_CHECK=0 skips this check)");
 }
 
 }  // namespace tpc

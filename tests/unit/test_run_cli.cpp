@@ -97,7 +97,8 @@ TEST_CASE("tpc run: bad input is one error line with exit 1", "[run][cli]") {
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
   CHECK(wide.exitCode == 1);
   CHECK_THAT(wide.err, Catch::Matchers::StartsWith("tpc run: error: --tp 1 --dp 65536: one training step needs about ") &&
-                           Catch::Matchers::Contains(" of host memory for the 65536 ranks of this process"));
+                           Catch::Matchers::Contains(" of host memory for the 65536 ranks of this process") &&
+                           Catch::Matchers::Contains("give fewer ranks (--tp, --dp) or a process each (mpirun -np N)"));
   // A model file's lr_decay_iters bounds the warmup too (the audit of the thirty-ninth session: warmup 15 of a decay of
   // 10 ran, the lr falling from its peak straight to min-lr).
   test::TempDir dir;
