@@ -112,6 +112,17 @@ std::string jsonReason(const std::string& what) {
   std::string s = what;
   if (size_t p = s.find("] "); p != std::string::npos) s = s.substr(p + 2);
   if (size_t p = s.find("column "); p != std::string::npos) s = s.substr(p);
+  // nlohmann quotes the whole token it last read: of an unclosed string, the rest of the line (megabytes). Its last
+  // 40 bytes say where the parse stopped.
+  const std::string lastRead = "; last read: '";
+  if (size_t p = s.find(lastRead); p != std::string::npos) {
+    const size_t from = p + lastRead.size(), end = s.size() - (s.back() == '\'' ? 1 : 0);
+    if (end > from + 40) {
+      size_t cut = end - 40;
+      while (cut < end && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) ++cut;  // not inside a UTF-8 character
+      s = s.substr(0, from) + "..." + s.substr(cut);
+    }
+  }
   return s;
 }
 

@@ -297,7 +297,36 @@ Status FileCommit::write(const std::string& path, std::string_view contents) {
   return write(path, std::vector<std::string_view>{contents});
 }
 
-Status FileCommit::write(const std::string& path, const std::vector<std::string_view>& pieces) {
+std::string outputTarget(const std::string& path) {
+  std::filesystem::path p = path;
+  std::error_code ec;
+  // A link to a stream (/dev/stdout -> /proc/self/fd/1 -> pipe:[N]) is opened as it is: its last hop is no path.
+  for (int hops = 0; hops < 40 && std::filesystem::is_symlink(std::filesystem::symlink_status(p, ec)) &&
+                     !isStreamFile(p.string());
+       ++hops) {
+    std::filesystem::path to = std::filesystem::read_symlink(p, ec);
+    if (ec) break;
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  return p.string();
+}
+
+bool isStreamFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ||
+                                            S_ISSOCK(st.st_mode));
+}
+
+Status FileCommit::write(const std::string& given, const std::vector<std::string_view>& pieces) {
+  const std::string path = outputTarget(given);
+  if (isStreamFile(path)) {  // written now: a stream has nothing to replace atomically
+    std::ofstream f(path, std::ios::binary | std::ios::app);
+    for (std::string_view piece : pieces)
+      if (f) f.write(piece.data(), static_cast<std::streamsize>(piece.size()));
+    f.flush();
+    if (!f) return makeError(given, ": error: write failed: ", std::strerror(errno));
+    return {};
+  }
   const std::string tmp = stage(path);
   std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
   if (!f) {

@@ -16,6 +16,13 @@ Status writeFileAtomically(const std::string& path, std::string_view contents);
 // of them in memory, not two).
 Status writeFileAtomically(const std::string& path, const std::vector<std::string_view>& pieces);
 
+// Where a file written to `path` goes: `path`, or the file a symbolic link there points to (followed to its end, as
+// a shell's > does), so that writing replaces the target and keeps the link.
+std::string outputTarget(const std::string& path);
+// Whether `path` is a FIFO, a device or a socket (/dev/stdout's target, a named pipe): written into directly, as a
+// shell's > does, never replaced by a regular file.
+bool isStreamFile(const std::string& path);
+
 // Removes the file `path` (or a folder of files, one level deep) if SIGINT, SIGTERM or SIGHUP ends the process while
 // this object lives: destructors do not run then, so Ctrl-C during a long write would leave its temporary file
 // behind. The process still dies of the signal (a shell sees 130 for Ctrl-C). A signal that is ignored (nohup) or has

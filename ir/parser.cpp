@@ -541,6 +541,11 @@ class Parser {
       if (tok_.kind != Token::ValueRef) return err("expected a returned value (%name), got " + describe(tok_));
       auto it = defined_.find(tok_.text);
       if (it == defined_.end()) return err("return of undefined value %" + tok_.text);
+      // Outputs are found by name (autodiff's loss=, a parameter's update): two of one name would be one of them.
+      const std::string effective = outName.empty() ? it->second->name() : outName;
+      for (size_t i = 0; i < graph_->outputs().size(); ++i)
+        if (!effective.empty() && graph_->outputName(i) == effective)
+          return err("two outputs are named '" + effective + "'; give each its own name (NAME=%value)");
       graph_->addOutput(it->second, outName);
       bump();
     } while (acceptPunct(","));

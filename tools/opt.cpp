@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include "ir/parser.h"
 #include "ir/printer.h"
@@ -77,6 +78,17 @@ int runOpt(std::vector<std::string> args) {
   for (const std::string& p : flags.getList("print-after")) {
     if (!registry.find(p)) return cli::fail("opt", "--print-after=" + p + ": unknown pass (known: " + registry.knownNames() + ")");
     config.printAfter.insert(p);
+  }
+  // A pass the pipeline does not run would print nothing: say so, as tpc dump --after does.
+  if (!config.printAfter.empty()) {
+    std::set<std::string> run;
+    auto entries = parsePipeline(flags.has("passes") ? flags.get("passes") : "", "--passes");
+    if (entries.ok())
+      for (const PipelineEntry& e : *entries) run.insert(e.name);
+    for (const std::string& p : config.printAfter)
+      if (entries.ok() && !run.count(p))
+        return cli::fail("opt", "--print-after=" + p + ": the pipeline does not run " + p + " (--passes=" +
+                                    (flags.has("passes") ? flags.get("passes") : std::string()) + "); add it to --passes");
   }
   std::vector<std::string> chunks = flags.on("split-input-file") ? splitInput(*text) : std::vector<std::string>{*text};
   std::string fileName = input == "-" ? "<stdin>" : input;

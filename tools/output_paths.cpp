@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <system_error>
 
+#include "ir/file_io.h"
+
 namespace tpc::cli {
 
 namespace fs = std::filesystem;
@@ -37,7 +39,13 @@ Status checkOutputFile(const std::string& flag, const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec))
     return makeError(flag, " ", path, ": error: is a directory; name a file to write, not a folder");
-  const fs::path parent = fs::path(path).parent_path(), folder = parent.empty() ? fs::path(".") : parent;
+  // A link is written through (its target replaced); a device or FIFO is written into, so only it must be writable.
+  const std::string target = outputTarget(path);
+  if (isStreamFile(target)) {
+    if (access(target.c_str(), W_OK) != 0) return makeError(flag, " ", path, ": error: is not writable; pick another");
+    return {};
+  }
+  const fs::path parent = fs::path(target).parent_path(), folder = parent.empty() ? fs::path(".") : parent;
   if (!fs::is_directory(folder, ec))
     return makeError(flag, " ", path, ": error: the folder ", folder.string(),
                      fs::exists(folder, ec) ? " is a file, not a folder; pick a file in a folder"

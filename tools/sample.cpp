@@ -235,7 +235,13 @@ int runSample(std::vector<std::string> args) {
     dump = std::move(f);
     dumpTokens = len;
   }
+  // The text is the command's output: a failed write (a full disk) is an error, not a success with nothing shown.
+  auto stdoutFailed = [&]() {
+    std::cout.flush();
+    return !std::cout ? cli::fail("sample", "cannot write the generated text to stdout (is the disk full?)") : 0;
+  };
   auto finish = [&]() -> int {
+    if (int failed = stdoutFailed()) return failed;
     if (!dump) return 0;
     if (Status s = writeSafetensors(flags.get("dump-logits"), *dump); !s.ok()) return cli::fail("sample", s.error());
     std::cerr << "wrote the logits of " << dumpTokens << " prompt tokens to " << flags.get("dump-logits") << "\n";
@@ -257,7 +263,8 @@ int runSample(std::vector<std::string> args) {
                                      "): the model's forward overflowed; its output would be meaningless"));
     const int32_t next = sampleToken(std::span<const float>(last, choices), sampling, rng);
     if (next == (*tokenizer)->eod() && !flags.on("ignore-eod")) {
-      std::cout << shown.finish() << "\n" << std::flush;
+      std::cout << shown.finish() << "\n";
+      if (int failed = stdoutFailed()) return failed;
       std::cerr << "stopped at the end-of-document token after " << i << " generated token" << (i == 1 ? "" : "s")
                 << " (--ignore-eod goes on past it)\n";
       return finish();
@@ -266,7 +273,8 @@ int runSample(std::vector<std::string> args) {
     std::string text;
     if (Status s = (*tokenizer)->decode(std::span<const int32_t>(&next, 1), text); !s.ok())
       return cli::fail("sample", s.error());
-    std::cout << shown.push(text) << std::flush;
+    std::cout << shown.push(text);
+    if (int failed = stdoutFailed()) return failed;
   }
   std::cout << shown.finish() << "\n";
   return finish();

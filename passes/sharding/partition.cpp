@@ -462,10 +462,38 @@ Status Sweep::run() {
   return {};
 }
 
+// Every placement given splits its dims into equal blocks: a dim the axes splitting it do not divide has no rank
+// layout (partition would lose rows or abort).
+Status checkEvenSplits(const Graph& g) {
+  auto check = [&](const Value* v) -> Status {
+    if (!v->placement()) return {};
+    for (int64_t d = 0; d < v->type().rank(); ++d) {
+      int64_t ways = 1;
+      std::string axes;
+      for (const auto& [axis, ap] : v->placement()->axes)
+        if (ap.isS() && ap.dim == d) {
+          ways *= g.mesh().axisSize(axis);
+          axes += cat(axes.empty() ? "" : " x ", axis, "=", g.mesh().axisSize(axis));
+        }
+      if (ways > 1 && v->shape()[d] % ways != 0)
+        return makeError("the placement ", v->placement()->str(), " of ", v->ref(), " ", v->type().str(),
+                         " splits dim ", d, " (", v->shape()[d], ") over ", axes, ", which does not divide it; place it "
+                         "so that each split dim divides evenly, or leave that axis R");
+    }
+    return {};
+  };
+  for (const Value* v : g.inputs()) TPC_TRY(check(v));
+  for (const Value* v : g.params()) TPC_TRY(check(v));
+  for (const Node* n : g.nodes())
+    for (const Value* r : n->results()) TPC_TRY(check(r));
+  return {};
+}
+
 }  // namespace
 
 Status propagatePlacements(Graph& g) {
   if (g.mesh().empty()) return {};
+  TPC_TRY(checkEvenSplits(g));
   TPC_TRY(foldPaddedVocabSlices(g).status());
   Sweep s(g, -1);
   TPC_TRY(s.run());
@@ -483,6 +511,7 @@ Result<std::unique_ptr<Graph>> partitionForRank(const Graph& annotated, int64_t 
   for (const Value* p : annotated.params())
     if (!p->placement() && !annotated.mesh().empty())
       return makeError("partition: param ", p->name(), " has no placement; run propagation first");
+  TPC_TRY(checkEvenSplits(annotated));
   Sweep s(annotated, rank);
   TPC_TRY(s.run());
   std::unique_ptr<Graph> local = std::move(s.local_);

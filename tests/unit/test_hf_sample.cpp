@@ -668,6 +668,11 @@ TEST_CASE("sample: --dump-logits is written only when sampling succeeds", "[samp
   auto l = readSafetensors(dir / "eod.safetensors");
   REQUIRE(l.ok());
   CHECK(l->find("logits")->type().str() == "f32[8,257]");
+  // The generated text that cannot be written (a full disk) is an error, and no logits are written after it.
+  auto full = tpc(base + (dir / "full.safetensors") + " > /dev/full");
+  CHECK(full.exitCode == 1);
+  CHECK(full.err == "tpc sample: error: cannot write the generated text to stdout (is the disk full?)\n");
+  CHECK(!std::filesystem::exists(dir / "full.safetensors"));
   // No temporary file beside them either.
   int files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir.path)) files += e.is_regular_file();

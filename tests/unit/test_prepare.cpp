@@ -264,6 +264,11 @@ TEST_CASE("tpc prepare refuses bad input with the file and line, leaving nothing
   SECTION("a line that is not JSON") {
     test::writeFile(dir / "broken.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"\n");
     expectFailure(prepare("--input " + (dir / "broken.jsonl") + byteFlags), out, {"broken.jsonl:2:", "not valid JSON"});
+    // An unclosed string of a megabyte: the error quotes its last 40 bytes, not all of it.
+    test::writeFile(dir / "long.jsonl", "{\"text\": \"" + std::string(1 << 20, 'x') + "yz\n");
+    auto longLine = prepare("--input " + (dir / "long.jsonl") + byteFlags);
+    expectFailure(longLine, out, {"long.jsonl:1: not valid JSON", "; last read: '..." + std::string(38, 'x') + "yz"});
+    CHECK(longLine.err.size() < 400);
   }
   SECTION("a pretty-printed JSON file or array, not one object a line") {
     test::writeFile(dir / "array.json", "[\n  {\"text\": \"a\"}\n]\n");

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -220,6 +221,42 @@ TEST_CASE("FileCommit: replaces every file, or none when a write fails", "[file_
   CHECK(test::readFile(dir / "a") == "new a");
   CHECK(test::readFile(dir / "b") == "new b");
   CHECK(namesIn(dir.path) == std::set<std::string>{"a", "b"});
+}
+
+TEST_CASE("writeFileAtomically: a link is written through, a FIFO or device written into, neither replaced", "[file_io]") {
+  // tpc sample --dump-logits LINK replaced the link with a file; --dump-logits /dev/stdout (as root) replaced the
+  // system's /dev/stdout link, and a FIFO's reader got nothing.
+  test::TempDir dir;
+  test::writeFile(dir / "target", "old");
+  std::filesystem::create_symlink("target", dir / "link");
+  std::filesystem::create_symlink(dir / "link", dir / "link2");  // a chain, the last hop relative
+  REQUIRE(writeFileAtomically(dir / "link2", "new").ok());
+  CHECK(std::filesystem::is_symlink(dir / "link"));
+  CHECK(std::filesystem::is_symlink(dir / "link2"));
+  CHECK(test::readFile(dir / "target") == "new");
+  CHECK(namesIn(dir.path) == std::set<std::string>{"link", "link2", "target"});
+  // A dangling link makes its target.
+  std::filesystem::create_symlink("made", dir / "dangling");
+  REQUIRE(writeFileAtomically(dir / "dangling", "made").ok());
+  CHECK(std::filesystem::is_symlink(dir / "dangling"));
+  CHECK(test::readFile(dir / "made") == "made");
+
+  const std::string fifo = dir / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(isStreamFile(fifo));
+  CHECK_FALSE(isStreamFile(dir / "target"));
+  std::string got;
+  std::thread reader([&] { got = test::readFile(fifo); });
+  REQUIRE(writeFileAtomically(fifo, std::vector<std::string_view>{"through ", "the pipe"}).ok());
+  reader.join();
+  CHECK(got == "through the pipe");
+  CHECK(isStreamFile(fifo));
+  // A device that refuses the bytes is the write's error.
+  if (std::filesystem::exists("/dev/full")) {
+    Status full = writeFileAtomically("/dev/full", "x");
+    REQUIRE_FALSE(full.ok());
+    CHECK(full.error() == "/dev/full: error: write failed: No space left on device");
+  }
 }
 
 TEST_CASE("FileCommit: a folder in the way of the second file is refused before the first is replaced", "[file_io]") {

@@ -6,6 +6,8 @@
 #include <map>
 
 #include "gpt_step_support.h"
+#include "ir/parser.h"
+#include "passes/sharding/sharding.h"
 
 namespace tpc {
 namespace {
@@ -318,6 +320,30 @@ TEST_CASE("sharding: user errors name the tensor and the mesh axis", "[sharding]
     Status s = annotatePlacement(w, "tp", AxisPlacement::split(1), "policy-b");
     REQUIRE_FALSE(s.ok());
     CHECK_THAT(s.error(), Catch::Contains("w f32[8,8]") && Catch::Contains("mesh axis tp") && Catch::Contains("S(0)"));
+  }
+  SECTION("a placement whose split the mesh axis does not divide") {
+    // partition aborted on these (an input's block) or lost rows (a result's, a contraction dim's).
+    const char* graphs[] = {
+        "graph @g(%x: f32[4,4] place=[tp:S(0)]) mesh(tp=3) {\n  %y = neg(%x) : f32[4,4]\n  return %y\n}\n",
+        "graph @g(%x: f32[4,4]) mesh(tp=3) {\n  %y = neg(%x) : f32[4,4] {place=[tp:S(0)]}\n  return %y\n}\n",
+        "graph @g(%a: f32[4,6] place=[tp:S(1)], %b: f32[6,8] place=[tp:S(0)]) mesh(tp=4) {\n"
+        "  %y = matmul(%a, %b) : f32[4,8]\n  return %y\n}\n",
+        "graph @g(%x: f32[8,4] place=[dp:S(0), tp:S(0)]) mesh(dp=2, tp=3) {\n  %y = neg(%x) : f32[8,4]\n  return %y\n}\n"};
+    const char* expected[] = {"the placement [tp:S(0)] of %x f32[4,4] splits dim 0 (4) over tp=3, which does not divide it",
+                              "the placement [tp:S(0)] of %y f32[4,4] splits dim 0 (4) over tp=3",
+                              "the placement [tp:S(1)] of %a f32[4,6] splits dim 1 (6) over tp=4",
+                              "splits dim 0 (8) over dp=2 x tp=3"};
+    for (size_t i = 0; i < std::size(graphs); ++i) {
+      auto g = parseGraph(graphs[i]);
+      REQUIRE(g.ok());
+      Status s = propagatePlacements(**g);
+      INFO(graphs[i]);
+      REQUIRE_FALSE(s.ok());
+      CHECK_THAT(s.error(), Catch::Contains(expected[i]));
+      auto ranks = partitionForRank(**g, 0);
+      REQUIRE_FALSE(ranks.ok());
+      CHECK_THAT(ranks.error(), Catch::Contains(expected[i]));
+    }
   }
   SECTION("two policies disagree on the mesh") {
     auto g = sharded(1, "megatron-tp(tp=2),megatron-tp(tp=4),", "", 0);
