@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -280,6 +281,9 @@ class WorkerPool {
 };
 
 Result<InputFormat> inputFormat(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return makeError(path, " is a directory; give one corpus file, FILE.txt (a document per line) or FILE.jsonl");
   auto ends = [&](std::string_view ext) { return path.size() > ext.size() && path.ends_with(ext); };
   if (ends(".jsonl") || ends(".json")) return InputFormat::Jsonl;
   if (ends(".txt")) return InputFormat::Text;

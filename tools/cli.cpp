@@ -192,6 +192,9 @@ Result<long long> Flags::getInt(const std::string& name, long long lo, long long
   errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0') return makeError(dashed(name), "=", v, " is not an integer");
+  // Below the least value of a flag whose upper bound is only a guard against overflow (2^40 and up; a tighter
+  // limit may hold elsewhere), the lower bound alone.
+  if (errno != ERANGE && x < lo && hi >= (1LL << 40)) return makeError(dashed(name), "=", v, " must be >= ", lo);
   if (errno == ERANGE || x < lo || x > hi) return makeError(dashed(name), "=", v, " is out of range [", lo, ", ", hi, "]");
   return x;
 }

@@ -1,5 +1,6 @@
 #include "tools/hf_gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -113,8 +114,15 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
   TPC_TRY(need("n_head", "num_attention_heads", 12, g.heads, kMaxGptHeads));
   TPC_TRY(need("vocab_size", nullptr, 50257, g.vocab, kMaxGptVocab));
   TPC_TRY(need("n_positions", "max_position_embeddings", 1024, g.positions, kMaxGptPositions));
+  // A value config.json lacks is said to be GPT2Config's default (the note naming the defaults comes only after
+  // a config that loads).
+  auto shown = [&](const char* key, int64_t v) {
+    const std::string given = cat(key, "=", v);
+    const bool defaulted = std::find(defaults.begin(), defaults.end(), given) != defaults.end();
+    return defaulted ? cat(given, " (GPT2Config's default: config.json has no ", key, ")") : given;
+  };
   if (g.hidden % g.heads != 0)
-    return makeError(path, ": error: n_head=", g.heads, " must divide n_embd=", g.hidden);
+    return makeError(path, ": error: ", shown("n_head", g.heads), " must divide ", shown("n_embd", g.hidden));
   if (const llvm::json::Value* inner = o->get("n_inner"); inner && inner->kind() != llvm::json::Value::Null)
     if (inner->getAsInteger() != 4 * g.hidden)
       return makeError(path, ": error: n_inner must be null or 4 x n_embd = ", 4 * g.hidden, " (tpc's GPT MLP)");

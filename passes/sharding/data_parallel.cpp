@@ -140,6 +140,7 @@ class PropagatePass final : public Pass {
 Result<std::unique_ptr<Pass>> createDataParallelPass(const PassOptions& o) {
   TPC_ASSIGN(int64_t dp, o.getInt("dp", 0));
   TPC_ASSIGN(bool zero1, o.getBool("zero1", false));
+  if (!o.has("dp")) return makeError("pass 'data-parallel': option dp is required (e.g. data-parallel(dp=2))");
   if (dp < 1) return makeError("pass 'data-parallel': option dp=", dp, " must be >= 1 (e.g. data-parallel(dp=2))");
   std::unique_ptr<Pass> p = std::make_unique<DataParallelPass>(dp, zero1);
   return p;

@@ -111,6 +111,7 @@ class MegatronTpPass final : public Pass {
 
 Result<std::unique_ptr<Pass>> createMegatronTpPass(const PassOptions& o) {
   TPC_ASSIGN(int64_t tp, o.getInt("tp", 0));
+  if (!o.has("tp")) return makeError("pass 'megatron-tp': option tp is required (e.g. megatron-tp(tp=4))");
   if (tp < 1) return makeError("pass 'megatron-tp': option tp=", tp, " must be >= 1 (e.g. megatron-tp(tp=4))");
   std::unique_ptr<Pass> p = std::make_unique<MegatronTpPass>(tp);
   return p;

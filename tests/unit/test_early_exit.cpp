@@ -106,7 +106,7 @@ TEST_CASE("tpc run --exit-duration-in-mins stops once the run has taken that lon
   }
   auto e = test::runTiny("--exit-interval 0");
   CHECK(e.exitCode == 1);
-  CHECK(e.err.find("--exit-interval=0 is out of range") != std::string::npos);
+  CHECK(e.err.find("--exit-interval=0 must be >= 1") != std::string::npos);
 }
 
 TEST_CASE("tpc run --exit-signal-handler: SIGTERM ends the run after the step, with a checkpoint", "[run][cli][exit]") {

@@ -250,6 +250,12 @@ TEST_CASE("hf: fields config.json lacks take transformers' GPT2Config defaults, 
                                                  "lacks: n_embd=768\n", 0) == 0);
   CHECK(wrong.err.find("config.json implies f32[") != std::string::npos);
   CHECK(!std::filesystem::exists(dir / "x.json"));
+  // A default that fails a check of the config itself is named as one (n_head 12 does not divide n_embd 128).
+  test::writeFile(dir / "hf/config.json", withoutField(good, "n_head"));
+  auto heads = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(heads.exitCode == 1);
+  CHECK(heads.err == dir / "hf/config.json" + ": error: n_head=12 (GPT2Config's default: config.json has no n_head) "
+                                              "must divide n_embd=128\n");
 }
 
 TEST_CASE("hf: import refuses weights that config.json's model has no place for", "[hf][cli]") {

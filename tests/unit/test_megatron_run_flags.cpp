@@ -127,7 +127,7 @@ TEST_CASE("tpc run: Megatron-LM's schedule and parallelism flags that cannot be 
       {"--lr-warmup-iters 4 --lr-decay-samples 32", "--lr-warmup-iters 4 must be less than --lr-decay-samples 32 (4 steps)"},
       {"--train-samples 4", "--train-samples 4 is less than the global batch of 8 sequences: no step to train"},
       {"--lr-decay-samples 3", "--lr-decay-samples 3 is less than half the global batch of 8 sequences: no step to decay over"},
-      {"--train-samples 0", "--train-samples=0 is out of range [1, 1125899906842624]"},
+      {"--train-samples 0", "--train-samples=0 must be >= 1"},
       {"--pipeline-model-parallel-size 4 --tp 2",
        "--pipeline-model-parallel-size 4: tpc has no pipeline parallelism; spread the same 8 GPUs (tp 2 x pp 4 x dp 1) "
        "over --tp and --dp instead, with tp x dp = 8: e.g. --tp 2 --dp 4, or --tp 8"},

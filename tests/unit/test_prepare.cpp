@@ -261,6 +261,12 @@ TEST_CASE("tpc prepare refuses bad input with the file and line, leaving nothing
     test::writeFile(dir / "arr.jsonl", "[1, 2]\n");
     expectFailure(prepare("--input " + (dir / "arr.jsonl") + byteFlags), out, {"arr.jsonl:1:", "JSON object"});
   }
+  SECTION("a folder as the input") {
+    // It said "cannot tell the format", and named FILE.txt, which a folder renamed so still is not.
+    std::filesystem::create_directory(dir / "corpus.txt");
+    expectFailure(prepare("--input " + (dir / "corpus.txt") + byteFlags), out,
+                  {dir / "corpus.txt" + " is a directory; give one corpus file"});
+  }
   SECTION("a line that is not JSON") {
     test::writeFile(dir / "broken.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"\n");
     expectFailure(prepare("--input " + (dir / "broken.jsonl") + byteFlags), out, {"broken.jsonl:2:", "not valid JSON"});
