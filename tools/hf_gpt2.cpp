@@ -32,10 +32,12 @@ std::string tpcNameOfHf(const std::string& hf) {
   return n.str();
 }
 
+int64_t hfEndOfDocumentId(const std::string& tokenizer) { return tokenizer == "byte" ? ByteTokenizer::kEod : 50256; }
+
 std::string hfConfigJson(const GptConfig& g, const std::string& tokenizer) {
   // The end-of-document id, not the last row: a vocabulary padded past the tokenizer's (50304 for gpt2, 1000 for
   // byte) still ends documents with <|endoftext|>. GPT-2's encoder.json puts it at 50256.
-  const int64_t eod = tokenizer == "byte" ? ByteTokenizer::kEod : 50256;
+  const int64_t eod = hfEndOfDocumentId(tokenizer);
   llvm::json::Object o{{"architectures", llvm::json::Array{"GPT2LMHeadModel"}},
                        {"model_type", "gpt2"},
                        {"vocab_size", g.vocab},
@@ -227,6 +229,10 @@ Result<HfGpt2> readHfGpt2(const std::string& dir) {
   ss << f.rdbuf();
   HfGpt2 out;
   TPC_ASSIGN(out.gpt, parseHfConfig(cfgPath, ss.str(), &out.defaults));
+  if (auto parsed = parseJsonText(ss.str()); parsed.ok())
+    if (const llvm::json::Object* o = parsed->getAsObject())
+      for (const char* key : {"bos_token_id", "eos_token_id"})
+        if (auto id = o->getInteger(key)) out.endIds[key] = *id;
   const std::string stPath = dir + "/model.safetensors";
   if (!fs::exists(stPath) && fs::exists(stPath + ".index.json"))
     return makeError(stPath, ": error: missing; the weights are sharded (", stPath, ".index.json): tpc reads one file, so "

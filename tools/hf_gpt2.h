@@ -41,7 +41,11 @@ struct HfGpt2 {
   std::map<std::string, HostTensor> tensors;   // by tpc name, as f32
   std::map<std::string, std::string> hfNames;  // tpc name -> the tensor's name in model.safetensors, for messages
   std::vector<std::string> defaults;           // "field=default" for each field config.json lacks
+  std::map<std::string, int64_t> endIds;       // bos_token_id and eos_token_id, where config.json gives them
 };
+// The end-of-document id of tpc's tokenizer `tokenizer` (gpt2: <|endoftext|> 50256; byte: 256), which the export
+// writes as bos_token_id and eos_token_id.
+int64_t hfEndOfDocumentId(const std::string& tokenizer);
 // Reads a Hugging Face GPT-2 directory: its config and every tensor (all but the buffers and the tied head).
 Result<HfGpt2> readHfGpt2(const std::string& dir);
 

@@ -144,6 +144,12 @@ int runImport(std::vector<std::string> args) {
   if (s.ok()) s = commit.commit();
   if (!s.ok()) return cli::fail("import", s.error());  // no weights folder it made left without its model file
   madeWeights.keep();
+  // tpc's tokenizer fixes where documents end; a model trained to end them elsewhere is told so, not silently kept.
+  for (const auto& [key, id] : hf->endIds)
+    if (id != hfEndOfDocumentId(config.tokenizer))
+      std::cerr << flags.get("hf") << "/config.json: note: " << key << "=" << id << " is not the end-of-document id of "
+                << "tpc's " << config.tokenizer << " tokenizer (" << hfEndOfDocumentId(config.tokenizer) << "), which "
+                << "tpc run and tpc sample use\n";
   std::cout << "wrote " << out << " (GPT-2: " << gpt.layers << " layers, hidden " << gpt.hidden << ", " << gpt.heads
             << " heads, vocab " << gpt.vocab << "; " << count << " parameters) and its weights " << out
             << ".weights\nfine-tune with: tpc run " << out << " --load " << out << ".weights --finetune\n";

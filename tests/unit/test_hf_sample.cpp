@@ -256,6 +256,16 @@ TEST_CASE("hf: fields config.json lacks take transformers' GPT2Config defaults, 
   CHECK(heads.exitCode == 1);
   CHECK(heads.err == dir / "hf/config.json" + ": error: n_head=12 (GPT2Config's default: config.json has no n_head) "
                                               "must divide n_embd=128\n");
+  // An end-of-document id other than the tokenizer's is said (it was taken and dropped without a word).
+  std::string otherEnd = good;
+  const size_t eos = otherEnd.find("\"eos_token_id\": ");
+  REQUIRE(eos != std::string::npos);
+  otherEnd.replace(eos, otherEnd.find_first_of(",\n}", eos) - eos, "\"eos_token_id\": 5");
+  test::writeFile(dir / "hf/config.json", otherEnd);
+  auto end = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(end.exitCode == 0);
+  CHECK(end.err == dir / "hf/config.json" + ": note: eos_token_id=5 is not the end-of-document id of tpc's byte "
+                                            "tokenizer (256), which tpc run and tpc sample use\n");
 }
 
 TEST_CASE("hf: import refuses weights that config.json's model has no place for", "[hf][cli]") {
