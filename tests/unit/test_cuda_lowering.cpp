@@ -93,6 +93,45 @@ TEST_CASE("cuda lowering: every op lowers and every generated kernel compiles wi
   CHECK(again.stats().cacheHits == nvrtc.stats().compiled);
 }
 
+TEST_CASE("cuda lowering: attention copies that differ only in their dropout block share one kernel source", "[cuda]") {
+  // Gradient accumulation copies the forward per micro-batch, each copy's attention at another offset of the mask's
+  // [B, H] index space (passes/random_space.h). The offset is a kernel argument, so the copies compile once.
+  LoweringContext ctx;
+  for (OpKind op : {OpKind::Attention, OpKind::AttentionGrad}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      INFO(opName(op) << " " << dtypeName(dt));
+      std::vector<NodeLowering> copies;
+      for (int64_t copy = 0; copy < 2; ++copy) {
+        Graph g("g");
+        auto t = [&](Shape s) { return TensorType(dt, std::move(s)); };
+        std::vector<Value*> ops;
+        for (int i = 0; i < (op == OpKind::Attention ? 3 : 5); ++i) ops.push_back(g.addInput(cat("x", i), t({2, 2, 16, 64})));
+        if (op == OpKind::AttentionGrad) ops.push_back(g.addInput("lse", TensorType(DType::f32, {2, 2, 16})));
+        AttrDict a;
+        a.set("dropout", 0.1);
+        a.set("key", int64_t(7));
+        a.set("global_shape", std::vector<int64_t>{4, 2});
+        a.set("offsets", std::vector<int64_t>{2 * copy, 0});
+        auto n = g.create(op, ops, a);
+        REQUIRE(n.ok());
+        auto l = lowerNode(**n, ctx);
+        REQUIRE(l.ok());
+        copies.push_back(std::move(*l));
+      }
+      REQUIRE(copies[0].kernels.size() == copies[1].kernels.size());
+      bool argsDiffer = false;
+      for (size_t k = 0; k < copies[0].kernels.size(); ++k) {
+        const KernelSpec &a = copies[0].kernels[k], &b = copies[1].kernels[k];
+        CHECK(a.source == b.source);
+        REQUIRE(a.args.size() == b.args.size());
+        for (size_t i = 0; i < a.args.size(); ++i)
+          argsDiffer |= a.args[i].kind == ArgKind::Int64 && a.args[i].i != b.args[i].i;
+      }
+      CHECK(argsDiffer);  // the block's offset, 0 and 2
+    }
+  }
+}
+
 TEST_CASE("cuda lowering: an NVRTC compile error keeps the source and names its path", "[cuda]") {
   test::TempDir cache;
   NvrtcCompiler nvrtc(90, cache.path.string());

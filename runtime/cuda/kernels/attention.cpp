@@ -130,8 +130,7 @@ std::string attnHead(const AttnShape& a, DType dt) {
              "\n#define NJ ", a.Dp / 16, "\n#define BT ", kTile, "\n#define PLD ", kTile + 1, "\n#define CAUSAL ",
              a.causal ? 1 : 0, "\n#define SCALE ", floatLit(a.scale), "\n#define DROPOUT ", a.dropout > 0 ? 1 : 0,
              "\n#define DROP_P ", floatLit(a.dropout), "\n#define DROP_SCALE ",
-             floatLit(a.dropout > 0 ? 1.0 / (1.0 - a.dropout) : 1.0), "\n#define KEY ", a.key, "u\n#define HG ",
-             i64Lit(a.Hg), "\n#define OFFB ", i64Lit(a.offB), "\n#define OFFH ", i64Lit(a.offH), "\n") +
+             floatLit(a.dropout > 0 ? 1.0 / (1.0 - a.dropout) : 1.0), "\n#define KEY ", a.key, "u\n") +
          rowDefines("Q", a.q) + rowDefines("K", a.k) + rowDefines("V", a.v) + rowDefines("O", a.o) +
          rowDefines("DO", a.dout) + rowDefines("DQ", a.dq) + rowDefines("DK", a.dk) + rowDefines("DV", a.dv) +
          R"(
@@ -145,10 +144,11 @@ __device__ __forceinline__ void load_tile(float* dst, const q_t* src, i64 st, i6
   }
 }
 // Dropout multiplier of probability (bh, i, j): 0 or 1/(1-p).
-__device__ __forceinline__ float drop_factor(u64 seed, i64 step, i64 bh, i64 i, i64 j) {
+// (offb, offh): where this node's [B, H] block sits in the [?, hg] index space of the mask (passes/random_space.h).
+__device__ __forceinline__ float drop_factor(u64 seed, i64 step, i64 offb, i64 offh, i64 hg, i64 bh, i64 i, i64 j) {
 #if DROPOUT
   i64 b = bh / NH, h = bh - b * NH;
-  u64 idx = (u64)(((b + OFFB) * HG + (h + OFFH)) * TQ + i) * (u64)TK + (u64)j;
+  u64 idx = (u64)(((b + offb) * hg + (h + offh)) * TQ + i) * (u64)TK + (u64)j;
   return tpc_dropout_keep(seed, step, KEY, idx, DROP_P) ? DROP_SCALE : 0.f;
 #else
   return 1.f;
@@ -194,7 +194,7 @@ Result<NodeLowering> lowerAttentionSimt(const Node& n, const LoweringContext& ct
   k.entry = "tpc_attention_fwd";
   k.source = attnHead(a, dt) + R"(
 extern "C" __global__ void __launch_bounds__(256) tpc_attention_fwd(const q_t* Q, const q_t* K, const q_t* V, q_t* O,
-                                                                     float* LSE, u64 seed, const i64* stepp) {
+                                                                     float* LSE, u64 seed, const i64* stepp, i64 offb, i64 offh, i64 hg) {
   extern __shared__ float smem[];
   float* Qs = smem;          // [BT][LD] queries
   float* Ks = Qs + BT * LD;  // [BT][LD] keys
@@ -256,7 +256,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_fwd(const q_t* Q
       for (int j = 0; j < 4; ++j) {
         float p = s[i][j] == -TPC_INF ? 0.f : expf(s[i][j] - mn);
         rs += p;
-        Ps[(ty + 16 * i) * PLD + tx + 16 * j] = p * drop_factor(seed, step, bh, qi, k0 + tx + 16 * j);
+        Ps[(ty + 16 * i) * PLD + tx + 16 * j] = p * drop_factor(seed, step, offb, offh, hg, bh, qi, k0 + tx + 16 * j);
       }
       rs = half_sum(rs);
       l[i] = l[i] * alpha + rs;
@@ -298,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_fwd(const q_t* Q
   if (k.sharedBytes > ctx.maxSharedBytes)
     return makeError("attention: the flash kernel needs ", k.sharedBytes, " bytes of shared memory, the GPU has ",
                      ctx.maxSharedBytes);
-  k.args = {a.q.arg, a.k.arg, a.v.arg, a.o.arg, a.lse, seedArg(), stepArg()};
+  k.args = {a.q.arg, a.k.arg, a.v.arg, a.o.arg, a.lse, seedArg(), stepArg(), dropArg(a.offB), dropArg(a.offH), dropArg(a.Hg)};
   NodeLowering out;
   out.kernels.push_back(std::move(k));
   return out;
@@ -344,7 +344,7 @@ Result<NodeLowering> lowerAttentionGradSimt(const Node& n, const LoweringContext
     k.entry = "tpc_attention_bwd_dkdv";
     k.source = head + R"(
 extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dkdv(const q_t* DO, const q_t* Q, const q_t* K,
-    const q_t* V, const float* LSE, const float* Di, q_t* DK, q_t* DV, u64 seed, const i64* stepp) {
+    const q_t* V, const float* LSE, const float* Di, q_t* DK, q_t* DV, u64 seed, const i64* stepp, i64 offb, i64 offh, i64 hg) {
   extern __shared__ float smem[];
   float* Ks = smem;           // [BT][LD] this block's keys
   float* Vs = Ks + BT * LD;   // [BT][LD] their values
@@ -402,7 +402,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dkdv(const q
         const i64 qg = q0 + qc;
         bool ok = kg < TK && qg < TQ && (!CAUSAL || kg <= qg);
         float p = ok ? expf(s[i][j] * SCALE - Ls[qc]) : 0.f;
-        float f = ok ? drop_factor(seed, step, bh, qg, kg) : 0.f;
+        float f = ok ? drop_factor(seed, step, offb, offh, hg, bh, qg, kg) : 0.f;
         Pt[(ty + 16 * i) * PLD + qc] = p * f;
         St[(ty + 16 * i) * PLD + qc] = p * (dp[i][j] * f - Ds[qc]) * SCALE;
       }
@@ -439,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dkdv(const q
     k.grid.x = std::max<uint32_t>(1, static_cast<uint32_t>(a.B * a.H) * tilesOf(a.Tk));
     k.sharedBytes = static_cast<uint32_t>((4 * kTile * a.LD + 2 * kTile * (kTile + 1) + 2 * kTile) * 4);
     k.args = {a.dout.arg, a.q.arg,  a.k.arg,   a.v.arg,   a.lse,
-              workspaceArg(0), a.dk.arg, a.dv.arg, seedArg(), stepArg()};
+              workspaceArg(0), a.dk.arg, a.dv.arg, seedArg(), stepArg(), dropArg(a.offB), dropArg(a.offH), dropArg(a.Hg)};
     out.kernels.push_back(std::move(k));
   }
   {
@@ -447,7 +447,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dkdv(const q
     k.entry = "tpc_attention_bwd_dq";
     k.source = head + R"(
 extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dq(const q_t* DO, const q_t* Q, const q_t* K,
-    const q_t* V, const float* LSE, const float* Di, q_t* DQ, u64 seed, const i64* stepp) {
+    const q_t* V, const float* LSE, const float* Di, q_t* DQ, u64 seed, const i64* stepp, i64 offb, i64 offh, i64 hg) {
   extern __shared__ float smem[];
   float* Qs = smem;           // [BT][LD] this block's queries
   float* Gs = Qs + BT * LD;   // [BT][LD] their dout rows
@@ -505,7 +505,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dq(const q_t
         const i64 kg = k0 + tx + 16 * j;
         bool ok = kg < TK && qg < TQ && (!CAUSAL || kg <= qg);
         float p = ok ? expf(s[i][j] * SCALE - Ls[qr]) : 0.f;
-        float f = ok ? drop_factor(seed, step, bh, qg, kg) : 0.f;
+        float f = ok ? drop_factor(seed, step, offb, offh, hg, bh, qg, kg) : 0.f;
         Ss[qr * PLD + tx + 16 * j] = p * (dp[i][j] * f - Ds[qr]) * SCALE;
       }
     }
@@ -537,7 +537,7 @@ extern "C" __global__ void __launch_bounds__(256) tpc_attention_bwd_dq(const q_t
     k.block.x = 256;
     k.grid.x = std::max<uint32_t>(1, static_cast<uint32_t>(a.B * a.H) * tilesOf(a.Tq));
     k.sharedBytes = static_cast<uint32_t>((4 * kTile * a.LD + kTile * (kTile + 1) + 2 * kTile) * 4);
-    k.args = {a.dout.arg, a.q.arg, a.k.arg, a.v.arg, a.lse, workspaceArg(0), a.dq.arg, seedArg(), stepArg()};
+    k.args = {a.dout.arg, a.q.arg, a.k.arg, a.v.arg, a.lse, workspaceArg(0), a.dq.arg, seedArg(), stepArg(), dropArg(a.offB), dropArg(a.offH), dropArg(a.Hg)};
     out.kernels.push_back(std::move(k));
   }
   for (const KernelSpec& k : out.kernels)

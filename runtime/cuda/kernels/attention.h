@@ -29,8 +29,11 @@ struct AttnShape {
 // is; refuses head_dim > 128 and bad shards.
 Result<AttnShape> attnShape(const Node& n);
 // Prelude, q_t accessors for `dt`, the shape and row layouts as #defines (X_BASE(bh): the element offset of
-// row 0 of head bh of tensor X, X_ST: its token stride) and drop_factor(seed, step, bh, i, j).
+// row 0 of head bh of tensor X, X_ST: its token stride) and drop_factor(seed, step, offb, offh, hg, bh, i, j).
+// Where the node's block sits in the dropout index space (offB, offH, Hg) is no part of it: the kernels take it as
+// arguments (dropArg), so the micro-batch copies of one attention, which differ only there, share their kernels.
 std::string attnHead(const AttnShape& a, DType dt);
+inline KernelArg dropArg(int64_t v) { return KernelArg{ArgKind::Int64, 0, v}; }
 // attention_grad's first kernel: Di = rowsum(dout * out) (f32, a warp per row) into workspace offset 0.
 KernelSpec attnDiKernel(const AttnShape& a, const std::string& head);
 

@@ -354,7 +354,7 @@ Result<NodeLowering> lowerAttentionTensorCore(const Node& n, const LoweringConte
   k.entry = "tpc_attention_fwd_tc";
   k.source = tcHead(a, dt, opt, tl) + R"(
 extern "C" __global__ void __launch_bounds__(128) tpc_attention_fwd_tc(const q_t* Q, const q_t* K, const q_t* V,
-                                                                        q_t* O, float* LSE, u64 seed, const i64* stepp) {
+                                                                        q_t* O, float* LSE, u64 seed, const i64* stepp, i64 offb, i64 offh, i64 hg) {
   extern __shared__ float smem[];
   q_t* Qs = (q_t*)smem;          // [BM][SD] this block's queries
   q_t* Ks = Qs + BM * SD;        // [STAGES][BN][SD] key tiles
@@ -438,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_fwd_tc(const q_t
             const int i = 2 * r + (e >> 1);
             const float p = exp2f(FUSED_SCALE ? fmaf(s[r][j][e], SCALE_LOG2, -base[i]) : s[r][j][e] - base[i]);
             rs[i] += p;  // the softmax sums undropped probabilities
-            s[r][j][e] = (DROPOUT && p != 0.f) ? p * drop_factor(seed, step, bh, row[i], k0 + 8 * j + 2 * t + (e & 1)) : p;
+            s[r][j][e] = (DROPOUT && p != 0.f) ? p * drop_factor(seed, step, offb, offh, hg, bh, row[i], k0 + 8 * j + 2 * t + (e & 1)) : p;
           }
 #pragma unroll
       for (int i = 0; i < NR; ++i) l[i] += quad_sum(rs[i]);
@@ -458,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_fwd_tc(const q_t
   k.block.x = 128;
   k.grid.x = blocksFor(a, a.Tq, tl);
   k.sharedBytes = sharedBytes(a, opt, tl, 1, 2, 0);
-  k.args = {a.q.arg, a.k.arg, a.v.arg, a.o.arg, a.lse, seedArg(), stepArg()};
+  k.args = {a.q.arg, a.k.arg, a.v.arg, a.o.arg, a.lse, seedArg(), stepArg(), dropArg(a.offB), dropArg(a.offH), dropArg(a.Hg)};
   NodeLowering out;
   out.kernels.push_back(std::move(k));
   TPC_TRY(checkShared("attention", out, ctx));
@@ -482,7 +482,7 @@ Result<NodeLowering> lowerAttentionGradTensorCore(const Node& n, const LoweringC
     k.entry = "tpc_attention_bwd_dkdv_tc";
     k.source = tcHead(a, dt, opt, tl) + R"(
 extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dkdv_tc(const q_t* DO, const q_t* Q,
-    const q_t* K, const q_t* V, const float* LSE, const float* Di, q_t* DK, q_t* DV, u64 seed, const i64* stepp) {
+    const q_t* K, const q_t* V, const float* LSE, const float* Di, q_t* DK, q_t* DV, u64 seed, const i64* stepp, i64 offb, i64 offh, i64 hg) {
   extern __shared__ float smem[];
   q_t* Ks = (q_t*)smem;                      // [BM][SD] this block's keys
   q_t* Vs = Ks + BM * SD;                    // [BM][SD] their values
@@ -553,7 +553,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dkdv_tc(cons
           for (int e = 0; e < 4; ++e) {
             const int qc = 8 * j + 2 * t + (e & 1);
             const float p = exp2f(pt[r][j][e] * SCALE_LOG2 - Lc[qc]);  // 0 where masked
-            const float f = (DROPOUT && p != 0.f) ? drop_factor(seed, step, bh, q0 + qc, key[2 * r + (e >> 1)]) : 1.f;
+            const float f = (DROPOUT && p != 0.f) ? drop_factor(seed, step, offb, offh, hg, bh, q0 + qc, key[2 * r + (e >> 1)]) : 1.f;
             pt[r][j][e] = p * f;
             dst[r][j][e] = p * (dst[r][j][e] * f - Dc[qc]) * SCALE;
           }
@@ -577,7 +577,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dkdv_tc(cons
     k.grid.x = blocksFor(a, a.Tk, tl);
     k.sharedBytes = sharedBytes(a, opt, tl, 2, 2, 2);
     k.args = {a.dout.arg, a.q.arg,  a.k.arg,   a.v.arg,   a.lse,
-              workspaceArg(0), a.dk.arg, a.dv.arg, seedArg(), stepArg()};
+              workspaceArg(0), a.dk.arg, a.dv.arg, seedArg(), stepArg(), dropArg(a.offB), dropArg(a.offH), dropArg(a.Hg)};
     out.kernels.push_back(std::move(k));
   }
   {
@@ -586,7 +586,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dkdv_tc(cons
     k.entry = "tpc_attention_bwd_dq_tc";
     k.source = tcHead(a, dt, opt, tl) + R"(
 extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dq_tc(const q_t* DO, const q_t* Q,
-    const q_t* K, const q_t* V, const float* LSE, const float* Di, q_t* DQ, u64 seed, const i64* stepp) {
+    const q_t* K, const q_t* V, const float* LSE, const float* Di, q_t* DQ, u64 seed, const i64* stepp, i64 offb, i64 offh, i64 hg) {
   extern __shared__ float smem[];
   q_t* Qs = (q_t*)smem;          // [BM][SD] this block's queries
   q_t* Gs = Qs + BM * SD;        // [BM][SD] their dout rows
@@ -641,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dq_tc(const 
           for (int e = 0; e < 4; ++e) {
             const int i = 2 * r + (e >> 1);
             const float p = exp2f(s[r][j][e] * SCALE_LOG2 - lse[i]);  // 0 where masked
-            const float f = (DROPOUT && p != 0.f) ? drop_factor(seed, step, bh, row[i], k0 + 8 * j + 2 * t + (e & 1)) : 1.f;
+            const float f = (DROPOUT && p != 0.f) ? drop_factor(seed, step, offb, offh, hg, bh, row[i], k0 + 8 * j + 2 * t + (e & 1)) : 1.f;
             s[r][j][e] = p * (dp[r][j][e] * f - dd[i]) * SCALE;
           }
       mma_pv(dq, s, Kc);
@@ -657,7 +657,7 @@ extern "C" __global__ void __launch_bounds__(128) tpc_attention_bwd_dq_tc(const 
     k.block.x = 128;
     k.grid.x = blocksFor(a, a.Tq, tl);
     k.sharedBytes = sharedBytes(a, opt, tl, 2, 2, 0);
-    k.args = {a.dout.arg, a.q.arg, a.k.arg, a.v.arg, a.lse, workspaceArg(0), a.dq.arg, seedArg(), stepArg()};
+    k.args = {a.dout.arg, a.q.arg, a.k.arg, a.v.arg, a.lse, workspaceArg(0), a.dq.arg, seedArg(), stepArg(), dropArg(a.offB), dropArg(a.offH), dropArg(a.Hg)};
     out.kernels.push_back(std::move(k));
   }
   TPC_TRY(checkShared("attention_grad", out, ctx));
