@@ -128,32 +128,33 @@ void BlendOrder::keepRecent(size_t samples) {
 std::vector<uint64_t> BlendOrder::takenAt(uint64_t position) const {
   if (position > position_) return {};
   if (position == position_) return taken_;
-  if (position < recentFrom_) return {};
+  if (recent_.empty() || position < recentFrom_) return {};
   std::vector<uint64_t> taken = taken_;
   for (uint64_t p = position; p < position_; ++p) --taken[recent_[p % recent_.size()]];
   return taken;
 }
 
+bool BlendOrder::fits(uint64_t position, const std::vector<uint64_t>& taken) const {
+  // The greedy order keeps each count within the number of datasets of its share (weight x position).
+  if (taken.size() != taken_.size()) return false;
+  uint64_t sum = 0;
+  for (size_t i = 0; i < taken.size(); ++i) {
+    sum += taken[i];
+    if (std::abs(weights_[i] * static_cast<double>(position) - static_cast<double>(taken[i])) >
+        static_cast<double>(taken_.size()))
+      return false;
+  }
+  return sum == position;
+}
+
 Status BlendOrder::seek(uint64_t position, const std::vector<uint64_t>& taken) {
-  recentFrom_ = position;
   if (weights_.size() == 1) {  // the common case, without the replay
-    taken_[0] = position_ = position;
+    taken_[0] = position_ = recentFrom_ = position;
     return {};
   }
-  if (!taken.empty()) {
-    // The greedy order keeps each count within the number of datasets of its share (weight x position).
-    uint64_t sum = 0;
-    bool fits = taken.size() == taken_.size();
-    for (size_t i = 0; fits && i < taken.size(); ++i) {
-      sum += taken[i];
-      fits = std::abs(weights_[i] * static_cast<double>(position) - static_cast<double>(taken[i])) <=
-             static_cast<double>(taken_.size());
-    }
-    if (!fits || sum != position)
-      return makeError("the per-dataset counts (", taken.size(), " of them) do not fit a blend of ", taken_.size(),
-                       " datasets at position ", position);
+  if (!taken.empty() && fits(position, taken)) {
     taken_ = taken;
-    position_ = position;
+    position_ = recentFrom_ = position;
     return {};
   }
   if (position > kMaxReplay)

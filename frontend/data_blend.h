@@ -42,8 +42,11 @@ class BlendOrder {
   size_t next();                                     // the dataset of the next sample
   // As after `position` calls of next() from the start: replayed, as Megatron builds its blending indices at every
   // start (about 5 ns a sample for two datasets). With `taken`, the counts takenAt() gave for that position, the state
-  // is set at once; counts that cannot be that position's are refused.
+  // is set at once; counts that cannot be that position's (another blend's, or damaged) are replayed over. A
+  // position past kMaxReplay to replay is an error.
   Status seek(uint64_t position, const std::vector<uint64_t>& taken = {});
+  // Whether `taken` could be the counts at `position` of this blend: one a dataset, summing to it, each near its share.
+  bool fits(uint64_t position, const std::vector<uint64_t>& taken) const;
   // The samples each dataset had given at an earlier `position`, within the last keepRecent() samples (empty when
   // it is further back): what a checkpoint of that position stores for seek.
   std::vector<uint64_t> takenAt(uint64_t position) const;

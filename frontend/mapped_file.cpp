@@ -45,8 +45,8 @@ void onBusError(int sig, siginfo_t* info, void* context) {
     if (!b || at < b || at >= b + m.size) continue;
     writeAll("tpc: error: ");
     writeAll(m.path);
-    writeAll(" shrank while tpc read it (it was truncated or rewritten during the run); restore the file and run "
-             "again, and make new data under another name\n");
+    writeAll(" could not be read (it shrank: truncated or rewritten during the run, or the disk failed); restore "
+             "the file and run again, and make new data under another name\n");
     _exit(1);
   }
   // Not a mapping of ours: what would have happened without this handler.

@@ -297,12 +297,17 @@ Status FileCommit::write(const std::string& path, std::string_view contents) {
   return write(path, std::vector<std::string_view>{contents});
 }
 
+namespace {
+// /proc/PID/fd/N and /dev/fd/N (where /dev/stdout leads): their last hop names an open file of this process (a pipe,
+// or the file a shell redirected to), opened through the link itself, never replaced.
+bool isDescriptorLink(const std::string& p) { return p.rfind("/proc/", 0) == 0 || p.rfind("/dev/fd/", 0) == 0; }
+}  // namespace
+
 std::string outputTarget(const std::string& path) {
   std::filesystem::path p = path;
   std::error_code ec;
-  // A link to a stream (/dev/stdout -> /proc/self/fd/1 -> pipe:[N]) is opened as it is: its last hop is no path.
   for (int hops = 0; hops < 40 && std::filesystem::is_symlink(std::filesystem::symlink_status(p, ec)) &&
-                     !isStreamFile(p.string());
+                     !isDescriptorLink(p.string()) && !isStreamFile(p.string());
        ++hops) {
     std::filesystem::path to = std::filesystem::read_symlink(p, ec);
     if (ec) break;
@@ -317,9 +322,11 @@ bool isStreamFile(const std::string& path) {
                                             S_ISSOCK(st.st_mode));
 }
 
+bool writtenInPlace(const std::string& target) { return isStreamFile(target) || isDescriptorLink(target); }
+
 Status FileCommit::write(const std::string& given, const std::vector<std::string_view>& pieces) {
   const std::string path = outputTarget(given);
-  if (isStreamFile(path)) {  // written now: a stream has nothing to replace atomically
+  if (writtenInPlace(path)) {  // written now, appended as a shell's >> would: nothing to replace atomically
     std::ofstream f(path, std::ios::binary | std::ios::app);
     for (std::string_view piece : pieces)
       if (f) f.write(piece.data(), static_cast<std::streamsize>(piece.size()));
@@ -327,6 +334,9 @@ Status FileCommit::write(const std::string& given, const std::vector<std::string
     if (!f) return makeError(given, ": error: write failed: ", std::strerror(errno));
     return {};
   }
+  std::error_code ec;
+  if (std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec)))
+    return makeError(given, ": error: too many levels of symbolic links (a loop?); name the file itself");
   const std::string tmp = stage(path);
   std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
   if (!f) {

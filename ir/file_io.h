@@ -17,11 +17,15 @@ Status writeFileAtomically(const std::string& path, std::string_view contents);
 Status writeFileAtomically(const std::string& path, const std::vector<std::string_view>& pieces);
 
 // Where a file written to `path` goes: `path`, or the file a symbolic link there points to (followed to its end, as
-// a shell's > does), so that writing replaces the target and keeps the link.
+// a shell's > does, but not past a stream or a /proc/.../fd/N or /dev/fd/N link), so that writing replaces the target
+// and keeps the link.
 std::string outputTarget(const std::string& path);
-// Whether `path` is a FIFO, a device or a socket (/dev/stdout's target, a named pipe): written into directly, as a
-// shell's > does, never replaced by a regular file.
+// Whether `path` is a FIFO, a device or a socket (a named pipe, /dev/null): written into directly, as a shell's >
+// does, never replaced by a regular file.
 bool isStreamFile(const std::string& path);
+// Whether outputTarget's `target` is written into where it is: a stream, or a descriptor link (/dev/stdout ->
+// /proc/self/fd/1, whatever the shell redirected it to).
+bool writtenInPlace(const std::string& target);
 
 // Removes the file `path` (or a folder of files, one level deep) if SIGINT, SIGTERM or SIGHUP ends the process while
 // this object lives: destructors do not run then, so Ctrl-C during a long write would leave its temporary file

@@ -542,7 +542,8 @@ class Parser {
       auto it = defined_.find(tok_.text);
       if (it == defined_.end()) return err("return of undefined value %" + tok_.text);
       // Outputs are found by name (autodiff's loss=, a parameter's update): two of one name would be one of them.
-      const std::string effective = outName.empty() ? it->second->name() : outName;
+      // (An unnamed value's number is no name: `return %3, %3`, which CSE can make, is two outputs of one value.)
+      const std::string effective = !outName.empty() ? outName : it->second->hasName() ? it->second->name() : "";
       for (size_t i = 0; i < graph_->outputs().size(); ++i)
         if (!effective.empty() && graph_->outputName(i) == effective)
           return err("two outputs are named '" + effective + "'; give each its own name (NAME=%value)");

@@ -41,7 +41,7 @@ Status checkOutputFile(const std::string& flag, const std::string& path) {
     return makeError(flag, " ", path, ": error: is a directory; name a file to write, not a folder");
   // A link is written through (its target replaced); a device or FIFO is written into, so only it must be writable.
   const std::string target = outputTarget(path);
-  if (isStreamFile(target)) {
+  if (writtenInPlace(target)) {
     if (access(target.c_str(), W_OK) != 0) return makeError(flag, " ", path, ": error: is not writable; pick another");
     return {};
   }

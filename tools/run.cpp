@@ -758,10 +758,18 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (!job || job->world.rank == 0)
       for (const std::string& line : cli::resumeDifferences(checkpoint->state.settings, config, &flags))
         std::cerr << "tpc run: warning: resuming " << checkpoint->path << ": " << line << std::endl;
-    if (Status s = batches.seek(checkpoint->state.dataPosition, checkpoint->state.dataTaken); !s.ok())
+    // The counts of the blend saved, taken only for that blend: one resumed under another data path, split or sequence
+    // length replays the new blend's order (as before data_taken existed), the change warned of above.
+    const std::map<std::string, std::string> now = cli::resumeSettings(config), &then = checkpoint->state.settings;
+    bool sameData = !then.empty();
+    for (const char* key : {"data-path", "split", "seq-length"})
+      sameData &= then.count(key) && now.count(key) && then.at(key) == now.at(key);
+    if (Status s = batches.seek(checkpoint->state.dataPosition,
+                                sameData ? checkpoint->state.dataTaken : std::vector<uint64_t>{});
+        !s.ok())
       return cli::fail("run", cat(checkpoint->path, "/state.json: error: data_position ", checkpoint->state.dataPosition,
-                                  checkpoint->state.dataTaken.empty() ? "" : " with data_taken", " cannot resume the "
-                                  "training data: ", s.error(), "; the file is damaged: load an earlier iter_N folder"));
+                                  " cannot resume the training data: ", s.error(), "; the file is damaged: load an "
+                                  "earlier iter_N folder"));
     std::cout << "resuming from " << checkpoint->path << " (iteration " << checkpoint->state.iteration << ")\n";
   } else if (checkpoint) {
     std::cout << "fine-tuning from " << checkpoint->path << ": its parameters (step, AdamW state and data order start "

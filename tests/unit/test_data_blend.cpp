@@ -164,14 +164,24 @@ TEST_CASE("the blending order is Megatron's build_blending_indices", "[dataset][
     REQUIRE(d.seek(at, taken).ok());
     for (uint64_t s = at; s < at + 200; ++s) REQUIRE(d.next() == stream[s]);
   }
-  // Counts that cannot be the position's, and a position no run reaches (a damaged state.json), are errors, not a
-  // replay that does not end.
-  BlendOrder e(weights);
+  // Counts that cannot be the position's (another blend's, or damaged) are replayed over; a position no run reaches
+  // (a damaged state.json) is an error, not a replay that does not end.
   const std::vector<uint64_t> at3000 = c.takenAt(3000);
-  CHECK_THAT(e.seek(2999, at3000).error(), Catch::Contains("do not fit a blend of 3 datasets at position 2999"));
-  CHECK_FALSE(e.seek(3000, {at3000[0] + 5, at3000[1] - 5, at3000[2]}).ok());
-  CHECK_FALSE(e.seek(3000, {at3000[0], at3000[1] + at3000[2]}).ok());
+  for (const std::vector<uint64_t>& wrong : {std::vector<uint64_t>{at3000[0] + 5, at3000[1] - 5, at3000[2]},
+                                             std::vector<uint64_t>{at3000[0], at3000[1] + at3000[2]}, at3000}) {
+    BlendOrder e(weights);
+    const uint64_t at = wrong == at3000 ? 2999 : 3000;
+    CHECK_FALSE(e.fits(at, wrong));
+    REQUIRE(e.seek(at, wrong).ok());
+    for (uint64_t s = at; s < at + 200; ++s) REQUIRE(e.next() == stream[s]);
+  }
+  BlendOrder e(weights);
   CHECK_THAT(e.seek(uint64_t(1) << 50).error(), Catch::Contains("is past any run's end"));
+  // No ring kept: no counts for an earlier position, and no division by its size.
+  BlendOrder f(weights);
+  for (int s = 0; s < 10; ++s) f.next();
+  CHECK(f.takenAt(5).empty());
+  CHECK(f.takenAt(10) == f.taken());
 }
 
 TEST_CASE("blended windows come from each dataset in the blending order, and resume exactly", "[dataset][blend]") {
@@ -307,14 +317,6 @@ TEST_CASE("tpc new/run: --data-path takes the words up to the next option, and a
     test::writeFile(statePath, state);
     return r;
   };
-  nlohmann::json threeCounts = saved;
-  threeCounts["data_taken"] = {taken[0], taken[1], 0};
-  auto wrongCounts = resumeFrom(threeCounts);
-  CHECK(wrongCounts.exitCode == 1);
-  CHECK(wrongCounts.err.find(cat(statePath, ": error: data_position ", position, " with data_taken cannot resume the "
-                                 "training data: the per-dataset counts (3 of them) do not fit a blend of 2 datasets at "
-                                 "position ", position, "; the file is damaged: load an earlier iter_N folder")) !=
-        std::string::npos);
   nlohmann::json far = saved;
   far.erase("data_taken");  // as a checkpoint from before data_taken: the order is replayed
   far["data_position"] = 1000000000000000ull;
@@ -322,15 +324,38 @@ TEST_CASE("tpc new/run: --data-path takes the words up to the next option, and a
   CHECK(farPosition.exitCode == 1);
   CHECK(farPosition.err.find("data_position 1000000000000000 cannot resume the training data: position "
                              "1000000000000000 is past any run's end") != std::string::npos);
-  // Without data_taken, the replay resumes the same windows.
-  nlohmann::json old = saved;
+  // Without data_taken (an older checkpoint), or with counts that do not fit the blend, the replay resumes the same
+  // windows.
+  nlohmann::json old = saved, threeCounts = saved;
   old.erase("data_taken");
-  test::writeFile(statePath, old.dump(2));
-  auto replayed = test::runCommand(run + "--train-iters 4 --load " + d + "/ck --dump-batches " + d + "/replayed.bin");
+  threeCounts["data_taken"] = {taken[0], taken[1], 0};
+  for (const nlohmann::json& st : {old, threeCounts}) {
+    test::writeFile(statePath, st.dump(2));
+    std::filesystem::remove(d + "/replayed.bin");
+    auto replayed = test::runCommand(run + "--train-iters 4 --load " + d + "/ck --dump-batches " + d + "/replayed.bin");
+    INFO(replayed.err);
+    REQUIRE(replayed.exitCode == 0);
+    CHECK(test::readFile(d + "/first.bin") + test::readFile(d + "/replayed.bin") == batches);
+  }
   test::writeFile(statePath, state);
-  INFO(replayed.err);
-  REQUIRE(replayed.exitCode == 0);
-  CHECK(test::readFile(d + "/first.bin") + test::readFile(d + "/replayed.bin") == batches);
+  // A resume under other weights replays the new blend's order (the change is warned of), as it did before data_taken.
+  const std::string reweighed = test::tpcBinary() + " run " + model + " --micro-batch-size 2 --eval-interval 0 --lr 1e-3 " +
+                                "--train-iters 4 --load " + d + "/ck --data-path 0.5 " + a + " 0.5 " + b;
+  auto other = test::runCommand(reweighed + " --dump-batches " + d + "/other.bin");
+  INFO(other.err);
+  REQUIRE(other.exitCode == 0);
+  CHECK(other.err.find("warning: resuming") != std::string::npos);
+  BlendOrder half({0.5, 0.5});
+  REQUIRE(half.seek(position).ok());
+  CHECK(half.taken() != taken);  // so that the check below tells the two apart
+  const std::string otherRows = test::readFile(d + "/other.bin");
+  const size_t rowBytes = 17 * sizeof(int32_t);
+  REQUIRE(otherRows.size() == batches.size() - test::readFile(d + "/first.bin").size());
+  for (size_t row = 0; row < otherRows.size() / rowBytes; ++row) {
+    int32_t t;
+    std::memcpy(&t, otherRows.data() + row * rowBytes, sizeof t);
+    REQUIRE(t / 1000 == int(half.next()) + 1);  // a's windows are tagged 1xxx, b's 2xxx
+  }
 
   // The model file given after --data-path was read as a prefix: one error that says so.
   auto late = test::runCommand(test::tpcBinary() + " run --data-path " + a + " " + model);

@@ -256,8 +256,9 @@ TEST_CASE("a dataset truncated while it is mapped ends the reader with one error
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 1);
-  CHECK(test::readFile(err) == "tpc: error: " + prefix + ".bin shrank while tpc read it (it was truncated or rewritten "
-                               "during the run); restore the file and run again, and make new data under another name\n");
+  CHECK(test::readFile(err) == "tpc: error: " + prefix + ".bin could not be read (it shrank: truncated or rewritten "
+                               "during the run, or the disk failed); restore the file and run again, and make new data "
+                               "under another name\n");
 
   // A SIGBUS outside every mapping is still the signal.
   writeDataset(dir / "whole", {{1, 2, 3}});

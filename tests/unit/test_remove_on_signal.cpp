@@ -3,6 +3,7 @@
 // together are all replaced or none, whatever fails or whichever signal comes between them.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -251,6 +252,25 @@ TEST_CASE("writeFileAtomically: a link is written through, a FIFO or device writ
   reader.join();
   CHECK(got == "through the pipe");
   CHECK(isStreamFile(fifo));
+  // /dev/fd/N (and /dev/stdout, /proc/self/fd/N) is written through the open file it names, appended as the shell's
+  // >> does: the file a shell redirected to is not replaced by a new one (whose bytes the shell's own would never see).
+  test::writeFile(dir / "log", "earlier\n");
+  const int fd = ::open((dir / "log").c_str(), O_WRONLY | O_APPEND);
+  REQUIRE(fd >= 0);
+  struct stat before, after;
+  REQUIRE(::stat((dir / "log").c_str(), &before) == 0);
+  REQUIRE(writeFileAtomically("/dev/fd/" + std::to_string(fd), "later\n").ok());
+  ::close(fd);
+  REQUIRE(::stat((dir / "log").c_str(), &after) == 0);
+  CHECK(after.st_ino == before.st_ino);
+  CHECK(test::readFile(dir / "log") == "earlier\nlater\n");
+  // A loop of links is an error, not a link replaced.
+  std::filesystem::create_symlink("loop2", dir / "loop1");
+  std::filesystem::create_symlink("loop1", dir / "loop2");
+  Status loop = writeFileAtomically(dir / "loop1", "x");
+  REQUIRE_FALSE(loop.ok());
+  CHECK(loop.error() == dir / "loop1" + ": error: too many levels of symbolic links (a loop?); name the file itself");
+  CHECK(std::filesystem::is_symlink(dir / "loop1"));
   // A device that refuses the bytes is the write's error.
   if (std::filesystem::exists("/dev/full")) {
     Status full = writeFileAtomically("/dev/full", "x");
