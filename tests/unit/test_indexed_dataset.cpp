@@ -271,8 +271,14 @@ TEST_CASE("a dataset truncated while it is mapped ends the reader with one error
     ::_exit(5);
   }
   REQUIRE(::waitpid(pid, &status, 0) == pid);
+#if defined(__SANITIZE_ADDRESS__)
+  // Under ASan the disposition before ours is ASan's handler, which reports the signal and exits with its code: not
+  // swallowed (5) and not taken for a shrunk file (1).
+  CHECK((WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 1 && WEXITSTATUS(status) != 5)));
+#else
   CHECK(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGBUS);
+#endif
 }
 
 TEST_CASE("bad .idx and .bin files are refused with the file named", "[dataset][errors]") {
