@@ -161,10 +161,10 @@ Status BlendOrder::seek(uint64_t position, const std::vector<uint64_t>& taken) {
     return makeError("position ", position, " is past any run's end (", kMaxReplay, " samples)");
   std::fill(taken_.begin(), taken_.end(), 0);
   position_ = 0;
-  const std::vector<uint32_t> recent = std::move(recent_);
+  const size_t kept = recent_.size();
   recent_.clear();  // not recorded during the replay
   while (position_ < position) next();
-  recent_.assign(recent.size(), 0);
+  recent_.assign(kept, 0);
   recentFrom_ = position_;
   return {};
 }
@@ -193,7 +193,7 @@ Status BlendedWindows::next(int32_t* out) {
 
 Status BlendedWindows::seek(uint64_t position, const std::vector<uint64_t>& taken) {
   if (!order_) return status_;
-  TPC_TRY(order_->seek(position, parts_.size() == 1 ? std::vector<uint64_t>{} : taken));
+  TPC_TRY(order_->seek(position, taken));
   for (size_t i = 0; i < parts_.size(); ++i) parts_[i]->windows.seek(order_->taken()[i]);
   return {};
 }

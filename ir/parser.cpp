@@ -4,6 +4,7 @@
 //           | 'return' [name=]%v, ...
 #include "ir/parser.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -561,6 +562,16 @@ class Parser {
 };
 
 }  // namespace
+
+bool holdsNoGraph(std::string_view text) {
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t nl = std::min(text.find('\n', pos), text.size());
+    const size_t first = text.find_first_not_of(" \t\r", pos);
+    if (first < nl && text.compare(first, 2, "//") != 0) return false;
+    pos = nl + 1;
+  }
+  return true;
+}
 
 Result<std::unique_ptr<Graph>> parseGraph(std::string_view text, const std::string& fileName) {
   Parser p(text, fileName);

@@ -92,18 +92,9 @@ int runOpt(std::vector<std::string> args) {
                                     (flags.has("passes") ? flags.get("passes") : std::string()) + "); add it to --passes");
   }
   std::vector<std::string> chunks = flags.on("split-input-file") ? splitInput(*text) : std::vector<std::string>{*text};
-  // A chunk of nothing but blank lines and comments (after a trailing separator, or between two in a row) holds no
-  // graph to run, as in mlir-opt; a file of nothing else is still the parser's error.
-  auto blank = [](const std::string& chunk) {
-    size_t pos = 0;
-    while (pos < chunk.size()) {
-      const size_t nl = std::min(chunk.find('\n', pos), chunk.size());
-      const size_t first = chunk.find_first_not_of(" \t\r", pos);
-      if (first < nl && chunk.compare(first, 2, "//") != 0) return false;
-      pos = nl + 1;
-    }
-    return true;
-  };
+  // A chunk of nothing but blank lines and comments holds no graph to run, as in mlir-opt; a file of nothing else is
+  // still the parser's error.
+  auto blank = [](const std::string& chunk) { return holdsNoGraph(chunk); };
   if (chunks.size() > 1 && !std::all_of(chunks.begin(), chunks.end(), blank))
     chunks.erase(std::remove_if(chunks.begin(), chunks.end(), blank), chunks.end());
   std::string fileName = input == "-" ? "<stdin>" : input;
