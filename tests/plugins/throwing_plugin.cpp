@@ -1,6 +1,7 @@
 // A pass plugin whose code throws, to see tpc name the plugin and the pass: `throwing-tp(tp=N)` (a sharding
 // policy by its options) throws std::runtime_error from run(); with TPC_TEST_PLUGIN_THROW=register its
-// registerPasses throws instead, with =create its factory, with =info the entry point, and with =run-int run() throws
+// registerPasses throws instead, with =create its factory (=create-error: it returns an error, =create-null: a null
+// pass), with =info the entry point, and with =run-int run() throws
 // an int. Half-way
 // registrations, which must leave nothing registered: with =register-after-add registerPasses adds throwing-tp and
 // then throws, with =clash it adds throwing-tp and then a pass named cse (a built-in's name).
@@ -29,6 +30,8 @@ class ThrowingPass final : public tpc::Pass {
 
 tpc::Result<std::unique_ptr<tpc::Pass>> createThrowingPass(const tpc::PassOptions&) {
   if (throwIn() == "create") throw std::runtime_error("boom in create");
+  if (throwIn() == "create-error") return tpc::makeError("tp must be even");
+  if (throwIn() == "create-null") return std::unique_ptr<tpc::Pass>();
   return std::unique_ptr<tpc::Pass>(new ThrowingPass());
 }
 

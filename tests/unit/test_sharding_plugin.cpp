@@ -156,4 +156,19 @@ TEST_CASE("sharding plugin: a plugin that throws is named in the one error line"
   CHECK(given.err == "--passes:1:10: error: pass 'throwing-tp' (plugin " + throwing + ") threw: boom in create\n");
 }
 
+TEST_CASE("sharding plugin: a factory's error or null pass is named with the pass and the plugin", "[sharding][plugin][cli]") {
+  const std::string throwing = std::string(TPC_TEST_BAD_PLUGIN_DIR) + "/libtpc_throwing_plugin.so";
+  const std::string args = " --tp 2 --pass-plugin " + throwing + " --sharding-policy throwing-tp";
+  auto error = test::runCommand("TPC_TEST_PLUGIN_THROW=create-error " + test::tpcBinary() + " run " + tiny() + args);
+  CHECK(error.exitCode == 1);
+  CHECK(error.err == "tpc run: error: pass 'throwing-tp' (plugin " + throwing + "): tp must be even\n");
+  // A null pass was stored and crashed the pipeline's run (SIGSEGV).
+  auto null = test::runCommand("TPC_TEST_PLUGIN_THROW=create-null " + test::tpcBinary() + " dump " + tiny() + args +
+                               " --passes='autodiff,throwing-tp(tp=2)'");
+  CHECK(null.exitCode == 1);
+  CHECK(null.out.empty());
+  CHECK(null.err == "--passes:1:10: error: pass 'throwing-tp' (plugin " + throwing +
+                        "): its factory returned no pass (a null pointer)\n");
+}
+
 }  // namespace tpc
