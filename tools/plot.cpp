@@ -2,12 +2,14 @@
 // one SVG with two panels: loss (training, and validation where logged) and throughput, against the step.
 // Several logs overlay, one colour each (a run's validation loss dashed), so runs compare at a glance.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -35,7 +37,19 @@ void lastPointPerStep(Series& s) {
   s.points.assign(byStep.begin(), byStep.end());
 }
 
-const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+// Ten colours (matplotlib's tab10); runs past ten take them again with a dotted line (run 11) or dash-dots (21).
+const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
+                          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+constexpr size_t kNumColours = sizeof kColours / sizeof kColours[0];
+
+// The stroke pattern of a series: a validation loss is dashed; runs past the colours are dotted or dash-dotted.
+std::string strokePattern(size_t run, bool dashed) {
+  static const char* kRounds[] = {"", "1.5,2.5", "8,3,1.5,3"};
+  std::string p = dashed ? "6,3" : "";
+  const std::string round = kRounds[(run / kNumColours) % 3];
+  if (!round.empty()) p = dashed ? "6,3," + round : round;
+  return p.empty() ? "" : " stroke-dasharray='" + p + "'";
+}
 
 // A "nice" tick step for a range (1, 2 or 5 x 10^k), about 5 ticks.
 double tickStep(double range) {
@@ -132,16 +146,17 @@ void panel(std::ostream& svg, double top, const std::string& title, const std::v
       << "' font-size='12' text-anchor='middle'>step</text>\n";
   for (size_t i = 0; i < series.size(); ++i) {
     const Series& s = series[i];
-    const char* c = kColours[s.run % 6];
-    svg << "<polyline fill='none' stroke='" << c << "' stroke-width='1.5'" << (s.dashed ? " stroke-dasharray='6,3'" : "")
-        << " points='";
+    const char* c = kColours[s.run % kNumColours];
+    svg << "<polyline fill='none' stroke='" << c << "' stroke-width='1.5'" << strokePattern(s.run, s.dashed) << " points='";
     for (auto [x, y] : s.points) svg << X(x) << "," << Y(y) << " ";
     svg << "'/>\n";
     if (s.points.size() == 1)
       svg << "<circle cx='" << X(s.points[0].first) << "' cy='" << Y(s.points[0].second) << "' r='3' fill='" << c
           << "'/>\n";
-    svg << "<text x='" << left + width - 8 << "' y='" << top + 16 + 15 * i << "' font-size='12' text-anchor='end' fill='"
-        << c << "'>" << svgText(s.label) << "</text>\n";
+    // The legend in columns of 13 lines from the right, inside the panel (a longer one ran into the next panel).
+    const size_t perColumn = 13, column = i / perColumn;
+    svg << "<text x='" << left + width - 8 - 200.0 * static_cast<double>(column) << "' y='" << top + 16 + 15 * (i % perColumn)
+        << "' font-size='12' text-anchor='end' fill='" << c << "'>" << svgText(s.label) << "</text>\n";
   }
 }
 
@@ -160,16 +175,22 @@ int runPlot(std::vector<std::string> args) {
     if (std::filesystem::equivalent(path, flags.get("o"), ec))
       return cli::fail("plot", cat("-o ", flags.get("o"), " is one of the logs to plot: name another file for the SVG"));
   }
-  if (std::filesystem::path(flags.get("o")).extension() != ".svg")
+  std::string extension = std::filesystem::path(flags.get("o")).extension().string();
+  for (char& ch : extension) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (extension != ".svg")
     return cli::fail("plot", cat("-o ", flags.get("o"), ": plot writes SVG; name the file .svg (e.g. -o curves.svg)"));
   std::vector<Series> losses, speed;
   size_t colour = 0;
+  // Each run is named by its file name, or by its path as given where two logs share a name (run1/log.jsonl).
+  std::set<std::string> names;
+  for (const std::string& path : flags.positional()) names.insert(path.substr(path.find_last_of('/') + 1));
+  const bool byPath = names.size() < flags.positional().size();
   for (const std::string& path : flags.positional()) {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) return cli::fail("plot", path + ": error: is a directory, not a JSONL log");
     std::ifstream in(path);
     if (!in) return cli::fail("plot", path + ": error: cannot open");
-    std::string name = path.substr(path.find_last_of('/') + 1);
+    std::string name = byPath ? path : path.substr(path.find_last_of('/') + 1);
     Series train{name + " loss", {}, colour}, valid{name + " valid loss", {}, colour, true}, tps{name, {}, colour};
     std::string line;
     for (int lineNo = 1; std::getline(in, line); ++lineNo) {

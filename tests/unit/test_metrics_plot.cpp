@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include "runtime/metrics_server.h"
@@ -169,6 +170,47 @@ TEST_CASE("plot: one colour a run in both panels, and a cut-short last line is l
   CHECK(colourOf("b.jsonl loss") == colourOf("b.jsonl"));
   CHECK(colourOf("a.jsonl") != colourOf("b.jsonl"));
   CHECK(svg.find("stroke-dasharray") != std::string::npos);  // the validation curve
+}
+
+TEST_CASE("plot: twelve runs are told apart, logs of one name are named by path, the legend stays in its panel",
+          "[plot][cli]") {
+  test::TempDir dir;
+  std::string args;
+  for (int i = 1; i <= 12; ++i) {
+    std::filesystem::create_directories(dir / ("r" + std::to_string(i)));
+    const std::string log = dir / ("r" + std::to_string(i)) + "/log.jsonl";
+    test::writeFile(log, "{\"step\": 1, \"loss\": " + std::to_string(5 + i) + "}\n{\"step\": 2, \"loss\": 4, \"valid_loss\": 4.5, \"tokens_per_s\": 9}\n");
+    args += " " + log;
+  }
+  auto r = test::runCommand(test::tpcBinary() + " plot" + args + " -o " + (dir / "many.SVG"));  // the suffix in any case
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  const std::string svg = test::readFile(dir / "many.SVG");
+  // A legend entry's colour and its curve's stroke pattern: run 1 and run 11 share a colour but not a pattern.
+  auto style = [&](int run) {
+    const std::string label = dir / ("r" + std::to_string(run)) + "/log.jsonl loss";
+    size_t at = svg.find("'>" + label + "</text>");
+    REQUIRE(at != std::string::npos);
+    const std::string colour = svg.substr(svg.rfind("fill='", at) + 6, 7);
+    const size_t line = svg.rfind("<polyline", at);  // each series' curve comes just before its legend line
+    REQUIRE(line != std::string::npos);
+    REQUIRE(svg.compare(line, 30 + colour.size(), "<polyline fill='none' stroke='" + colour) == 0);
+    return std::vector<std::string>{colour, svg.substr(line, svg.find(" points=", line) - line)};
+  };
+  std::set<std::vector<std::string>> styles;
+  for (int i = 1; i <= 12; ++i) styles.insert(style(i));
+  CHECK(styles.size() == 12);
+  CHECK(style(1)[0] == style(11)[0]);
+  // 24 legend lines (loss and valid loss of each) in the loss panel, which spans y 30-250.
+  size_t legend = 0;
+  for (size_t at = svg.find("font-size='12' text-anchor='end' fill="); at != std::string::npos;
+       at = svg.find("font-size='12' text-anchor='end' fill=", at + 1)) {
+    const size_t y = svg.rfind(" y='", at) + 4;
+    const double top = std::stod(svg.substr(y));
+    if (legend < 24) CHECK(top < 250);
+    ++legend;
+  }
+  CHECK(legend == 36);  // and the 12 in the tokens/s panel
 }
 
 TEST_CASE("plot: values closer than a double can tell apart or one huge value draw finite coordinates", "[plot][cli]") {
