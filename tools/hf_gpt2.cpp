@@ -159,7 +159,11 @@ Result<GptConfig> parseHfConfig(const std::string& path, const std::string& text
     if (!e->getAsNumber()) return makeError(path, ": error: embd_pdrop is not a number");
     if (*e->getAsNumber() != g.hiddenDropout)
       return makeError(path, ": error: embd_pdrop ", formatFloat(*e->getAsNumber()), " differs from resid_pdrop ",
-                       formatFloat(g.hiddenDropout), "; tpc's GPT applies one dropout (arch.hidden_dropout) to the "
+                       formatFloat(g.hiddenDropout),
+                       o->get("resid_pdrop") && o->get("resid_pdrop")->kind() != llvm::json::Value::Null
+                           ? ""
+                           : " (GPT2Config's default: config.json has no resid_pdrop)",
+                       "; tpc's GPT applies one dropout (arch.hidden_dropout) to the "
                        "embeddings and the residual branches: set both to one value in config.json");
   }
   // The defaults of the fields whose other values tpc refuses (above): named too, as the model rests on them.

@@ -21,6 +21,9 @@ int runTokenize(std::vector<std::string> args) {
                    "tpc tokenize [--tokenizer gpt2|byte] [--decode] < INPUT\n\n"
                    "Reads UTF-8 text on standard input and prints its token ids, space separated, on one line.\n"
                    "With --decode, reads whitespace-separated ids and prints the text they stand for.\n"
+                   "The end-of-document id (gpt2: 50256, byte: 256) decodes to <|endoftext|>, but that text in the\n"
+                   "input is tokenized as text, as Megatron-LM's GPT2 tokenizer and tpc prepare do: documents are\n"
+                   "separated by the id itself, never by text a document may happen to contain.\n"
                    "The gpt2 vocabulary is read from $TPC_DATA_DIR/gpt2 (scripts/fetch_data.sh fetches it).");
   flags.value("tokenizer", "gpt2 (GPT-2 byte-level BPE) or byte (256 bytes + end-of-document id 256)", "gpt2")
       .toggle("decode", "ids on stdin to text on stdout");

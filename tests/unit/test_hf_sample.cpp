@@ -223,6 +223,12 @@ TEST_CASE("hf: fields config.json lacks take transformers' GPT2Config defaults, 
   const std::string model = test::readFile(dir / "x.json");
   CHECK(model.find("\"positions\": 1024") != std::string::npos);
   CHECK(model.find("\"layer_norm_eps\": 1e-05") != std::string::npos);
+  // A defaulted field in an error is named as the default: resid_pdrop's 0.1 against the file's embd_pdrop 0.
+  test::writeFile(dir / "hf/config.json", withoutField(good, "resid_pdrop"));
+  auto dropout = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
+  CHECK(dropout.exitCode == 1);
+  CHECK(dropout.err.find("embd_pdrop 0.0 differs from resid_pdrop 0.1 (GPT2Config's default: config.json has no "
+                         "resid_pdrop); ") != std::string::npos);
   // A config.json with every field says nothing.
   test::writeFile(dir / "hf/config.json", good);
   auto full = tpc("import --hf " + (dir / "hf") + " -o " + (dir / "x.json"));
