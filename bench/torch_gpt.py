@@ -6,7 +6,8 @@ pre-LayerNorm blocks (eps from the model file), fused QKV split as [3, heads, he
 (F.scaled_dot_product_attention, flash under bf16), GELU(tanh), LM head tied to the (padded) token embedding,
 mean cross entropy over the real vocabulary only; AdamW (fused) with weight decay on rank >= 2 tensors that
 are not biases (so wte and wpe decay, LayerNorm gains and biases do not), global-norm clipping, linear warmup
-then cosine/linear decay to min_lr over decay_iters, lr of step `it` (1-based) as tpc computes it.
+then cosine/linear decay to min_lr over decay_iters; step `it` (1-based) trains with lr_at(it - 1) and logs
+lr_at(it), as tpc (and Megatron-LM's scheduler) do.
 
 Started by vs_pytorch.py, one process per run, so that each run's memory peak is its own. Writes one JSON
 object per step (loss, grad_norm, lr, step_s, device_used_bytes) and a summary line to --jsonl.
@@ -25,7 +26,7 @@ def fail(msg):
 
 
 def lr_at(it, cfg):
-    """runtime/lr_schedule.cpp, LrSchedule::at."""
+    """runtime/lr_schedule.cpp, LrSchedule::at: the lr after `it` applied updates."""
     max_lr, min_lr, warmup = cfg["lr"], cfg["min_lr"], cfg["lr_warmup_iters"]
     decay = cfg["lr_decay_iters"] or cfg["train_iters"]
     if warmup > 0 and it <= warmup:
@@ -194,7 +195,7 @@ def main():
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.endswith("bias"))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr_at(1, cfg), betas=(cfg["adam_beta1"], cfg["adam_beta2"]), eps=cfg["adam_eps"],
+                            lr=lr_at(0, cfg), betas=(cfg["adam_beta1"], cfg["adam_beta2"]), eps=cfg["adam_eps"],
                             fused=True)
     params = list(model.parameters())
 
@@ -230,7 +231,7 @@ def main():
         w = windows[it - 1].to(dev, non_blocking=True).long()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        lr = lr_at(it, cfg)
+        lr = lr_at(it - 1, cfg)
         for g in opt.param_groups:
             g["lr"] = lr
         loss = step_fn(w[:, :-1], w[:, 1:])
@@ -242,7 +243,7 @@ def main():
         dt = time.perf_counter() - t0
         free, total = torch.cuda.mem_get_info()
         device_used = max(device_used, total - free)
-        out.write(json.dumps({"step": it, "loss": loss_v, "grad_norm": norm_v, "lr": lr, "step_s": dt,
+        out.write(json.dumps({"step": it, "loss": loss_v, "grad_norm": norm_v, "lr": lr_at(it, cfg), "step_s": dt,
                               "device_used_bytes": total - free}) + "\n")
         out.flush()
     out.write(json.dumps({"summary": True, "max_memory_allocated": torch.cuda.max_memory_allocated(),

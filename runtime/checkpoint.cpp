@@ -52,6 +52,7 @@ std::string stateJson(const CheckpointState& s) {
   if (s.lossScale > 0) {
     o["loss_scale"] = s.lossScale;
     o["loss_scale_good_steps"] = s.lossScaleGoodSteps;
+    if (s.lossScaleHysteresisLeft >= 0) o["loss_scale_hysteresis_left"] = s.lossScaleHysteresisLeft;
   }
   std::string out;
   llvm::raw_string_ostream os(out);
@@ -102,6 +103,10 @@ Result<CheckpointState> parseCheckpointState(const std::string& text, const std:
       return makeError(path, ": error: loss_scale must be a positive number and loss_scale_good_steps >= 0");
     s.lossScale = *scale;
     s.lossScaleGoodSteps = *good;
+    if (auto left = o->getInteger("loss_scale_hysteresis_left")) {
+      if (*left < 0) return makeError(path, ": error: loss_scale_hysteresis_left must be >= 0, got ", *left);
+      s.lossScaleHysteresisLeft = *left;
+    }
   }
   if (const llvm::json::Value* taken = o->get("data_taken")) {
     const llvm::json::Array* a = taken->getAsArray();

@@ -29,6 +29,7 @@ struct CheckpointState {
   int64_t skippedSteps = 0;   // non-finite steps dropped (Adam's step is iteration - skippedSteps)
   double lossScale = 0;       // the dynamic loss scale (fp16); 0: the run had none
   int64_t lossScaleGoodSteps = 0;  // finite steps since the scale last changed
+  int64_t lossScaleHysteresisLeft = -1;  // overflows before the scale's next halving; -1: not saved (older checkpoints)
   std::string model;          // the model file trained, for the reader's information
   std::string config;         // a one-line summary of the run's config (tp, dp, batch, lr, ...)
   // The settings a resumed run is compared against (flag name -> value as text: lr, its schedule, seq-length,

@@ -15,11 +15,11 @@ Status LrSchedule::validate() const {
   return {};
 }
 
-double LrSchedule::at(int64_t it) const {
-  if (warmupIters > 0 && it <= warmupIters) return maxLr * static_cast<double>(it) / static_cast<double>(warmupIters);
+double LrSchedule::at(int64_t updates) const {
+  if (warmupIters > 0 && updates <= warmupIters) return maxLr * static_cast<double>(updates) / static_cast<double>(warmupIters);
   if (style == "constant") return maxLr;
-  if (it > decayIters || decayIters <= warmupIters) return minLr;
-  double ratio = static_cast<double>(it - warmupIters) / static_cast<double>(decayIters - warmupIters);
+  if (updates > decayIters || decayIters <= warmupIters) return minLr;
+  double ratio = static_cast<double>(updates - warmupIters) / static_cast<double>(decayIters - warmupIters);
   double coeff = style == "cosine" ? 0.5 * (std::cos(M_PI * ratio) + 1.0) : 1.0 - ratio;
   return minLr + coeff * (maxLr - minLr);
 }

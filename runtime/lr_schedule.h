@@ -16,8 +16,9 @@ struct LrSchedule {
   std::string style = "cosine";       // cosine | linear | constant
 
   Status validate() const;
-  // The lr for 1-based iteration `it`.
-  double at(int64_t it) const;
+  // The lr after `updates` applied optimizer steps (Megatron-LM's get_lr at num_steps = updates iterations): the
+  // trainer's step N trains with at(N - 1 - skipped steps) and logs at(N - skipped steps).
+  double at(int64_t updates) const;
 };
 
 }  // namespace tpc

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -157,6 +158,9 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       if (!path.empty() && !wroteLine && !finished) std::remove(path.c_str());
     }
   } emptyLog;
+  // A fresh run's log replaces the file's lines only with its first line: a run that fails before it leaves an
+  // earlier run's log as it was.
+  bool truncateAtFirstLine = false;
   if (!settings.logJsonl.empty()) {
     // A resumed run appends to the log of the run it continues.
     const bool fresh = settings.firstIter <= 1;
@@ -167,13 +171,21 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
             << settings.firstIter - 1 << ", the step this run resumes from (they are logged again as it trains them)"
             << std::endl;
     }
-    jsonl.open(settings.logJsonl, fresh ? std::ios::trunc : std::ios::app);
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(settings.logJsonl, ec);
+    jsonl.open(settings.logJsonl, std::ios::app);
     if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log");
-    if (fresh) emptyLog.path = settings.logJsonl;
+    if (fresh && !existed) emptyLog.path = settings.logJsonl;
+    truncateAtFirstLine = fresh && existed && std::filesystem::is_regular_file(settings.logJsonl, ec);
   }
   // One line of the JSONL log, flushed; a write that fails (a full disk) ends the run rather than lose the log.
   auto jsonlLine = [&](const std::string& line) -> Status {
     emptyLog.wroteLine = true;
+    if (truncateAtFirstLine) {
+      truncateAtFirstLine = false;
+      jsonl.close();
+      jsonl.open(settings.logJsonl, std::ios::trunc);
+    }
     jsonl << line << "\n";
     jsonl.flush();
     if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log (is the disk full?)");
@@ -197,12 +209,15 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       return makeError("loss scaling needs a training step with input %loss_scale (autodiff(loss-scale=true))");
   }
   std::optional<DynamicLossScaler> scaler;
-  if (scaling) scaler.emplace(*settings.lossScaling, settings.start.lossScale, settings.start.lossScaleGoodSteps);
+  if (scaling)
+    scaler.emplace(*settings.lossScaling, settings.start.lossScale, settings.start.lossScaleGoodSteps,
+                   settings.start.lossScaleHysteresisLeft);
   OptimizerProgress progress = settings.start;
   auto currentProgress = [&] {
     if (scaler) {
       progress.lossScale = scaler->scale();
       progress.lossScaleGoodSteps = scaler->goodSteps();
+      progress.lossScaleHysteresisLeft = scaler->hysteresisLeft();
     }
     return progress;
   };
@@ -271,7 +286,10 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     std::swap(targets, nextTargets);
     inputs["tokens"] = tokens;
     inputs["targets"] = targets;
-    double lr = settings.lr.at(it);
+    // Megatron-LM's scheduler: a step trains with the rate of the updates applied before it (with a warmup, step 1's is
+    // the warmup's start, 0) and advances only when its update is applied. The rate logged for a step is the one after
+    // it, as Megatron-LM logs param_group['lr'] after its scheduler step: step N trained with step N-1's logged rate.
+    const double lr = settings.lr.at(it - 1 - progress.skippedSteps);
     const double lossScale = scaler ? scaler->scale() : 0;
     inputs["lr"] = HostTensor::scalarF32(static_cast<float>(lr));
     // Adam's step counts the updates applied: a skipped step does not advance its bias correction.
@@ -293,6 +311,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     double loss = scalarOf(lossIt->second);
     double gradNorm = out.count("grad_norm") ? scalarOf(out["grad_norm"]) : NAN;
     const bool nonFinite = isNonFiniteStep(out);
+    const double loggedLr = nonFinite ? lr : settings.lr.at(it - progress.skippedSteps);
     if (scaler) {
       Status s = scaler->update(!nonFinite, it);
       if (!s.ok() && settings.onNonFinite == OnNonFinite::Stop) {
@@ -310,7 +329,11 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         console << "step " << std::setw(6) << it << "/" << settings.trainIters << " | skipped: loss " << loss
                 << ", grad norm " << gradNorm;
         if (scaler)
-          console << " (gradient overflow at loss scale " << lossScale << "; scale lowered to " << scaler->scale()
+          console << " (gradient overflow at loss scale " << lossScale << "; "
+                  << (scaler->scale() < lossScale ? cat("scale lowered to ", scaler->scale())
+                                                  : cat("scale kept, --hysteresis: ", scaler->hysteresisLeft(),
+                                                        " more overflow", scaler->hysteresisLeft() == 1 ? "" : "s",
+                                                        " before it is halved"))
                   << ", parameters and optimizer state kept)" << std::endl;
         else
           console << " (non-finite; --on-nan skip: parameters and optimizer state kept)" << std::endl;
@@ -319,7 +342,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         std::ostringstream j;
         // The values as the console shows them (a non-finite one as null).
         j << "{\"step\": " << it << ", \"skipped\": true, \"loss\": " << jsonNumber(loss) << ", \"lr\": "
-          << std::setprecision(9) << lr << ", \"grad_norm\": " << jsonNumber(gradNorm);
+          << std::setprecision(9) << loggedLr << ", \"grad_norm\": " << jsonNumber(gradNorm);
         if (scaler) j << ", \"loss_scale\": " << scaler->scale();
         j << "}";
         TPC_TRY(jsonlLine(j.str()));
@@ -341,7 +364,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       continue;
     }
     report.losses.push_back(loss);
-    if (settings.publish) settings.publish({{"step", double(it)}, {"loss", loss}, {"lr", lr}, {"grad_norm", gradNorm}});
+    if (settings.publish) settings.publish({{"step", double(it)}, {"loss", loss}, {"lr", loggedLr}, {"grad_norm", gradNorm}});
     if (settings.publish && scaler) settings.publish({{"loss_scale", scaler->scale()}});
     ++stepsSinceLog;
     bool stop = false;
@@ -362,7 +385,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
       const std::optional<Backend::StepTiming> timing = backend.lastStepTiming();
       // Written after the next step has started (flushLog): the device does not wait for the console, the JSONL
       // log, the metrics and the memory query. Nothing else prints in between, so the order stays.
-      pendingLog = [&, it, loss, lr, gradNorm, tps, elapsed, eta, timing]() -> Status {
+      pendingLog = [&, it, loss, loggedLr, gradNorm, tps, elapsed, eta, timing]() -> Status {
         if (settings.publish) settings.publish({{"tokens_per_s", tps}, {"elapsed_s", elapsed}});
         // On the GPU: MFU (of the named peak) and device memory, in the console, the JSONL log and the metrics.
         const double mfu = settings.flopsPerToken > 0 && settings.peakFlops > 0
@@ -373,7 +396,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         if (settings.console && settings.stepLines) {
           char line[256];
           std::snprintf(line, sizeof line, "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | elapsed %s | ETA %s",
-                        static_cast<long long>(it), static_cast<long long>(settings.trainIters), loss, lr, gradNorm,
+                        static_cast<long long>(it), static_cast<long long>(settings.trainIters), loss, loggedLr, gradNorm,
                         formatRate(tps).c_str(), formatDuration(elapsed).c_str(), formatDuration(eta).c_str());
           std::string extra;
           if (mfu >= 0) {
@@ -395,7 +418,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
         }
         if (jsonl.is_open()) {
           std::ostringstream j;
-          j << std::setprecision(9) << "{\"step\": " << it << ", \"loss\": " << loss << ", \"lr\": " << lr
+          j << std::setprecision(9) << "{\"step\": " << it << ", \"loss\": " << loss << ", \"lr\": " << loggedLr
             << ", \"grad_norm\": " << (std::isfinite(gradNorm) ? gradNorm : -1.0) << ", \"tokens_per_s\": " << tps
             << ", \"elapsed_s\": " << elapsed;
           if (scaler) j << ", \"loss_scale\": " << scaler->scale();

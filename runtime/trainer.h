@@ -37,6 +37,7 @@ struct OptimizerProgress {
   int64_t skippedSteps = 0;  // non-finite steps dropped so far: Adam's step is the iteration minus these
   double lossScale = 0;      // the dynamic loss scale (0: no loss scaling)
   int64_t lossScaleGoodSteps = 0;
+  int64_t lossScaleHysteresisLeft = -1;  // -1: the settings' hysteresis (a fresh run, an older checkpoint)
 };
 
 struct TrainerSettings {

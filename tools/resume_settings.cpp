@@ -1,8 +1,12 @@
 #include "tools/resume_settings.h"
 
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <iomanip>
 
 #include "ir/status.h"
+#include "runtime/lr_schedule.h"
 #include "tools/train_flags.h"
 
 namespace tpc::cli {
@@ -29,9 +33,14 @@ std::map<std::string, std::string> resumeSettings(const TrainConfig& c) {
           {"precision", c.precision}};
 }
 
-std::vector<std::string> resumeDifferences(const std::map<std::string, std::string>& checkpoint,
-                                           const TrainConfig& config, const Flags* flags) {
-  std::vector<std::string> lines;
+bool ResumeDifference::ofSchedule() const {
+  return flag == "lr" || flag == "min-lr" || flag == "lr-warmup-iters" || flag == "lr-decay-iters" ||
+         flag == "lr-decay-style";
+}
+
+std::vector<ResumeDifference> resumeDifferences(const std::map<std::string, std::string>& checkpoint,
+                                                const TrainConfig& config, const Flags* flags) {
+  std::vector<ResumeDifference> lines;
   for (const auto& [flag, now] : resumeSettings(config)) {
     auto was = checkpoint.find(flag);
     if (was == checkpoint.end() || was->second == now) continue;
@@ -55,9 +64,45 @@ std::vector<std::string> resumeDifferences(const std::map<std::string, std::stri
               "new data, not where the checkpoint's run left off)";
     else if (flag == "precision" && was->second == "fp16")
       line += ": the checkpoint's loss scale is not used";
-    lines.push_back(line);
+    lines.push_back({flag, line});
   }
   return lines;
+}
+
+Status useCheckpointSchedule(const std::map<std::string, std::string>& checkpoint, const std::string& where,
+                             TrainConfig& config) {
+  for (const char* key : {"lr", "min-lr", "lr-warmup-iters", "lr-decay-iters", "lr-decay-style"})
+    if (!checkpoint.count(key))
+      return makeError(where, ": error: holds no lr schedule (", key, " is missing: a checkpoint of an older tpc); drop "
+                       "--use-checkpoint-opt_param-scheduler and give the schedule by flags");
+  // The values as resumeSettings wrote them; anything else is a damaged file.
+  bool broken = false;
+  auto number = [&](const char* key) {
+    const std::string& v = checkpoint.at(key);
+    char* end = nullptr;
+    errno = 0;
+    const double d = std::strtod(v.c_str(), &end);
+    broken |= v.empty() || *end != '\0' || errno != 0;
+    return d;
+  };
+  auto steps = [&](const char* key) {
+    const double d = number(key);
+    broken |= d != std::floor(d) || d < 0 || d > 1e15;
+    return static_cast<int64_t>(d);
+  };
+  TrainConfig c = config;
+  c.lr = number("lr");
+  c.minLr = number("min-lr");
+  c.warmupIters = steps("lr-warmup-iters");
+  c.decayIters = steps("lr-decay-iters");
+  c.decayStyle = checkpoint.at("lr-decay-style");
+  const LrSchedule schedule{c.lr, c.minLr, c.warmupIters, c.decayIters, c.decayStyle};
+  if (broken || !schedule.validate().ok() || c.decayIters < 1)
+    return makeError(where, ": error: its lr schedule (lr ", checkpoint.at("lr"), ", min-lr ", checkpoint.at("min-lr"),
+                     ", warmup ", checkpoint.at("lr-warmup-iters"), ", decay ", checkpoint.at("lr-decay-iters"), ", ",
+                     checkpoint.at("lr-decay-style"), ") is not a valid one: the file is damaged");
+  config = c;
+  return {};
 }
 
 }  // namespace tpc::cli

@@ -14,6 +14,7 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -318,6 +319,10 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
                               "(default: the model file's eval_interval)")
       .value("eval-iters", "batches per evaluation (validation, and test after the last step), each a global batch as "
                            "in Megatron-LM; 0: none (default: the model file's eval_iters)")
+      .toggle("use-checkpoint-opt_param-scheduler", "with --load: keep the checkpoint's lr schedule (--lr, --min-lr, "
+                                                    "warmup, decay steps and style), whatever the flags say")
+      .toggle("override-opt_param-scheduler", "with --load: the flags' lr schedule, where it differs from the "
+                                              "checkpoint's, without a warning (a note names each change)")
       .toggle("finetune", "with --load: take the parameters only (AdamW state, step and data order start anew; a new run, so --save goes to another folder)")
       .toggle("save-initial", "with --save: also write the initial state, before step 1, as iteration 0 (a comparison "
                               "aid: another trainer can start from tpc's initial weights)")
@@ -345,6 +350,8 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
       .value("initial-loss-scale", "--precision fp16: the loss scale to start from", "65536")
       .value("loss-scale-window", "--precision fp16: finite steps in a row after which the loss scale doubles", "1000")
       .value("min-loss-scale", "--precision fp16: the run fails when an overflow would halve the scale below this", "1")
+      .value("hysteresis", "--precision fp16: overflows (since the scale last doubled) before it is halved, as in "
+                           "Megatron-LM; 1: at every overflow", "2")
       .toggle("quiet", "no per-step lines on the console (the summary is still printed; --log-jsonl keeps every logged step, the metrics every step)");
   cli::declareTrainingFlags(flags);
   cli::declarePipelineFlags(flags);
@@ -414,6 +421,13 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     return cli::fail("run", "--save-initial writes the initial state of a fresh run; drop it when resuming with --load");
   if (flags.on("finetune") && !flags.has("load"))
     return cli::fail("run", "--finetune takes the parameters of the checkpoint that --load names; add --load DIR");
+  // As in Megatron-LM, the two exclude each other; without a checkpoint to resume, neither does anything.
+  if (flags.on("use-checkpoint-opt_param-scheduler") && flags.on("override-opt_param-scheduler"))
+    return cli::fail("run", "--use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler exclude each other "
+                            "(the checkpoint's lr schedule, or the flags'); give one");
+  if (flags.on("use-checkpoint-opt_param-scheduler") && flags.on("finetune"))
+    return cli::fail("run", "--use-checkpoint-opt_param-scheduler resumes the checkpoint's lr schedule, --finetune starts "
+                            "a new run from its parameters; give one");
   if (!job || job->world.rank == 0) cli::warnIneffectiveFlags("run", flags, config);
   // The model file's save_interval applies when the run saves; the flags are refused without --save.
   const bool intervalGiven = flags.has("save-interval") && *saveInterval > 0;
@@ -432,6 +446,10 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
         return cli::fail("run", cat("--seed ", config.seed, " differs from the checkpoint's seed ", checkpoint->state.seed,
                                     " (", checkpoint->path, "); drop --seed to resume the same data order"));
       config.seed = checkpoint->state.seed;
+      if (flags.on("use-checkpoint-opt_param-scheduler"))
+        if (Status st = cli::useCheckpointSchedule(checkpoint->state.settings, checkpoint->path + "/state.json", config);
+            !st.ok())
+          return cli::fail("run", st.error());
     }
     if (checkpoint->state.iteration >= config.trainIters) {
       std::cout << checkpoint->path << " is at iteration " << checkpoint->state.iteration << ", --train-iters is "
@@ -487,13 +505,16 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (!minimum) return cli::fail("run", minimum.error());
     auto window = flags.getInt("loss-scale-window", 1, int64_t(1) << 40);
     if (!window) return cli::fail("run", window.error());
+    auto hysteresis = flags.getInt("hysteresis", 1, int64_t(1) << 40);
+    if (!hysteresis) return cli::fail("run", hysteresis.error());
     ls.initial = *initial;
     ls.min = *minimum;
     ls.window = *window;
+    ls.hysteresis = *hysteresis;
     if (Status s = ls.validate(); !s.ok()) return cli::fail("run", s.error());
     lossScaling = ls;
   } else {
-    for (const char* f : {"initial-loss-scale", "loss-scale-window", "min-loss-scale"})
+    for (const char* f : {"initial-loss-scale", "loss-scale-window", "min-loss-scale", "hysteresis"})
       if (flags.has(f))
         return cli::fail("run", cat("--", f, " applies to --precision fp16 only (this run is ", precision,
                                     "); drop it or add --precision fp16"));
@@ -645,6 +666,17 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
           return cli::fail("run", cat("--", flag, " and --", outputs[j].first, " name one file (", file,
                                       "): give each its own"));
     }
+    // A fresh run's log replaces an earlier run's lines (a resumed run appends to them): say so, as it is not undone.
+    if (flags.has("log-jsonl") && (!checkpoint || checkpoint->state.iteration == 0)) {
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(flags.get("log-jsonl"), ec) && std::filesystem::file_size(flags.get("log-jsonl"), ec) > 0) {
+        std::ifstream old(flags.get("log-jsonl"));
+        const int64_t lines = std::count(std::istreambuf_iterator<char>(old), std::istreambuf_iterator<char>(), '\n');
+        std::cerr << "tpc run: warning: --log-jsonl " << flags.get("log-jsonl") << " holds " << lines << " line"
+                  << (lines == 1 ? "" : "s") << " of an earlier run; this run's first logged step replaces them (to "
+                  << "keep them, name another file; a run resumed with --load appends instead)" << std::endl;
+      }
+    }
     if (flags.has("save")) {
       if (Status s = checkSaveFolderIsFree(flags.get("save"), checkpoint, flags.on("finetune")); !s.ok()) return cli::fail("run", s.error());
       if (Status s = checkCheckpointFolder(flags.get("save")); !s.ok()) return cli::fail("run", s.error());
@@ -756,8 +788,12 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   }
   if (checkpoint && !flags.on("finetune")) {
     if (!job || job->world.rank == 0)
-      for (const std::string& line : cli::resumeDifferences(checkpoint->state.settings, config, &flags))
-        std::cerr << "tpc run: warning: resuming " << checkpoint->path << ": " << line << std::endl;
+      for (const cli::ResumeDifference& d : cli::resumeDifferences(checkpoint->state.settings, config, &flags)) {
+        // Megatron-LM's --override-opt_param-scheduler: the schedule's changes are what was asked for.
+        const bool asked = flags.on("override-opt_param-scheduler") && d.ofSchedule();
+        std::cerr << "tpc run: " << (asked ? "note" : "warning") << ": resuming " << checkpoint->path << ": " << d.line
+                  << std::endl;
+      }
     // The counts of the blend saved, taken only for that blend: one resumed under another data path, split or sequence
     // length replays the new blend's order (as before data_taken existed), the change warned of above.
     const std::map<std::string, std::string> now = cli::resumeSettings(config), &then = checkpoint->state.settings;
@@ -800,9 +836,15 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
             << std::fixed << std::setprecision(1) << "  startup: step built in " << buildSeconds << "s, initial state in "
             << stateSeconds << "s, backend prepared in " << prepareSeconds << "s" << std::defaultfloat
             << std::setprecision(6) << std::endl;
+  auto ordinal = [](int64_t n) {
+    const int64_t tens = n % 100, ones = n % 10;
+    const char* suffix = tens >= 11 && tens <= 13 ? "th" : ones == 1 ? "st" : ones == 2 ? "nd" : ones == 3 ? "rd" : "th";
+    return std::to_string(n) + suffix;
+  };
   if (lossScaling)
     std::cout << "  precision fp16: dynamic loss scale " << lossScaling->initial << " (doubled after "
-              << lossScaling->window << " finite steps, halved on an overflow, minimum " << lossScaling->min << ")"
+              << lossScaling->window << " finite steps, halved from the " << ordinal(lossScaling->hysteresis)
+              << " overflow since, minimum " << lossScaling->min << ")"
               << std::endl;
 
   TrainerSettings settings;
@@ -832,6 +874,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     if (lossScaling) {  // a checkpoint of an fp16 run carries its scale; another starts at --initial-loss-scale
       settings.start.lossScale = checkpoint->state.lossScale;
       settings.start.lossScaleGoodSteps = checkpoint->state.lossScaleGoodSteps;
+      settings.start.lossScaleHysteresisLeft = checkpoint->state.lossScaleHysteresisLeft;
     }
   }
   settings.lossScaling = lossScaling;
@@ -914,6 +957,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     cs.skippedSteps = progress.skippedSteps;
     cs.lossScale = progress.lossScale;
     cs.lossScaleGoodSteps = progress.lossScaleGoodSteps;
+    cs.lossScaleHysteresisLeft = progress.lossScaleHysteresisLeft;
     cs.dataPosition = batches.position() - static_cast<uint64_t>(rowsReadAhead);
     cs.dataTaken = batches.takenAt(cs.dataPosition);
     cs.seed = config.seed;

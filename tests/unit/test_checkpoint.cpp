@@ -237,6 +237,45 @@ TEST_CASE("checkpoint: a resume under another lr, schedule or window length says
   CHECK(tuned.err.empty());
 }
 
+TEST_CASE("checkpoint: Megatron-LM's --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler",
+          "[checkpoint][cli][megatron]") {
+  test::TempDir dir;
+  const std::string ck = dir.path.string() + "/ck";
+  REQUIRE(test::runTiny("--train-iters 4 --save " + ck).exitCode == 0);
+  // The checkpoint's schedule (lr 0.001, decay over 4 steps), not the flags' lr nor the longer run's decay.
+  auto kept = test::runTiny("--train-iters 6 --lr 0.01 --use-checkpoint-opt_param-scheduler --load " + ck);
+  INFO(kept.out << kept.err);
+  CHECK(kept.exitCode == 0);
+  CHECK(kept.err.empty());
+  CHECK_THAT(kept.out, Catch::Matchers::Contains("  lr 0.001 -> 0.0001 (cosine, warmup 20), 6 steps"));
+  // The flags' schedule, each change a note rather than a warning; other changes are still warned of.
+  auto given = test::runTiny("--train-iters 6 --lr 0.01 --seq-length 32 --override-opt_param-scheduler --load " + ck);
+  INFO(given.err);
+  CHECK(given.exitCode == 0);
+  const std::string note = "tpc run: note: resuming " + ck + "/iter_0000004: ";
+  CHECK(given.err == note + "--lr is 0.01; the checkpoint's run had 0.001\n" + note +
+                         "--lr-decay-iters is 6 (--train-iters); the checkpoint's run had 4: the learning rate schedule "
+                         "changes from this step on\ntpc run: warning: resuming " + ck + "/iter_0000004: --seq-length is "
+                         "32; the checkpoint's run had 64: the data goes on after the windows trained so far, counted in "
+                         "windows of the new length\n");
+  auto both = test::runTiny("--train-iters 6 --use-checkpoint-opt_param-scheduler --override-opt_param-scheduler --load " + ck);
+  CHECK(both.exitCode == 1);
+  CHECK(both.err == "tpc run: error: --use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler exclude each "
+                    "other (the checkpoint's lr schedule, or the flags'); give one\n");
+  // A fresh run has no checkpoint schedule: as in Megatron-LM, the flags do nothing there.
+  CHECK(test::runTiny("--train-iters 1 --override-opt_param-scheduler").exitCode == 0);
+  // A schedule state.json does not hold as tpc writes it is named, not trained on.
+  std::string state = test::readFile(ck + "/iter_0000004/state.json");
+  const std::string lr = "\"lr\": \"0.001\"";
+  REQUIRE(state.find(lr) != std::string::npos);
+  state.replace(state.find(lr), lr.size(), "\"lr\": \"0.001x\"");
+  test::writeFile(ck + "/iter_0000004/state.json", state);
+  auto damaged = test::runTiny("--train-iters 6 --use-checkpoint-opt_param-scheduler --load " + ck);
+  CHECK(damaged.exitCode == 1);
+  CHECK(damaged.err == ck + "/iter_0000004/state.json: error: its lr schedule (lr 0.001x, min-lr "
+                       "0.0001, warmup 20, decay 4, cosine) is not a valid one: the file is damaged\n");
+}
+
 TEST_CASE("checkpoint: a resume's warnings name the schedule flags as the user gave them", "[checkpoint][cli][megatron]") {
   test::TempDir dir;
   const std::string ck = dir.path.string() + "/ck";

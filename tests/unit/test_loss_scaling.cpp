@@ -161,7 +161,7 @@ TEST_CASE("loss scaling: fp16 training on the CPU follows fp32 within fp16 noise
   CHECK(rb->losses.back() < 0.8 * rb->losses.front());
 }
 
-TEST_CASE("loss scaling: an overflow skips the step with the state untouched and halves the scale", "[precision][fp16]") {
+TEST_CASE("loss scaling: an overflow skips the step with the state untouched, the second halves the scale", "[precision][fp16]") {
   auto g = stepGraph("mixed-precision(dtype=f16),", ", loss-scale=true");
   SECTION("one step at an overflowing scale leaves parameters and moments bit-identical") {
     auto b = prepared(*g);
@@ -179,7 +179,7 @@ TEST_CASE("loss scaling: an overflow skips the step with the state untouched and
     CHECK(std::isfinite(out->at("grad_norm").getAsDouble(0)));
     CHECK(test::stateBytes(*b, *g) != before);
   }
-  SECTION("the trainer skips overflowed steps, halves and doubles the scale, and Adam counts applied updates only") {
+  SECTION("the trainer skips overflowed steps, halves (hysteresis 2) and doubles the scale, Adam counts applied updates") {
     RecordingBackend b(prepared(*g), *g);
     auto s = settings(30);
     s.lossScaling = LossScaleSettings{std::ldexp(1.0, 40), 4, 1};
@@ -188,9 +188,10 @@ TEST_CASE("loss scaling: an overflow skips the step with the state untouched and
     INFO(log << (r.ok() ? std::string() : r.error()));
     REQUIRE(r.ok());
     REQUIRE(b.nonFinite.size() == 30);
-    // The rules, replayed on what each step did: halve on an overflow, double after 4 good steps in a row.
+    // The rules, replayed on what each step did (Megatron-LM's DynamicGradScaler): halve on an overflow once two have
+    // come since the scale last doubled, double after 4 good steps in a row.
     double scale = std::ldexp(1.0, 40);
-    int64_t good = 0, applied = 0;
+    int64_t good = 0, applied = 0, left = 2;
     std::vector<int64_t> skipped;
     for (size_t i = 0; i < 30; ++i) {
       INFO("step " << i + 1);
@@ -199,11 +200,12 @@ TEST_CASE("loss scaling: an overflow skips the step with the state untouched and
       CHECK(b.stateChanged[i] == !b.nonFinite[i]);                 // an overflowed step leaves the state as it was
       if (b.nonFinite[i]) {
         skipped.push_back(static_cast<int64_t>(i + 1));
-        scale /= 2;
+        left = std::max<int64_t>(left - 1, 0);
+        if (left == 0) scale /= 2;
         good = 0;
       } else {
         ++applied;
-        if (++good == 4) scale *= 2, good = 0;
+        if (++good == 4) scale *= 2, good = 0, left = 2;
       }
     }
     CHECK(r->skippedSteps == skipped);
@@ -215,7 +217,11 @@ TEST_CASE("loss scaling: an overflow skips the step with the state untouched and
     CHECK(skipped.size() >= 10);
     CHECK(applied >= 5);
     CHECK(log.find("step      1/30 | skipped: loss ") != std::string::npos);
+    CHECK(log.find("step      1/30 | skipped: loss ") != std::string::npos);
+    CHECK(log.find("(gradient overflow at loss scale 1.09951e+12; scale kept, --hysteresis: 1 more overflow before it is "
+                   "halved, parameters and optimizer state kept)") != std::string::npos);
     CHECK(log.find("(gradient overflow at loss scale 1.09951e+12; scale lowered to 5.49756e+11") != std::string::npos);
+    CHECK(r->end.lossScaleHysteresisLeft == left);
     CHECK(log.find("| loss scale ") != std::string::npos);
   }
   SECTION("below the minimum scale the run stops naming the step, the scale and the first non-finite value") {
@@ -225,7 +231,8 @@ TEST_CASE("loss scaling: an overflow skips the step with the state untouched and
     auto r = trainOn(*b, *g, s);
     REQUIRE(!r.ok());
     INFO(r.error());
-    CHECK(r.error().rfind("step 3: the gradients are not finite at loss scale 2.74878e+11, and halving it would go below "
+    // Step 1 keeps 2^40 (hysteresis), 2 and 3 halve it to 2^38, 4 would go below.
+    CHECK(r.error().rfind("step 4: the gradients are not finite at loss scale 2.74878e+11, and halving it would go below "
                           "--min-loss-scale=2.74878e+11", 0) == 0);
     CHECK(r.error().find("the first non-finite value of the step is %") != std::string::npos);
   }
@@ -236,7 +243,8 @@ TEST_CASE("loss scaling: bad settings are refused naming the flag", "[precision]
   CHECK(LossScaleSettings{0.5, 1000, 1}.validate().error().find("--initial-loss-scale=0.5 must be at least") == 0);
   CHECK(LossScaleSettings{65536, 0, 1}.validate().error().find("--loss-scale-window=0 must be at least 1") == 0);
   CHECK(LossScaleSettings{65536, 1000, 0}.validate().error().find("--min-loss-scale=0 must be a positive") == 0);
-  DynamicLossScaler s(LossScaleSettings{8, 2, 2});
+  CHECK(LossScaleSettings{65536, 1000, 1, 0}.validate().error().find("--hysteresis=0 must be at least 1") == 0);
+  DynamicLossScaler s(LossScaleSettings{8, 2, 2, 1});  // hysteresis 1: every overflow halves
   CHECK(s.update(true, 1).ok());
   CHECK(s.scale() == 8);
   CHECK(s.update(true, 2).ok());
@@ -247,6 +255,23 @@ TEST_CASE("loss scaling: bad settings are refused naming the flag", "[precision]
   CHECK(s.update(false, 5).ok());
   CHECK(s.scale() == 2);
   CHECK(!s.update(false, 6).ok());  // 1 < min 2
+  // Hysteresis 3: the third overflow since the scale last doubled halves it, and every one after; a doubling
+  // restores the count, good steps alone do not (as Megatron-LM's DynamicGradScaler).
+  DynamicLossScaler h(LossScaleSettings{64, 2, 1, 3});
+  for (bool finite : {false, true, false}) CHECK(h.update(finite, 1).ok());
+  CHECK(h.scale() == 64);
+  CHECK(h.hysteresisLeft() == 1);
+  CHECK(h.update(false, 2).ok());
+  CHECK(h.scale() == 32);
+  CHECK(h.update(false, 3).ok());
+  CHECK(h.scale() == 16);
+  CHECK(h.update(true, 4).ok());
+  CHECK(h.update(true, 5).ok());
+  CHECK(h.scale() == 32);
+  CHECK(h.hysteresisLeft() == 3);
+  // A resumed scaler takes the saved count, at most the settings' hysteresis.
+  CHECK(DynamicLossScaler(LossScaleSettings{64, 2, 1, 3}, 64, 0, 1).hysteresisLeft() == 1);
+  CHECK(DynamicLossScaler(LossScaleSettings{64, 2, 1, 2}, 64, 0, 5).hysteresisLeft() == 2);
 }
 
 TEST_CASE("tpc run --precision fp16: the loss scale in the logs and the checkpoint, kept by a resumed run",
@@ -264,6 +289,8 @@ TEST_CASE("tpc run --precision fp16: the loss scale in the logs and the checkpoi
   REQUIRE(state.ok());
   CHECK(state->lossScale == 2048);  // doubled after steps 1-2
   CHECK(state->lossScaleGoodSteps == 1);
+  CHECK(state->lossScaleHysteresisLeft == 2);
+  CHECK(full.out.find("halved from the 2nd overflow since, minimum 1)") != std::string::npos);
   CHECK(state->skippedSteps == 0);
   // Resumed with another --initial-loss-scale: the checkpoint's scale wins.
   auto second = test::runTiny("--precision fp16 --initial-loss-scale 8 --loss-scale-window 2 --train-iters 5 --load " +

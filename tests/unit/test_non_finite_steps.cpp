@@ -211,6 +211,63 @@ TEST_CASE("trainer: --on-nan skip drops the step and goes on, stop names the ste
   }
 }
 
+// The lr and Adam step each step is given, around a real backend.
+class LrRecorder final : public Backend {
+ public:
+  explicit LrRecorder(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  Status prepare(const Graph& g, const TensorMap& s) override { return inner_->prepare(g, s); }
+  Result<TensorMap> step(const TensorMap& in, int64_t i) override {
+    lrs.push_back(in.at("lr").data<float>()[0]);
+    adamSteps.push_back(in.at("step").data<float>()[0]);
+    return inner_->step(in, i);
+  }
+  Result<HostTensor> readState(const std::string& n) const override { return inner_->readState(n); }
+  std::vector<float> lrs, adamSteps;
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+// Megatron-LM's OptimizerParamScheduler: created at num_steps 0 and stepped after each applied update, so step N trains
+// with get_lr(N - 1 - skipped) and its log shows the lr after the step (param_group['lr'] once the scheduler stepped).
+TEST_CASE("trainer: the lr schedule counts applied updates, as Megatron-LM's scheduler; a skipped step does not advance it",
+          "[cpu][nonfinite][trainer]") {
+  auto step = stepGraph(1);
+  auto [value, index] = firstMatmul(*step);
+  CpuFaults faults;
+  faults.step = 2;
+  faults.nanValue = value;
+  TrainerSettings s;
+  s.trainIters = 5;
+  s.logInterval = 1;
+  s.lr.maxLr = 1e-2;
+  s.lr.minLr = 1e-3;
+  s.lr.warmupIters = 2;
+  s.lr.decayIters = 5;
+  s.lr.style = "linear";
+  s.onNonFinite = OnNonFinite::Skip;
+  LrRecorder b(makeBackend(*step, faults));
+  RandomBatches data;
+  std::ostringstream console;
+  auto report = train(b, *step, data, s, console);
+  INFO(console.str() << (report.ok() ? std::string() : report.error()));
+  REQUIRE(report.ok());
+  CHECK(report->skippedSteps == std::vector<int64_t>{2});
+  // Updates applied before steps 1-5: 0, 1, 1 (step 2 skipped), 2, 3. Warmup 2 to 1e-2, then linear to 1e-3 at 5.
+  const std::vector<float> want = {0.0f, 5e-3f, 5e-3f, 1e-2f, static_cast<float>(1e-3 + (1e-2 - 1e-3) * 2.0 / 3.0)};
+  REQUIRE(b.lrs.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) CHECK(b.lrs[i] == Approx(want[i]).margin(1e-9));
+  CHECK(b.adamSteps == std::vector<float>{1, 2, 2, 3, 4});
+  // Logged: the lr after each step (a skipped one keeps the lr it had).
+  const std::string out = console.str();
+  CHECK(out.find("step      1/5 | loss ") != std::string::npos);
+  CHECK(out.find("| lr 5.000e-03 |") != std::string::npos);
+  CHECK(out.find("step      4/5 | loss ") != std::string::npos);
+  CHECK(out.find("step      5/5 | loss ") != std::string::npos);
+  CHECK(out.find("| lr 4.000e-03 |") != std::string::npos);  // after step 5: 4 updates, 2/3 of the decay done
+}
+
 TEST_CASE("TPC_TEST_FAULT: the fault spec parses, and a bad one is an error", "[cpu][nonfinite]") {
   auto a = cpu::parseTestFaults("step=3,nan=%d.wte");
   REQUIRE(a.ok());
