@@ -222,6 +222,20 @@ TEST_CASE("tpc run: data errors name where the value came from and a fix that wo
   }
 }
 
+TEST_CASE("tpc run: a fresh run's --log-jsonl over an earlier run's log warns that it replaces it", "[run][cli]") {
+  test::TempDir dir;
+  const std::string log = dir / "run.jsonl";
+  auto first = test::runTiny("--train-iters 2 --eval-interval 0 --log-jsonl " + log);
+  REQUIRE(first.exitCode == 0);
+  CHECK(first.err.empty());
+  auto second = test::runTiny("--train-iters 3 --eval-interval 0 --log-jsonl " + log);
+  REQUIRE(second.exitCode == 0);
+  CHECK(second.err == "tpc run: warning: --log-jsonl " + log + " holds 2 lines of an earlier run; this run's first "
+                      "logged step replaces them (to keep them, name another file; a run resumed with --load appends "
+                      "instead)\n");
+  CHECK(test::jsonlField(test::readFile(log), "step") == std::vector<double>{1, 2, 3});
+}
+
 TEST_CASE("tpc run: a short run logs JSONL and lowers the loss", "[run][cli]") {
   std::string log = test::binaryPath("tests/run_cli.jsonl");
   auto r = test::runCommand(test::tpcBinary() + " run " + tiny() + " --train-iters 12 --log-interval 4 --lr-warmup-iters 2" +

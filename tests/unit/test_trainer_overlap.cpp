@@ -161,7 +161,7 @@ class FailingBatches final : public BatchSource {
   int failAt_, reads_ = 0;
 };
 
-TEST_CASE("trainer: a run that fails before its first log line leaves no JSONL file, one that logged keeps its lines",
+TEST_CASE("trainer: a run that fails before its first log line leaves no JSONL file (or an earlier run's as it was)",
           "[run]") {
   auto g = test::gptStep(test::smallGpt(), 4, "autodiff(clip-grad=1.0),cse,dce");
   CpuOptions o;
@@ -181,6 +181,14 @@ TEST_CASE("trainer: a run that fails before its first log line leaves no JSONL f
   REQUIRE_FALSE(r2.ok());
   REQUIRE(std::filesystem::exists(s.logJsonl));
   CHECK(test::jsonlField(test::readFile(s.logJsonl), "loss").size() >= 2);
+  // A fresh run over that log replaces its lines only with its own first line: one failing before keeps them.
+  const std::string earlier = test::readFile(s.logJsonl);
+  FailingBatches again(1);
+  REQUIRE_FALSE(train(*b, *g, again, s, console).ok());
+  CHECK(test::readFile(s.logJsonl) == earlier);
+  test::LearnableBatches data(20, 3);
+  REQUIRE(train(*b, *g, data, s, console).ok());
+  CHECK(test::jsonlField(test::readFile(s.logJsonl), "step") == std::vector<double>{1, 2, 3, 4, 5, 6});
 }
 
 }  // namespace tpc
