@@ -324,6 +324,12 @@ bool isStreamFile(const std::string& path) {
 
 bool writtenInPlace(const std::string& target) { return isStreamFile(target) || isDescriptorLink(target); }
 
+bool truncatableFile(const std::string& path) {
+  const std::string target = outputTarget(path);
+  std::error_code ec;
+  return !writtenInPlace(target) && std::filesystem::is_regular_file(target, ec);
+}
+
 Status FileCommit::write(const std::string& given, const std::vector<std::string_view>& pieces) {
   const std::string path = outputTarget(given);
   if (writtenInPlace(path)) {  // written now, appended as a shell's >> would: nothing to replace atomically

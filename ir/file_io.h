@@ -26,6 +26,9 @@ bool isStreamFile(const std::string& path);
 // Whether outputTarget's `target` is written into where it is: a stream, or a descriptor link (/dev/stdout ->
 // /proc/self/fd/1, whatever the shell redirected it to).
 bool writtenInPlace(const std::string& target);
+// Whether `path` (followed as outputTarget does) is a regular file that writing from its start would empty: not a
+// stream nor a descriptor link (/dev/stdout redirected to a file is appended to, never truncated), nor missing.
+bool truncatableFile(const std::string& path);
 
 // Removes the file `path` (or a folder of files, one level deep) if SIGINT, SIGTERM or SIGHUP ends the process while
 // this object lives: destructors do not run then, so Ctrl-C during a long write would leave its temporary file

@@ -103,8 +103,9 @@ Result<CheckpointState> parseCheckpointState(const std::string& text, const std:
       return makeError(path, ": error: loss_scale must be a positive number and loss_scale_good_steps >= 0");
     s.lossScale = *scale;
     s.lossScaleGoodSteps = *good;
-    if (auto left = o->getInteger("loss_scale_hysteresis_left")) {
-      if (*left < 0) return makeError(path, ": error: loss_scale_hysteresis_left must be >= 0, got ", *left);
+    if (o->get("loss_scale_hysteresis_left")) {
+      auto left = o->getInteger("loss_scale_hysteresis_left");
+      if (!left || *left < 0) return makeError(path, ": error: loss_scale_hysteresis_left must be an integer >= 0");
       s.lossScaleHysteresisLeft = *left;
     }
   }

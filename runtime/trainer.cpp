@@ -176,7 +176,7 @@ Result<TrainReport> train(Backend& backend, const Graph& step, BatchSource& data
     jsonl.open(settings.logJsonl, std::ios::app);
     if (!jsonl) return makeError(settings.logJsonl, ": error: cannot write the JSONL log");
     if (fresh && !existed) emptyLog.path = settings.logJsonl;
-    truncateAtFirstLine = fresh && existed && std::filesystem::is_regular_file(settings.logJsonl, ec);
+    truncateAtFirstLine = fresh && existed && truncatableFile(settings.logJsonl);
   }
   // One line of the JSONL log, flushed; a write that fails (a full disk) ends the run rather than lose the log.
   auto jsonlLine = [&](const std::string& line) -> Status {

@@ -73,7 +73,8 @@ struct TrainerSettings {
   std::function<Result<bool>(int64_t iteration)> stopAfter;
   OnNonFinite onNonFinite = OnNonFinite::Stop;
   // Dynamic loss scaling (fp16), for a step graph with input %loss_scale: a non-finite step is an overflow,
-  // skipped whatever onNonFinite says, and halves the scale; the run fails when it would go below the minimum.
+  // skipped whatever onNonFinite says, and halves the scale from the settings' hysteresis-th overflow since it last
+  // doubled; the run fails when it would go below the minimum.
   std::optional<LossScaleSettings> lossScaling;
   OptimizerProgress start;  // a resumed run's (from its checkpoint)
 };

@@ -107,6 +107,25 @@ std::string fmt(double v, int digits = 4) {
   return o.str();
 }
 
+// The legend inside a panel: columns from the right as wide as the longest label, the font made smaller (down to 5
+// px) until every line fits (a long legend ran into the next panel and past the left edge).
+struct LegendLayout {
+  double fontSize = 12, lineHeight = 15, columnWidth = 0;
+  size_t perColumn = 1;
+};
+LegendLayout layLegend(const std::vector<Series>& series, double width, double height) {
+  size_t longest = 1;
+  for (const Series& s : series) longest = std::max(longest, s.label.size());
+  LegendLayout l;
+  for (;; l.fontSize *= 0.9) {
+    l.lineHeight = 1.25 * l.fontSize;
+    l.columnWidth = 0.6 * l.fontSize * static_cast<double>(longest) + l.fontSize;  // about a digit's width a character
+    l.perColumn = std::max<size_t>(1, static_cast<size_t>(height / l.lineHeight));
+    const size_t columns = (series.size() + l.perColumn - 1) / l.perColumn;
+    if (static_cast<double>(columns) * l.columnWidth <= width || l.fontSize < 5) return l;
+  }
+}
+
 // One panel at vertical offset `top`: axes, ticks, a polyline per series, a legend.
 void panel(std::ostream& svg, double top, const std::string& title, const std::vector<Series>& series) {
   const double left = 70, width = 620, height = 220;
@@ -144,6 +163,7 @@ void panel(std::ostream& svg, double top, const std::string& title, const std::v
         << "</text>\n";
   svg << "<text x='" << left + width / 2 << "' y='" << top + height + 30
       << "' font-size='12' text-anchor='middle'>step</text>\n";
+  const LegendLayout legend = layLegend(series, width - 16, height - 8);
   for (size_t i = 0; i < series.size(); ++i) {
     const Series& s = series[i];
     const char* c = kColours[s.run % kNumColours];
@@ -153,10 +173,10 @@ void panel(std::ostream& svg, double top, const std::string& title, const std::v
     if (s.points.size() == 1)
       svg << "<circle cx='" << X(s.points[0].first) << "' cy='" << Y(s.points[0].second) << "' r='3' fill='" << c
           << "'/>\n";
-    // The legend in columns of 13 lines from the right, inside the panel (a longer one ran into the next panel).
-    const size_t perColumn = 13, column = i / perColumn;
-    svg << "<text x='" << left + width - 8 - 200.0 * static_cast<double>(column) << "' y='" << top + 16 + 15 * (i % perColumn)
-        << "' font-size='12' text-anchor='end' fill='" << c << "'>" << svgText(s.label) << "</text>\n";
+    const size_t column = i / legend.perColumn;
+    svg << "<text x='" << left + width - 8 - legend.columnWidth * static_cast<double>(column) << "' y='"
+        << top + 4 + legend.lineHeight * static_cast<double>(i % legend.perColumn + 1) << "' font-size='" << legend.fontSize
+        << "' text-anchor='end' fill='" << c << "'>" << svgText(s.label) << "</text>\n";
   }
 }
 

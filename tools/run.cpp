@@ -669,7 +669,7 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
     // A fresh run's log replaces an earlier run's lines (a resumed run appends to them): say so, as it is not undone.
     if (flags.has("log-jsonl") && (!checkpoint || checkpoint->state.iteration == 0)) {
       std::error_code ec;
-      if (std::filesystem::is_regular_file(flags.get("log-jsonl"), ec) && std::filesystem::file_size(flags.get("log-jsonl"), ec) > 0) {
+      if (truncatableFile(flags.get("log-jsonl")) && std::filesystem::file_size(flags.get("log-jsonl"), ec) > 0) {
         std::ifstream old(flags.get("log-jsonl"));
         const int64_t lines = std::count(std::istreambuf_iterator<char>(old), std::istreambuf_iterator<char>(), '\n');
         std::cerr << "tpc run: warning: --log-jsonl " << flags.get("log-jsonl") << " holds " << lines << " line"
@@ -843,8 +843,11 @@ int runRunIn(std::vector<std::string> args, MpiJob* job) {
   };
   if (lossScaling)
     std::cout << "  precision fp16: dynamic loss scale " << lossScaling->initial << " (doubled after "
-              << lossScaling->window << " finite steps, halved from the " << ordinal(lossScaling->hysteresis)
-              << " overflow since, minimum " << lossScaling->min << ")"
+              << lossScaling->window << " finite steps, halved "
+              << (lossScaling->hysteresis == 1 ? std::string("at every overflow")
+                                               : "from the " + ordinal(lossScaling->hysteresis) +
+                                                     " overflow since it last doubled")
+              << ", minimum " << lossScaling->min << ")"
               << std::endl;
 
   TrainerSettings settings;

@@ -33,7 +33,8 @@ const IntFlag kIntFlags[] = {
     {"seq-length", &TrainConfig::seqLength, 1, "tokens per sequence"},
     {"train-iters", &TrainConfig::trainIters, 1, "optimizer steps"},
     {"lr-warmup-iters", &TrainConfig::warmupIters, 0,
-     "linear warmup steps (as in Megatron-LM, step N trains at the rate reached after N-1 updates: step 1 at 0)"},
+     "linear warmup steps (as in Megatron-LM, step N trains at the rate reached after N-1 updates, less skipped steps: "
+     "step 1 at 0)"},
     {"lr-decay-iters", &TrainConfig::decayIters, 0, "steps over which lr decays to --min-lr (0: --train-iters)"},
     {"log-interval", &TrainConfig::logInterval, 1, "steps between log lines"},
     {"tp", &TrainConfig::tp, 1, "tensor-parallel size"},

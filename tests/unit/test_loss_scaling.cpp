@@ -290,7 +290,7 @@ TEST_CASE("tpc run --precision fp16: the loss scale in the logs and the checkpoi
   CHECK(state->lossScale == 2048);  // doubled after steps 1-2
   CHECK(state->lossScaleGoodSteps == 1);
   CHECK(state->lossScaleHysteresisLeft == 2);
-  CHECK(full.out.find("halved from the 2nd overflow since, minimum 1)") != std::string::npos);
+  CHECK(full.out.find("halved from the 2nd overflow since it last doubled, minimum 1)") != std::string::npos);
   CHECK(state->skippedSteps == 0);
   // Resumed with another --initial-loss-scale: the checkpoint's scale wins.
   auto second = test::runTiny("--precision fp16 --initial-loss-scale 8 --loss-scale-window 2 --train-iters 5 --load " +
@@ -305,6 +305,12 @@ TEST_CASE("tpc run --precision fp16: the loss scale in the logs and the checkpoi
   auto bf16Flag = test::runTiny("--precision bf16 --loss-scale-window 10 --train-iters 1");
   CHECK(bf16Flag.exitCode == 1);
   CHECK(bf16Flag.err.find("--loss-scale-window applies to --precision fp16 only") != std::string::npos);
+  auto bf16Hysteresis = test::runTiny("--precision bf16 --hysteresis 1 --train-iters 1");
+  CHECK(bf16Hysteresis.exitCode == 1);
+  CHECK(bf16Hysteresis.err.find("--hysteresis applies to --precision fp16 only") != std::string::npos);
+  auto noHysteresis = test::runTiny("--precision fp16 --hysteresis 0 --train-iters 1");
+  CHECK(noHysteresis.exitCode == 1);
+  CHECK(noHysteresis.err.find("--hysteresis") != std::string::npos);
   auto badScale = test::runTiny("--precision fp16 --initial-loss-scale 0.5 --train-iters 1");
   CHECK(badScale.exitCode == 1);
   CHECK(badScale.err.find("--initial-loss-scale=0.5 must be at least --min-loss-scale=1") != std::string::npos);

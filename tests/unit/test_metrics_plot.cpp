@@ -201,13 +201,20 @@ TEST_CASE("plot: twelve runs are told apart, logs of one name are named by path,
   for (int i = 1; i <= 12; ++i) styles.insert(style(i));
   CHECK(styles.size() == 12);
   CHECK(style(1)[0] == style(11)[0]);
-  // 24 legend lines (loss and valid loss of each) in the loss panel, which spans y 30-250.
+  // 24 legend lines (loss and valid loss of each) in the loss panel, which spans x 70-690 and y 30-250; the font
+  // shrinks for the long path labels to fit.
   size_t legend = 0;
-  for (size_t at = svg.find("font-size='12' text-anchor='end' fill="); at != std::string::npos;
-       at = svg.find("font-size='12' text-anchor='end' fill=", at + 1)) {
-    const size_t y = svg.rfind(" y='", at) + 4;
-    const double top = std::stod(svg.substr(y));
-    if (legend < 24) CHECK(top < 250);
+  for (size_t at = svg.find(" text-anchor='end' fill="); at != std::string::npos;
+       at = svg.find(" text-anchor='end' fill=", at + 1)) {
+    const size_t open = svg.rfind("<text x='", at);
+    const double x = std::stod(svg.substr(open + 9)), y = std::stod(svg.substr(svg.find(" y='", open) + 4));
+    const double font = std::stod(svg.substr(svg.find("font-size='", open) + 11));
+    const std::string label = svg.substr(svg.find('>', at) + 1, svg.find("</text>", at) - svg.find('>', at) - 1);
+    if (legend < 24) {
+      INFO(label << " at " << x << ", " << y << ", font " << font);
+      CHECK(y < 250);
+      CHECK(x - 0.6 * font * static_cast<double>(label.size()) >= 70);  // its start, roughly: inside the panel
+    }
     ++legend;
   }
   CHECK(legend == 36);  // and the 12 in the tokens/s panel

@@ -234,6 +234,18 @@ TEST_CASE("tpc run: a fresh run's --log-jsonl over an earlier run's log warns th
                       "logged step replaces them (to keep them, name another file; a run resumed with --load appends "
                       "instead)\n");
   CHECK(test::jsonlField(test::readFile(log), "step") == std::vector<double>{1, 2, 3});
+  // /dev/stdout sent to a file is written where it is, never emptied (the file is the shell's, not an earlier log).
+  const std::string out = dir / "out.txt";
+  test::writeFile(out, "KEEP\n");
+  auto piped = test::runCommand(test::tpcBinary() + " run " + test::binaryPath("models/tiny.fb") +
+                                " --threads 2 --log-interval 1 --train-iters 2 --eval-interval 0 --log-jsonl /dev/stdout >> " +
+                                out);
+  REQUIRE(piped.exitCode == 0);
+  CHECK(piped.err.empty());
+  const std::string written = test::readFile(out);
+  CHECK(written.rfind("KEEP\n", 0) == 0);
+  CHECK(written.find("{\"step\": 2, \"loss\": ") != std::string::npos);
+  CHECK(written.find("done: 2 steps") != std::string::npos);
 }
 
 TEST_CASE("tpc run: a short run logs JSONL and lowers the loss", "[run][cli]") {
