@@ -231,7 +231,7 @@ class LrRecorder final : public Backend {
 
 // Megatron-LM's OptimizerParamScheduler: created at num_steps 0 and stepped after each applied update, so step N trains
 // with get_lr(N - 1 - skipped) and its log shows the lr after the step (param_group['lr'] once the scheduler stepped).
-TEST_CASE("trainer: the lr schedule counts applied updates, as Megatron-LM's scheduler; a skipped step does not advance it",
+TEST_CASE("trainer: the lr schedule counts applied updates, as Megatron-LM's scheduler, and a skipped step does not advance it",
           "[cpu][nonfinite][trainer]") {
   auto step = stepGraph(1);
   auto [value, index] = firstMatmul(*step);
