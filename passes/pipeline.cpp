@@ -137,9 +137,12 @@ Status PassManager::addEntries(const std::vector<PipelineEntry>& entries, const 
     bool threw = false;
     auto pass = catchThrown<std::unique_ptr<Pass>>([&] { return info->factory(e.options); }, threw);
     if (threw) return placed(e.source, e.column, cat(passLabel(e.name, origin), " ", pass.error()));
-    // A built-in pass's factory names its pass in its errors; a plugin's is named here, with its library.
+    // A built-in pass's factory names its pass in its errors; a plugin's that does not is named here, with its library.
     if (!pass)
-      return placed(e.source, e.column, origin.empty() ? pass.error() : cat(passLabel(e.name, origin), ": ", pass.error()));
+      return placed(e.source, e.column,
+                    origin.empty() || pass.error().find("'" + e.name + "'") != std::string::npos
+                        ? pass.error()
+                        : cat(passLabel(e.name, origin), ": ", pass.error()));
     if (!pass.value())
       return placed(e.source, e.column, cat(passLabel(e.name, origin), ": its factory returned no pass (a null pointer)"));
     passes_.push_back({std::move(pass).value(), origin});
