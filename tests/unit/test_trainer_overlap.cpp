@@ -215,12 +215,14 @@ TEST_CASE("trainer: tokens/s leaves out the time of the caller's checkpoints, an
   INFO(console.str());
   REQUIRE(r.ok());
   CHECK(r->saveSeconds >= 4.0);
-  CHECK(r->seconds - r->saveSeconds < 1.0);  // 4 steps of a 2-layer GPT at hidden 64, 64 tokens each
+  // 4 steps of a 2-layer GPT at hidden 64, 64 tokens each: well under 2 s even under ASan on a busy CI machine (about
+  // 0.3 s a step there), where 1 s was too tight.
+  CHECK(r->seconds - r->saveSeconds < 2.0);
   // Each logged step's rate: 64 tokens over its own time. With the second of its save counted it would be under 64.
   const std::vector<double> rates = test::jsonlField(test::readFile(dir / "log.jsonl"), "tokens_per_s");
   REQUIRE(rates.size() == 4);
-  for (double rate : rates) CHECK(rate > 200);
-  CHECK(r->tokensPerSecond > 200);
+  for (double rate : rates) CHECK(rate > 100);
+  CHECK(r->tokensPerSecond > 100);
 }
 
 }  // namespace tpc
