@@ -1,5 +1,6 @@
 #include "tools/resume_settings.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -33,9 +34,13 @@ std::map<std::string, std::string> resumeSettings(const TrainConfig& c) {
           {"precision", c.precision}};
 }
 
+namespace {
+// The settings of the lr schedule (Megatron-LM's OptimizerParamScheduler's), as resumeSettings names them.
+constexpr const char* kScheduleFlags[] = {"lr", "min-lr", "lr-warmup-iters", "lr-decay-iters", "lr-decay-style"};
+}  // namespace
+
 bool ResumeDifference::ofSchedule() const {
-  return flag == "lr" || flag == "min-lr" || flag == "lr-warmup-iters" || flag == "lr-decay-iters" ||
-         flag == "lr-decay-style";
+  return std::find(std::begin(kScheduleFlags), std::end(kScheduleFlags), flag) != std::end(kScheduleFlags);
 }
 
 std::vector<ResumeDifference> resumeDifferences(const std::map<std::string, std::string>& checkpoint,
@@ -71,7 +76,7 @@ std::vector<ResumeDifference> resumeDifferences(const std::map<std::string, std:
 
 Status useCheckpointSchedule(const std::map<std::string, std::string>& checkpoint, const std::string& where,
                              TrainConfig& config) {
-  for (const char* key : {"lr", "min-lr", "lr-warmup-iters", "lr-decay-iters", "lr-decay-style"})
+  for (const char* key : kScheduleFlags)
     if (!checkpoint.count(key))
       return makeError(where, ": error: holds no lr schedule (", key, " is missing: a checkpoint of an older tpc); drop "
                        "--use-checkpoint-opt_param-scheduler and give the schedule by flags");

@@ -153,19 +153,25 @@ class RandomBatches final : public BatchSource {
   std::mt19937 rng_{5};
 };
 
+// 5 steps logged each, lr 1e-2 decaying to 1e-3 over them after `warmup` steps.
+TrainerSettings fiveSteps(int64_t warmup) {
+  TrainerSettings s;
+  s.trainIters = 5;
+  s.logInterval = 1;
+  s.lr.maxLr = 1e-2;
+  s.lr.minLr = 1e-3;
+  s.lr.warmupIters = warmup;
+  s.lr.decayIters = 5;
+  return s;
+}
+
 TEST_CASE("trainer: --on-nan skip drops the step and goes on, stop names the step and the value", "[cpu][nonfinite][trainer]") {
   auto step = stepGraph(1);
   auto [value, index] = firstMatmul(*step);
   CpuFaults faults;
   faults.step = 3;
   faults.nanValue = value;
-  TrainerSettings s;
-  s.trainIters = 5;
-  s.logInterval = 1;
-  s.lr.maxLr = 1e-2;
-  s.lr.minLr = 1e-3;
-  s.lr.warmupIters = 0;
-  s.lr.decayIters = 5;
+  TrainerSettings s = fiveSteps(0);
 
   SECTION("skip") {
     auto b = makeBackend(*step, faults);
@@ -238,13 +244,7 @@ TEST_CASE("trainer: the lr schedule counts applied updates, as Megatron-LM's sch
   CpuFaults faults;
   faults.step = 2;
   faults.nanValue = value;
-  TrainerSettings s;
-  s.trainIters = 5;
-  s.logInterval = 1;
-  s.lr.maxLr = 1e-2;
-  s.lr.minLr = 1e-3;
-  s.lr.warmupIters = 2;
-  s.lr.decayIters = 5;
+  TrainerSettings s = fiveSteps(2);
   s.lr.style = "linear";
   s.onNonFinite = OnNonFinite::Skip;
   LrRecorder b(makeBackend(*step, faults));
